@@ -1,0 +1,45 @@
+"""Which executor, if any, is running the model on this thread right now.
+
+Ops such as ``for_loop`` and ``isRunningOnIpu()`` ask this module; the executor
+enters ``running(...)`` around every trace and every host call.
+"""
+import contextlib
+import threading
+
+_local = threading.local()
+
+
+class RunContext:
+    """What an op may need to know about the run it is part of."""
+
+    def __init__(self, training: bool, tracing: bool = False):
+        self.training = training
+        self.tracing = tracing  # True during the compile pass, False while executing
+
+
+def current():
+    """The innermost active ``RunContext``, or None outside an executor."""
+    stack = getattr(_local, "stack", None)
+    return stack[-1] if stack else None
+
+
+def is_running() -> bool:
+    return current() is not None
+
+
+def is_training() -> bool:
+    ctx = current()
+    return ctx is not None and ctx.training
+
+
+@contextlib.contextmanager
+def running(training: bool, tracing: bool = False):
+    stack = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = []
+    ctx = RunContext(training, tracing)
+    stack.append(ctx)
+    try:
+        yield ctx
+    finally:
+        stack.pop()
