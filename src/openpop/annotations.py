@@ -1,0 +1,218 @@
+"""Block annotations: ``BeginBlock``, ``Block``, ``BlockFunction``, ``removeBlocks``.
+
+A block names a contiguous part of the forward pass; execution strategies later group
+blocks into stages and stages onto virtual IPUs. Annotations do not change what a model
+computes: outside an executor (plain CPU/GPU execution) every one of them is a no-op.
+
+While an executor runs a model, it may place a *block recorder* on the run context
+(``openpop.runtime.context.current().block_recorder``): any object with
+
+* ``begin_block(user_id: str, ipu_id: Optional[int])`` — ops from now on belong to this block;
+* ``end_block()`` — a ``with Block(...)`` scope closed: no block is active until the next one.
+
+Annotations report to it in the order the forward pass meets them. Ops that run after a
+``with Block`` closed and before the next block starts are an error in PopTorch ("No active
+Block"); openpop cannot see individual ops here, so the engine checks it by calling
+``assert_active_block()`` at the points it observes ops.
+
+Blocks without a ``user_id`` get automatic ids "0", "1", ... in the order they start in each
+run; ``Block.useAutoId()`` restarts the count.
+"""
+import functools
+import weakref
+from typing import Callable, Optional
+
+import torch
+
+from .errors import NO_ACTIVE_BLOCK, Error, createPoptorchError
+from .runtime import context
+
+__all__ = ["BeginBlock", "Block", "BlockFunction", "LegacyBeginBlockFn", "removeBlocks",
+           "block_annotation", "current_block", "assert_active_block"]
+
+
+class _RunBlockState:
+    """What one run has seen of blocks: the auto-id counter and the active block."""
+
+    def __init__(self):
+        self.next_auto_id = 0
+        self.active = None  # (user_id, ipu_id) of the block ops currently belong to
+        self.closed = False  # a `with Block` ended and no block has started since
+
+    def take_auto_id(self) -> str:
+        auto_id = str(self.next_auto_id)
+        self.next_auto_id += 1
+        return auto_id
+
+
+# One state per run context, dropped with the context.
+_states = weakref.WeakKeyDictionary()
+
+
+def _recording_run():
+    """The current run context if it records blocks, else None."""
+    ctx = context.current()
+    if ctx is None or getattr(ctx, "block_recorder", None) is None:
+        return None
+    return ctx
+
+
+def _state_of(ctx) -> _RunBlockState:
+    state = _states.get(ctx)
+    if state is None:
+        state = _states[ctx] = _RunBlockState()
+    return state
+
+
+def _begin_block(user_id: Optional[str], ipu_id: Optional[int]) -> None:
+    ctx = _recording_run()
+    if ctx is None:
+        return
+    state = _state_of(ctx)
+    if user_id is None:
+        user_id = state.take_auto_id()
+    state.active = (user_id, ipu_id)
+    state.closed = False
+    ctx.block_recorder.begin_block(user_id, ipu_id)
+
+
+def _end_block() -> None:
+    ctx = _recording_run()
+    if ctx is None:
+        return
+    state = _state_of(ctx)
+    state.active = None
+    state.closed = True
+    ctx.block_recorder.end_block()
+
+
+def current_block():
+    """``(user_id, ipu_id)`` of the active block of the recording run, else None.
+
+    None also before the first block starts: those ops default to stage 0 / IPU 0.
+    """
+    ctx = _recording_run()
+    return None if ctx is None else _state_of(ctx).active
+
+
+def assert_active_block() -> None:
+    """Raise ``Error(NO_ACTIVE_BLOCK)`` if an op now would belong to no block.
+
+    That is the case after a ``with Block(...)`` ended and before the next block started.
+    Called by the engine; a no-op outside a recording run.
+    """
+    ctx = _recording_run()
+    if ctx is not None and _state_of(ctx).closed:
+        raise Error(NO_ACTIVE_BLOCK)
+
+
+class _BlockHook:
+    """Forward-pre-hook that starts a block each time its module runs.
+
+    Lives in the module's own ``_forward_pre_hooks``, so it is copied, deep-copied and
+    pickled (``torch.save``) together with the module.
+    """
+
+    def __init__(self, user_id: Optional[str], ipu_id: Optional[int]):
+        self.user_id = user_id
+        self.ipu_id = ipu_id
+
+    def __call__(self, module, inputs):
+        _begin_block(self.user_id, self.ipu_id)
+
+    def __repr__(self):
+        return f"BeginBlock(user_id={self.user_id}, ipu_id={self.ipu_id})"
+
+
+def block_annotation(module: torch.nn.Module) -> Optional[_BlockHook]:
+    """The ``BeginBlock`` annotation of ``module`` itself (not its children), or None."""
+    for hook in module._forward_pre_hooks.values():
+        if isinstance(hook, _BlockHook):
+            return hook
+    return None
+
+
+class LegacyBeginBlockFn(torch.nn.Module):
+    """``BeginBlock`` applied to a plain callable: a module that starts the block, then calls it."""
+
+    def __init__(self, layer_to_call: Callable, user_id: Optional[str] = None,
+                 ipu_id: Optional[int] = None):
+        super().__init__()
+        self._layer_to_call = layer_to_call
+        self.register_forward_pre_hook(_BlockHook(user_id, ipu_id))
+
+    def forward(self, *args, **kwargs):
+        return self._layer_to_call(*args, **kwargs)
+
+
+def BeginBlock(layer_to_call, user_id: Optional[str] = None,
+               ipu_id: Optional[int] = None) -> torch.nn.Module:
+    """Start block ``user_id`` (on ``ipu_id``) whenever ``layer_to_call`` runs.
+
+    Ops stay in that block until another block starts. Returns the same module.
+    """
+    if not isinstance(layer_to_call, torch.nn.Module):
+        if callable(layer_to_call):
+            return LegacyBeginBlockFn(layer_to_call, user_id, ipu_id)
+        raise createPoptorchError("module is not an instance of torch.nn.Module or function.")
+    if block_annotation(layer_to_call) is not None:
+        raise createPoptorchError("module has already been assigned to a block.")
+    layer_to_call.register_forward_pre_hook(_BlockHook(user_id, ipu_id))
+    return layer_to_call
+
+
+def removeBlocks(module: torch.nn.Module) -> None:
+    """Remove every ``BeginBlock`` annotation from ``module`` and its sub-modules."""
+    assert isinstance(module, torch.nn.Module), "removeBlocks expects a torch.nn.Module"
+    for m in module.modules():
+        for handle_id in [k for k, hook in m._forward_pre_hooks.items()
+                          if isinstance(hook, _BlockHook)]:
+            del m._forward_pre_hooks[handle_id]
+
+
+class Block(torch.nn.Module):
+    """Context manager: the ops run inside ``with Block(user_id, ipu_id):`` form one block.
+
+    When the scope ends no block is active until the next one starts.
+    """
+
+    def __init__(self, user_id: Optional[str] = None, ipu_id: Optional[int] = None):
+        super().__init__()
+        self._user_id = user_id
+        self._ipu_id = ipu_id
+
+    @staticmethod
+    def useAutoId() -> None:
+        """Restart automatic block ids at "0" (call at the start of ``forward``)."""
+        ctx = _recording_run()
+        if ctx is not None:
+            _state_of(ctx).next_auto_id = 0
+
+    @staticmethod
+    def start(user_id: Optional[str] = None, ipu_id: Optional[int] = None) -> None:
+        """Start a block without a scope, like ``BeginBlock`` does."""
+        _begin_block(user_id, ipu_id)
+
+    def __enter__(self):
+        Block.start(self._user_id, self._ipu_id)
+        return self
+
+    def __exit__(self, exc_type, exc_value, traceback):
+        _end_block()
+
+    def extra_repr(self):
+        return f"user_id={self._user_id}, ipu_id={self._ipu_id}"
+
+
+def BlockFunction(user_id: Optional[str] = None, ipu_id: Optional[int] = None):
+    """Decorator: every call of the function runs inside ``with Block(user_id, ipu_id)``."""
+
+    def decorator(func):
+        @functools.wraps(func)
+        def wrapper(*args, **kwargs):
+            with Block(user_id, ipu_id):
+                return func(*args, **kwargs)
+
+        return wrapper
+
+    return decorator

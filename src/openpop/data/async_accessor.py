@@ -1,0 +1,480 @@
+"""``poptorch.AsynchronousDataAccessor``: load batches in a separate process, ahead of use.
+
+A worker process iterates the wrapped loader (or any iterable) and fills a ring of
+``buffer_size`` shared-memory slots, allocated once from the first batch's structure. For each
+batch only the slot number travels through a queue; a batch that doesn't fit the slots (a
+shorter last batch, non-tensor leaves) travels through the queue itself. At most
+``buffer_size`` batches are loaded and not yet released at any time.
+
+Slot lifetime: a batch returned by ``next()`` lives in shared memory that is handed back to the
+worker, and overwritten, when the next batch is requested (or a new epoch starts, or the
+accessor terminates). Clone tensors that must outlive that.
+
+Epochs: each ``iter()`` starts one epoch of the wrapped loader and the iteration stops at its
+end. ``iter()`` in the middle of an epoch abandons the rest of it. With ``load_indefinitely``
+the worker goes on filling the next epoch while the current one is consumed.
+
+``sharing_strategy`` picks how the worker process is started (the data itself always travels
+through shared memory): ``Fork`` and ``SharedMemory`` fork the current process (the dataset is
+shared copy-on-write, nothing is pickled), ``ForkServer`` forks from a server process with
+torch preloaded (the dataset must be picklable and importable), ``FileSystem`` spawns a fresh
+interpreter (the dataset is pickled).
+
+The worker never outlives its parent's interest: it stops on ``terminate()``, on garbage
+collection, at interpreter exit (``atexit``), when the parent dies, and after reporting an
+error. The parent never waits on a dead worker: an exception in the worker is re-raised in the
+parent (same type and message, with the worker's traceback as its cause), a vanished worker
+raises ``poptorch.Error``.
+"""
+import atexit
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import queue
+import signal
+import traceback
+import weakref
+from dataclasses import dataclass
+from multiprocessing.reduction import ForkingPickler
+from typing import Any, Optional
+
+import torch
+
+from ..enums import SharingStrategy
+from ..errors import Error
+from ..log import logger
+from . import batch_tree, messages
+from .rebatch import rebatch
+
+_POLL_SECONDS = 0.1  # how often a waiting process checks that its peer is still alive
+_STOP_GRACE_SECONDS = 2.0  # how long a worker may take to stop before it is killed
+_NUDGE = -1  # wakes a waiting worker; not a slot number
+
+_START_METHODS = {
+    SharingStrategy.Fork: "fork",
+    SharingStrategy.SharedMemory: "fork",
+    SharingStrategy.ForkServer: "forkserver",
+    SharingStrategy.FileSystem: "spawn",
+}
+
+
+class AsynchronousDataAccessor:
+    """Iterate ``dataset`` (usually a ``DataLoader``) in a separate process; see the module docs."""
+
+    def __init__(self,
+                 dataset,
+                 buffer_size: int = 3,
+                 miss_sleep_time_in_ms: float = 0.1,
+                 load_indefinitely: bool = True,
+                 early_preload: bool = False,
+                 sharing_strategy: SharingStrategy = SharingStrategy.ForkServer,
+                 rebatched_size: Optional[int] = None):
+        """
+        :param dataset: a ``DataLoader`` or any iterable of batches.
+        :param buffer_size: number of batches loaded ahead (shared-memory slots).
+        :param miss_sleep_time_in_ms: accepted for compatibility; waiting for a batch blocks
+            without polling, so it has no effect.
+        :param load_indefinitely: keep loading the next epoch while the current one is used;
+            otherwise each epoch is loaded when ``iter()`` asks for it.
+        :param early_preload: start loading now rather than at the first ``iter()``.
+        :param sharing_strategy: how the worker process is started (see the module docs).
+        :param rebatched_size: re-cut the loader's batches into batches of this many rows.
+        """
+        self._process = None  # first, so that terminate() works whatever fails below
+        if getattr(dataset, "_accessor", None) is not None:
+            raise Error(messages.ALREADY_ASYNC)
+        assert rebatched_size is None or rebatched_size > 1, messages.REBATCHED_SIZE_TOO_SMALL.format(
+            size=rebatched_size)
+        assert buffer_size >= 1, messages.BUFFER_SIZE_TOO_SMALL.format(size=buffer_size)
+        self._source = dataset
+        self._rebatched_size = rebatched_size
+        self._drop_last = bool(getattr(dataset, "_rebatch_drop_last", getattr(dataset, "drop_last", False)))
+        self._miss_sleep_time_in_ms = miss_sleep_time_in_ms
+        if self._known_length() == 0:
+            raise Error(messages.DATASET_EMPTY)
+
+        context = _context(sharing_strategy)
+        self._channels = _Channels(data=context.Queue(), free=context.Queue(), stop=context.Event(),
+                                   target_epoch=context.Value("q", 0))
+        settings = _WorkerSettings(buffer_size=buffer_size, rebatched_size=rebatched_size,
+                                   drop_last=self._drop_last, load_indefinitely=load_indefinitely,
+                                   early_preload=early_preload)
+        self._owner_pid = os.getpid()
+        self._slots = None
+        self._epoch = 0  # the epoch being consumed; epochs are numbered from 1
+        self._epoch_started = False  # at least one batch of it was returned
+        self._epoch_finished = False  # its StopIteration was raised
+        self._held_slot = None
+        self._unusable_reason = None
+
+        process = context.Process(target=_worker_main, name="AsynchronousDataAccessor", daemon=False,
+                                  args=(dataset, settings, self._channels, torch.get_rng_state()))
+        try:
+            process.start()
+        except Exception as error:
+            logger.error("Could not start the AsynchronousDataAccessor worker: %s: %s", type(error).__name__,
+                         error, exc_info=True)
+            self._close_channels()
+            raise Error(messages.WORKER_FAILED_TO_START) from error
+        self._process = process
+        _register(self)
+        self._wait_until_ready()
+
+    # --- iteration ---------------------------------------------------------------------
+    def __iter__(self):
+        if self._epoch == 0 or self._epoch_finished or self._epoch_started:
+            self._check_usable()
+            self._begin_epoch()
+        return self
+
+    def __next__(self):
+        self._check_usable()
+        if self._epoch == 0 or self._epoch_finished:
+            self._begin_epoch()
+        self._release_held_slot()
+        while True:
+            message = self._receive()
+            kind = message[0]
+            if kind == "slots":
+                self._slots = message[1]
+            elif kind == "error":
+                self._raise_worker_error(*message[1:])
+            elif kind == "empty":
+                self._stop_with(messages.DATASET_EMPTY)
+            elif kind == "end":
+                if message[1] == self._epoch:
+                    self._epoch_finished = True
+                    raise StopIteration
+            else:
+                kind, epoch, slot = message[:3]
+                if epoch != self._epoch:  # left over from an abandoned epoch
+                    self._channels.free.put(slot)
+                    continue
+                self._held_slot = slot
+                self._epoch_started = True
+                if kind == "slot":
+                    return batch_tree.rebuild(self._slots[slot])
+                return message[3]
+
+    def __len__(self) -> int:
+        if self._rebatched_size is None:
+            return len(self._source)
+        elements = len(getattr(self._source, "dataset", self._source))
+        full, rest = divmod(elements, self._rebatched_size)
+        return full + (1 if rest and not self._drop_last else 0)
+
+    # --- shutting down -----------------------------------------------------------------
+    def terminate(self) -> None:
+        """Stop the worker process; the accessor can't be used afterwards."""
+        if self.__dict__.get("_process") is None or os.getpid() != self._owner_pid:
+            return
+        self._request_stop()
+        process, self._process = self._process, None
+        _live_accessors.discard(self)
+        process.join(_STOP_GRACE_SECONDS)
+        if process.is_alive():
+            process.terminate()
+            process.join(_STOP_GRACE_SECONDS)
+        if process.is_alive():
+            process.kill()
+            process.join()
+        process.close()
+        self._close_channels()
+        self._slots = None
+        if self._unusable_reason is None:
+            self._unusable_reason = messages.TERMINATED
+
+    def __del__(self):
+        try:
+            self.terminate()
+        except Exception:  # interpreter shutdown may have torn down what terminate() needs
+            pass
+
+    def _request_stop(self) -> None:
+        if self.__dict__.get("_process") is None or os.getpid() != self._owner_pid:
+            return
+        self._channels.stop.set()
+        try:
+            self._channels.free.put(_NUDGE)
+        except (ValueError, OSError):
+            pass
+
+    def _close_channels(self) -> None:
+        for channel in (self._channels.free, self._channels.data):
+            channel.cancel_join_thread()
+            channel.close()
+
+    # --- talking to the worker ---------------------------------------------------------
+    def _begin_epoch(self) -> None:
+        self._release_held_slot()
+        self._epoch += 1
+        self._epoch_started = False
+        self._epoch_finished = False
+        self._channels.target_epoch.value = self._epoch
+        self._channels.free.put(_NUDGE)
+
+    def _release_held_slot(self) -> None:
+        if self._held_slot is not None:
+            self._channels.free.put(self._held_slot)
+            self._held_slot = None
+
+    def _wait_until_ready(self) -> None:
+        try:
+            message = self._receive()
+        except Error:
+            self._unusable_reason = messages.WORKER_FAILED_TO_START
+            raise Error(messages.WORKER_FAILED_TO_START) from None
+        assert message == ("ready",), f"unexpected first message from the worker: {message[0]}"
+
+    def _receive(self):
+        """The worker's next message; raises ``Error`` if the worker dies first."""
+        while True:
+            try:
+                return ForkingPickler.loads(self._channels.data.get(timeout=_POLL_SECONDS))
+            except queue.Empty:
+                pass
+            except Exception as error:
+                # A message that can't be rebuilt would lose its slot and starve the worker.
+                self._stop_with(f"Could not receive a batch from the AsynchronousDataAccessor worker: "
+                                f"{type(error).__name__}: {error}")
+            if not self._process.is_alive():
+                try:
+                    return ForkingPickler.loads(self._channels.data.get(timeout=_POLL_SECONDS))
+                except Exception:
+                    self._stop_with(messages.WORKER_DIED.format(code=self._process.exitcode))
+
+    def _raise_worker_error(self, pickled_error: Optional[bytes], worker_traceback: str, summary: str):
+        self._stop_with_reason(messages.WORKER_FAILED.format(error=summary))
+        error = None
+        if pickled_error is not None:
+            try:
+                error = pickle.loads(pickled_error)
+            except Exception:
+                error = None
+        if not isinstance(error, BaseException):
+            error = Error(messages.WORKER_RAISED.format(summary=summary))
+        raise error from WorkerTraceback(worker_traceback)
+
+    def _stop_with(self, reason: str):
+        self._stop_with_reason(reason)
+        raise Error(reason)
+
+    def _stop_with_reason(self, reason: str) -> None:
+        self._unusable_reason = reason
+        self.terminate()
+
+    def _check_usable(self) -> None:
+        if self._unusable_reason is not None:
+            raise Error(self._unusable_reason)
+
+    def _known_length(self) -> Optional[int]:
+        try:
+            return len(self)
+        except (TypeError, NotImplementedError):
+            return None
+
+
+class WorkerTraceback(Exception):
+    """The traceback of an exception raised in the worker process (shown as the cause)."""
+
+    def __str__(self) -> str:
+        return "\n\nIn the AsynchronousDataAccessor worker process:\n" + self.args[0]
+
+
+# --- the worker process -------------------------------------------------------------------
+@dataclass
+class _Channels:
+    data: Any  # worker -> parent: pickled messages (see _Loader)
+    free: Any  # parent -> worker: slot numbers handed back, and _NUDGE
+    stop: Any  # Event
+    target_epoch: Any  # Value: the epoch the parent wants; older ones are abandoned
+
+
+@dataclass
+class _WorkerSettings:
+    buffer_size: int
+    rebatched_size: Optional[int]
+    drop_last: bool
+    load_indefinitely: bool
+    early_preload: bool
+
+
+class _Stop(Exception):
+    """The parent asked the worker to stop, or went away."""
+
+
+class _Loader:
+    """The worker's side: loads epochs into slots.
+
+    Messages to the parent: ("ready",), ("slots", trees), ("slot", epoch, slot),
+    ("inline", epoch, slot, batch), ("end", epoch), ("empty",), ("error", pickled, traceback, summary).
+    A slot number is a credit: the worker holds at most ``buffer_size`` of them, spends one
+    per batch sent and gets it back when the parent moves on.
+    """
+
+    def __init__(self, source, settings: _WorkerSettings, channels: _Channels):
+        self._source = source
+        self._settings = settings
+        self._channels = channels
+        self._parent = multiprocessing.parent_process()
+        self._spare_slots = list(range(settings.buffer_size))
+        self._slots = None
+
+    def send(self, *message) -> None:
+        # Pickled here rather than in the queue's thread, so a failure raises in the loop.
+        self._channels.data.put(ForkingPickler.dumps(message))
+
+    def run(self) -> None:
+        epoch = 0
+        while True:
+            epoch = self._wait_for_epoch(epoch + 1)
+            self._load_epoch(epoch)
+
+    def wait_for_stop(self) -> None:
+        while True:
+            self._poll()
+
+    def _wait_for_epoch(self, next_epoch: int) -> int:
+        """The epoch to load next: ``next_epoch`` or a later one the parent skipped to."""
+        while True:
+            target = self._channels.target_epoch.value
+            if target >= next_epoch:
+                return target
+            if self._settings.early_preload if next_epoch == 1 else self._settings.load_indefinitely:
+                return next_epoch
+            self._poll()
+
+    def _load_epoch(self, epoch: int) -> None:
+        batches = self._epoch_batches()
+        loaded = 0
+        try:
+            while True:
+                slot = self._acquire_slot(epoch)
+                if slot is None:
+                    return  # abandoned by the parent
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    self._spare_slots.append(slot)
+                    break
+                self._send_batch(epoch, slot, batch)
+                loaded += 1
+        finally:
+            close = getattr(batches, "close", None)
+            if close is not None:
+                close()
+            del batches
+        if loaded == 0:
+            self.send("empty")
+            self.wait_for_stop()
+        self.send("end", epoch)
+
+    def _epoch_batches(self):
+        start_epoch = getattr(self._source, "_iter_sync", None)  # poptorch DataLoader in an Async mode
+        batches = start_epoch() if start_epoch is not None else iter(self._source)
+        if self._settings.rebatched_size is not None:
+            batches = rebatch(batches, self._settings.rebatched_size, self._settings.drop_last)
+        return batches
+
+    def _acquire_slot(self, epoch: int) -> Optional[int]:
+        """A free slot, or None when the parent has moved past ``epoch``."""
+        while True:
+            self._check_parent()
+            if self._channels.target_epoch.value > epoch:
+                return None
+            if self._spare_slots:
+                return self._spare_slots.pop()
+            self._poll()
+
+    def _send_batch(self, epoch: int, slot: int, batch) -> None:
+        if self._slots is None and batch_tree.is_tensor_only(batch):
+            self._slots = [batch_tree.empty_shared_like(batch) for _ in range(self._settings.buffer_size)]
+            self.send("slots", self._slots)
+        if self._slots is not None and batch_tree.same_layout(self._slots[slot], batch):
+            batch_tree.copy_into(self._slots[slot], batch)
+            self.send("slot", epoch, slot)
+        else:
+            self.send("inline", epoch, slot, batch)
+
+    def _poll(self) -> None:
+        """Wait briefly for a slot to come back; raise _Stop if the parent is done with us."""
+        self._check_parent()
+        try:
+            slot = self._channels.free.get(timeout=_POLL_SECONDS)
+        except queue.Empty:
+            return
+        if slot != _NUDGE:
+            self._spare_slots.append(slot)
+
+    def _check_parent(self) -> None:
+        if self._channels.stop.is_set() or not self._parent.is_alive():
+            raise _Stop
+
+
+def _worker_main(source, settings: _WorkerSettings, channels: _Channels, rng_state: torch.Tensor) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    torch.set_num_threads(1)
+    torch.set_rng_state(rng_state)  # shuffling starts where the parent's generator was
+    loader = _Loader(source, settings, channels)
+    loader.send("ready")
+    try:
+        try:
+            loader.run()
+        except _Stop:
+            raise
+        except Exception as error:
+            loader.send("error", _pickle_or_none(error), traceback.format_exc(),
+                        f"{type(error).__name__}: {error}")
+            # Inline batches already sent are served from this process: stay until the parent is done.
+            loader.wait_for_stop()
+    except _Stop:
+        pass
+    channels.data.cancel_join_thread()  # the parent no longer reads: don't wait to flush
+
+
+def _pickle_or_none(error: BaseException) -> Optional[bytes]:
+    try:
+        pickled = pickle.dumps(error)
+        pickle.loads(pickled)
+        return pickled
+    except Exception:
+        return None
+
+
+# --- processes and clean-up -----------------------------------------------------------------
+def _context(sharing_strategy: SharingStrategy):
+    method = _START_METHODS[SharingStrategy(sharing_strategy)]
+    context = multiprocessing.get_context(method)
+    if method == "forkserver":
+        _preload_torch_in_forkserver(context)
+    return context
+
+
+def _preload_torch_in_forkserver(context) -> None:
+    """Import torch once in the fork server rather than in every worker (no effect once it runs)."""
+    from multiprocessing import forkserver
+    preload = list(getattr(forkserver._forkserver, "_preload_modules", ["__main__"]))
+    if "torch" not in preload:
+        context.set_forkserver_preload(preload + ["torch"])
+
+
+_live_accessors = weakref.WeakSet()
+_exit_hook_registered = False
+
+
+def _register(accessor: AsynchronousDataAccessor) -> None:
+    # Registered after multiprocessing's own exit hook, so it runs before that one joins children.
+    global _exit_hook_registered
+    if not _exit_hook_registered:
+        atexit.register(_terminate_all)
+        _exit_hook_registered = True
+    _live_accessors.add(accessor)
+
+
+def _terminate_all() -> None:
+    accessors = list(_live_accessors)
+    for accessor in accessors:  # ask all first, so they stop in parallel
+        accessor._request_stop()
+    for accessor in accessors:
+        accessor.terminate()

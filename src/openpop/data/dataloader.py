@@ -1,0 +1,165 @@
+"""``poptorch.DataLoader``: a torch DataLoader whose every item is one host call's worth of data.
+
+The batch size given by the user is the micro-batch size; the loader yields combined batches of
+``batch_size * device_iterations * (replication_factor // input_group_size) *
+gradient_accumulation`` elements. With several processes each one reads its own shard of a
+map-style dataset (``distributed.py``). The ``Async`` modes load in a separate process through
+an ``AsynchronousDataAccessor``.
+"""
+from typing import Any, Dict, Iterable, Optional, Sequence, Union
+
+import torch
+from torch.utils.data import Sampler
+
+from ..enums import DataLoaderMode
+from ..errors import Error
+from ..log import logger
+from ..options import Options
+from ..runtime.geometry import combined_batch_factor
+from . import messages
+from .async_accessor import AsynchronousDataAccessor
+from .distributed import DistributedShard
+from .samplers import CombinedBatchSampler
+
+
+class DataLoader(torch.utils.data.DataLoader):
+    def __init__(self,
+                 options: Options,
+                 dataset: torch.utils.data.Dataset,
+                 batch_size: Optional[int] = 1,
+                 shuffle: Optional[bool] = None,
+                 num_workers: int = 0,
+                 drop_last: bool = True,
+                 persistent_workers: Optional[bool] = None,
+                 auto_distributed_partitioning: bool = True,
+                 mode: DataLoaderMode = DataLoaderMode.Sync,
+                 async_options: Optional[Dict[str, Any]] = None,
+                 rebatched_worker_size: Optional[int] = None,
+                 batch_sampler: Optional[Union[Sampler[Sequence], Iterable[Sequence]]] = None,
+                 **kwargs):
+        """
+        :param options: the run's options; they are frozen from now on.
+        :param batch_size: the micro-batch size, multiplied into the combined batch size.
+        :param shuffle: as in torch (``None`` means ``False``); with several processes the
+            shuffle is global and needs ``options.randomSeed()``.
+        :param drop_last: drop the last incomplete combined batch (default ``True``, unlike torch).
+        :param persistent_workers: default ``num_workers > 0`` (unlike torch).
+        :param auto_distributed_partitioning: with several processes, give each process its
+            own contiguous share of a map-style dataset.
+        :param mode: ``Sync``, ``Async`` (load in a separate process) or ``AsyncRebatched``
+            (the torch workers use ``rebatched_worker_size`` and the loading process re-cuts
+            their batches into combined batches).
+        :param async_options: keyword arguments of ``AsynchronousDataAccessor``.
+        :param batch_sampler: yields micro-batches of indices; consecutive ones are joined
+            into combined batches. Excludes ``batch_size`` and ``shuffle``.
+        :param kwargs: any other argument of ``torch.utils.data.DataLoader``.
+        """
+        assert isinstance(options, Options), messages.NOT_OPTIONS.format(type=type(options).__name__)
+        mode = DataLoaderMode(mode)
+        shuffle = bool(shuffle)
+        if persistent_workers is None:
+            persistent_workers = num_workers > 0
+        async_options = dict(async_options or {})
+        assert "rebatched_size" not in async_options, messages.ASYNC_OPTIONS_REBATCHED
+        num_processes = options.Distributed.numProcesses
+        num_batches_to_combine = combined_batch_factor(options)
+        is_iterable = isinstance(dataset, torch.utils.data.IterableDataset)
+
+        if batch_sampler is not None:
+            if batch_size != 1 or shuffle:
+                raise Error(messages.BATCH_SAMPLER_EXCLUSIVE)
+            if num_processes > 1 and auto_distributed_partitioning:
+                raise Error(messages.BATCH_SAMPLER_DISTRIBUTED)
+            batch_sampler = CombinedBatchSampler(batch_sampler, num_batches_to_combine, drop_last)
+            combined_batch_size = batch_sampler.batch_size
+        else:
+            combined_batch_size = None if batch_size is None else batch_size * num_batches_to_combine
+
+        if is_iterable:
+            assert num_processes == 1 or not auto_distributed_partitioning, messages.ITERABLE_PARTITIONING
+            if num_workers > 1 and kwargs.get("worker_init_fn") is None:
+                logger.warning(messages.ITERABLE_WORKERS, num_workers, num_workers)
+
+        shard = None
+        if not is_iterable and batch_sampler is None and num_processes > 1 and auto_distributed_partitioning:
+            shard = DistributedShard(dataset, options, combined_batch_size, drop_last, shuffle)
+            shuffle = False  # the shard shuffles globally, the same way in every process
+
+        if not drop_last and not is_iterable and batch_sampler is None and combined_batch_size is not None:
+            elements = len(shard.dataset if shard is not None else dataset)
+            per_step = combined_batch_size * num_processes
+            if elements % per_step:
+                logger.warning(messages.LEFTOVER_ELEMENTS, elements, per_step, elements % per_step)
+
+        if mode == DataLoaderMode.Async and not drop_last and (combined_batch_size or 1) > 1:
+            mode = DataLoaderMode.AsyncRebatched
+        rebatched_size = None
+        torch_batch_size, torch_drop_last = combined_batch_size, drop_last
+        if mode == DataLoaderMode.AsyncRebatched and batch_sampler is None:
+            assert combined_batch_size is not None, messages.REBATCHED_NEEDS_BATCH_SIZE
+            worker_size = rebatched_worker_size or combined_batch_size
+            assert worker_size <= combined_batch_size, messages.REBATCHED_WORKER_SIZE.format(
+                worker=worker_size, combined=combined_batch_size)
+            rebatched_size = combined_batch_size
+            # The re-batching applies drop_last to combined batches; dropping partial worker
+            # batches too would lose elements a synchronous loader keeps.
+            torch_batch_size, torch_drop_last = worker_size, False
+
+        options._freeze()
+        self._options = options
+        self._combined_batch_size = combined_batch_size
+        self._shard = shard
+        self._mode = mode
+        self._rebatched_size = rebatched_size
+        self._rebatch_drop_last = drop_last
+        self._accessor = None
+
+        dataset = shard if shard is not None else dataset
+        if batch_sampler is not None:
+            super().__init__(dataset, batch_sampler=batch_sampler, num_workers=num_workers,
+                             persistent_workers=persistent_workers, **kwargs)
+        else:
+            super().__init__(dataset, batch_size=torch_batch_size, shuffle=shuffle, num_workers=num_workers,
+                             drop_last=torch_drop_last, persistent_workers=persistent_workers, **kwargs)
+
+        if mode != DataLoaderMode.Sync:
+            self._accessor = AsynchronousDataAccessor(self, rebatched_size=rebatched_size, **async_options)
+
+    @property
+    def combinedBatchSize(self) -> Optional[int]:
+        """Elements per item: micro-batch size times the batches one host call consumes."""
+        return self._combined_batch_size
+
+    @property
+    def options(self) -> Options:
+        return self._options
+
+    def terminate(self) -> None:
+        """Stop the loading process of the ``Async`` modes (no-op in ``Sync`` mode)."""
+        if self._accessor is not None:
+            self._accessor.terminate()
+
+    def __len__(self) -> int:
+        if self._rebatched_size is not None:
+            elements = len(self.dataset)
+            full, rest = divmod(elements, self._rebatched_size)
+            return full + (1 if rest and not self._rebatch_drop_last else 0)
+        return super().__len__()
+
+    def __iter__(self):
+        if self._accessor is not None:
+            return iter(self._accessor)
+        return self._iter_sync()
+
+    def _iter_sync(self):
+        """Start an epoch in this process (what the asynchronous loading process iterates)."""
+        if self._shard is not None:
+            self._shard.start_epoch()
+        return super().__iter__()
+
+    def __getstate__(self):
+        # Pickled when the loading process is started with forkserver or spawn.
+        state = self.__dict__.copy()
+        state["_accessor"] = None
+        state["_iterator"] = None
+        return state

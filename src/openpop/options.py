@@ -1,0 +1,759 @@
+"""``poptorch.Options``: every setting of a run, validated, frozen once in use.
+
+Each options object keeps its settings in ``_values`` (created from the constructor's
+defaults). Settings are read as attributes (``opts.device_iterations``) and written
+through ``set()`` - also by plain assignment, ``opts.replication_factor = 4``.
+``set()`` only accepts known keys with the default's type; ``createOrSet()`` may add
+keys that have no default (``random_seed``, ``ipu_id``, ...). ``_freeze()`` makes
+the object and its groups read-only; ``clone()`` / ``copy.deepcopy`` give an
+unfrozen deep copy.
+
+Keys the runtime reads (all exist from construction unless marked "createOrSet"):
+
+* ``device_iterations``, ``replication_factor`` (per process), ``input_group_size``,
+  ``input_cgt`` (``CommGroupType``), ``broadcast_buffers``, ``output_mode`` (int of
+  ``OutputMode``; ``defaultOutputMode()``), ``output_return_period``,
+  ``connection_type`` (int of ``ConnectionType``), ``sync_pattern``,
+  ``auto_round_num_ipus``, ``anchored_tensors``, ``available_memory_proportion``
+  (``{ipu: float}``), ``log_dir``, ``max_repeat_logs``,
+  ``show_compilation_progress_bar``, ``relax_optimizer_attributes_checks``,
+  ``updatable_named_buffers`` (list), ``module_namescope_enabled``,
+  ``source_location_excludes``; createOrSet: ``random_seed``, ``model_name``,
+  ``use_model``, ``ipu_id``, ``ipu_version``.
+* ``Training``: ``gradient_accumulation``, ``accumulation_and_replication_reduction_type``
+  (``ReductionType``), ``meanAccumulationAndReplicationReductionStrategy``
+  (``MeanReductionStrategy``), ``automaticLossScalingSettings`` (``{"enabled": bool}``).
+* ``Precision`` (read-only views of the PopART keys they set): ``partials_type``
+  ("float" | "half"), ``floating_point_exceptions``, ``stochastic_rounding``.
+* ``Distributed``: ``numProcesses`` / ``processId`` (keys ``num_distributed_processes``,
+  ``distributed_process_id``).
+* ``TensorLocations``: createOrSet ``numIOTiles``, ``location_activation``,
+  ``location_weight``, ``location_optimizer``, ``location_accumulator``.
+* ``_Popart.options``: a free-form dict of PopART session options (``cachePath``,
+  ``enableEngineCaching``, ``engineOptions``, ``partialsTypeMatMuls``, ...).
+* ``_execution_strategy``: an ``openpop.strategies`` strategy.
+"""
+import copy
+import json
+import os
+import re
+import types
+import warnings
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from . import enums
+from .enums import CommGroupType, ConnectionType, OutputMode, ReductionType, SyncPattern
+from .errors import FROZEN_OPTIONS, ConfigFileError
+from .log import logger
+from .strategies import PipelinedExecution, _IExecutionStrategy
+
+_NO_REPEAT_LIMIT = 2**64 - 1
+
+
+def _warn_deprecated(what: str, reason: str) -> None:
+    message = f"{what} is deprecated: {reason}"
+    warnings.warn(message, DeprecationWarning, stacklevel=3)
+    logger.warning(message)
+
+
+class OptionsDict:
+    """A validated, freezable set of named settings (see the module docstring)."""
+
+    def __init__(self, **defaults: Any) -> None:
+        object.__setattr__(self, "_is_frozen", False)
+        # Creating _values ends construction: private attributes must exist by now.
+        object.__setattr__(self, "_values", dict(defaults))
+
+    # --- reading and writing -------------------------------------------------------
+    def __getattr__(self, name: str) -> Any:
+        # Only called when normal lookup fails: options values, or an error.
+        values = self.__dict__.get("_values")
+        if name.startswith("_") or values is None:
+            raise AttributeError(name)
+        if name not in values:
+            raise AttributeError(f"Invalid attribute {name}.")
+        return values[name]
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if not name.startswith("_"):
+            self.set(**{name: value})
+            return
+        if "_values" in self.__dict__:
+            if name not in self.__dict__:
+                raise AttributeError(
+                    f"Invalid private attribute {name}: private attributes must be created in "
+                    "__init__ before the options values")
+            self._check_not_frozen()
+        object.__setattr__(self, name, value)
+
+    def set(self, **kwargs: Any) -> None:
+        self._check_not_frozen()
+        for option, value in kwargs.items():
+            assert self.exists(option), "Invalid option %s, valid options are %s" % (
+                option, self._values.keys())
+            expected = type(self._values[option])
+            assert isinstance(value, expected), "Unexpected type %s for option %s. Expected %s" % (
+                type(value), option, expected)
+        self._values.update(kwargs)
+
+    def createOrSet(self, **kwargs: Any) -> None:
+        self._check_not_frozen()
+        for option, value in kwargs.items():
+            if self.exists(option):
+                self.set(**{option: value})
+            else:
+                self._values[option] = value
+
+    def exists(self, option: str) -> bool:
+        return option in self._values
+
+    def deleteIfExists(self, option: str) -> None:
+        self._check_not_frozen()
+        self._values.pop(option, None)
+
+    def toDict(self) -> Dict[str, Any]:
+        return dict(self._values)
+
+    # --- freezing and copying -------------------------------------------------------
+    def _check_not_frozen(self) -> None:
+        if self.__dict__.get("_is_frozen", False):
+            raise AttributeError(FROZEN_OPTIONS)
+
+    def _freeze(self) -> None:
+        object.__setattr__(self, "_is_frozen", True)
+        for value in self.__dict__.values():
+            if isinstance(value, (OptionsDict, _PopartOptions)):
+                value._freeze()
+
+    def __deepcopy__(self, memo: dict) -> "OptionsDict":
+        duplicate = type(self).__new__(type(self))
+        memo[id(self)] = duplicate
+        for name, value in self.__dict__.items():
+            object.__setattr__(duplicate, name, copy.deepcopy(value, memo))
+        object.__setattr__(duplicate, "_is_frozen", False)
+        return duplicate
+
+    def __repr__(self) -> str:
+        values = ", ".join(f"{k}={v!r}" for k, v in self._values.items())
+        return f"{type(self).__name__}({values})"
+
+
+class _PopartOptions:
+    """Free-form PopART session options (advanced users): ``set(key, value)`` stores
+    any key; openpop keeps them and reports them in ``Options.toDict()``."""
+
+    def __init__(self) -> None:
+        self._is_frozen = False
+        self.options: Dict[str, Any] = {}
+        self.set("instrumentWithHardwareCycleCounter", False)
+        self.set("rearrangeAnchorsOnHost", False)
+
+    def set(self, key: str, value: Any) -> "_PopartOptions":
+        if self._is_frozen:
+            raise AttributeError(FROZEN_OPTIONS)
+        self.options[key] = value
+        return self
+
+    def setEngineOptions(self, options: Dict[str, Any]) -> "_PopartOptions":
+        assert isinstance(options, dict)
+        return self.set("engineOptions", dict(options))
+
+    def setPatterns(self, patterns: Dict[str, bool], level: int = 2) -> "_PopartOptions":
+        assert isinstance(level, int)
+        assert isinstance(patterns, dict)
+        self.set("patterns_level", level)
+        return self.set("patterns", dict(patterns))
+
+    def _freeze(self) -> None:
+        self._is_frozen = True
+
+    def __deepcopy__(self, memo: dict) -> "_PopartOptions":
+        duplicate = type(self).__new__(type(self))
+        memo[id(self)] = duplicate
+        duplicate.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        duplicate._is_frozen = False
+        return duplicate
+
+    def __repr__(self) -> str:
+        values = ", ".join(f"{k}={v!r}" for k, v in self.options.items())
+        return f"_PopartOptions({values})"
+
+
+class _JitOptions(OptionsDict):
+    """Options of PyTorch's JIT (``Options.Jit``); only the deprecated ``traceModel``."""
+
+    def traceModel(self, trace_model: bool) -> "_JitOptions":
+        _warn_deprecated("poptorch.Options.Jit.traceModel",
+                         "tracing is no longer used: the model is always run through the dispatcher")
+        if trace_model:
+            raise ValueError("options.Jit.traceModel(True) is no longer supported")
+        return self
+
+
+class _PrecisionOptions(OptionsDict):
+    """Numerical precision settings (``Options.Precision``).
+
+    The settings are PopART options stored in ``Options._Popart``; openpop adds
+    read-only views of them: ``partials_type`` ("float" or "half"),
+    ``floating_point_exceptions`` and ``stochastic_rounding`` (bools).
+    """
+
+    def __init__(self, popart_options: _PopartOptions) -> None:
+        self._popart_options = popart_options
+        super().__init__()
+
+    def setPartialsType(self, dtype: torch.dtype) -> "_PrecisionOptions":
+        """Data type of matmul/convolution partial results: ``torch.float`` or ``torch.half``."""
+        if dtype in (torch.float, torch.float32):
+            type_name = "float"
+        elif dtype in (torch.half, torch.float16):
+            type_name = "half"
+        else:
+            raise ValueError("parameter to setPartialsType should be eithertorch.float or torch.half")
+        self._popart_options.set("partialsTypeMatMuls", type_name)
+        self._popart_options.set("convolutionOptions", {"partialsType": type_name})
+        return self
+
+    def enableFloatingPointExceptions(self, enabled: bool) -> "_PrecisionOptions":
+        """Raise an error on division by zero, invalid operations and overflow."""
+        assert isinstance(enabled, bool), "enableFloatingPointExceptions needs to be set to a bool"
+        self._popart_options.set("enableFloatingPointChecks", enabled)
+        return self
+
+    def enableStochasticRounding(self, enabled: bool) -> "_PrecisionOptions":
+        self._popart_options.set("enableStochasticRounding", enabled)
+        return self
+
+    def halfFloatCasting(self, half_float_casting: enums.HalfFloatCastingBehavior) -> "_PrecisionOptions":
+        """Deprecated, no effect: mixed float16/float32 ops follow PyTorch's promotion rules."""
+        _warn_deprecated("poptorch.Options.Precision.halfFloatCasting",
+                         "mixed-precision ops always follow PyTorch's type promotion")
+        return self
+
+    def runningStatisticsAlwaysFloat(self, value: bool) -> "_PrecisionOptions":
+        """Deprecated, no effect: running statistics keep the type of the module's buffers."""
+        _warn_deprecated("poptorch.Options.Precision.runningStatisticsAlwaysFloat",
+                         "running statistics keep the dtype of the module's buffers")
+        if not isinstance(value, bool):
+            raise ValueError("runningStatisticsAlwaysFloat needs to be set to a bool")
+        return self
+
+    @property
+    def partials_type(self) -> str:
+        return self._popart_options.options.get("partialsTypeMatMuls", "float")
+
+    @property
+    def floating_point_exceptions(self) -> bool:
+        return self._popart_options.options.get("enableFloatingPointChecks", False)
+
+    @property
+    def stochastic_rounding(self) -> bool:
+        return self._popart_options.options.get("enableStochasticRounding", False)
+
+
+class _TrainingOptions(OptionsDict):
+    """Training settings (``Options.Training``)."""
+
+    def __init__(self, popart_options: _PopartOptions) -> None:
+        self._popart_options = popart_options
+        super().__init__(
+            gradient_accumulation=1,
+            accumulation_and_replication_reduction_type=ReductionType.Mean,
+            meanAccumulationAndReplicationReductionStrategy=enums.MeanReductionStrategy.Post,
+            automaticLossScalingSettings={"enabled": False},
+        )
+
+    def gradientAccumulation(self, gradient_accumulation: int) -> "_TrainingOptions":
+        """Micro-batches whose gradients are accumulated before each optimizer step."""
+        self.set(gradient_accumulation=gradient_accumulation)
+        return self
+
+    def accumulationAndReplicationReductionType(self, reduction_type: ReductionType) -> "_TrainingOptions":
+        """How gradients are combined over accumulation steps and replicas: Mean or Sum."""
+        if (not isinstance(reduction_type, ReductionType)
+                or reduction_type == ReductionType.NoReduction):
+            raise ValueError("accumulationAndReplicationReductionType must be set to "
+                             "poptorch.ReductionType.Mean or poptorch.ReductionType.Sum")
+        self.set(accumulation_and_replication_reduction_type=reduction_type)
+        return self
+
+    def setMeanAccumulationAndReplicationReductionStrategy(
+            self, mean_reduction_strategy: enums.MeanReductionStrategy) -> "_TrainingOptions":
+        """When the mean is taken: Running, Post (default) or PostAndLoss."""
+        self.set(meanAccumulationAndReplicationReductionStrategy=mean_reduction_strategy)
+        return self
+
+    def setAutomaticLossScaling(self, enabled: bool) -> "_TrainingOptions":
+        self.set(automaticLossScalingSettings={**self.automaticLossScalingSettings, "enabled": enabled})
+        return self
+
+    def setConvolutionDithering(self, enabled: bool) -> "_TrainingOptions":
+        self._popart_options.set("convolutionDithering", enabled)
+        return self
+
+
+class _DistributedOptions(OptionsDict):
+    """Multi-process settings (``Options.Distributed``); read from
+    ``OMPI_COMM_WORLD_SIZE`` / ``OMPI_COMM_WORLD_RANK`` at construction."""
+
+    def __init__(self) -> None:
+        super().__init__(num_distributed_processes=1, distributed_process_id=0, ipuof_configs={})
+        self.setEnvVarNames("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK")
+
+    def disable(self) -> "_DistributedOptions":
+        """Run as a single process, whatever the environment says."""
+        self.set(num_distributed_processes=1, distributed_process_id=0)
+        return self
+
+    def setEnvVarNames(self, var_num_processes: str, var_process_id: str) -> "_DistributedOptions":
+        """Read the process count and id from these environment variables (defaults 1 and 0)."""
+        return self.configureProcessId(int(os.environ.get(var_process_id, "0")),
+                                       int(os.environ.get(var_num_processes, "1")))
+
+    def configureProcessId(self, process_id: int, num_processes: int) -> "_DistributedOptions":
+        self.set(distributed_process_id=process_id, num_distributed_processes=num_processes)
+        return self
+
+    @property
+    def processId(self) -> int:
+        return self.distributed_process_id
+
+    @property
+    def numProcesses(self) -> int:
+        return self.num_distributed_processes
+
+
+class TensorLocationSettings(OptionsDict):
+    """Where a class of tensors is stored on an IPU system (memory hints, no effect
+    on CPUs and GPUs, kept and reported)."""
+
+    def minElementsForOffChip(self, min_elements: int) -> "TensorLocationSettings":
+        assert isinstance(min_elements, int)
+        self.createOrSet(minElementsForOffChip=min_elements)
+        return self
+
+    def minElementsForReplicatedTensorSharding(self, min_elements: int) -> "TensorLocationSettings":
+        assert isinstance(min_elements, int)
+        self.createOrSet(minElementsForReplicatedTensorSharding=min_elements)
+        return self
+
+    def useOnChipStorage(self, use: Optional[bool] = True) -> "TensorLocationSettings":
+        """True: on-chip memory; False: off-chip; None: leave it unspecified."""
+        if use is None:
+            self.deleteIfExists("onChip")
+        else:
+            assert isinstance(use, bool)
+            self.createOrSet(onChip=int(use))
+        return self
+
+    def useReplicatedTensorSharding(self, use: bool = True) -> "TensorLocationSettings":
+        assert isinstance(use, bool)
+        self.createOrSet(useReplicatedTensorSharding=int(use))
+        return self
+
+    def useIOTilesToLoad(self, use: bool = True) -> "TensorLocationSettings":
+        assert isinstance(use, bool)
+        self.createOrSet(useIOTilesToLoad=int(use))
+        return self
+
+    def useIOTilesToStore(self, use: bool = True) -> "TensorLocationSettings":
+        assert isinstance(use, bool)
+        self.createOrSet(useIOTilesToStore=int(use))
+        return self
+
+
+class _TensorLocationOptions(OptionsDict):
+    """Tensor placement hints (``Options.TensorLocations``); IPU memory only."""
+
+    def numIOTiles(self, num_tiles: int) -> "_TensorLocationOptions":
+        assert isinstance(num_tiles, int) and 32 <= num_tiles <= 192 and num_tiles % 2 == 0, (
+            "numIOTiles must be an even number between 32 and 192.")
+        self.createOrSet(numIOTiles=num_tiles)
+        return self
+
+    def _set_location(self, key: str, location: TensorLocationSettings) -> "_TensorLocationOptions":
+        assert isinstance(location, TensorLocationSettings)
+        self.createOrSet(**{key: location.toDict()})
+        return self
+
+    def setActivationLocation(self, location: TensorLocationSettings) -> "_TensorLocationOptions":
+        return self._set_location("location_activation", location)
+
+    def setWeightLocation(self, location: TensorLocationSettings) -> "_TensorLocationOptions":
+        return self._set_location("location_weight", location)
+
+    def setOptimizerLocation(self, location: TensorLocationSettings) -> "_TensorLocationOptions":
+        return self._set_location("location_optimizer", location)
+
+    def setAccumulatorLocation(self, location: TensorLocationSettings) -> "_TensorLocationOptions":
+        return self._set_location("location_accumulator", location)
+
+
+class Options(OptionsDict):
+    """All the settings of a PopTorch run (``poptorch.Options``).
+
+    Environment: ``POPTORCH_CACHE_DIR`` enables the executable cache at that path;
+    ``POPTORCH_DEFAULT_OPTIONS`` is a JSON string applied with ``from_json``.
+    """
+
+    def __init__(self) -> None:
+        self._popart = _PopartOptions()
+        self._training = _TrainingOptions(self._popart)
+        self._precision = _PrecisionOptions(self._popart)
+        self._distributed = _DistributedOptions()
+        self._tensor_locations = _TensorLocationOptions()
+        self._jit = _JitOptions()
+        self._execution_strategy: _IExecutionStrategy = PipelinedExecution()
+        super().__init__(
+            replication_factor=1,
+            input_group_size=1,
+            input_cgt=CommGroupType.Consecutive,
+            broadcast_buffers=True,
+            device_iterations=1,
+            log_dir=".",
+            max_repeat_logs=4,
+            auto_round_num_ipus=False,
+            anchored_tensors={},
+            output_mode=OutputMode.Default.value,
+            output_return_period=1,
+            connection_type=ConnectionType.Always.value,
+            sync_pattern=SyncPattern.Full.value,
+            available_memory_proportion={},
+            show_compilation_progress_bar=True,
+            relax_optimizer_attributes_checks=False,
+            module_namescope_enabled=True,
+            updatable_named_buffers=[],
+            source_location_excludes=["openpop/", "poptorch/", "torch/", "site-packages/"],
+        )
+        cache_dir = os.environ.get("POPTORCH_CACHE_DIR", "")
+        if cache_dir:
+            logger.info("POPTORCH_CACHE_DIR is set: setting cache path to %s", cache_dir)
+            self.enableExecutableCaching(cache_dir)
+        default_options = os.environ.get("POPTORCH_DEFAULT_OPTIONS", "")
+        if default_options:
+            logger.info("POPTORCH_DEFAULT_OPTIONS is set: applying %s", default_options)
+            self.from_json(default_options)
+
+    # --- groups ---------------------------------------------------------------------
+    @property
+    def Training(self) -> _TrainingOptions:
+        return self._training
+
+    @property
+    def Precision(self) -> _PrecisionOptions:
+        return self._precision
+
+    @property
+    def Distributed(self) -> _DistributedOptions:
+        return self._distributed
+
+    @property
+    def TensorLocations(self) -> _TensorLocationOptions:
+        return self._tensor_locations
+
+    @property
+    def Jit(self) -> _JitOptions:
+        return self._jit
+
+    @property
+    def _Popart(self) -> _PopartOptions:
+        return self._popart
+
+    # --- batching and replication ---------------------------------------------------
+    def deviceIterations(self, device_iterations: int) -> "Options":
+        """Optimizer steps (training) or batches (inference) per host call."""
+        self.set(device_iterations=device_iterations)
+        return self
+
+    def replicationFactor(self, replication_factor: int) -> "Options":
+        """Data-parallel replicas of the model (per process when distributed)."""
+        self.set(replication_factor=replication_factor)
+        return self
+
+    def inputReplicaGrouping(self, input_group_size: int,
+                             input_group_type: CommGroupType) -> "Options":
+        """Replicas in one group receive the same input data."""
+        if input_group_type == CommGroupType.All:
+            raise ValueError("input_group_type cannot be All")
+        if input_group_type == CommGroupType.NoGrouping:
+            input_group_size, input_group_type = 1, CommGroupType.Consecutive
+        if input_group_size > self.replication_factor:
+            raise ValueError("input_group_size cannot be larger than replication_factor")
+        if self.replication_factor % input_group_size != 0:
+            raise ValueError("input_group_size must be a factor of replication_factor")
+        self.set(input_group_size=input_group_size, input_cgt=input_group_type)
+        return self
+
+    def broadcastBuffers(self, broadcast_buffers: bool = True) -> "Options":
+        self.set(broadcast_buffers=broadcast_buffers)
+        return self
+
+    # --- outputs --------------------------------------------------------------------
+    def outputMode(self, output_mode: OutputMode,
+                   output_return_period: Optional[int] = None) -> "Options":
+        """Which results a host call returns: All, Final, Sum or EveryN(period)."""
+        assert isinstance(output_mode, OutputMode)
+        if output_mode == OutputMode.EveryN:
+            assert output_return_period and output_return_period > 0, (
+                "EveryN anchor must have output_return_period set to valid positive integer")
+        elif output_return_period:
+            logger.info("Anchor return period argument ignored with output_mode set to %s",
+                        output_mode)
+        self.set(output_mode=output_mode.value, output_return_period=output_return_period or 1)
+        return self
+
+    def defaultOutputMode(self) -> bool:
+        """True while the output mode is still ``OutputMode.Default``."""
+        return self.output_mode == OutputMode.Default
+
+    def anchorMode(self, anchor_mode: OutputMode,
+                   anchor_return_period: Optional[int] = None) -> "Options":
+        """Deprecated name of ``outputMode``."""
+        _warn_deprecated("poptorch.Options.anchorMode",
+                         "Use outputMode instead, previous name was misleading")
+        if not isinstance(anchor_mode, OutputMode) and getattr(anchor_mode, "name", None) in \
+                OutputMode.__members__:
+            anchor_mode = OutputMode[anchor_mode.name]  # a legacy AnchorMode member
+        return self.outputMode(anchor_mode, anchor_return_period)
+
+    def defaultAnchorMode(self) -> bool:
+        """Deprecated name of ``defaultOutputMode``."""
+        _warn_deprecated("poptorch.Options.defaultAnchorMode",
+                         "Use outputMode instead, previous name was misleading")
+        return self.defaultOutputMode()
+
+    def anchorTensor(self, short_name: str, long_name: str,
+                     output_mode: Optional[OutputMode] = None,
+                     output_return_period: Optional[int] = 1) -> None:
+        """Also return the tensor ``long_name``, read back with ``getAnchoredTensor(short_name)``."""
+        if output_mode != OutputMode.EveryN:
+            output_return_period = 1
+        anchored = dict(self.anchored_tensors)
+        anchored[short_name] = [long_name, output_mode is None, output_mode, output_return_period]
+        self.set(anchored_tensors=anchored)
+
+    # --- randomness, devices, connection ---------------------------------------------
+    def randomSeed(self, random_seed: int) -> "Options":
+        """Seed the run's random numbers; also seeds ``torch`` on the host."""
+        assert isinstance(random_seed, int)
+        self._check_not_frozen()
+        torch.manual_seed(random_seed)
+        self.createOrSet(random_seed=random_seed)
+        return self
+
+    def setExecutionStrategy(self, strategy: _IExecutionStrategy) -> "Options":
+        assert isinstance(strategy, _IExecutionStrategy)
+        self._execution_strategy = strategy
+        return self
+
+    def autoRoundNumIPUs(self, auto_round_num_ipus: bool = True) -> "Options":
+        self.set(auto_round_num_ipus=auto_round_num_ipus)
+        return self
+
+    def useIpuModel(self, use_model: bool) -> "Options":
+        self.createOrSet(use_model=use_model)
+        return self
+
+    def useIpuId(self, ipu_id: int) -> "Options":
+        assert isinstance(ipu_id, int)
+        self.createOrSet(ipu_id=ipu_id)
+        return self
+
+    def useOfflineIpuTarget(self, ipu_version: int = 2) -> "Options":
+        """Compile only (``ConnectionType.Never``) for IPU version 1, 2 or 21."""
+        self._check_not_frozen()
+        self.connectionType(ConnectionType.Never)
+        self.createOrSet(ipu_version=ipu_version)
+        return self
+
+    def connectionType(self, connection_type: ConnectionType) -> "Options":
+        assert isinstance(connection_type, ConnectionType)
+        self.set(connection_type=connection_type.value)
+        return self
+
+    def syncPattern(self, sync_pattern: SyncPattern) -> "Options":
+        assert isinstance(sync_pattern, SyncPattern)
+        self.set(sync_pattern=sync_pattern.value)
+        return self
+
+    def enableSyntheticData(self, enabled: bool) -> "Options":
+        # PopART's SyntheticDataMode: 0 = Off, 2 = RandomNormal.
+        self._popart.set("syntheticDataMode", 2 if enabled else 0)
+        return self
+
+    # --- caching, logging, profiling -------------------------------------------------
+    def enableExecutableCaching(self, path: Optional[str]) -> "Options":
+        """Cache compiled executables in ``path``; None disables the cache."""
+        if path is None:
+            self._popart.set("enableEngineCaching", False)
+        else:
+            self._popart.set("cachePath", path)
+            self._popart.set("enableEngineCaching", True)
+        return self
+
+    def logDir(self, log_dir: str) -> "Options":
+        self.set(log_dir=log_dir)
+        return self
+
+    def maxRepeatLogs(self, max_lines: Optional[int]) -> "Options":
+        """How often one repeated log message is printed; None means no limit."""
+        self.set(max_repeat_logs=_NO_REPEAT_LIMIT if max_lines is None else max_lines)
+        return self
+
+    def modelName(self, name: str) -> "Options":
+        """Name of the profile report's subdirectory (default "training"/"inference")."""
+        self.createOrSet(model_name=name)
+        return self
+
+    def logCycleCount(self, log_cycle_count: bool) -> "Options":
+        self._popart.set("instrumentWithHardwareCycleCounter", log_cycle_count)
+        return self
+
+    def enableProfiling(self, profile_dir: Optional[str] = None) -> "Options":
+        """Write a profile report to ``profile_dir`` (default: the current directory).
+
+        Stored as ``_Popart.options["engineOptions"]["autoReport.directory"]``.
+        """
+        env_engine_options = os.environ.get("POPLAR_ENGINE_OPTIONS", "")
+        if any(k in env_engine_options
+               for k in ("debug.allowOutOfMemory", "autoReport.directory", "autoReport.all")):
+            logger.warning("Profiling setting overriden by environment variable. "
+                           "Check content of POPLAR_ENGINE_OPTIONS.")
+        engine_options = dict(self._popart.options.get("engineOptions", {}))
+        engine_options.update({"debug.allowOutOfMemory": "true",
+                               "autoReport.directory": profile_dir or ".",
+                               "autoReport.all": "true"})
+        self._popart.setEngineOptions(engine_options)
+        return self
+
+    def enableStableNorm(self, enabled: bool) -> "Options":
+        self._popart.set("enableStableNorm", enabled)
+        return self
+
+    def setAvailableMemoryProportion(self, available_memory_proportion: Dict[str, float]) -> "Options":
+        """Temporary-memory proportion per IPU, e.g. ``{"IPU0": 0.5}`` (stored as ``{0: 0.5}``)."""
+        per_ipu = {}
+        for key, proportion in available_memory_proportion.items():
+            assert key.startswith("IPU"), (
+                'Available memory proportions are expected to be in a dictionary of {"IPU0": 0.5} '
+                "where the 0 in IPU is the index of the IPU. Invalid key: %s" % key)
+            per_ipu[int(key[3:])] = proportion
+        self.createOrSet(available_memory_proportion=per_ipu)
+        return self
+
+    def showCompilationProgressBar(self, show: bool = True) -> "Options":
+        self.set(show_compilation_progress_bar=show)
+        return self
+
+    def relaxOptimizerAttributesChecks(self, relax: bool = True) -> "Options":
+        """Unexpected optimizer attributes: warning (False, default) or debug message (True)."""
+        self.set(relax_optimizer_attributes_checks=relax)
+        return self
+
+    def disableModuleNamescope(self) -> "Options":
+        self.set(module_namescope_enabled=False)
+        return self
+
+    def updatableNamedBuffers(self, buffers: List[str]) -> "Options":
+        """Names of buffers the host may update between runs."""
+        self.set(updatable_named_buffers=list(buffers))
+        return self
+
+    def sourceLocationExcludes(self, excludes: List[str]) -> "Options":
+        """Replace the path fragments skipped when attributing ops to source lines."""
+        self.set(source_location_excludes=list(excludes))
+        return self
+
+    def appendToLocationExcludes(self, *excludes: str) -> "Options":
+        self.set(source_location_excludes=self.source_location_excludes + list(excludes))
+        return self
+
+    # --- loading ----------------------------------------------------------------------
+    def loadFromFile(self, filepath: str) -> "Options":
+        """Apply a file of setter calls, one per line, written without ``options.``
+        (``deviceIterations(4)``). Blank lines and lines starting with # are skipped.
+
+        Every line is checked before any is applied, so a syntax error changes nothing.
+        """
+        with open(filepath) as config:
+            lines = [(number, line.strip()) for number, line in enumerate(config, start=1)]
+        statements = []
+        for number, line in lines:
+            if not line or line.startswith("#"):
+                continue
+            try:
+                statements.append(compile("options." + line, filepath, "exec"))
+            except SyntaxError as error:
+                raise ConfigFileError(
+                    f"SyntaxError at line {number} of file: {error.msg}\n> {line}") from None
+        namespace = _config_namespace(self)
+        for statement in statements:
+            exec(statement, namespace)  # pylint: disable=exec-used
+        return self
+
+    def from_json(self, string: str) -> "Options":
+        """Apply ``{"path.to.setter": value}``: a list value is passed as the arguments,
+        a string "EnumName.Member" becomes that enum member (e.g. "OutputMode.All")."""
+        for path, value in json.loads(string).items():
+            *owners, name = path.split(".")
+            target = self
+            for owner in owners:
+                target = getattr(target, owner)
+            arguments = [_from_json_value(v) for v in value] if isinstance(value, list) \
+                else [_from_json_value(value)]
+            setter = getattr(target, name, None)
+            if callable(setter):
+                setter(*arguments)
+            else:
+                assert len(arguments) == 1, f"{path} takes a single value, got {value!r}"
+                setattr(target, name, arguments[0])
+        return self
+
+    # --- copying and serialisation ----------------------------------------------------
+    def clone(self) -> "Options":
+        """An unfrozen deep copy."""
+        return copy.deepcopy(self)
+
+    def toDict(self) -> Dict[str, Any]:
+        """Every setting in one flat dict: the strategy's backend options, the PopART
+        options, then this object's, Training's, Precision's, Distributed's and
+        TensorLocations' values. A key set by two of them is an error."""
+        assert not self.defaultOutputMode(), "An output mode must be picked before serialisation"
+        merged = dict(self._execution_strategy.backendOptions())
+        sources = [self._popart.options, self._values, self._training._values,
+                   self._precision.toDict(), self._distributed._values,
+                   self._tensor_locations._values]
+        for source in sources:
+            common = merged.keys() & source.keys()
+            assert not common, f"Can't merge dictionaries, they have some keys in common: {sorted(common)}"
+            merged.update(copy.deepcopy(source))
+        return merged
+
+    def __repr__(self) -> str:
+        values = ", ".join(f"{k}={v!r}" for k, v in self._values.items())
+        groups = ", ".join(f"{name}={getattr(self, name)!r}" for name in
+                           ("Distributed", "Jit", "Precision", "TensorLocations", "Training", "_Popart"))
+        return f"{type(self).__name__}({values}, {groups})"
+
+
+def _from_json_value(value: Any) -> Any:
+    if isinstance(value, str):
+        match = re.fullmatch(r"(?:poptorch\.)?(\w+)\.(\w+)", value)
+        if match and match.group(1) in enums.__all__:
+            enum_class = getattr(enums, match.group(1))
+            if match.group(2) in enum_class.__members__:
+                return enum_class[match.group(2)]
+    return value
+
+
+def _config_namespace(options: Options) -> Dict[str, Any]:
+    """Names a config-file line may use: ``options``, ``torch``, the enums, and
+    ``poptorch.<Enum>``."""
+    enum_classes = {name: getattr(enums, name) for name in enums.__all__}
+    return {"__builtins__": __builtins__, "options": options, "torch": torch,
+            "poptorch": types.SimpleNamespace(**enum_classes), **enum_classes}
+
+
+__all__ = ["Options", "TensorLocationSettings", "ConfigFileError"]

@@ -1,0 +1,160 @@
+"""Host-call arguments: binding against ``forward``'s signature, the micro-batch split, and the
+checks that later calls match the compiled ones (PopTorch's exact mismatch messages)."""
+import inspect
+
+import torch
+from torch.utils import _pytree as pytree
+
+from .. import errors
+from ..log import logger
+
+
+class BoundInputs:
+    """One host call's arguments: ``forward``'s parameters by name, flattened to leaves."""
+
+    def __init__(self, signature: inspect.Signature, args, kwargs):
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError as exc:
+            missing = _missing_parameter(signature, args, kwargs)
+            if missing is not None:
+                raise errors.createPoptorchError(f"Mandatory parameter {missing} missing") from None
+            raise errors.createPoptorchError(str(exc)) from None
+        self.arguments = dict(bound.arguments)  # name -> value, in signature order
+        self.kinds = {name: signature.parameters[name].kind for name in self.arguments}
+        self.args = bound.args
+        self.kwargs = bound.kwargs
+        self.leaves, self.spec = pytree.tree_flatten((self.args, self.kwargs))
+        self.tensor_positions = [i for i, leaf in enumerate(self.leaves) if isinstance(leaf, torch.Tensor)]
+        self.simple = (not self.kwargs and all(isinstance(a, torch.Tensor) for a in self.args))
+
+    def rebuild(self, leaves):
+        """(args, kwargs) with ``leaves`` in place of the original leaves."""
+        if self.simple:
+            return tuple(leaves), {}
+        return pytree.tree_unflatten(leaves, self.spec)
+
+
+def _missing_parameter(signature, args, kwargs):
+    positional = [p for p in signature.parameters.values()
+                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    for index, param in enumerate(positional):
+        if index < len(args) or param.name in kwargs:
+            continue
+        if param.default is inspect.Parameter.empty:
+            return param.name
+    for param in signature.parameters.values():
+        if param.kind == param.KEYWORD_ONLY and param.name not in kwargs and param.default is param.empty:
+            return param.name
+    return None
+
+
+def prepare_tensors(inputs: BoundInputs, warned: set):
+    """Detach inputs that require grad and make non-contiguous ones contiguous, warning once each.
+
+    Returns ``[(position, original)]`` for the inputs that were copied, so in-place changes made by
+    the model can be written back to the caller's tensors after the run.
+    """
+    copied = []
+    for pos in inputs.tensor_positions:
+        tensor = inputs.leaves[pos]
+        if tensor.requires_grad:
+            if "requires_grad" not in warned:
+                logger.warning(errors.INPUT_REQUIRES_GRAD)
+                warned.add("requires_grad")
+            tensor = tensor.detach()
+        if not tensor.is_contiguous():
+            if "contiguous" not in warned:
+                logger.warning(errors.INPUT_NOT_CONTIGUOUS)
+                warned.add("contiguous")
+            copied.append((pos, inputs.leaves[pos]))
+            tensor = tensor.contiguous()
+        inputs.leaves[pos] = tensor
+    if any(isinstance(v, dict) for v in inputs.arguments.values()) and "dict" not in warned:
+        logger.warning(errors.DICT_INPUTS)
+        warned.add("dict")
+    return copied
+
+
+class InputSignature:
+    """What the model was compiled with; later calls must match it."""
+
+    def __init__(self, inputs: BoundInputs):
+        self.arguments = {name: _describe(value) for name, value in inputs.arguments.items()}
+        self.positional_count = len(inputs.args)
+
+    def check(self, inputs: BoundInputs) -> None:
+        problem = None
+        if len(inputs.args) != self.positional_count:
+            problem = (f"Number of positional arguments mismatch: expected {self.positional_count} "
+                       f"arguments but got {len(inputs.args)}.")
+        else:
+            expected_names = set(self.arguments)
+            got_names = set(inputs.arguments)
+            if expected_names != got_names:
+                problem = _keys_problem("forward", expected_names, got_names)
+            else:
+                for name, value in inputs.arguments.items():
+                    problem = _compare(name, self.arguments[name], value)
+                    if problem:
+                        break
+        if problem:
+            raise errors.createPoptorchError(problem + errors.INPUT_MISMATCH_SUFFIX)
+
+
+def _describe(value):
+    """A comparable record of an argument: tensors by dtype and shape, containers recursively."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", value.dtype, value.shape)
+    if isinstance(value, (list, tuple)):
+        return (type(value), [_describe(v) for v in value])
+    if isinstance(value, dict):
+        return (dict, {k: _describe(v) for k, v in value.items()})
+    return ("value", value)
+
+
+def _type_name(record):
+    kind = record[0]
+    if kind == "tensor":
+        return "torch.Tensor"
+    if kind == "value":
+        return type(record[1]).__name__
+    return kind.__name__
+
+
+def _compare(name, expected, value):
+    got = _describe(value)
+    if _type_name(expected) != _type_name(got):
+        return f"Type mismatch for {name}: expected {_type_name(expected)} but got {_type_name(got)}."
+    kind = expected[0]
+    if kind == "tensor":
+        if expected[1] != got[1]:
+            return f"Data type mismatch for {name}: expected {expected[1]} but got {got[1]}."
+        if expected[2] != got[2]:
+            return f"Shape mismatch for {name}: expected {expected[2]} but got {got[2]}."
+        return None
+    if kind == "value":
+        if expected[1] != got[1]:
+            return f"Value mismatch for {name}: expected {expected[1]} but got {got[1]}."
+        return None
+    if kind is dict:
+        if set(expected[1]) != set(value):
+            return _keys_problem(name, set(expected[1]), set(value))
+        for key in expected[1]:
+            problem = _compare(f"{name}[{key!r}]", expected[1][key], value[key])
+            if problem:
+                return problem
+        return None
+    if len(expected[1]) != len(value):
+        return f"Length mismatch for {name}: expected {len(expected[1])} elements but got {len(value)}."
+    for index, (exp, val) in enumerate(zip(expected[1], value)):
+        problem = _compare(f"{name}[{index}]", exp, val)
+        if problem:
+            return problem
+    return None
+
+
+def _keys_problem(name, expected, got):
+    unexpected = ", ".join(sorted(map(str, got - expected)))
+    missing = ", ".join(sorted(map(str, expected - got)))
+    return f"Keys mismatch for {name}: Unexpected arguments: {unexpected}. Missing arguments: {missing}."

@@ -1,0 +1,554 @@
+"""``PoplarExecutor``: one host call runs device_iterations optimizer steps (training) or
+device_iterations batches (inference), each over gradient_accumulation x replicas micro-batches,
+then returns the outputs chosen by the output mode.
+
+Replicas run one after another in this process on identical weights, so their gradient
+all-reduce is exact: it is the same sum as accumulating over ``GA * R`` micro-batches.
+"""
+import copy
+import datetime
+import inspect
+import time
+import weakref
+
+import torch
+from torch.utils import _pytree as pytree
+
+from .. import errors
+from ..enums import ConnectionType, MeanReductionStrategy, OutputMode, ReductionType
+from ..log import logger
+from . import context
+from .args import BoundInputs, InputSignature, prepare_tensors
+from .geometry import BatchGeometry
+from .losses import LossTracker, backward
+from .outputs import OutputCollector
+from .weights import (BufferSnapshot, CopiedWeights, SharedWeights, bump_weights_version, registered_tensors,
+                      weights_version)
+
+# User models currently wrapped by a live training executor.
+_training_wrappers = weakref.WeakKeyDictionary()
+
+
+def _optim():
+    from .. import optim  # the optimizers import the runtime's helpers lazily; avoid a cycle
+    return optim
+
+
+class _Compiled:
+    """What the compile pass learnt about the model; dropped by ``destroy()``."""
+
+    def __init__(self):
+        self.signature = None
+        self.loss_index = None        # position of the loss among the flattened outputs
+        self.track_losses = False     # the loss is not returned as-is: find it on every call
+        self.training_flags = []      # (module, mode) as they were when compiled
+        self.weights = None
+        self.replica_buffers = None
+        self.compile_seconds = 0.0
+        self.uploaded_version = 0
+
+
+class PoplarExecutor:
+    """Runs a ``torch.nn.Module`` with PopTorch's execution semantics."""
+
+    def __init__(self, model, options, training: bool, poptorch_version: str, optimizer=None,
+                 user_model=None):
+        from ..options import Options
+        if options is None:
+            options = Options()
+        if not isinstance(options, Options):
+            raise errors.createPoptorchError(
+                f"Invalid type: 'options' is of type {type(options)} (Expected poptorch.Options)")
+        run_options = options.clone()
+        if training:
+            if run_options.defaultOutputMode():
+                run_options.outputMode(OutputMode.Final)
+            if optimizer is None:
+                optimizer = _optim().SGD(model.parameters(), lr=0.01)
+            _optim().validate_optimizer(optimizer, _relaxed_checks(run_options))
+            if (_optim().uses_float16_accumulators(optimizer)
+                    and run_options.Training.meanAccumulationAndReplicationReductionStrategy
+                    != MeanReductionStrategy.Running):
+                run_options.Training.setMeanAccumulationAndReplicationReductionStrategy(
+                    MeanReductionStrategy.Running)
+        else:
+            assert optimizer is None, "An inference model cannot have an optimizer"
+            if run_options.defaultOutputMode():
+                run_options.outputMode(OutputMode.All)
+            if run_options.Training.gradient_accumulation != 1:
+                message = errors.INFERENCE_GRAD_ACCUM
+                if type(run_options._execution_strategy).__name__ == "PipelinedExecution":
+                    message += errors.INFERENCE_GRAD_ACCUM_PIPELINE
+                raise errors.createPoptorchError(message)
+        options._freeze()
+        run_options._freeze()
+
+        self._user_model = user_model if user_model is not None else model
+        self._model = model
+        self._options = run_options
+        self._training = training
+        self._optimizer = optimizer
+        self._geometry = BatchGeometry.from_options(run_options)
+        self._poptorch_version = poptorch_version
+        self._compiled = None
+        self._attached = False
+        self._warned = set()
+        self._signature = inspect.signature(model.forward)
+        self._perf = {"input": [], "input_complete": [], "output": [], "output_complete": []}
+        self._last_run_seconds = None
+        if training:
+            _training_wrappers[self._user_model] = self
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def model(self):
+        return self._user_model
+
+    @property
+    def options(self):
+        return self._options
+
+    @property
+    def training(self) -> bool:
+        return self._training
+
+    def __getattr__(self, name):
+        # Only reached for names the executor itself does not define.
+        if name.startswith("__") or name in ("_user_model", "_model"):
+            raise AttributeError(name)
+        return getattr(self._user_model, name)
+
+    def __repr__(self):
+        from ..ops import module_repr
+        return module_repr(self._user_model)
+
+    # ------------------------------------------------------------------ compile
+    def isCompiled(self) -> bool:
+        return self._compiled is not None
+
+    def compile(self, *args, **kwargs) -> None:
+        if self._compiled is not None:
+            logger.warning(errors.COMPILE_IGNORED)
+            return
+        inputs = BoundInputs(self._signature, args, kwargs)
+        prepare_tensors(inputs, self._warned)
+        self._compile(inputs)
+
+    def _compile(self, inputs: BoundInputs) -> None:
+        from ..ops import run_post_compile_hooks, run_pre_compile_hooks
+        self._check_batch_dims(inputs)
+        started = time.perf_counter()
+        run_pre_compile_hooks()
+        bar = self._progress_bar()
+        compiled = _Compiled()
+        if self._training:
+            compiled.weights = SharedWeights(self._model)
+        else:
+            compiled.weights = CopiedWeights(self._model, torch.device("cpu"))
+            compiled.uploaded_version = weights_version(self._user_model)
+        self._trace(inputs, compiled)
+        compiled.signature = InputSignature(inputs)
+        compiled.training_flags = [(m, m.training) for m in self._model.modules()]
+        if bar is not None:
+            bar.update(100)
+            bar.close()
+        run_post_compile_hooks()
+        compiled.compile_seconds = time.perf_counter() - started
+        self._compiled = compiled
+        self._attached = True
+
+    def _progress_bar(self):
+        if not self._options.show_compilation_progress_bar:
+            return None
+        from tqdm import tqdm
+        return tqdm(total=100, desc="Graph compilation", disable=None, leave=True,
+                    bar_format="{desc}: {percentage:3.0f}%|{bar}| {n}/{total} [{elapsed}<{remaining}]")
+
+    def _check_batch_dims(self, inputs: BoundInputs) -> None:
+        for name, value in inputs.arguments.items():
+            for path, tensor in _named_tensors(name, value):
+                self._geometry.check_divisible(path, tensor)
+
+    def _trace(self, inputs: BoundInputs, compiled: _Compiled) -> None:
+        """Run one micro-batch to discover the loss and check the model, leaving no trace:
+        weights, buffers, the RNG and the caller's tensors are as before."""
+        geometry = self._geometry
+        leaves = list(inputs.leaves)
+        for pos in inputs.tensor_positions:
+            tensor = leaves[pos]
+            micro = tensor if tensor.dim() == 0 else geometry.split(tensor)[0, 0, 0]
+            leaves[pos] = micro.clone()
+        args, kwargs = inputs.rebuild(leaves)
+        rng = torch.random.get_rng_state()
+        with compiled.weights.active():
+            snapshot = BufferSnapshot(compiled.weights.buffers())
+            params_before, buffers_before = registered_tensors(self._model)
+            tracker = LossTracker() if self._training else None
+            try:
+                with context.running(self._training, tracing=True) as ctx, \
+                        torch.set_grad_enabled(self._training):
+                    if tracker is not None:
+                        ctx.loss_tracker = tracker
+                        with tracker:
+                            output = self._model(*args, **kwargs)
+                    else:
+                        output = self._model(*args, **kwargs)
+                params_after, buffers_after = registered_tensors(self._model)
+                buffers_mutated = snapshot.mutated()
+            finally:
+                snapshot.restore()
+                torch.random.set_rng_state(rng)
+        _check_registered_unchanged(params_before, params_after, "Parameter")
+        _check_registered_unchanged(buffers_before, buffers_after, "Buffer")
+        if buffers_mutated and geometry.replication_factor > 1:
+            if self._options.broadcast_buffers:
+                raise errors.createPoptorchError(errors.BROADCAST_BUFFERS)
+            compiled.replica_buffers = ReplicaBuffers(compiled.weights.buffers(),
+                                                      geometry.replication_factor)
+        if tracker is not None:
+            loss = tracker.final_loss()
+            flat = pytree.tree_leaves(output)
+            index = next((i for i, leaf in enumerate(flat) if leaf is loss), None)
+            compiled.loss_index = index
+            compiled.track_losses = index is None
+
+    # ------------------------------------------------------------------ running
+    def __call__(self, *args, **kwargs):
+        if self._options.connection_type == ConnectionType.Never:
+            raise AssertionError(errors.OFFLINE_CALL)
+        inputs = BoundInputs(self._signature, args, kwargs)
+        copied = prepare_tensors(inputs, self._warned)
+        if self._compiled is None:
+            self._compile(inputs)
+        else:
+            self._compiled.signature.check(inputs)
+        if not self._attached:
+            self.attachToDevice()
+        compiled = self._compiled
+        if not self._training and weights_version(self._user_model) != compiled.uploaded_version:
+            compiled.weights.upload()
+            compiled.uploaded_version = weights_version(self._user_model)
+        # The model runs in the train/eval mode it was compiled in, as a compiled graph would.
+        changed = [(module, module.training) for module, mode in compiled.training_flags
+                   if module.training != mode]
+        for module, _ in changed:
+            module.training = not module.training
+        started = time.perf_counter()
+        try:
+            with compiled.weights.active(), context.running(self._training):
+                if self._training:
+                    result = self._run_training(inputs, compiled)
+                else:
+                    with torch.no_grad():
+                        result = self._run_inference(inputs, compiled)
+        finally:
+            for module, mode in changed:
+                module.training = mode
+        self._last_run_seconds = time.perf_counter() - started
+        for pos, original in copied:
+            with torch.no_grad():
+                original.copy_(inputs.leaves[pos])
+        if self._training:
+            bump_weights_version(self._user_model)
+        return result
+
+    def _micro_batches(self, inputs: BoundInputs):
+        """Per input leaf, a ``[DI, GA, R_in, micro, ...]`` view (or the 0-d value itself)."""
+        split = []
+        for pos in inputs.tensor_positions:
+            tensor = inputs.leaves[pos]
+            split.append((pos, tensor if tensor.dim() == 0 else self._geometry.split(tensor)))
+        return split
+
+    def _micro_args(self, inputs, split, leaves, d, g, chunk):
+        for pos, view in split:
+            leaves[pos] = view if view.dim() == 0 else view[d, g, chunk]
+        return inputs.rebuild(leaves)
+
+    def _run_inference(self, inputs: BoundInputs, compiled: _Compiled):
+        geometry = self._geometry
+        collector = OutputCollector(self._options.output_mode, self._options.output_return_period, geometry)
+        split = self._micro_batches(inputs)
+        leaves = list(inputs.leaves)
+        model = self._model
+        replicas = geometry.replication_factor
+        perf = _PerfRecorder(geometry.device_iterations)
+        for d in range(geometry.device_iterations):
+            perf.start(d)
+            keep = collector.wants(d, 0)
+            for r in range(replicas):
+                if compiled.replica_buffers is not None:
+                    compiled.replica_buffers.switch_to(r)
+                args, kwargs = self._micro_args(inputs, split, leaves, d, 0, geometry.input_chunk_of_replica(r))
+                output = model(*args, **kwargs)
+                if keep:
+                    collector.add(r, output)
+            perf.computed(d)
+        if compiled.replica_buffers is not None:
+            compiled.replica_buffers.switch_to(0)
+        result = collector.result()
+        self._perf = perf.finish()
+        return result
+
+    def _run_training(self, inputs: BoundInputs, compiled: _Compiled):
+        geometry = self._geometry
+        options = self._options
+        optimizer = self._optimizer
+        collector = OutputCollector(options.output_mode, options.output_return_period, geometry)
+        split = self._micro_batches(inputs)
+        leaves = list(inputs.leaves)
+        model = self._model
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        trainable = [p for p in model.parameters() if p.requires_grad]
+        loss_scale = float(_optim().loss_scaling_of(optimizer))
+        n_micro = geometry.micro_batches_per_step
+        mean = options.Training.accumulation_and_replication_reduction_type == ReductionType.Mean
+        running_mean = mean and (options.Training.meanAccumulationAndReplicationReductionStrategy
+                                 == MeanReductionStrategy.Running)
+        replicas = geometry.replication_factor
+        perf = _PerfRecorder(geometry.device_iterations)
+        for d in range(geometry.device_iterations):
+            perf.start(d)
+            for p in trainable:
+                p.grad = None
+            k = 0
+            for g in range(geometry.gradient_accumulation):
+                keep = collector.wants(d, g)
+                for r in range(replicas):
+                    if compiled.replica_buffers is not None:
+                        compiled.replica_buffers.switch_to(r)
+                    args, kwargs = self._micro_args(inputs, split, leaves, d, g, geometry.input_chunk_of_replica(r))
+                    output, loss = self._forward_with_loss(compiled, args, kwargs)
+                    if running_mean and k > 0:
+                        grads = [p.grad for p in params if p.grad is not None]
+                        if grads:
+                            torch._foreach_mul_(grads, k / (k + 1))
+                    backward(loss, loss_scale / (k + 1) if running_mean else loss_scale)
+                    k += 1
+                    if keep:
+                        collector.add(r, output)
+            grads = [p.grad for p in params if p.grad is not None]
+            divisor = loss_scale * (n_micro if mean and not running_mean else 1)
+            if grads and divisor != 1.0:
+                torch._foreach_mul_(grads, 1.0 / divisor)
+            optimizer.step()
+            perf.computed(d)
+        for p in trainable:
+            p.grad = None
+        if compiled.replica_buffers is not None:
+            compiled.replica_buffers.switch_to(0)
+        result = collector.result()
+        self._perf = perf.finish()
+        return result
+
+    def _forward_with_loss(self, compiled: _Compiled, args, kwargs):
+        if not compiled.track_losses:
+            output = self._model(*args, **kwargs)
+            loss = output if isinstance(output, torch.Tensor) else pytree.tree_leaves(output)[compiled.loss_index]
+            return output, loss
+        tracker = LossTracker()
+        context.current().loss_tracker = tracker
+        with tracker:
+            output = self._model(*args, **kwargs)
+        return output, tracker.final_loss()
+
+    # ------------------------------------------------------------------ weights
+    def _require_compiled(self):
+        if self._compiled is None:
+            raise errors.createPoptorchError(errors.NO_EXECUTABLE)
+
+    def copyWeightsToHost(self) -> None:
+        self._require_compiled()
+        self._compiled.weights.download()
+
+    def copyWeightsToDevice(self) -> None:
+        self._require_compiled()
+        self._compiled.weights.upload()
+        self._compiled.uploaded_version = weights_version(self._user_model)
+
+    def copyWeightsToHostIfNeeded(self) -> bool:
+        """With shared weights the host is never stale; copied weights change only by training."""
+        return False
+
+    def copyNamedBuffersToDevice(self) -> None:
+        names = self._options.updatable_named_buffers
+        if not names:
+            raise errors.createPoptorchError(errors.NO_UPDATABLE_BUFFERS)
+        self._require_compiled()
+        weights = self._compiled.weights
+        if not weights.shares_host_tensors:
+            weights.upload_buffers(names)
+
+    def load_state_dict(self, state_dict, strict: bool = True):
+        result = self._user_model.load_state_dict(state_dict, strict=strict)
+        if self._compiled is not None and self._attached:
+            self.copyWeightsToDevice()
+        return result
+
+    # ------------------------------------------------------------------ optimizer
+    def setOptimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        assert self._training, "setOptimizer is only available on a training model"
+        optim = _optim()
+        optim.validate_optimizer(optimizer, _relaxed_checks(self._options))
+        if (self._compiled is not None and optim.uses_float16_accumulators(optimizer)
+                and self._options.Training.meanAccumulationAndReplicationReductionStrategy
+                != MeanReductionStrategy.Running):
+            raise ValueError(
+                "Invalid optimizer: the new optimizer would require changing "
+                "options.Training.meanAccumulationAndReplicationReductionStrategy to "
+                "poptorch.MeanReductionStrategy.Running but the executable is already compiled.")
+        if optimizer is not self._optimizer and not optimizer.state:
+            # A fresh optimizer object keeps the state the model has accumulated so far.
+            for param, state in self._optimizer.state.items():
+                optimizer.state[param] = state
+        self._optimizer = optimizer
+
+    # ------------------------------------------------------------------ device
+    def isAttachedToDevice(self) -> bool:
+        return self._attached
+
+    def detachFromDevice(self) -> None:
+        self._require_compiled()
+        if not self._attached:
+            raise errors.createPoptorchError(errors.NOT_ATTACHED)
+        if self._training:
+            self._compiled.weights.download()
+        self._attached = False
+
+    def attachToDevice(self) -> None:
+        self._require_compiled()
+        assert self._options.connection_type != ConnectionType.Never, \
+            "Trying to attach to an offline device (ConnectionType.Never)"
+        if self._attached:
+            raise errors.createPoptorchError(errors.ALREADY_ATTACHED)
+        self._compiled.weights.upload()
+        self._compiled.uploaded_version = weights_version(self._user_model)
+        self._attached = True
+
+    def destroy(self) -> None:
+        if self._compiled is not None and self._training:
+            self._compiled.weights.download()
+        self._compiled = None
+        self._attached = False
+        if self._training and _training_wrappers.get(self._user_model) is self:
+            del _training_wrappers[self._user_model]
+
+    # ------------------------------------------------------------------ introspection
+    def compilationTime(self) -> datetime.timedelta:
+        if self._compiled is None:
+            raise errors.createPoptorchError(errors.COMPILE_TIME_NOT_COMPILED)
+        if not self._options.show_compilation_progress_bar:
+            raise errors.createPoptorchError(errors.COMPILE_TIME_NO_BAR)
+        return datetime.timedelta(seconds=self._compiled.compile_seconds)
+
+    def cycleCount(self) -> int:
+        """Wall time of the last host call in cycles of a 1.85 GHz IPU clock (there is no IPU)."""
+        if not self._options._Popart.options.get("instrumentWithHardwareCycleCounter", False):
+            raise errors.createPoptorchError(errors.CYCLE_COUNT_DISABLED)
+        if self._last_run_seconds is None:
+            raise errors.createPoptorchError(errors.CYCLE_COUNT_NOT_RUN)
+        return int(self._last_run_seconds * 1.85e9)
+
+    def getPerfCounters(self):
+        """Per-step timestamps (seconds since the epoch) of the last host call, by input tensor."""
+        return copy.deepcopy(self._perf)
+
+    def _latency(self, start_key, end_key):
+        starts = self._perf[start_key][0] if self._perf[start_key] else []
+        ends = self._perf[end_key][0] if self._perf[end_key] else []
+        durations = [e - s for s, e in zip(starts, ends)]
+        if not durations:
+            return (0.0, 0.0, 0.0)
+        return (min(durations), max(durations), sum(durations) / len(durations))
+
+    def getHostIpuLatency(self):
+        return self._latency("input", "input_complete")
+
+    def getComputeLatency(self):
+        return self._latency("input_complete", "output")
+
+    def getIpuHostLatency(self):
+        return self._latency("output", "output_complete")
+
+    def getLatency(self):
+        return self._latency("input", "output_complete")
+
+    def getTensorNames(self):
+        self._require_compiled()
+        params, buffers = registered_tensors(self._user_model)
+        return list(params) + list(buffers)
+
+    @property
+    def rng_state(self):
+        self._require_compiled()
+        return [torch.initial_seed()] + torch.random.get_rng_state().tolist()
+
+    @rng_state.setter
+    def rng_state(self, state):
+        self._require_compiled()
+        torch.random.set_rng_state(torch.tensor(state[1:], dtype=torch.uint8))
+
+
+class ReplicaBuffers:
+    """Per-replica buffer values for models whose forward mutates buffers (BatchNorm) when
+    replicas do not broadcast buffers: each replica keeps its own running statistics, and the
+    host sees replica 0's, as on IPUs."""
+
+    def __init__(self, buffers, replicas: int):
+        self.buffers = buffers
+        self.values = [[b.detach().clone() for b in buffers] for _ in range(replicas)]
+        self.current = 0
+
+    def switch_to(self, replica: int) -> None:
+        if replica == self.current:
+            return
+        with torch.no_grad():
+            for live, stored in zip(self.buffers, self.values[self.current]):
+                stored.copy_(live)
+            for live, stored in zip(self.buffers, self.values[replica]):
+                live.copy_(stored)
+        self.current = replica
+
+
+class _PerfRecorder:
+    """Timestamps per device iteration: input start/complete, output start/complete."""
+
+    def __init__(self, steps: int):
+        self.starts = []
+        self.computed_at = []
+
+    def start(self, step):
+        self.starts.append(time.time())
+
+    def computed(self, step):
+        self.computed_at.append(time.time())
+
+    def finish(self):
+        done = time.time()
+        return {"input": [list(self.starts)], "input_complete": [list(self.starts)],
+                "output": [list(self.computed_at)], "output_complete": [[done] * len(self.starts)]}
+
+
+def _relaxed_checks(options) -> bool:
+    return bool(options.relax_optimizer_attributes_checks)
+
+
+def _named_tensors(name, value):
+    if isinstance(value, torch.Tensor):
+        yield name, value
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            yield from _named_tensors(f"{name}[{index}]", item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _named_tensors(f"{name}[{key!r}]", item)
+
+
+def _check_registered_unchanged(before, after, kind):
+    for name, tensor in before.items():
+        if name not in after:
+            text = errors.BUFFER_REMOVED if kind == "Buffer" else errors.PARAMETER_REMOVED
+            raise errors.createPoptorchError(text.format(name=name))
+        if after[name] is not tensor:
+            text = errors.BUFFER_REASSIGNED if kind == "Buffer" else errors.PARAMETER_REASSIGNED
+            raise errors.createPoptorchError(text.format(name=name))

@@ -1,0 +1,82 @@
+"""Batch geometry: the one place that knows how a combined batch splits into micro-batches.
+
+A host call receives, for every input, a batch dimension of
+``device_iterations * gradient_accumulation * (replicas / input_group_size) * micro_batch``
+rows laid out in PopART's order ``[DI, GA, R, micro, ...]``. Outputs are assembled back in the
+same order (see ``outputs.py``).
+"""
+from dataclasses import dataclass
+
+import torch
+
+from .. import errors
+from ..enums import CommGroupType
+
+
+@dataclass(frozen=True)
+class BatchGeometry:
+    device_iterations: int = 1
+    gradient_accumulation: int = 1
+    replication_factor: int = 1
+    input_group_size: int = 1
+    input_group_type: CommGroupType = CommGroupType.Consecutive
+
+    @classmethod
+    def from_options(cls, options) -> "BatchGeometry":
+        return cls(
+            device_iterations=options.device_iterations,
+            gradient_accumulation=options.Training.gradient_accumulation,
+            replication_factor=options.replication_factor,
+            input_group_size=options.input_group_size,
+            input_group_type=CommGroupType(options.input_cgt),
+        )
+
+    @property
+    def input_replicas(self) -> int:
+        """How many distinct input chunks the replicas of one accumulation step receive."""
+        return self.replication_factor // self.input_group_size
+
+    @property
+    def batches_per_call(self) -> int:
+        """Micro-batches of input data consumed by one host call (the combined-batch factor)."""
+        return self.device_iterations * self.gradient_accumulation * self.input_replicas
+
+    @property
+    def micro_batches_per_step(self) -> int:
+        """Forward/backward passes that contribute to one optimizer step."""
+        return self.gradient_accumulation * self.replication_factor
+
+    @property
+    def output_rows_per_call(self) -> int:
+        return self.device_iterations * self.gradient_accumulation * self.replication_factor
+
+    def input_chunk_of_replica(self, replica: int) -> int:
+        """Replicas in one input group read the same chunk of the combined batch."""
+        if self.input_group_size == 1:
+            return replica
+        if self.input_group_type == CommGroupType.Orthogonal:
+            return replica % self.input_replicas
+        return replica // self.input_group_size
+
+    def check_divisible(self, name: str, tensor: torch.Tensor) -> None:
+        if tensor.dim() == 0:
+            return
+        total = self.batches_per_call
+        if tensor.shape[0] % total != 0:
+            raise AssertionError(errors.INVALID_BATCH_DIM.format(
+                name=name, batch=tensor.shape[0], di=self.device_iterations, rf=self.replication_factor,
+                gs=self.input_group_size, ga=self.gradient_accumulation, total=total))
+
+    def split(self, tensor: torch.Tensor) -> torch.Tensor:
+        """View ``[N*micro, ...]`` as ``[DI, GA, R_in, micro, ...]`` (no copy for contiguous input)."""
+        micro = tensor.shape[0] // self.batches_per_call
+        return tensor.view(self.device_iterations, self.gradient_accumulation, self.input_replicas, micro,
+                           *tensor.shape[1:])
+
+    def micro_batch_size(self, tensor: torch.Tensor) -> int:
+        return tensor.shape[0] // self.batches_per_call
+
+
+def combined_batch_factor(options) -> int:
+    """Micro-batches per host call for ``options`` (what ``poptorch.DataLoader`` multiplies by)."""
+    return BatchGeometry.from_options(options).batches_per_call

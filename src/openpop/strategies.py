@@ -1,0 +1,283 @@
+"""Execution strategies: how a model's blocks are grouped into stages and phases.
+
+A *block* is a part of the model named by a ``user_id`` (``poptorch.Block``,
+``BeginBlock``). A ``Stage`` groups blocks that run on one virtual IPU; a ``Phase``
+groups stages that run at the same time. A strategy is the user's choice of
+grouping plus how stages follow each other:
+
+* ``PipelinedExecution`` - stages form a pipeline (backend ``execution_mode`` 0);
+* ``ShardedExecution`` - stages run one after the other (``execution_mode`` 1);
+* ``SerialPhasedExecution`` / ``ParallelPhasedExecution`` - phases
+  (``execution_mode`` 2).
+
+Everything here is plain data. The plan builder (``openpop.runtime``) turns it into
+stages -> virtual IPUs with these rules:
+
+* ``strategy.stage_of(block_id)`` gives ``(stage_index, Stage)`` for blocks the user
+  placed explicitly, else None. ``strategy.assert_known_block(block_id)`` raises
+  PopTorch's "Unknown Block" error for a block an explicit strategy does not list.
+* ``strategy.auto_stage`` is the ``AutoStage`` rule for pipelined/sharded strategies
+  built without explicit stages (None otherwise): ``SameAsIpu`` -> stage id = the
+  block's ``ipu_id`` (missing ``ipu_id`` -> ``SAME_AS_IPU_WITHOUT_IPU``),
+  ``AutoIncrement`` -> each new block gets the next stage id.
+* IPU of a block = ``stage._ipu`` if ``Stage.ipu(n)`` was called, else the block's
+  ``ipu_id``, else the stage id.
+* ``ParallelPhasedExecution.check_phase_ipu(phase, ipu)`` enforces the even/odd rule
+  for every resolved IPU; ``validate()`` checks the IPUs assigned with ``.ipu()`` /
+  ``Phase.ipus()`` up front.
+"""
+from typing import Dict, List, Optional, Tuple, Union
+
+from . import enums
+from .errors import Error
+from .log import logger
+
+BlockId = str
+
+UNKNOWN_BLOCK = "Unknown Block '{block_id}' list of expected Blocks: {expected}"
+BLOCK_IN_TWO_STAGES = "{block_id} associated with more than one stage"
+SAME_AS_IPU_WITHOUT_IPU = ("poptorch.AutoStage.SameAsIpu was selected but no IPU was specified for "
+                           "block {block_id}")
+NO_PHASES = ("There is currently no AutoStage for PhasedExecution, please explicitly specify the "
+             "phases")
+PARALLEL_PHASE_PARITY = ("When phases are executed in parallel: even phases must run on even IPUs "
+                         "and odd phases on odd IPUs")
+
+
+class Stage:
+    """One or more blocks that run together on one (virtual) IPU."""
+
+    def __init__(self, *block_ids: BlockId) -> None:
+        assert all(isinstance(b, str) for b in block_ids), (
+            f"Block IDs are supposed to be strings but got {block_ids}")
+        self._blocks = list(block_ids)
+        self._ipu: Optional[int] = None  # set by .ipu(); None -> from the block or the stage id
+        self._stage_id = -1  # position in the owning strategy
+        self._phase_id = -1  # owning phase, phased strategies only
+
+    @property
+    def blocks(self) -> List[BlockId]:
+        """The ids of the blocks this stage is made of."""
+        return list(self._blocks)
+
+    def ipu(self, ipu: int) -> "Stage":
+        """Run this stage on virtual IPU ``ipu``."""
+        assert isinstance(ipu, int)
+        self._ipu = ipu
+        return self
+
+    def __repr__(self) -> str:
+        ipu = "" if self._ipu is None else f".ipu({self._ipu})"
+        return "Stage(" + ", ".join(repr(b) for b in self._blocks) + ")" + ipu
+
+
+class Phase:
+    """Stages that execute in parallel.
+
+    ``Phase(Stage("A"), Stage("B"))`` has two stages; ``Phase("A", "B")`` has one
+    stage made of blocks A and B.
+    """
+
+    def __init__(self, *arg: Union[BlockId, Stage]) -> None:
+        if all(isinstance(elt, Stage) for elt in arg):
+            self.stages: List[Stage] = list(arg)
+        else:
+            assert all(isinstance(elt, str) for elt in arg), (
+                "All arguments must either be block ids (strings) or Stages: "
+                + str([type(elt) for elt in arg]))
+            self.stages = [Stage(*arg)]
+
+    def stage(self, idx: int) -> Stage:
+        return self.stages[idx]
+
+    def ipus(self, *ipus: int) -> "Phase":
+        """Give each stage of this phase its IPU, in order."""
+        assert len(ipus) == len(self.stages), (
+            f"Phase contains {len(self.stages)} stages but you provided {len(ipus)} ipus")
+        for stage, ipu in zip(self.stages, ipus):
+            stage.ipu(ipu)
+        return self
+
+    def __repr__(self) -> str:
+        return "Phase(" + ", ".join(repr(s) for s in self.stages) + ")"
+
+
+class _IExecutionStrategy:
+    """What every strategy offers: its stages, block lookups and backend options."""
+
+    def __init__(self, stages: List[Stage], auto_stage: Optional[enums.AutoStage]) -> None:
+        self._stages = stages
+        self.auto_stage = auto_stage
+        self._block_map = _map_blocks(stages)
+        for index, stage in enumerate(stages):
+            stage._stage_id = index
+            for block_id in stage.blocks:
+                logger.debug("block %s added to stage %d%s", block_id, index,
+                             "" if stage._ipu is None else f" on IPU {stage._ipu}")
+
+    @property
+    def stages(self) -> List[Stage]:
+        """The explicitly defined stages, in order (empty when an AutoStage rule is used)."""
+        return list(self._stages)
+
+    def stage(self, block_id: BlockId) -> Stage:
+        """The ``Stage`` block ``block_id`` belongs to."""
+        assert block_id in self._block_map, f"Unknown block {block_id}"
+        return self._block_map[block_id]
+
+    def stage_of(self, block_id: BlockId) -> Optional[Tuple[int, Stage]]:
+        """``(stage_index, Stage)`` of an explicitly placed block, else None."""
+        stage = self._block_map.get(block_id)
+        if stage is None:
+            return None
+        return stage._stage_id, stage
+
+    def assert_known_block(self, block_id: BlockId) -> None:
+        """Raise PopTorch's error for a block an explicit strategy does not list."""
+        if self.auto_stage is None:
+            assert block_id in self._block_map, UNKNOWN_BLOCK.format(
+                block_id=block_id, expected=list(self._block_map.keys()))
+
+    def validate(self) -> None:
+        """Check what can be checked before tracing (see ``ParallelPhasedExecution``)."""
+
+    def backendOptions(self) -> Dict[str, Union[int, bool]]:
+        raise NotImplementedError
+
+
+class PipelinedExecution(_IExecutionStrategy):
+    """Pipeline the stages over the micro-batches.
+
+    Arguments: nothing (``AutoStage.SameAsIpu``), a single ``AutoStage``, or one
+    entry per stage, each a ``Stage``, a block id or a list of block ids.
+    """
+
+    def __init__(self, *args: Union[enums.AutoStage, Stage, BlockId, List[BlockId]]) -> None:
+        if not args:
+            super().__init__([], enums.AutoStage.SameAsIpu)
+            return
+        if len(args) == 1 and isinstance(args[0], enums.AutoStage):
+            super().__init__([], args[0])
+            return
+        assert not any(isinstance(a, enums.AutoStage) for a in args), (
+            "An AutoStage must be the only argument of the execution strategy")
+        super().__init__([_as_stage(arg) for arg in args], None)
+
+    def backendOptions(self) -> Dict[str, Union[int, bool]]:
+        return {"execution_mode": 0}
+
+
+class ShardedExecution(PipelinedExecution):
+    """Run the stages one after the other, without pipelining (same arguments)."""
+
+    def backendOptions(self) -> Dict[str, Union[int, bool]]:
+        return {"execution_mode": 1}
+
+
+class _IPhasedExecution(_IExecutionStrategy):
+    """Common base of the phased strategies.
+
+    Each phase is a ``Phase``, a list of ``Stage`` or a list of block ids (one stage).
+    Stages are numbered in order across phases.
+    """
+
+    def __init__(self, *phases: Union[Phase, List[Stage], List[BlockId], Stage, BlockId]) -> None:
+        assert phases, NO_PHASES
+        self._phases: List[Phase] = [_as_phase(p) for p in phases]
+        self._tensors_liveness = enums.Liveness.AlwaysLive
+        self._separate_backward_phase = False
+        stages = [stage for phase in self._phases for stage in phase.stages]
+        _map_blocks(stages)  # reject a block in two stages before touching any Stage
+        for phase_id, phase in enumerate(self._phases):
+            for stage in phase.stages:
+                stage._phase_id = phase_id
+        super().__init__(stages, None)
+
+    @property
+    def phases(self) -> List[Phase]:
+        return list(self._phases)
+
+    def phase(self, phase: int) -> Phase:
+        """The ``Phase`` at index ``phase``."""
+        assert isinstance(phase, int) and phase >= 0, "Phases are identified by positive integers"
+        return self._phases[phase]
+
+    def useSeparateBackwardPhase(self, use: bool = True) -> "_IPhasedExecution":
+        """Give the backward pass its own phases instead of sharing the last forward one."""
+        assert isinstance(use, bool)
+        self._separate_backward_phase = use
+        return self
+
+    def backendOptions(self) -> Dict[str, Union[int, bool]]:
+        return {
+            "execution_mode": 2,
+            "separate_backward_phase": self._separate_backward_phase,
+            "tensors_liveness": int(self._tensors_liveness),
+        }
+
+
+class SerialPhasedExecution(_IPhasedExecution):
+    """All phases run one after the other on the same group of IPUs."""
+
+    def setTensorsLiveness(self, liveness: enums.Liveness) -> "SerialPhasedExecution":
+        assert isinstance(liveness, enums.Liveness)
+        self._tensors_liveness = liveness
+        return self
+
+    def backendOptions(self) -> Dict[str, Union[int, bool]]:
+        return {**super().backendOptions(), "serial_phases_execution": True}
+
+
+class ParallelPhasedExecution(_IPhasedExecution):
+    """Phases alternate between two groups of IPUs: even phases on even IPUs,
+    odd phases on odd IPUs."""
+
+    def sendTensorsOffChipAfterFwd(self, off_chip: bool = True) -> "ParallelPhasedExecution":
+        assert isinstance(off_chip, bool)
+        self._tensors_liveness = (enums.Liveness.OffChipAfterFwd if off_chip
+                                  else enums.Liveness.AlwaysLive)
+        return self
+
+    def check_phase_ipu(self, phase_id: int, ipu: int) -> None:
+        """Raise ``Error`` if phase ``phase_id`` may not run on IPU ``ipu``."""
+        if phase_id % 2 != ipu % 2:
+            raise Error(PARALLEL_PHASE_PARITY)
+
+    def validate(self) -> None:
+        for stage in self._stages:
+            if stage._ipu is not None:
+                self.check_phase_ipu(stage._phase_id, stage._ipu)
+
+    def backendOptions(self) -> Dict[str, Union[int, bool]]:
+        return {**super().backendOptions(), "serial_phases_execution": False}
+
+
+def _map_blocks(stages: List[Stage]) -> Dict[BlockId, Stage]:
+    block_map: Dict[BlockId, Stage] = {}
+    for stage in stages:
+        for block_id in stage.blocks:
+            assert block_id not in block_map, BLOCK_IN_TWO_STAGES.format(block_id=block_id)
+            block_map[block_id] = stage
+    return block_map
+
+
+def _as_stage(arg) -> Stage:
+    if isinstance(arg, Stage):
+        return arg
+    if isinstance(arg, str):
+        return Stage(arg)
+    assert isinstance(arg, (list, tuple)) and all(isinstance(b, str) for b in arg), (
+        f"Each stage must be a poptorch.Stage, a block id or a list of block ids, got {arg!r}")
+    return Stage(*arg)
+
+
+def _as_phase(arg) -> Phase:
+    if isinstance(arg, Phase):
+        return arg
+    if isinstance(arg, (list, tuple)):
+        return Phase(*arg)
+    return Phase(arg)
+
+
+__all__ = ["Stage", "Phase", "PipelinedExecution", "ShardedExecution", "SerialPhasedExecution",
+           "ParallelPhasedExecution"]
