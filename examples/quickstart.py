@@ -32,7 +32,7 @@ class Classifier(torch.nn.Module):
 
 def synthetic_dataset(samples: int, features: int, classes: int, seed: int = 0):
     generator = torch.Generator().manual_seed(seed)
-    centres = torch.randn(classes, features, generator=generator) * 2
+    centres = torch.randn(classes, features, generator=generator) * 0.6
     labels = torch.randint(0, classes, (samples,), generator=generator)
     x = centres[labels] + torch.randn(samples, features, generator=generator)
     return torch.utils.data.TensorDataset(x, labels)

@@ -382,38 +382,51 @@ def test_max_grad_norm_leaves_gradients_alone_and_matches_formula():
     assert optim.SGD(make_model().parameters(), lr=0.1).max_grad_norm == math.inf
 
 
-@pytest.mark.parametrize("factory, keys", [
+def stored_in_float16(update, keys, scale=1.0):
+    """``update`` whose state entries ``keys`` are rounded to float16 after every step (the
+    update itself uses the unrounded values: compute in float32, store in float16)."""
+    def rounded(p, g, st, hp, t):
+        out = update(p, g, st, hp, t)
+        for k in keys:
+            st[k] = (st[k] * scale).half().float() / scale
+        return out
+    return rounded
+
+
+FP16_CASES = [
     (lambda p: optim.Adam(p, lr=0.01, first_order_momentum_accum_type=torch.float16),
-     {"exp_avg": torch.float16, "exp_avg_sq": torch.float32}),
+     {"exp_avg": torch.float16, "exp_avg_sq": torch.float32},
+     stored_in_float16(adam_update, ["m"]), ADAM_DEFAULTS),
     (lambda p: optim.AdamW(p, lr=0.01, first_order_momentum_accum_type=torch.float16,
                            second_order_momentum_accum_type=torch.float16),
-     {"exp_avg": torch.float16, "exp_avg_sq": torch.float16}),
+     {"exp_avg": torch.float16, "exp_avg_sq": torch.float16},
+     stored_in_float16(adam_update, ["m", "v"]), {**ADAM_DEFAULTS, "weight_decay": 1e-2, "decoupled": True}),
     (lambda p: optim.LAMB(p, lr=0.01, second_order_momentum_accum_type=torch.float16),
-     {"exp_avg": torch.float32, "exp_avg_sq": torch.float16}),
+     {"exp_avg": torch.float32, "exp_avg_sq": torch.float16},
+     stored_in_float16(lamb_update, ["v"]), LAMB_DEFAULTS),
     (lambda p: optim.SGD(p, lr=0.05, momentum=0.9, velocity_accum_type=torch.float16),
-     {"momentum_buffer": torch.float16}),
+     {"momentum_buffer": torch.float16},
+     stored_in_float16(sgd_update, ["buf"]), {**SGD_DEFAULTS, "momentum": 0.9}),
     (lambda p: optim.SGD(p, lr=0.05, momentum=0.9, use_combined_accum=True, accum_type=torch.float16,
                          velocity_scaling=16.0),
-     {"momentum_buffer": torch.float16}),
+     {"momentum_buffer": torch.float16},
+     stored_in_float16(sgd_update, ["buf"], scale=16.0), {**SGD_DEFAULTS, "momentum": 0.9}),
     (lambda p: optim.RMSprop(p, lr=0.01, momentum=0.9, centered=True,
                              first_order_momentum_accum_type=torch.float16,
                              second_order_momentum_accum_type=torch.float16),
-     {"square_avg": torch.float16, "grad_avg": torch.float16, "momentum_buffer": torch.float32}),
-])
-def test_float16_accumulators_store_state_in_float16(factory, keys):
+     {"square_avg": torch.float16, "grad_avg": torch.float16, "momentum_buffer": torch.float32},
+     stored_in_float16(rmsprop_update, ["ms", "mg"]), {**RMS_DEFAULTS, "momentum": 0.9, "centered": True}),
+]
+
+
+@pytest.mark.parametrize("factory, keys, update, hyper", FP16_CASES)
+def test_float16_accumulators_store_state_in_float16(factory, keys, update, hyper):
     model, opt, _ = run(factory)
     for p in model.parameters():
         assert p.dtype == torch.float32
         for key, dtype in keys.items():
             assert opt.state[p][key].dtype == dtype, key
-    # Same numbers as float32 state, up to float16 rounding of the state.
-    reference_factory = {
-        optim.Adam: lambda p: optim.Adam(p, lr=0.01), optim.AdamW: lambda p: optim.AdamW(p, lr=0.01),
-        optim.LAMB: lambda p: optim.LAMB(p, lr=0.01),
-        optim.SGD: lambda p: optim.SGD(p, lr=0.05, momentum=0.9),
-        optim.RMSprop: lambda p: optim.RMSprop(p, lr=0.01, momentum=0.9, centered=True)}[type(opt)]
-    reference, _, _ = run(reference_factory)
-    assert_same_weights(model, reference, rtol=0, atol=5e-3)
+    assert_same_weights(model, hand_run(update, per_group(None, hyper)))
 
 
 def test_float16_parameters_get_float32_state():
@@ -634,6 +647,14 @@ def test_validate_warns_about_subclasses_and_unknown_attributes(logs):
     relaxed.foo = 1
     optim.validate_optimizer(relaxed, True)
     assert (logging.DEBUG, "Ignoring unexpected optimizer attribute in ADAMW_NO_BIAS optimizer: ['foo']") in logs
+
+    # A torch optimizer may carry the attributes the executor reads, not the others.
+    topt = torch.optim.SGD(params(), lr=0.1)
+    topt.loss_scaling, topt.accum_type, topt.max_grad_norm = 16.0, torch.float16, 1.0
+    optim.validate_optimizer(topt, False)
+    assert "Ignoring unexpected optimizer attribute in SGD2 optimizer: ['max_grad_norm']" in \
+        [m for _, m in logs]
+    assert optim.loss_scaling_of(topt) == 16.0 and optim.uses_float16_accumulators(topt)
 
     # An LR scheduler's additions are expected.
     sgd = optim.SGD(params(), lr=0.1)

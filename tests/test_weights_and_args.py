@@ -237,3 +237,50 @@ def test_perf_counters_and_latency():
     assert len(counters["input"][0]) == 3
     low, high, avg = pop.getLatency()
     assert 0 <= low <= avg <= high
+
+
+def test_custom_input_type_with_registered_parser():
+    class Batch:
+        def __init__(self, features, scale):
+            self.features, self.scale = features, scale
+
+    class BatchParser(poptorch.ICustomArgParser):
+        def yieldTensors(self, struct):
+            yield struct.features
+
+        def reconstruct(self, original_structure, tensor_iterator):
+            return Batch(next(tensor_iterator), original_structure.scale)
+
+    poptorch.registerCustomArgParser(Batch, BatchParser())
+
+    class UsesBatch(torch.nn.Module):
+        def forward(self, batch):
+            return batch.features * batch.scale
+
+    pop = poptorch.inferenceModel(UsesBatch(), poptorch.Options().deviceIterations(2))
+    x = torch.randn(4, 3)
+    torch.testing.assert_close(pop(Batch(x, 3.0)), x * 3.0)
+    torch.testing.assert_close(pop(Batch(x + 1, 3.0)), (x + 1) * 3.0)
+    with pytest.raises(poptorch.Error, match="Shape mismatch for batch\\[0\\]"):
+        pop(Batch(torch.randn(2, 3), 3.0))
+
+
+def test_save_and_load_round_trip(tmp_path):
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    pop = poptorch.trainingModel(model, poptorch.Options().deviceIterations(2), optimizer)
+    x, t = torch.randn(4, 3), torch.randn(4, 2)
+    pop(x, t)
+    path = tmp_path / "model.pop"
+    pop.save(str(path))
+    restored = poptorch.load(str(path), edit_opts_fn=lambda opts: opts.randomSeed(1))
+    assert restored.options.device_iterations == 2
+    # Same weights and momentum: the next step agrees with the original executor.
+    _, loss_a = pop(x, t)
+    _, loss_b = restored(x, t)
+    torch.testing.assert_close(loss_a, loss_b)
+    for p, q in zip(model.parameters(), restored.model.parameters()):
+        torch.testing.assert_close(p, q)
+    (tmp_path / "junk").write_bytes(b"not a model")
+    with pytest.raises(poptorch.Error, match="is not a file saved by"):
+        poptorch.load(str(tmp_path / "junk"))

@@ -17,7 +17,7 @@ from .ops import *  # noqa: F401,F403
 from .runtime.losses import identity_loss
 from .data import AsynchronousDataAccessor, DataLoader
 from .runtime.executor import PoplarExecutor
-from .models import inferenceModel, ipuHardwareIsAvailable, ipuHardwareVersion, isRunningOnIpu, trainingModel
+from .models import inferenceModel, load, ipuHardwareIsAvailable, ipuHardwareVersion, isRunningOnIpu, trainingModel
 from . import optim, profiling, testing  # noqa: F401
 
 

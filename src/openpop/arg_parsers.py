@@ -8,6 +8,8 @@ devices, ...) and ``reconstruct`` to build an object of the same shape around ne
 import abc
 from typing import Any, Iterator, Optional
 
+from torch.utils import _pytree as pytree
+
 from .errors import createPoptorchError
 
 __all__ = ["ICustomArgParser", "registerCustomArgParser", "custom_arg_parser_for"]
@@ -33,7 +35,16 @@ def registerCustomArgParser(arg_data_type: type, arg_parser: ICustomArgParser) -
     """Use ``arg_parser`` for inputs of type ``arg_data_type`` (and its subclasses)."""
     if not isinstance(arg_parser, ICustomArgParser):
         raise createPoptorchError("arg_parser must inherit from ICustomArgParser")
+    first_registration = arg_data_type not in _parsers
     _parsers[arg_data_type] = arg_parser
+    if first_registration and arg_data_type not in pytree.SUPPORTED_NODES:
+        # Inputs and outputs are walked with torch's pytree: teach it this type, deferring to
+        # whichever parser is registered for the type at the time of the walk.
+        pytree.register_pytree_node(
+            arg_data_type,
+            lambda obj: (list(custom_arg_parser_for(obj).yieldTensors(obj)), obj),
+            lambda tensors, obj: custom_arg_parser_for(obj).reconstruct(obj, iter(tensors)),
+        )
 
 
 def custom_arg_parser_for(obj) -> Optional[ICustomArgParser]:

@@ -1,12 +1,12 @@
 """Wrapping user models: ``trainingModel``, ``inferenceModel`` and the hardware queries."""
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
 from . import errors
 from ._version import poptorch_version
 from .runtime import context
-from .runtime.executor import PoplarExecutor, _training_wrappers
+from .runtime.executor import PoplarExecutor, _training_wrappers, read_saved_executor
 
 
 def _unwrap(model):
@@ -25,6 +25,27 @@ def inferenceModel(model, options=None) -> PoplarExecutor:
     """Wrap ``model`` for inference; it shares weights with a training wrapper of the same model."""
     model = _unwrap(model)
     return PoplarExecutor(model, options, training=False, poptorch_version=poptorch_version)
+
+
+def load(filename: str, edit_opts_fn: Optional[Callable] = None) -> PoplarExecutor:
+    """Rebuild an executor saved with ``save``/``compileAndExport`` (with ``export_model=True``).
+
+    ``edit_opts_fn(options)`` may change the options first (e.g. ``useIpuId``)."""
+    saved = read_saved_executor(filename, poptorch_version)
+    if saved["model"] is None:
+        raise errors.createPoptorchError(
+            f"{filename} was saved with export_model=False: create the model, wrap it, then call "
+            "loadExecutable(filename) on the wrapper.")
+    options = saved["options"].clone()
+    if edit_opts_fn is not None:
+        edit_opts_fn(options)
+    if saved["training"]:
+        executor = trainingModel(saved["model"], options, saved["optimizer"])
+    else:
+        executor = inferenceModel(saved["model"], options)
+    if saved["rng_state"] is not None:
+        torch.random.set_rng_state(torch.tensor(saved["rng_state"][1:], dtype=torch.uint8))
+    return executor
 
 
 def isRunningOnIpu() -> bool:

@@ -43,6 +43,9 @@ _OPTIMIZER_ATTRS = {SGD: SGD._optimizer_attrs, Adam: Adam._optimizer_attrs, Adam
                     RMSprop: RMSprop._optimizer_attrs, LAMB: LAMB._optimizer_attrs}
 _ACCUM_ATTRS = ("accum_type", "velocity_accum_type", "first_order_momentum_accum_type",
                 "second_order_momentum_accum_type")
+# What a torch optimizer may carry for openpop's executor (read by loss_scaling_of /
+# uses_float16_accumulators); its other PopTorch attributes would have no effect on it.
+_TORCH_OPTIMIZER_ATTRS = ["loss_scaling", "accum_type", "use_combined_accum"]
 # Instance attributes torch or its LR schedulers put on optimizers / param groups.
 _KNOWN_OBJECT_ATTRS = {"defaults", "state", "param_groups", "variable_attrs", "step"}
 _KNOWN_GROUP_KEYS = {"params", "param_names", "initial_lr", "max_lr", "min_lr", "max_momentum",
@@ -125,7 +128,8 @@ def validate_optimizer(optimizer, relax_checks: bool) -> None:
     extra = [k for k in optimizer.defaults if k not in group_keys]
     if extra:
         _log_once(optimizer, f"Ignoring unexpected default group variable in {kind} optimizer: {extra}", log)
-    known = _KNOWN_OBJECT_ATTRS | set(_OPTIMIZER_ATTRS[family])
+    extras = _OPTIMIZER_ATTRS[family] if isinstance(optimizer, _OPENPOP_TYPES) else _TORCH_OPTIMIZER_ATTRS
+    known = _KNOWN_OBJECT_ATTRS | set(extras)
     extra = [k for k in vars(optimizer) if not k.startswith("_") and k not in known]
     if extra:
         _log_once(optimizer, f"Ignoring unexpected optimizer attribute in {kind} optimizer: {extra}", log)
@@ -200,6 +204,8 @@ def _normalise(value):
         return value.item() if value.numel() == 1 else tuple(value.flatten().tolist())
     if isinstance(value, (tuple, list)):
         return tuple(_normalise(v) for v in value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
     return value
 
 

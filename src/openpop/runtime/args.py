@@ -6,6 +6,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from .. import errors
+from ..arg_parsers import custom_arg_parser_for
 from ..log import logger
 
 
@@ -106,6 +107,9 @@ def _describe(value):
     """A comparable record of an argument: tensors by dtype and shape, containers recursively."""
     if isinstance(value, torch.Tensor):
         return ("tensor", value.dtype, value.shape)
+    parser = custom_arg_parser_for(value)
+    if parser is not None:
+        return (type(value), [_describe(t) for t in parser.yieldTensors(value)])
     if isinstance(value, (list, tuple)):
         return (type(value), [_describe(v) for v in value])
     if isinstance(value, dict):
@@ -145,9 +149,11 @@ def _compare(name, expected, value):
             if problem:
                 return problem
         return None
-    if len(expected[1]) != len(value):
-        return f"Length mismatch for {name}: expected {len(expected[1])} elements but got {len(value)}."
-    for index, (exp, val) in enumerate(zip(expected[1], value)):
+    parser = custom_arg_parser_for(value)
+    items = list(parser.yieldTensors(value)) if parser is not None else value
+    if len(expected[1]) != len(items):
+        return f"Length mismatch for {name}: expected {len(expected[1])} elements but got {len(items)}."
+    for index, (exp, val) in enumerate(zip(expected[1], items)):
         problem = _compare(f"{name}[{index}]", exp, val)
         if problem:
             return problem

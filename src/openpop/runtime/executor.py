@@ -433,6 +433,40 @@ class PoplarExecutor:
         if self._training and _training_wrappers.get(self._user_model) is self:
             del _training_wrappers[self._user_model]
 
+    # ------------------------------------------------------------------ export
+    def compileAndExport(self, filename: str, *args, export_model: bool = True, **kwargs) -> None:
+        """Compile for these inputs, then ``save`` (openpop has no separate executable to export)."""
+        if self._compiled is None:
+            self.compile(*args, **kwargs)
+        self.save(filename, export_model=export_model)
+
+    def save(self, filename: str, export_model: bool = True, save_rng_state: bool = True) -> None:
+        """Write what ``poptorch.load`` needs to rebuild this executor: options, the model (its
+        structure and weights) with its optimizer, and the RNG state. Written atomically."""
+        self._require_compiled()
+        if self._training:
+            self._compiled.weights.download()
+        saved = {
+            "format": SAVED_EXECUTOR_FORMAT,
+            "poptorch_version": self._poptorch_version,
+            "training": self._training,
+            "options": self._options,
+            "model": self._user_model if export_model else None,
+            "optimizer": self._optimizer if export_model else None,
+            "rng_state": self.rng_state if save_rng_state else None,
+        }
+        _atomic_torch_save(saved, filename)
+
+    def loadExecutable(self, filename: str) -> None:
+        """Adopt a file written by ``save``: its RNG state (openpop recompiles on demand)."""
+        saved = read_saved_executor(filename, self._poptorch_version)
+        if saved["training"] != self._training:
+            kind = "training" if saved["training"] else "inference"
+            raise errors.createPoptorchError(
+                f"{filename} holds a {kind} model: load it into a matching poptorch model.")
+        if saved["rng_state"] is not None:
+            torch.random.set_rng_state(torch.tensor(saved["rng_state"][1:], dtype=torch.uint8))
+
     # ------------------------------------------------------------------ introspection
     def compilationTime(self) -> datetime.timedelta:
         if self._compiled is None:
@@ -487,6 +521,41 @@ class PoplarExecutor:
     def rng_state(self, state):
         self._require_compiled()
         torch.random.set_rng_state(torch.tensor(state[1:], dtype=torch.uint8))
+
+
+SAVED_EXECUTOR_FORMAT = "openpop-executor-1"
+
+
+def read_saved_executor(filename: str, poptorch_version: str) -> dict:
+    """Read a file written by ``PoplarExecutor.save``, checking it is one."""
+    try:
+        saved = torch.load(filename, weights_only=False)
+    except FileNotFoundError:
+        raise
+    except Exception as exc:  # torch raises several types for foreign or corrupt files
+        raise errors.createPoptorchError(f"{filename} is not a file saved by poptorch: {exc}") from exc
+    if not isinstance(saved, dict) or saved.get("format") != SAVED_EXECUTOR_FORMAT:
+        raise errors.createPoptorchError(f"{filename} is not a file saved by openpop's PoplarExecutor.save().")
+    if saved["poptorch_version"] != poptorch_version:
+        raise errors.createPoptorchError(
+            f"PopTorch version mismatch: {filename} was saved by {saved['poptorch_version']} and this is "
+            f"{poptorch_version}. Save it again with this version.")
+    return saved
+
+
+def _atomic_torch_save(obj, filename: str) -> None:
+    import os
+    import tempfile
+    directory = os.path.dirname(os.path.abspath(filename))
+    handle, temporary = tempfile.mkstemp(dir=directory, prefix=".openpop-save-")
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            torch.save(obj, stream)
+        os.replace(temporary, filename)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
 
 
 class ReplicaBuffers:
