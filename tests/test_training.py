@@ -445,3 +445,59 @@ def test_running_context_and_hardware_queries():
     poptorch.inferenceModel(Probe())(torch.randn(2, 2))
     assert seen and all(seen)
     assert poptorch.ipuHardwareIsAvailable() is False
+
+
+def test_set_optimizer_changes_lr_and_rejects_constant_changes():
+    model = Regressor()
+    reference = copy.deepcopy(model)
+    opt = poptorch.optim.SGD(model.parameters(), lr=0.1)
+    pop = poptorch.trainingModel(model, optimizer=opt)
+    x, t = make_data(4)
+    pop(x, t)
+    new = poptorch.optim.SGD(model.parameters(), lr=0.5)
+    pop.setOptimizer(new)
+    pop(x, t)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for lr in (0.1, 0.5):
+        ref_opt.param_groups[0]["lr"] = lr
+        ref_opt.zero_grad()
+        regressor_loss(reference, x, t).backward()
+        ref_opt.step()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q)
+    before = copy.deepcopy(model.state_dict())
+    with pytest.raises(poptorch.Error, match="weight_decay"):
+        pop.setOptimizer(torch.optim.SGD(model.parameters(), lr=0.5, weight_decay=0.1))
+    assert pop._optimizer is new
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k])
+
+
+def test_lr_scheduler_reaches_the_optimizer_with_and_without_set_optimizer():
+    for call_set_optimizer in (False, True):
+        torch.manual_seed(0)
+        model = Regressor()
+        reference = copy.deepcopy(model)
+        opt = poptorch.optim.SGD(model.parameters(), lr=0.1)
+        scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        pop = poptorch.trainingModel(model, optimizer=opt)
+        ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+        ref_scheduler = torch.optim.lr_scheduler.StepLR(ref_opt, step_size=1, gamma=0.5)
+        x, t = make_data(4)
+        for _ in range(3):
+            pop(x, t)
+            scheduler.step()
+            if call_set_optimizer:
+                pop.setOptimizer(opt)
+            ref_opt.zero_grad()
+            regressor_loss(reference, x, t).backward()
+            ref_opt.step()
+            ref_scheduler.step()
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p, q)
+
+
+def test_unsupported_optimizer_rejected_before_anything_runs():
+    model = Regressor()
+    with pytest.raises(AssertionError, match="Unsupported optimizer type"):
+        poptorch.trainingModel(model, optimizer=torch.optim.LBFGS(model.parameters()))

@@ -46,6 +46,7 @@ class _Compiled:
         self.replica_buffers = None
         self.compile_seconds = 0.0
         self.uploaded_version = 0
+        self.optimizer_snapshot = None  # constant optimizer attributes as compiled
 
 
 class PoplarExecutor:
@@ -149,6 +150,8 @@ class PoplarExecutor:
         self._trace(inputs, compiled)
         compiled.signature = InputSignature(inputs)
         compiled.training_flags = [(m, m.training) for m in self._model.modules()]
+        if self._training:
+            compiled.optimizer_snapshot = _optim().snapshot(self._optimizer, **self._snapshot_options())
         if bar is not None:
             bar.update(100)
             bar.close()
@@ -397,11 +400,19 @@ class PoplarExecutor:
                 "Invalid optimizer: the new optimizer would require changing "
                 "options.Training.meanAccumulationAndReplicationReductionStrategy to "
                 "poptorch.MeanReductionStrategy.Running but the executable is already compiled.")
+        if self._compiled is not None:
+            changes = optim.constant_attribute_changes(self._compiled.optimizer_snapshot, optimizer)
+            if changes:
+                raise optim.constant_attribute_error(changes)
         if optimizer is not self._optimizer and not optimizer.state:
             # A fresh optimizer object keeps the state the model has accumulated so far.
             for param, state in self._optimizer.state.items():
                 optimizer.state[param] = state
         self._optimizer = optimizer
+
+    def _snapshot_options(self):
+        automatic = self._options.Training.automaticLossScalingSettings.get("enabled", False)
+        return {"force_variable": ["loss_scaling"] if automatic else ()}
 
     # ------------------------------------------------------------------ device
     def isAttachedToDevice(self) -> bool:
