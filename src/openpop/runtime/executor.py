@@ -15,12 +15,13 @@ import torch
 from torch.utils import _pytree as pytree
 
 from .. import errors
-from ..enums import ConnectionType, MeanReductionStrategy, OutputMode, ReductionType
+from ..enums import ConnectionType, MeanReductionStrategy, OutputMode
 from ..log import logger
 from . import context
 from .args import BoundInputs, InputSignature, prepare_tensors
 from .geometry import BatchGeometry
-from .losses import LossTracker, backward
+from .gradients import GradientReduction
+from .losses import LossTracker
 from .outputs import OutputCollector
 from .weights import (BufferSnapshot, CopiedWeights, SharedWeights, bump_weights_version, registered_tensors,
                       weights_version)
@@ -295,26 +296,20 @@ class PoplarExecutor:
 
     def _run_training(self, inputs: BoundInputs, compiled: _Compiled):
         geometry = self._geometry
-        options = self._options
         optimizer = self._optimizer
-        collector = OutputCollector(options.output_mode, options.output_return_period, geometry)
+        collector = OutputCollector(self._options.output_mode, self._options.output_return_period, geometry)
         split = self._micro_batches(inputs)
         leaves = list(inputs.leaves)
-        model = self._model
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        trainable = [p for p in model.parameters() if p.requires_grad]
-        loss_scale = float(_optim().loss_scaling_of(optimizer))
-        n_micro = geometry.micro_batches_per_step
-        mean = options.Training.accumulation_and_replication_reduction_type == ReductionType.Mean
-        running_mean = mean and (options.Training.meanAccumulationAndReplicationReductionStrategy
-                                 == MeanReductionStrategy.Running)
+        trainable = [p for p in self._model.parameters() if p.requires_grad]
+        gradients = GradientReduction(self._options, geometry, params, _optim().loss_scaling_of(optimizer))
         replicas = geometry.replication_factor
         perf = _PerfRecorder(geometry.device_iterations)
         for d in range(geometry.device_iterations):
             perf.start(d)
             for p in trainable:
                 p.grad = None
-            k = 0
+            gradients.start_step()
             for g in range(geometry.gradient_accumulation):
                 keep = collector.wants(d, g)
                 for r in range(replicas):
@@ -322,19 +317,11 @@ class PoplarExecutor:
                         compiled.replica_buffers.switch_to(r)
                     args, kwargs = self._micro_args(inputs, split, leaves, d, g, geometry.input_chunk_of_replica(r))
                     output, loss = self._forward_with_loss(compiled, args, kwargs)
-                    if running_mean and k > 0:
-                        grads = [p.grad for p in params if p.grad is not None]
-                        if grads:
-                            torch._foreach_mul_(grads, k / (k + 1))
-                    backward(loss, loss_scale / (k + 1) if running_mean else loss_scale)
-                    k += 1
+                    gradients.backward(loss)
                     if keep:
                         collector.add(r, output)
-            grads = [p.grad for p in params if p.grad is not None]
-            divisor = loss_scale * (n_micro if mean and not running_mean else 1)
-            if grads and divisor != 1.0:
-                torch._foreach_mul_(grads, 1.0 / divisor)
-            optimizer.step()
+            if gradients.finish_step():
+                optimizer.step()
             perf.computed(d)
         for p in trainable:
             p.grad = None
