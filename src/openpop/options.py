@@ -425,6 +425,7 @@ class Options(OptionsDict):
             relax_optimizer_attributes_checks=False,
             module_namescope_enabled=True,
             updatable_named_buffers=[],
+            device_map=[],
             source_location_excludes=["openpop/", "poptorch/", "torch/", "site-packages/"],
         )
         cache_dir = os.environ.get("POPTORCH_CACHE_DIR", "")
@@ -659,6 +660,13 @@ class Options(OptionsDict):
     def updatableNamedBuffers(self, buffers: List[str]) -> "Options":
         """Names of buffers the host may update between runs."""
         self.set(updatable_named_buffers=list(buffers))
+        return self
+
+    def deviceMap(self, devices: List[str]) -> "Options":
+        """openpop extension: the torch devices virtual IPUs run on, in the order
+        ``replica * ipus_per_replica + ipu`` (reused round-robin). Empty (default): every CUDA
+        GPU round-robin, else the CPU; the ``OPENPOP_DEVICE_MAP`` variable applies when empty."""
+        self.set(device_map=[str(d) for d in devices])
         return self
 
     def sourceLocationExcludes(self, excludes: List[str]) -> "Options":

@@ -5,6 +5,7 @@ then returns the outputs chosen by the output mode.
 Replicas run one after another in this process on identical weights, so their gradient
 all-reduce is exact: it is the same sum as accumulating over ``GA * R`` micro-batches.
 """
+import contextlib
 import copy
 import datetime
 import inspect
@@ -21,7 +22,10 @@ from . import context
 from .args import BoundInputs, InputSignature, prepare_tensors
 from .geometry import BatchGeometry
 from .gradients import GradientReduction
+from .devices import DevicePlacement, resolve_device_map
 from .losses import LossTracker
+from .pipeline import ConcurrentMicroBatches, Recomputation, concurrency_wanted, recomputation_enabled
+from .plan import BlockRecorder, build_plan
 from .outputs import OutputCollector
 from .weights import (BufferSnapshot, CopiedWeights, SharedWeights, bump_weights_version, registered_tensors,
                       weights_version)
@@ -48,6 +52,10 @@ class _Compiled:
         self.compile_seconds = 0.0
         self.uploaded_version = 0
         self.optimizer_snapshot = None  # constant optimizer attributes as compiled
+        self.plan = None                # blocks -> stages -> IPUs (plan.py)
+        self.placement = None           # set when virtual IPUs live on non-host devices
+        self.concurrent = False         # micro-batches overlap across devices
+        self.recompute = False          # checkpoint BeginBlock modules in backward
 
 
 class PoplarExecutor:
@@ -149,6 +157,8 @@ class PoplarExecutor:
             compiled.weights = CopiedWeights(self._model, torch.device("cpu"))
             compiled.uploaded_version = weights_version(self._user_model)
         self._trace(inputs, compiled)
+        with compiled.weights.active():
+            self._place(compiled)
         compiled.signature = InputSignature(inputs)
         compiled.training_flags = [(m, m.training) for m in self._model.modules()]
         if self._training:
@@ -188,9 +198,11 @@ class PoplarExecutor:
             snapshot = BufferSnapshot(compiled.weights.buffers())
             params_before, buffers_before = registered_tensors(self._model)
             tracker = LossTracker() if self._training else None
+            recorder = BlockRecorder(self._model)
             try:
                 with context.running(self._training, tracing=True) as ctx, \
                         torch.set_grad_enabled(self._training):
+                    ctx.block_recorder = recorder
                     if tracker is not None:
                         ctx.loss_tracker = tracker
                         with tracker:
@@ -200,8 +212,10 @@ class PoplarExecutor:
                 params_after, buffers_after = registered_tensors(self._model)
                 buffers_mutated = snapshot.mutated()
             finally:
+                recorder.close()
                 snapshot.restore()
                 torch.random.set_rng_state(rng)
+        compiled.plan = build_plan(recorder, self._options._execution_strategy, self._options, self._training)
         _check_registered_unchanged(params_before, params_after, "Parameter")
         _check_registered_unchanged(buffers_before, buffers_after, "Buffer")
         if buffers_mutated and geometry.replication_factor > 1:
@@ -215,6 +229,42 @@ class PoplarExecutor:
             index = next((i for i, leaf in enumerate(flat) if leaf is loss), None)
             compiled.loss_index = index
             compiled.track_losses = index is None
+
+    def _place(self, compiled: _Compiled) -> None:
+        """Map the plan's virtual IPUs to devices, log the allocation, place the weights."""
+        plan = compiled.plan
+        device_map = resolve_device_map(plan.ipus_per_replica, self._geometry.replication_factor,
+                                        self._options.device_map)
+        plan.device_map = device_map
+        if len(plan.blocks) > 1:
+            logger.info("\n%s", plan.allocation_table())
+        compiled.recompute = self._training and plan.pipelined and recomputation_enabled(self._options)
+        compiled.concurrent = plan.pipelined and concurrency_wanted(len(device_map.distinct_devices()))
+        if device_map.is_host_only and len(device_map.distinct_devices()) == 1:
+            return
+        module_block = {}
+        for block in plan.blocks:
+            for name in block.modules:
+                module_block.setdefault(name, block.ipu)
+
+        def device_of_module(name):
+            while name not in module_block and "." in name:
+                name = name.rsplit(".", 1)[0]
+            return device_map.device(module_block.get(name, 0))
+
+        compiled.placement = DevicePlacement(self._model, device_of_module)
+        compiled.placement.place()
+        compiled.placement.install_hooks()
+        self._move_optimizer_state()
+
+    def _move_optimizer_state(self) -> None:
+        """Optimizer state follows its parameter's device."""
+        if self._optimizer is None:
+            return
+        for param, state in self._optimizer.state.items():
+            for key, value in state.items():
+                if isinstance(value, torch.Tensor) and value.dim() > 0 and value.device != param.device:
+                    state[key] = value.to(param.device)
 
     # ------------------------------------------------------------------ running
     def __call__(self, *args, **kwargs):
@@ -238,8 +288,9 @@ class PoplarExecutor:
         for module, _ in changed:
             module.training = not module.training
         started = time.perf_counter()
+        recompute = Recomputation(self._model) if compiled.recompute else contextlib.nullcontext()
         try:
-            with compiled.weights.active(), context.running(self._training):
+            with compiled.weights.active(), context.running(self._training), recompute:
                 if self._training:
                     result = self._run_training(inputs, compiled)
                 else:
@@ -310,16 +361,20 @@ class PoplarExecutor:
             for p in trainable:
                 p.grad = None
             gradients.start_step()
-            for g in range(geometry.gradient_accumulation):
-                keep = collector.wants(d, g)
-                for r in range(replicas):
-                    if compiled.replica_buffers is not None:
-                        compiled.replica_buffers.switch_to(r)
-                    args, kwargs = self._micro_args(inputs, split, leaves, d, g, geometry.input_chunk_of_replica(r))
-                    output, loss = self._forward_with_loss(compiled, args, kwargs)
-                    gradients.backward(loss)
-                    if keep:
-                        collector.add(r, output)
+            if compiled.concurrent and compiled.replica_buffers is None:
+                self._concurrent_micro_batches(compiled, inputs, split, d, gradients, collector)
+            else:
+                for g in range(geometry.gradient_accumulation):
+                    keep = collector.wants(d, g)
+                    for r in range(replicas):
+                        if compiled.replica_buffers is not None:
+                            compiled.replica_buffers.switch_to(r)
+                        chunk = geometry.input_chunk_of_replica(r)
+                        args, kwargs = self._micro_args(inputs, split, leaves, d, g, chunk)
+                        output, loss = self._forward_with_loss(compiled, args, kwargs)
+                        gradients.backward(loss)
+                        if keep:
+                            collector.add(r, output)
             if gradients.finish_step():
                 optimizer.step()
             perf.computed(d)
@@ -330,6 +385,25 @@ class PoplarExecutor:
         result = collector.result()
         self._perf = perf.finish()
         return result
+
+    def _concurrent_micro_batches(self, compiled, inputs, split, d, gradients, collector):
+        """One step's micro-batches with up to ``pipeline_stages`` in flight (several devices)."""
+        geometry = self._geometry
+        order = [(g, r) for g in range(geometry.gradient_accumulation) for r in range(geometry.replication_factor)]
+
+        def task(index):
+            g, r = order[index]
+            leaves = list(inputs.leaves)
+            args, kwargs = self._micro_args(inputs, split, leaves, d, g, geometry.input_chunk_of_replica(r))
+            with context.running(self._training):
+                output, loss = self._forward_with_loss(compiled, args, kwargs)
+                gradients.backward_unordered(loss)
+            return output
+
+        outputs = ConcurrentMicroBatches(compiled.plan.pipeline_stages).run(len(order), task)
+        for (g, r), output in zip(order, outputs):
+            if collector.wants(d, g):
+                collector.add(r, output)
 
     def _forward_with_loss(self, compiled: _Compiled, args, kwargs):
         if not compiled.track_losses:
@@ -411,6 +485,9 @@ class PoplarExecutor:
             raise errors.createPoptorchError(errors.NOT_ATTACHED)
         if self._training:
             self._compiled.weights.download()
+            if self._compiled.placement is not None:
+                self._compiled.placement.restore()
+                self._move_optimizer_state()
         self._attached = False
 
     def attachToDevice(self) -> None:
@@ -421,11 +498,20 @@ class PoplarExecutor:
             raise errors.createPoptorchError(errors.ALREADY_ATTACHED)
         self._compiled.weights.upload()
         self._compiled.uploaded_version = weights_version(self._user_model)
+        if self._training and self._compiled.placement is not None:
+            self._compiled.placement.place()
+            self._compiled.placement.install_hooks()
+            self._move_optimizer_state()
         self._attached = True
 
     def destroy(self) -> None:
         if self._compiled is not None and self._training:
             self._compiled.weights.download()
+            if self._compiled.placement is not None:
+                self._compiled.placement.restore()
+                self._move_optimizer_state()
+        elif self._compiled is not None and self._compiled.placement is not None:
+            self._compiled.placement.remove_hooks()
         self._compiled = None
         self._attached = False
         if self._training and _training_wrappers.get(self._user_model) is self:

@@ -5,7 +5,14 @@
 running mean (``Running``, chosen automatically for float16 accumulators). The loss is
 multiplied by the optimizer's ``loss_scaling`` before backward and gradients are divided by it
 before the update, so loss scaling is numerically neutral but real.
+
+With automatic loss scaling (``dynamic``, see ``loss_scaling.py``) the scale is read from the
+optimizer at the start of every step, ``finish_step`` checks the unscaled gradients and returns
+False for a step with inf/NaN gradients - the executor then skips ``optimizer.step()`` - and the
+new scale is written back to the optimizer's ``loss_scaling``.
 """
+import threading
+
 import torch
 
 from ..enums import MeanReductionStrategy, ReductionType
@@ -15,18 +22,24 @@ from .losses import backward
 class GradientReduction:
     """One host call's gradient bookkeeping for ``params`` (the optimizer's parameters)."""
 
-    def __init__(self, options, geometry, params, loss_scale: float):
+    def __init__(self, options, geometry, params, loss_scale: float, *, dynamic=None):
         training = options.Training
         self.params = params
         self.loss_scale = float(loss_scale)
+        self.dynamic = dynamic  # a loss_scaling.BoundLossScaling, or None
         self.micro_batches = geometry.micro_batches_per_step
         self.mean = training.accumulation_and_replication_reduction_type == ReductionType.Mean
         self.running = self.mean and (training.meanAccumulationAndReplicationReductionStrategy
                                       == MeanReductionStrategy.Running)
         self._count = 0
+        self.unordered = False  # set by backward_unordered: the step's mean is taken post hoc
+        self._lock = threading.Lock()
 
     def start_step(self) -> None:
         self._count = 0
+        if self.dynamic is not None:
+            self.loss_scale = self.dynamic.scale
+        self.unordered = False
 
     def backward(self, loss: torch.Tensor) -> None:
         """Back-propagate one micro-batch's loss into the accumulated gradients."""
@@ -41,16 +54,42 @@ class GradientReduction:
             backward(loss, self.loss_scale)
         self._count = k + 1
 
+    def backward_unordered(self, loss: torch.Tensor) -> None:
+        """``backward`` for micro-batches that run concurrently (several devices): no running
+        mean, so the order in which they finish does not matter."""
+        backward(loss, self.loss_scale)
+        with self._lock:
+            self.unordered = True
+            self._count += 1
+
     def finish_step(self) -> bool:
         """Turn the accumulated gradients into the step's gradients. Returns whether the
         optimizer should apply them."""
         divisor = self.loss_scale
-        if self.mean and not self.running:
+        if self.mean and not (self.running and not self.unordered):
             divisor *= self._count
         grads = self._grads()
+        if self.dynamic is not None:
+            finite = _unscale_and_check(grads, 1.0 / divisor)
+            self.loss_scale = self.dynamic.update(finite)
+            return finite
         if grads and divisor != 1.0:
             torch._foreach_mul_(grads, 1.0 / divisor)
         return True
 
     def _grads(self):
         return [p.grad for p in self.params if p.grad is not None]
+
+
+def _unscale_and_check(grads, factor: float) -> bool:
+    """Multiply ``grads`` by ``factor`` in place; True if every element is finite."""
+    by_device = {}
+    for g in grads:
+        by_device.setdefault(g.device, []).append(g)
+    found = []
+    for device, group in by_device.items():
+        found_inf = torch.zeros(1, dtype=torch.float32, device=device)
+        inv_scale = torch.full((1,), factor, dtype=torch.float32, device=device)
+        torch._amp_foreach_non_finite_check_and_unscale_(group, found_inf, inv_scale)
+        found.append(found_inf)
+    return not any(bool(f.item()) for f in found)

@@ -56,7 +56,7 @@ class OutputCollector:
         leaves, spec = _flatten(output)
         self._spec = spec
         self._added = True
-        leaves = [leaf.detach() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
+        leaves = [leaf.detach().cpu() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
         if self.mode == OutputMode.Sum:
             current = self._sums[replica]
             if current is None:

@@ -1,0 +1,146 @@
+"""Where virtual IPUs run: the map from (replica, IPU) to a real ``torch.device``.
+
+Default: all visible CUDA GPUs, round-robin over ``replica * ipus_per_replica + ipu``; without
+a GPU, every virtual IPU is the CPU. Override it, most specific first:
+
+* ``Options.deviceMap(["cuda:0", "cuda:1", ...])`` (openpop extension), or
+* the environment variable ``OPENPOP_DEVICE_MAP="cuda:0,cuda:1,..."``.
+
+Entry ``k`` of an explicit map serves virtual IPU ``k`` of replica 0, then the list continues
+with replica 1 (``replica * ipus_per_replica + ipu``); a shorter list is reused round-robin.
+"""
+import os
+from typing import List, Optional, Sequence
+
+import torch
+
+from .. import errors
+
+DEVICE_MAP_ENV = "OPENPOP_DEVICE_MAP"
+
+
+class DeviceMap:
+    """Torch device of each virtual IPU of each replica."""
+
+    def __init__(self, devices: Sequence[torch.device], ipus_per_replica: int, replicas: int):
+        self.devices = [torch.device(d) for d in devices]
+        self.ipus_per_replica = ipus_per_replica
+        self.replicas = replicas
+
+    def device(self, ipu: int, replica: int = 0) -> torch.device:
+        return self.devices[(replica * self.ipus_per_replica + ipu) % len(self.devices)]
+
+    def distinct_devices(self, replica: int = 0) -> List[torch.device]:
+        seen = []
+        for ipu in range(self.ipus_per_replica):
+            device = self.device(ipu, replica)
+            if device not in seen:
+                seen.append(device)
+        return seen
+
+    @property
+    def is_host_only(self) -> bool:
+        return all(d.type == "cpu" for d in self.devices)
+
+
+def parse_device_list(text: str) -> List[str]:
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def resolve_device_map(ipus_per_replica: int, replicas: int, explicit: Optional[Sequence[str]] = None) -> DeviceMap:
+    """The device map for a plan; validates that every named device exists."""
+    source = "Options.deviceMap"
+    if not explicit:
+        env = os.environ.get(DEVICE_MAP_ENV)
+        if env:
+            explicit, source = parse_device_list(env), DEVICE_MAP_ENV
+    if explicit:
+        devices = [_checked_device(name, source) for name in explicit]
+    elif torch.cuda.is_available():
+        devices = [torch.device("cuda", i) for i in range(torch.cuda.device_count())]
+    else:
+        devices = [torch.device("cpu")]
+    return DeviceMap(devices, ipus_per_replica, replicas)
+
+
+def _checked_device(name, source) -> torch.device:
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError) as exc:
+        raise errors.createPoptorchError(
+            f"{source} names '{name}', which is not a torch device ({exc}). Use names like 'cpu', "
+            "'cuda:0'.") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = 0 if device.index is None else device.index
+        if index >= count:
+            raise errors.createPoptorchError(
+                f"{source} names '{name}' but this machine has {count} CUDA device(s). Name an existing "
+                f"device or unset {DEVICE_MAP_ENV}.")
+    elif device.type != "cpu":
+        raise errors.createPoptorchError(
+            f"{source} names '{name}': openpop runs virtual IPUs on 'cpu' and 'cuda' devices only.")
+    return device
+
+
+class DevicePlacement:
+    """Puts each module's parameters and buffers on its block's device, and moves activations
+    to a module's device as it is entered (block boundaries are where they change device).
+
+    Only used when the map names a device other than the host CPU; the host model's tensors
+    then live on those devices while the executor is attached (``restore()`` brings them back).
+    """
+
+    def __init__(self, model: torch.nn.Module, device_of_module):
+        self.model = model
+        self.device_of_module = device_of_module  # qualified module name -> torch.device
+        self._hooks = []
+
+    def place(self) -> None:
+        with torch.no_grad():
+            for name, module in self.model.named_modules():
+                device = self.device_of_module(name)
+                for table in (module._parameters, module._buffers):
+                    for key, tensor in table.items():
+                        if tensor is not None and tensor.device != device:
+                            tensor.data = tensor.data.to(device)
+                            if tensor.grad is not None:
+                                tensor.grad = tensor.grad.to(device)
+
+    def install_hooks(self) -> None:
+        for name, module in self.model.named_modules():
+            device = self.device_of_module(name)
+            self._hooks.append(module.register_forward_pre_hook(_mover(device), with_kwargs=True))
+
+    def remove_hooks(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+
+    def restore(self, host=torch.device("cpu")) -> None:
+        self.remove_hooks()
+        with torch.no_grad():
+            for module in self.model.modules():
+                for table in (module._parameters, module._buffers):
+                    for tensor in table.values():
+                        if tensor is not None and tensor.device != host:
+                            tensor.data = tensor.data.to(host)
+
+
+def _mover(device):
+    def move(module, args, kwargs):
+        return to_device(args, device), to_device(kwargs, device)
+    return move
+
+
+def to_device(value, device):
+    """``value`` with every tensor inside moved to ``device`` (non-blocking where possible)."""
+    if isinstance(value, torch.Tensor):
+        return value if value.device == device else value.to(device, non_blocking=True)
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(to_device(v, device) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_device(v, device) for v in value)
+    if isinstance(value, dict):
+        return {k: to_device(v, device) for k, v in value.items()}
+    return value

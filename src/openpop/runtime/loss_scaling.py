@@ -1,0 +1,81 @@
+"""Automatic (dynamic) loss scaling: ``Options.Training.setAutomaticLossScaling(True)``.
+
+The rule is ``torch.amp.GradScaler``'s. Every optimizer step checks its unscaled gradients:
+
+* some gradient is inf/NaN: the step is skipped (no ``optimizer.step()``: weights and optimizer
+  state stay as they were) and the scale is multiplied by ``backoff_factor`` (0.5);
+* all finite: the step is applied; after ``growth_interval`` (2000) finite steps in a row the
+  scale is multiplied by ``growth_factor`` (2.0).
+
+The current scale *is* the optimizer's ``loss_scaling`` attribute, as on PopTorch where automatic
+loss scaling made ``loss_scaling`` variable and updated it: it starts from the value the optimizer
+was built with (PopTorch's default 1.0 unless given), the executor writes every change back to
+``optimizer.loss_scaling``, and a value the user sets (or a new optimizer passed to
+``setOptimizer``) is where scaling continues from. The count of finite steps belongs to the
+executor and survives ``setOptimizer``.
+
+openpop extras (keyword-only arguments of ``setAutomaticLossScaling``, stored in
+``automaticLossScalingSettings`` only when given): ``growth_factor``, ``backoff_factor``,
+``growth_interval``.
+"""
+import math
+
+from ..log import logger
+
+DEFAULTS = {"growth_factor": 2.0, "backoff_factor": 0.5, "growth_interval": 2000}
+
+
+class DynamicLossScaling:
+    """The persistent part of automatic loss scaling (settings and the finite-step count)."""
+
+    def __init__(self, growth_factor: float = 2.0, backoff_factor: float = 0.5, growth_interval: int = 2000):
+        self.growth_factor = float(growth_factor)
+        self.backoff_factor = float(backoff_factor)
+        self.growth_interval = int(growth_interval)
+        self.finite_steps = 0      # finite steps since the last change of scale
+        self.skipped_steps = 0     # total steps skipped (for users and tests)
+
+    @classmethod
+    def from_options(cls, options):
+        """None unless ``Training.setAutomaticLossScaling(True)``."""
+        settings = options.Training.automaticLossScalingSettings
+        if not settings.get("enabled", False):
+            return None
+        return cls(**{key: settings.get(key, default) for key, default in DEFAULTS.items()})
+
+    def bind(self, optimizer) -> "BoundLossScaling":
+        return BoundLossScaling(self, optimizer)
+
+    def next_scale(self, scale: float, finite: bool) -> float:
+        """The scale after a step whose gradients were (not) all finite."""
+        if not finite:
+            self.finite_steps = 0
+            self.skipped_steps += 1
+            new = scale * self.backoff_factor
+            logger.info("Automatic loss scaling: non-finite gradients, optimizer step skipped; "
+                        "loss scaling %g -> %g", scale, new)
+            return new
+        self.finite_steps += 1
+        if self.finite_steps >= self.growth_interval:
+            self.finite_steps = 0
+            new = scale * self.growth_factor
+            if math.isfinite(new):
+                return new
+        return scale
+
+
+class BoundLossScaling:
+    """``DynamicLossScaling`` applied to one optimizer: reads and writes its ``loss_scaling``."""
+
+    def __init__(self, state: DynamicLossScaling, optimizer):
+        self.state = state
+        self.optimizer = optimizer
+
+    @property
+    def scale(self) -> float:
+        return float(getattr(self.optimizer, "loss_scaling", 1.0))
+
+    def update(self, finite: bool) -> float:
+        new = self.state.next_scale(self.scale, finite)
+        self.optimizer.loss_scaling = new
+        return new

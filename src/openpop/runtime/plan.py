@@ -1,0 +1,193 @@
+"""The execution plan: blocks -> stages -> virtual IPUs -> torch devices.
+
+Built once, on the compile pass, from the blocks the forward pass met (recorded by
+``BlockRecorder``), the execution strategy and the options; validated with PopTorch's rules
+and texts before anything runs.
+
+Rules (PopTorch's): a block's stage comes from the strategy (an explicit ``Stage``/``Phase``
+naming it, else ``AutoStage.SameAsIpu`` -> its ``ipu_id``, ``AutoIncrement`` -> the next id);
+its IPU is ``Stage.ipu()`` if set, else the block's ``ipu_id``, else the stage id. Ops before
+the first block run on IPU 0. Consecutive blocks on the same IPU form one pipeline stage.
+"""
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+import torch
+
+from .. import errors
+from ..enums import AutoStage
+from ..log import logger
+from .devices import DeviceMap
+
+IMPLICIT_BLOCK = "__before_first_block__"
+
+PIPELINE_GA = ("poptorch.Options().Training.gradientAccumulation must be greater than or equal to the "
+               "number of pipeline stages ({stages}) when using poptorch.PipelinedExecution. Please note "
+               "that a model with {fwd} pipeline stages in PopTorch will have an additional {extra} stages "
+               "when training.")
+PIPELINE_DI = ("poptorch.Options().deviceIterations must be greater than or equal to the number of pipeline "
+               "stages ({stages}) when using PopTorch.PipelinedExecution.")
+IPU_COUNT_POW2 = ("The model specifies the use of {n} IPUs, however PopTorch must reserve a minimum of "
+                  "{rounded} in order to allow the model to run, because PopTorch must reserve a power of 2 "
+                  "or maximum of 64 IPUs per process. Please reconfigure your model to use a different "
+                  "number of IPUs or set poptorch.Options().autoRoundNumIPUs(True).")
+IPU_COUNT_MAX = ("Too many IPUs requested ({n}). Experiments that need more than 64 IPUs require distributed "
+                 "execution.")
+
+
+@dataclass
+class RecordedBlock:
+    user_id: str
+    ipu_id: Optional[int]
+    modules: List[str] = field(default_factory=list)  # qualified names entered while active
+
+
+class BlockRecorder:
+    """Collects, during one forward pass, the blocks in the order they start and the modules
+    that run in each (the run context's ``block_recorder``)."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.blocks: List[RecordedBlock] = [RecordedBlock(IMPLICIT_BLOCK, None)]
+        self._by_id: Dict[str, RecordedBlock] = {}
+        self._current: Optional[RecordedBlock] = self.blocks[0]
+        self.module_block: Dict[str, str] = {}  # module name -> block it first ran in
+        self._names = {m: name for name, m in model.named_modules(remove_duplicate=False)}
+        self._handles = []
+        for module in self._names:
+            if module is not model:
+                self._handles.append(module.register_forward_pre_hook(self._module_entered))
+
+    def begin_block(self, user_id: str, ipu_id: Optional[int]) -> None:
+        block = self._by_id.get(user_id)
+        if block is None:
+            block = RecordedBlock(user_id, ipu_id)
+            self._by_id[user_id] = block
+            self.blocks.append(block)
+        self._current = block
+
+    def end_block(self) -> None:
+        self._current = None
+
+    def _module_entered(self, module, inputs):
+        name = self._names[module]
+        block = self._current
+        if block is None:
+            raise errors.Error(errors.NO_ACTIVE_BLOCK)
+        block.modules.append(name)
+        self.module_block.setdefault(name, block.user_id)
+
+    def close(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def used_blocks(self) -> List[RecordedBlock]:
+        blocks = [b for b in self.blocks if b.user_id != IMPLICIT_BLOCK or b.modules]
+        return blocks
+
+
+@dataclass
+class PlannedBlock:
+    name: str               # what the allocation table shows
+    user_id: str
+    stage: int
+    ipu: int
+    modules: List[str]
+
+
+@dataclass
+class ExecutionPlan:
+    blocks: List[PlannedBlock]
+    pipeline_stages: int    # forward stages: IPU switches in block order + 1
+    ipus_per_replica: int
+    pipelined: bool         # PipelinedExecution with more than one stage
+    device_map: Optional[DeviceMap] = None
+
+    def ipu_of_block(self, user_id: str) -> int:
+        for block in self.blocks:
+            if block.user_id == user_id:
+                return block.ipu
+        return 0
+
+    def allocation_table(self) -> str:
+        width = max([len(b.name) for b in self.blocks] + [1])
+        lines = ["-" * 59, "-" * 20 + " Device Allocation " + "-" * 20]
+        for block in self.blocks:
+            line = f"{block.name:<{width}} --> IPU {block.ipu}"
+            if self.device_map is not None:
+                line += f" ({self.device_map.device(block.ipu)})"
+            lines.append(line)
+        lines.append("-" * 59)
+        return "\n".join(lines)
+
+
+def build_plan(recorder: BlockRecorder, strategy, options, training: bool) -> ExecutionPlan:
+    """Assign stages and IPUs to the recorded blocks and check PopTorch's rules."""
+    planned = []
+    auto_counter = 0
+    for block in recorder.used_blocks():
+        name = block.user_id
+        if block.user_id == IMPLICIT_BLOCK:
+            stage, ipu = 0, 0
+            name = ", ".join(_top_modules(block.modules)) or "(model)"
+        else:
+            explicit = strategy.stage_of(block.user_id)
+            if explicit is not None:
+                stage, stage_obj = explicit
+                chosen = stage_obj._ipu
+            else:
+                strategy.assert_known_block(block.user_id)
+                stage_obj, chosen = None, None
+                if strategy.auto_stage == AutoStage.AutoIncrement:
+                    stage = auto_counter
+                    auto_counter += 1
+                else:
+                    if block.ipu_id is None:
+                        raise errors.createPoptorchError(
+                            f"poptorch.AutoStage.SameAsIpu was selected but no IPU was specified for block "
+                            f"{block.user_id}")
+                    stage = block.ipu_id
+            ipu = chosen if chosen is not None else (block.ipu_id if block.ipu_id is not None else stage)
+            if hasattr(strategy, "check_phase_ipu") and stage_obj is not None:
+                strategy.check_phase_ipu(stage_obj._phase_id, ipu)
+            if block.user_id.isdigit() and block.modules:
+                name = ", ".join(_top_modules(block.modules))
+        planned.append(PlannedBlock(name, block.user_id, stage, ipu, list(block.modules)))
+
+    switches = sum(1 for a, b in zip(planned, planned[1:]) if a.ipu != b.ipu)
+    fwd_stages = switches + 1
+    used_ipus = {b.ipu for b in planned} or {0}
+    ipus_per_replica = max(len(used_ipus), max(used_ipus) + 1)
+    pipelined = type(strategy).__name__ == "PipelinedExecution" and fwd_stages > 1
+    plan = ExecutionPlan(planned, fwd_stages, ipus_per_replica, pipelined)
+    _check_ipu_count(ipus_per_replica * options.replication_factor, options.auto_round_num_ipus)
+    if pipelined and training:
+        total = 2 * fwd_stages - 1
+        if options.Training.gradient_accumulation < total:
+            raise errors.createPoptorchError(PIPELINE_GA.format(stages=total, fwd=fwd_stages, extra=total - fwd_stages))
+    if pipelined and not training and options.device_iterations < fwd_stages:
+        raise errors.createPoptorchError(PIPELINE_DI.format(stages=fwd_stages))
+    return plan
+
+
+def _check_ipu_count(n: int, auto_round: bool) -> None:
+    if n > 64:
+        raise errors.createPoptorchError(IPU_COUNT_MAX.format(n=n))
+    rounded = 1
+    while rounded < n:
+        rounded *= 2
+    if rounded != n:
+        if not auto_round:
+            raise errors.createPoptorchError(IPU_COUNT_POW2.format(n=n, rounded=rounded))
+        logger.warning("Reserving %d IPUs when the model specifices the use of only %d. %d will be reserved but "
+                       "not used.", rounded, n, rounded - n)
+
+
+def _top_modules(names: List[str]) -> List[str]:
+    """The outermost module names of a block, in order, without repeats."""
+    result = []
+    for name in names:
+        if name in result or any(name.startswith(top + ".") for top in result):
+            continue
+        result.append(name)
+    return result
