@@ -25,9 +25,14 @@ class BoundInputs:
         self.kinds = {name: signature.parameters[name].kind for name in self.arguments}
         self.args = bound.args
         self.kwargs = bound.kwargs
-        self.leaves, self.spec = pytree.tree_flatten((self.args, self.kwargs))
-        self.tensor_positions = [i for i, leaf in enumerate(self.leaves) if isinstance(leaf, torch.Tensor)]
-        self.simple = (not self.kwargs and all(isinstance(a, torch.Tensor) for a in self.args))
+        # Common case, kept cheap: every argument is a tensor given positionally.
+        self.simple = not self.kwargs and all(type(a) is torch.Tensor for a in self.args)
+        if self.simple:
+            self.leaves, self.spec = list(self.args), None
+            self.tensor_positions = list(range(len(self.leaves)))
+        else:
+            self.leaves, self.spec = pytree.tree_flatten((self.args, self.kwargs))
+            self.tensor_positions = [i for i, leaf in enumerate(self.leaves) if isinstance(leaf, torch.Tensor)]
 
     def rebuild(self, leaves):
         """(args, kwargs) with ``leaves`` in place of the original leaves."""

@@ -24,6 +24,7 @@ from .geometry import BatchGeometry
 from .gradients import GradientReduction
 from .devices import DevicePlacement, resolve_device_map
 from .losses import LossTracker
+from .precision import RunPrecision
 from .pipeline import ConcurrentMicroBatches, Recomputation, concurrency_wanted, recomputation_enabled
 from .plan import BlockRecorder, build_plan
 from .outputs import OutputCollector
@@ -105,6 +106,7 @@ class PoplarExecutor:
         self._warned = set()
         self._signature = inspect.signature(model.forward)
         self._perf = {"input": [], "input_complete": [], "output": [], "output_complete": []}
+        self._precision = RunPrecision(run_options)
         self._last_run_seconds = None
         if training:
             _training_wrappers[self._user_model] = self
@@ -161,6 +163,7 @@ class PoplarExecutor:
             self._place(compiled)
         compiled.signature = InputSignature(inputs)
         compiled.training_flags = [(m, m.training) for m in self._model.modules()]
+        compiled.trainable = [p for p in self._model.parameters() if p.requires_grad]
         if self._training:
             compiled.optimizer_snapshot = _optim().snapshot(self._optimizer, **self._snapshot_options())
         if bar is not None:
@@ -203,12 +206,13 @@ class PoplarExecutor:
                 with context.running(self._training, tracing=True) as ctx, \
                         torch.set_grad_enabled(self._training):
                     ctx.block_recorder = recorder
-                    if tracker is not None:
-                        ctx.loss_tracker = tracker
-                        with tracker:
+                    with self._precision.forward(self._model, tracing=True):
+                        if tracker is not None:
+                            ctx.loss_tracker = tracker
+                            with tracker:
+                                output = self._model(*args, **kwargs)
+                        else:
                             output = self._model(*args, **kwargs)
-                    else:
-                        output = self._model(*args, **kwargs)
                 params_after, buffers_after = registered_tensors(self._model)
                 buffers_mutated = snapshot.mutated()
             finally:
@@ -290,7 +294,8 @@ class PoplarExecutor:
         started = time.perf_counter()
         recompute = Recomputation(self._model) if compiled.recompute else contextlib.nullcontext()
         try:
-            with compiled.weights.active(), context.running(self._training), recompute:
+            with compiled.weights.active(), context.running(self._training), recompute, \
+                    self._precision.running(self._model):
                 if self._training:
                     result = self._run_training(inputs, compiled)
                 else:
@@ -335,7 +340,8 @@ class PoplarExecutor:
                 if compiled.replica_buffers is not None:
                     compiled.replica_buffers.switch_to(r)
                 args, kwargs = self._micro_args(inputs, split, leaves, d, 0, geometry.input_chunk_of_replica(r))
-                output = model(*args, **kwargs)
+                with self._precision.forward(model):
+                    output = model(*args, **kwargs)
                 if keep:
                     collector.add(r, output)
             perf.computed(d)
@@ -352,8 +358,9 @@ class PoplarExecutor:
         split = self._micro_batches(inputs)
         leaves = list(inputs.leaves)
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        trainable = [p for p in self._model.parameters() if p.requires_grad]
-        gradients = GradientReduction(self._options, geometry, params, _optim().loss_scaling_of(optimizer))
+        trainable = compiled.trainable
+        gradients = GradientReduction(self._options, geometry, params, _optim().loss_scaling_of(optimizer),
+                                      dynamic=self._precision.loss_scaler(optimizer))
         replicas = geometry.replication_factor
         perf = _PerfRecorder(geometry.device_iterations)
         for d in range(geometry.device_iterations):
@@ -376,7 +383,7 @@ class PoplarExecutor:
                         if keep:
                             collector.add(r, output)
             if gradients.finish_step():
-                optimizer.step()
+                self._precision.optimizer_step(optimizer)
             perf.computed(d)
         for p in trainable:
             p.grad = None
@@ -407,12 +414,19 @@ class PoplarExecutor:
 
     def _forward_with_loss(self, compiled: _Compiled, args, kwargs):
         if not compiled.track_losses:
-            output = self._model(*args, **kwargs)
-            loss = output if isinstance(output, torch.Tensor) else pytree.tree_leaves(output)[compiled.loss_index]
+            with self._precision.forward(self._model):
+                output = self._model(*args, **kwargs)
+            if isinstance(output, torch.Tensor):
+                loss = output
+            elif type(output) is tuple and len(output) > compiled.loss_index and all(
+                    type(o) is torch.Tensor for o in output):
+                loss = output[compiled.loss_index]
+            else:
+                loss = pytree.tree_leaves(output)[compiled.loss_index]
             return output, loss
         tracker = LossTracker()
         context.current().loss_tracker = tracker
-        with tracker:
+        with self._precision.forward(self._model), tracker:
             output = self._model(*args, **kwargs)
         return output, tracker.final_loss()
 

@@ -97,13 +97,20 @@ def protect_output(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+_TUPLE_OF_TENSORS = "tuple of tensors"
+
+
 def _flatten(output):
     if isinstance(output, torch.Tensor):
         return [output], None
+    if type(output) is tuple and all(type(o) is torch.Tensor for o in output):
+        return list(output), _TUPLE_OF_TENSORS
     return pytree.tree_flatten(output)
 
 
 def _unflatten(leaves, spec):
     if spec is None:
         return leaves[0]
+    if spec is _TUPLE_OF_TENSORS:
+        return tuple(leaves)
     return pytree.tree_unflatten(leaves, spec)

@@ -1,0 +1,369 @@
+"""Numeric precision of a run: what ``Options.Precision`` (and automatic loss scaling) change.
+
+``RunPrecision`` is the executor's one object for it, built from the options when a model is
+wrapped:
+
+* ``forward(model)`` — entered around every forward pass (compile trace, training and
+  inference micro-batches). It applies
+  - **autocast** (``Precision.autocast(True, dtype)``, openpop's mixed precision): fp32 weights,
+    matmuls/convolutions in bf16 (default) or fp16 through ``torch.autocast`` on the CPU (and
+    CUDA when present); backward follows autocast's casts;
+  - **missing-kernel upcast** for models holding float16/bfloat16 weights or buffers: an op that
+    has no CPU kernel for that dtype (torch 2.13: e.g. ``torch.cdist``) is run in float32 and its
+    result cast back, instead of failing;
+  - **floating-point exceptions** (``Precision.enableFloatingPointExceptions(True)``, not during
+    the compile trace): ``FloatingPointChecker``.
+* ``running(model)`` — around a whole host call: the matmul partials type
+  (``Precision.setPartialsType``). CPU kernels (oneDNN/MKL and ATen's fallbacks) always
+  accumulate float16/bfloat16 products in float32 and have no switch for lower-precision
+  accumulation, so on the CPU both settings give fp32 accumulation. On CUDA, "float" (PopTorch's
+  default) turns cuBLAS's reduced-precision reductions and fp16 accumulation off for the call,
+  and "half" turns them on (``torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction``,
+  ``allow_bf16_reduced_precision_reduction``, ``allow_fp16_accumulation``); the previous values
+  are restored afterwards.
+* ``loss_scaler(optimizer)`` — automatic loss scaling (``loss_scaling.py``).
+* ``optimizer_step(optimizer)`` — ``optimizer.step()``; with
+  ``Precision.enableStochasticRounding(True)``, float16/bfloat16 parameters are updated in
+  float32 (the optimizer sees float32 copies of them and of their gradients) and the result is
+  rounded stochastically back to the parameter's dtype: up or down with probabilities given by
+  the distance to each neighbour, so the rounding is unbiased. Works on every device; the
+  random bits come from a generator of openpop's (seeded from ``Options.randomSeed`` if set,
+  else ``torch.initial_seed()``), so the user's RNG stream is not disturbed. Only weight updates
+  are rounded stochastically (optimizer state in float16 is rounded to nearest).
+"""
+import contextlib
+import re
+import threading
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils import _pytree as pytree
+
+from .. import errors
+from ..log import logger
+from .loss_scaling import DynamicLossScaling
+
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+AUTOCAST_DTYPES = (torch.bfloat16, torch.float16)
+
+
+class RunPrecision:
+    """Everything precision-related one executor does (see the module docstring)."""
+
+    def __init__(self, options):
+        precision = options.Precision
+        self.autocast_enabled = precision.autocast_enabled
+        self.autocast_dtype = precision.autocast_dtype
+        self.fp_exceptions = precision.floating_point_exceptions
+        self.stochastic_rounding = precision.stochastic_rounding
+        self.half_partials = precision.partials_type == "half"
+        self.dynamic = DynamicLossScaling.from_options(options)
+        self._seed = options.random_seed if options.exists("random_seed") else None
+        self._generators = {}
+        self._low_precision_model = None  # decided on the first forward
+
+    # ------------------------------------------------------------------ forward
+    @contextlib.contextmanager
+    def forward(self, model: torch.nn.Module, tracing: bool = False):
+        """Context for one forward pass of ``model``."""
+        if self._low_precision_model is None:
+            self._low_precision_model = _holds_low_precision(model)
+        with contextlib.ExitStack() as stack:
+            if self.autocast_enabled:
+                stack.enter_context(torch.autocast("cpu", dtype=self.autocast_dtype))
+                if torch.cuda.is_available():
+                    stack.enter_context(torch.autocast("cuda", dtype=self.autocast_dtype))
+            if self._low_precision_model:
+                stack.enter_context(UpcastMissingKernels())
+            if self.fp_exceptions and not tracing:
+                stack.enter_context(FloatingPointChecker(model))
+            yield
+
+    @contextlib.contextmanager
+    def running(self, model: torch.nn.Module):
+        """Context for one host call: the matmul partials type on CUDA."""
+        if not torch.cuda.is_available() or not any(p.is_cuda for p in model.parameters()):
+            yield
+            return
+        with cuda_matmul_partials(half=self.half_partials):
+            yield
+
+    # ------------------------------------------------------------------ training
+    def loss_scaler(self, optimizer):
+        """The automatic loss scaling bound to ``optimizer``, or None when it is off."""
+        return None if self.dynamic is None else self.dynamic.bind(optimizer)
+
+    def optimizer_step(self, optimizer) -> None:
+        if not self.stochastic_rounding:
+            optimizer.step()
+            return
+        low = [(p, p.data, p.grad) for group in optimizer.param_groups for p in group["params"]
+               if p.grad is not None and p.dtype in LOW_PRECISION]
+        if not low:
+            optimizer.step()
+            return
+        masters = []
+        try:
+            for p, data, grad in low:
+                p.data = data.float()
+                p.grad = grad.float()
+                masters.append(p.data)
+            optimizer.step()
+        finally:
+            for p, data, grad in low:
+                p.data = data
+                p.grad = grad
+        with torch.no_grad():
+            for (_, data, _), master in zip(low, masters):
+                data.copy_(stochastic_round(master, data.dtype, self._generator(data.device)))
+
+    def _generator(self, device: torch.device) -> torch.Generator:
+        generator = self._generators.get(device)
+        if generator is None:
+            generator = torch.Generator(device=device)
+            seed = self._seed if self._seed is not None else torch.initial_seed()
+            generator.manual_seed((seed * 2654435761 + 12345) % (2**63))
+            self._generators[device] = generator
+        return generator
+
+
+def _holds_low_precision(model: torch.nn.Module) -> bool:
+    tensors = list(model.parameters()) + list(model.buffers())
+    return any(t.dtype in LOW_PRECISION for t in tensors)
+
+
+# ---------------------------------------------------------------------- stochastic rounding
+def stochastic_round(x: torch.Tensor, dtype: torch.dtype, generator: torch.Generator = None) -> torch.Tensor:
+    """Round float32 ``x`` to ``dtype`` (float16 or bfloat16) stochastically: to the neighbour
+    above with probability ``(x - below) / (above - below)``, else to the one below. Values
+    already representable are unchanged; inf/NaN stay inf/NaN; values beyond the largest finite
+    number round to it or to inf."""
+    x = x.float()
+    nearest = x.to(dtype)
+    nearest_f = nearest.float()
+    # The representable neighbour on the other side of x from `nearest`.
+    direction = torch.where(nearest_f > x, float("-inf"), float("inf")).to(dtype)
+    other = torch.nextafter(nearest, direction)
+    gap = (other.float() - nearest_f).abs()
+    p_other = (x - nearest_f).abs() / gap
+    u = torch.rand(x.shape, generator=generator, device=x.device, dtype=torch.float32)
+    return torch.where(u < p_other, other, nearest)
+
+
+# ---------------------------------------------------------------------- partials (CUDA)
+@contextlib.contextmanager
+def cuda_matmul_partials(half: bool):
+    """Set cuBLAS's reduced-precision switches for the duration (see the module docstring)."""
+    matmul = torch.backends.cuda.matmul
+    names = ["allow_fp16_reduced_precision_reduction", "allow_bf16_reduced_precision_reduction",
+             "allow_fp16_accumulation"]
+    saved = {}
+    for name in names:
+        try:
+            saved[name] = getattr(matmul, name)
+        except AttributeError:
+            continue
+    try:
+        for name in saved:
+            setattr(matmul, name, half)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(matmul, name, value)
+
+
+# ---------------------------------------------------------------------- missing kernels
+_MISSING_KERNEL = re.compile(r"not implemented for '(Half|BFloat16)'")
+_DTYPE_OF = {"Half": torch.float16, "BFloat16": torch.bfloat16}
+_upcast_logged = set()
+
+
+class UpcastMissingKernels(TorchFunctionMode):
+    """Runs in float32 an op that has no kernel for float16/bfloat16 on this device, casting
+    its floating results back to the low-precision dtype. Ops that have one are untouched."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        try:
+            return func(*args, **kwargs)
+        except (RuntimeError, NotImplementedError) as error:
+            match = _MISSING_KERNEL.search(str(error))
+            name = getattr(func, "__name__", "")
+            if match is None or name.endswith("_") or "out" in kwargs:
+                raise
+        low = _DTYPE_OF[match.group(1)]
+        name = _op_name(func)
+        if name not in _upcast_logged:
+            _upcast_logged.add(name)
+            logger.info("%s has no %s kernel on this device: computing it in float32", name, low)
+
+        def up(value):
+            if isinstance(value, torch.Tensor) and value.dtype in LOW_PRECISION:
+                return value.float()
+            return value
+
+        def down(value):
+            if isinstance(value, torch.Tensor) and value.dtype == torch.float32:
+                return value.to(low)
+            return value
+
+        args, kwargs = pytree.tree_map(up, (args, kwargs))
+        return pytree.tree_map(down, func(*args, **kwargs))
+
+
+# ---------------------------------------------------------------------- FP exceptions
+_ORDERED_COMPARISONS = frozenset(["lt", "le", "gt", "ge", "less", "less_equal", "greater", "greater_equal",
+                                  "__lt__", "__le__", "__gt__", "__ge__"])
+_local = threading.local()
+
+
+def _op_name(func) -> str:
+    name = getattr(func, "__name__", repr(func))
+    qualname = getattr(func, "__qualname__", "") or ""
+    module = getattr(func, "__module__", None)
+    if qualname.startswith(("TensorBase.", "Tensor.")):
+        return f"Tensor.{name}"
+    if module == "torch._C._nn" or module == "torch.nn.functional":
+        return f"torch.nn.functional.{name}"
+    if module == "torch" or qualname.startswith("_VariableFunctionsClass."):
+        return f"torch.{name}"
+    return f"{module}.{name}" if module else name
+
+
+def _flags(values):
+    """(has NaN, has +-inf) over the floating tensors and Python floats in ``values``."""
+    nan = inf = False
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            if not (value.is_floating_point() or value.is_complex()) or value.numel() == 0:
+                continue
+            if value.is_complex():
+                value = torch.view_as_real(value)
+            nan = nan or bool(torch.isnan(value).any())
+            inf = inf or bool(torch.isinf(value).any())
+        elif isinstance(value, float):
+            nan = nan or value != value
+            inf = inf or value in (float("inf"), float("-inf"))
+    return nan, inf
+
+
+def _all_finite(values) -> bool:
+    for value in values:
+        if isinstance(value, torch.Tensor) and (value.is_floating_point() or value.is_complex()):
+            if value.numel() and not bool(torch.isfinite(value).all()):
+                return False
+    return True
+
+
+def _is_inplace(name: str, kwargs) -> bool:
+    if "out" in kwargs:
+        return True
+    if name.startswith("__"):
+        return name.startswith("__i") and name not in ("__index__", "__int__", "__invert__", "__iter__")
+    return name.endswith("_")
+
+
+def _violation(inputs, outputs, input_flags=None):
+    """What IEEE exception an op raised, judged from its inputs and outputs, or None: NaN out of
+    NaN-free inputs is an invalid operation; inf out of finite inputs is an overflow or a
+    division by zero. ``input_flags`` are the inputs' (NaN, inf) flags if already known."""
+    if _all_finite(outputs):
+        return None
+    in_nan, in_inf = input_flags if input_flags is not None else _flags(inputs)
+    out_nan, out_inf = _flags(outputs)
+    if out_nan and not in_nan:
+        return "NaN (invalid operation such as 0/0, inf-inf, 0*inf or sqrt of a negative number)"
+    if out_inf and not in_nan and not in_inf:
+        return "inf (overflow or division by zero)"
+    return None
+
+
+class FloatingPointChecker(TorchFunctionMode):
+    """Raises ``poptorch.Error`` when an op of the forward pass, or the backward of one,
+    produces inf/NaN from finite values, naming the op and the module that ran it.
+
+    Forward ops are checked as they run (a tensor ``isfinite`` per op), ordered comparisons
+    with NaN raise too. For backward, each forward op's autograd node gets a hook checking the
+    gradients it produces. Active only with ``enableFloatingPointExceptions(True)``."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+        self.modules = []   # names of the modules currently running, innermost last
+        self.handles = []
+
+    def __enter__(self):
+        for name, module in self.model.named_modules():
+            label = f"'{name}' ({type(module).__name__})" if name else f"the model ({type(module).__name__})"
+            self.handles.append(module.register_forward_pre_hook(self._enter_module(label)))
+            self.handles.append(module.register_forward_hook(self._leave_module(), always_call=True))
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+        return super().__exit__(*exc)
+
+    def _enter_module(self, label):
+        def hook(module, args):
+            self.modules.append(label)
+        return hook
+
+    def _leave_module(self):
+        def hook(module, args, output):
+            if self.modules:
+                self.modules.pop()
+        return hook
+
+    def _where(self, func) -> str:
+        where = _op_name(func)
+        if self.modules:
+            where += f" in module {self.modules[-1]}"
+        return where
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name == "__get__":
+            return func(*args, **kwargs)
+        inputs = pytree.tree_leaves((args, kwargs))
+        # In-place ops overwrite their inputs: judge those by the values they had before.
+        before = _flags(inputs) if _is_inplace(name, kwargs) else None
+        result = func(*args, **kwargs)
+        outputs = [leaf for leaf in pytree.tree_leaves(result) if isinstance(leaf, torch.Tensor)]
+        problem = _violation(inputs, outputs, before)
+        if problem is None and name in _ORDERED_COMPARISONS:
+            if (before or _flags(inputs))[0]:
+                problem = "an ordered comparison with NaN (invalid operation)"
+        if problem is not None:
+            raise errors.createPoptorchError(
+                f"Floating point exception in the forward pass: {self._where(func)} produced {problem}. "
+                "Options.Precision.enableFloatingPointExceptions(True) is set.")
+        if torch.is_grad_enabled():
+            self._watch_backward(func, outputs)
+        return result
+
+    def _watch_backward(self, func, outputs):
+        nodes = []
+        for out in outputs:
+            node = out.grad_fn
+            if node is not None and all(node is not n for n in nodes):
+                nodes.append(node)
+        if not nodes:
+            return
+        where = self._where(func)
+        for node in nodes:
+            node.register_hook(_backward_check(where, node.name()))
+
+
+def _backward_check(where: str, node_name: str):
+    def hook(grad_inputs, grad_outputs):
+        produced = [g for g in grad_inputs if g is not None]
+        received = [g for g in grad_outputs if g is not None]
+        problem = _violation(received, produced)
+        if problem is not None:
+            raise errors.createPoptorchError(
+                f"Floating point exception in the backward pass: {node_name}, the gradient of {where}, "
+                f"produced {problem}. Options.Precision.enableFloatingPointExceptions(True) is set.")
+    return hook
