@@ -28,16 +28,12 @@ raises ``poptorch.Error``.
 """
 import atexit
 import multiprocessing
-import multiprocessing.connection
 import os
 import pickle
 import queue
-import signal
-import traceback
 import weakref
-from dataclasses import dataclass
 from multiprocessing.reduction import ForkingPickler
-from typing import Any, Optional
+from typing import Optional
 
 import torch
 
@@ -45,11 +41,9 @@ from ..enums import SharingStrategy
 from ..errors import Error
 from ..log import logger
 from . import batch_tree, messages
-from .rebatch import rebatch
+from .async_worker import NUDGE, POLL_SECONDS, Channels, WorkerSettings, worker_main
 
-_POLL_SECONDS = 0.1  # how often a waiting process checks that its peer is still alive
 _STOP_GRACE_SECONDS = 2.0  # how long a worker may take to stop before it is killed
-_NUDGE = -1  # wakes a waiting worker; not a slot number
 
 _START_METHODS = {
     SharingStrategy.Fork: "fork",
@@ -95,11 +89,11 @@ class AsynchronousDataAccessor:
             raise Error(messages.DATASET_EMPTY)
 
         context = _context(sharing_strategy)
-        self._channels = _Channels(data=context.Queue(), free=context.Queue(), stop=context.Event(),
-                                   target_epoch=context.Value("q", 0))
-        settings = _WorkerSettings(buffer_size=buffer_size, rebatched_size=rebatched_size,
-                                   drop_last=self._drop_last, load_indefinitely=load_indefinitely,
-                                   early_preload=early_preload)
+        self._channels = Channels(data=context.Queue(), free=context.Queue(), stop=context.Event(),
+                                  target_epoch=context.Value("q", 0))
+        settings = WorkerSettings(buffer_size=buffer_size, rebatched_size=rebatched_size,
+                                  drop_last=self._drop_last, load_indefinitely=load_indefinitely,
+                                  early_preload=early_preload)
         self._owner_pid = os.getpid()
         self._slots = None
         self._epoch = 0  # the epoch being consumed; epochs are numbered from 1
@@ -108,7 +102,7 @@ class AsynchronousDataAccessor:
         self._held_slot = None
         self._unusable_reason = None
 
-        process = context.Process(target=_worker_main, name="AsynchronousDataAccessor", daemon=False,
+        process = context.Process(target=worker_main, name="AsynchronousDataAccessor", daemon=False,
                                   args=(dataset, settings, self._channels, torch.get_rng_state()))
         try:
             process.start()
@@ -119,6 +113,7 @@ class AsynchronousDataAccessor:
             raise Error(messages.WORKER_FAILED_TO_START) from error
         self._process = process
         _register(self)
+        _close_writing_end(self._channels.data)
         self._wait_until_ready()
 
     # --- iteration ---------------------------------------------------------------------
@@ -196,7 +191,7 @@ class AsynchronousDataAccessor:
             return
         self._channels.stop.set()
         try:
-            self._channels.free.put(_NUDGE)
+            self._channels.free.put(NUDGE)
         except (ValueError, OSError):
             pass
 
@@ -212,7 +207,7 @@ class AsynchronousDataAccessor:
         self._epoch_started = False
         self._epoch_finished = False
         self._channels.target_epoch.value = self._epoch
-        self._channels.free.put(_NUDGE)
+        self._channels.free.put(NUDGE)
 
     def _release_held_slot(self) -> None:
         if self._held_slot is not None:
@@ -231,16 +226,20 @@ class AsynchronousDataAccessor:
         """The worker's next message; raises ``Error`` if the worker dies first."""
         while True:
             try:
-                return ForkingPickler.loads(self._channels.data.get(timeout=_POLL_SECONDS))
+                return ForkingPickler.loads(self._channels.data.get(timeout=POLL_SECONDS))
             except queue.Empty:
                 pass
             except Exception as error:
+                if isinstance(error, EOFError):  # no writer left: the worker is gone or going
+                    self._process.join(_STOP_GRACE_SECONDS)
+                if not self._process.is_alive():
+                    self._stop_with(messages.WORKER_DIED.format(code=self._process.exitcode))
                 # A message that can't be rebuilt would lose its slot and starve the worker.
                 self._stop_with(f"Could not receive a batch from the AsynchronousDataAccessor worker: "
                                 f"{type(error).__name__}: {error}")
             if not self._process.is_alive():
                 try:
-                    return ForkingPickler.loads(self._channels.data.get(timeout=_POLL_SECONDS))
+                    return ForkingPickler.loads(self._channels.data.get(timeout=POLL_SECONDS))
                 except Exception:
                     self._stop_with(messages.WORKER_DIED.format(code=self._process.exitcode))
 
@@ -282,167 +281,15 @@ class WorkerTraceback(Exception):
         return "\n\nIn the AsynchronousDataAccessor worker process:\n" + self.args[0]
 
 
-# --- the worker process -------------------------------------------------------------------
-@dataclass
-class _Channels:
-    data: Any  # worker -> parent: pickled messages (see _Loader)
-    free: Any  # parent -> worker: slot numbers handed back, and _NUDGE
-    stop: Any  # Event
-    target_epoch: Any  # Value: the epoch the parent wants; older ones are abandoned
-
-
-@dataclass
-class _WorkerSettings:
-    buffer_size: int
-    rebatched_size: Optional[int]
-    drop_last: bool
-    load_indefinitely: bool
-    early_preload: bool
-
-
-class _Stop(Exception):
-    """The parent asked the worker to stop, or went away."""
-
-
-class _Loader:
-    """The worker's side: loads epochs into slots.
-
-    Messages to the parent: ("ready",), ("slots", trees), ("slot", epoch, slot),
-    ("inline", epoch, slot, batch), ("end", epoch), ("empty",), ("error", pickled, traceback, summary).
-    A slot number is a credit: the worker holds at most ``buffer_size`` of them, spends one
-    per batch sent and gets it back when the parent moves on.
-    """
-
-    def __init__(self, source, settings: _WorkerSettings, channels: _Channels):
-        self._source = source
-        self._settings = settings
-        self._channels = channels
-        self._parent = multiprocessing.parent_process()
-        self._spare_slots = list(range(settings.buffer_size))
-        self._slots = None
-
-    def send(self, *message) -> None:
-        # Pickled here rather than in the queue's thread, so a failure raises in the loop.
-        self._channels.data.put(ForkingPickler.dumps(message))
-
-    def run(self) -> None:
-        epoch = 0
-        while True:
-            epoch = self._wait_for_epoch(epoch + 1)
-            self._load_epoch(epoch)
-
-    def wait_for_stop(self) -> None:
-        while True:
-            self._poll()
-
-    def _wait_for_epoch(self, next_epoch: int) -> int:
-        """The epoch to load next: ``next_epoch`` or a later one the parent skipped to."""
-        while True:
-            target = self._channels.target_epoch.value
-            if target >= next_epoch:
-                return target
-            if self._settings.early_preload if next_epoch == 1 else self._settings.load_indefinitely:
-                return next_epoch
-            self._poll()
-
-    def _load_epoch(self, epoch: int) -> None:
-        batches = self._epoch_batches()
-        loaded = 0
-        try:
-            while True:
-                slot = self._acquire_slot(epoch)
-                if slot is None:
-                    return  # abandoned by the parent
-                try:
-                    batch = next(batches)
-                except StopIteration:
-                    self._spare_slots.append(slot)
-                    break
-                self._send_batch(epoch, slot, batch)
-                loaded += 1
-        finally:
-            close = getattr(batches, "close", None)
-            if close is not None:
-                close()
-            del batches
-        if loaded == 0:
-            self.send("empty")
-            self.wait_for_stop()
-        self.send("end", epoch)
-
-    def _epoch_batches(self):
-        start_epoch = getattr(self._source, "_iter_sync", None)  # poptorch DataLoader in an Async mode
-        batches = start_epoch() if start_epoch is not None else iter(self._source)
-        if self._settings.rebatched_size is not None:
-            batches = rebatch(batches, self._settings.rebatched_size, self._settings.drop_last)
-        return batches
-
-    def _acquire_slot(self, epoch: int) -> Optional[int]:
-        """A free slot, or None when the parent has moved past ``epoch``."""
-        while True:
-            self._check_parent()
-            if self._channels.target_epoch.value > epoch:
-                return None
-            if self._spare_slots:
-                return self._spare_slots.pop()
-            self._poll()
-
-    def _send_batch(self, epoch: int, slot: int, batch) -> None:
-        if self._slots is None and batch_tree.is_tensor_only(batch):
-            self._slots = [batch_tree.empty_shared_like(batch) for _ in range(self._settings.buffer_size)]
-            self.send("slots", self._slots)
-        if self._slots is not None and batch_tree.same_layout(self._slots[slot], batch):
-            batch_tree.copy_into(self._slots[slot], batch)
-            self.send("slot", epoch, slot)
-        else:
-            self.send("inline", epoch, slot, batch)
-
-    def _poll(self) -> None:
-        """Wait briefly for a slot to come back; raise _Stop if the parent is done with us."""
-        self._check_parent()
-        try:
-            slot = self._channels.free.get(timeout=_POLL_SECONDS)
-        except queue.Empty:
-            return
-        if slot != _NUDGE:
-            self._spare_slots.append(slot)
-
-    def _check_parent(self) -> None:
-        if self._channels.stop.is_set() or not self._parent.is_alive():
-            raise _Stop
-
-
-def _worker_main(source, settings: _WorkerSettings, channels: _Channels, rng_state: torch.Tensor) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-    torch.set_num_threads(1)
-    torch.set_rng_state(rng_state)  # shuffling starts where the parent's generator was
-    loader = _Loader(source, settings, channels)
-    loader.send("ready")
-    try:
-        try:
-            loader.run()
-        except _Stop:
-            raise
-        except Exception as error:
-            loader.send("error", _pickle_or_none(error), traceback.format_exc(),
-                        f"{type(error).__name__}: {error}")
-            # Inline batches already sent are served from this process: stay until the parent is done.
-            loader.wait_for_stop()
-    except _Stop:
-        pass
-    channels.data.cancel_join_thread()  # the parent no longer reads: don't wait to flush
-
-
-def _pickle_or_none(error: BaseException) -> Optional[bytes]:
-    try:
-        pickled = pickle.dumps(error)
-        pickle.loads(pickled)
-        return pickled
-    except Exception:
-        return None
-
-
 # --- processes and clean-up -----------------------------------------------------------------
+def _close_writing_end(channel) -> None:
+    """Drop this process's copy of the queue's writing end, so that once the worker is gone a
+    read hits end-of-file instead of waiting forever for the rest of a half-written message."""
+    writer = getattr(channel, "_writer", None)
+    if writer is not None:
+        writer.close()
+
+
 def _context(sharing_strategy: SharingStrategy):
     method = _START_METHODS[SharingStrategy(sharing_strategy)]
     context = multiprocessing.get_context(method)

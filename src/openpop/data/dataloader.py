@@ -94,7 +94,8 @@ class DataLoader(torch.utils.data.DataLoader):
         if mode == DataLoaderMode.Async and not drop_last and (combined_batch_size or 1) > 1:
             mode = DataLoaderMode.AsyncRebatched
         rebatched_size = None
-        torch_batch_size, torch_drop_last = combined_batch_size, drop_last
+        # Without a batch size nothing is batched and there is no last batch to drop.
+        torch_batch_size, torch_drop_last = combined_batch_size, drop_last and combined_batch_size is not None
         if mode == DataLoaderMode.AsyncRebatched and batch_sampler is None:
             assert combined_batch_size is not None, messages.REBATCHED_NEEDS_BATCH_SIZE
             worker_size = rebatched_worker_size or combined_batch_size
