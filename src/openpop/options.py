@@ -22,9 +22,11 @@ Keys the runtime reads (all exist from construction unless marked "createOrSet")
   ``use_model``, ``ipu_id``, ``ipu_version``.
 * ``Training``: ``gradient_accumulation``, ``accumulation_and_replication_reduction_type``
   (``ReductionType``), ``meanAccumulationAndReplicationReductionStrategy``
-  (``MeanReductionStrategy``), ``automaticLossScalingSettings`` (``{"enabled": bool}``).
+  (``MeanReductionStrategy``), ``automaticLossScalingSettings`` (``{"enabled": bool}``, plus
+  ``growth_factor`` / ``backoff_factor`` / ``growth_interval`` when given).
 * ``Precision`` (read-only views of the PopART keys they set): ``partials_type``
-  ("float" | "half"), ``floating_point_exceptions``, ``stochastic_rounding``.
+  ("float" | "half"), ``floating_point_exceptions``, ``stochastic_rounding``; own keys
+  ``autocast_enabled`` (bool), ``autocast_dtype`` (``torch.bfloat16`` | ``torch.float16``).
 * ``Distributed``: ``numProcesses`` / ``processId`` (keys ``num_distributed_processes``,
   ``distributed_process_id``).
 * ``TensorLocations``: createOrSet ``numIOTiles``, ``location_activation``,
@@ -192,17 +194,42 @@ class _JitOptions(OptionsDict):
         return self
 
 
+_AUTOCAST_DTYPES = {torch.bfloat16: torch.bfloat16, torch.float16: torch.float16,
+                    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "torch.bfloat16": torch.bfloat16,
+                    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+                    "torch.float16": torch.float16, "torch.half": torch.float16}
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 class _PrecisionOptions(OptionsDict):
     """Numerical precision settings (``Options.Precision``).
 
     The settings are PopART options stored in ``Options._Popart``; openpop adds
     read-only views of them: ``partials_type`` ("float" or "half"),
-    ``floating_point_exceptions`` and ``stochastic_rounding`` (bools).
+    ``floating_point_exceptions`` and ``stochastic_rounding`` (bools). openpop's own
+    mixed-precision setting (``autocast``) is stored here as ``autocast_enabled`` and
+    ``autocast_dtype``. What each setting does on CPUs/GPUs: ``openpop.runtime.precision``.
     """
 
     def __init__(self, popart_options: _PopartOptions) -> None:
         self._popart_options = popart_options
-        super().__init__()
+        super().__init__(autocast_enabled=False, autocast_dtype=torch.bfloat16)
+
+    def autocast(self, enabled: bool = True, dtype: torch.dtype = torch.bfloat16) -> "_PrecisionOptions":
+        """openpop extension: run the model's forward under ``torch.autocast`` with ``dtype``
+        (``torch.bfloat16``, the default, or ``torch.float16``; the names "bfloat16"/"bf16" and
+        "float16"/"fp16"/"half" are accepted too): fp32 weights, low-precision compute."""
+        if not isinstance(enabled, bool):
+            raise ValueError(f"Precision.autocast(enabled=...) needs a bool, not {enabled!r}")
+        resolved = _AUTOCAST_DTYPES.get(dtype) if isinstance(dtype, (torch.dtype, str)) else None
+        if resolved is None:
+            raise ValueError(f"Precision.autocast(dtype=...) must be torch.bfloat16 or torch.float16, "
+                             f"not {dtype!r}")
+        self.set(autocast_enabled=enabled, autocast_dtype=resolved)
+        return self
 
     def setPartialsType(self, dtype: torch.dtype) -> "_PrecisionOptions":
         """Data type of matmul/convolution partial results: ``torch.float`` or ``torch.half``."""
@@ -223,6 +250,8 @@ class _PrecisionOptions(OptionsDict):
         return self
 
     def enableStochasticRounding(self, enabled: bool) -> "_PrecisionOptions":
+        """Round float16/bfloat16 weight updates stochastically (unbiased)."""
+        assert isinstance(enabled, bool), "enableStochasticRounding needs to be set to a bool"
         self._popart_options.set("enableStochasticRounding", enabled)
         return self
 
@@ -285,8 +314,31 @@ class _TrainingOptions(OptionsDict):
         self.set(meanAccumulationAndReplicationReductionStrategy=mean_reduction_strategy)
         return self
 
-    def setAutomaticLossScaling(self, enabled: bool) -> "_TrainingOptions":
-        self.set(automaticLossScalingSettings={**self.automaticLossScalingSettings, "enabled": enabled})
+    def setAutomaticLossScaling(self, enabled: bool, *, growth_factor: Optional[float] = None,
+                                backoff_factor: Optional[float] = None,
+                                growth_interval: Optional[int] = None) -> "_TrainingOptions":
+        """Dynamic loss scaling that grows and backs off, skipping steps with inf/NaN
+        gradients (``openpop.runtime.loss_scaling``). The keyword arguments are openpop
+        extras (defaults 2.0, 0.5 and 2000, as ``torch.amp.GradScaler``)."""
+        assert isinstance(enabled, bool), "setAutomaticLossScaling needs to be set to a bool"
+        extras = {}
+        if growth_factor is not None:
+            if not _is_real(growth_factor) or not growth_factor > 1.0:
+                raise ValueError(f"setAutomaticLossScaling: growth_factor must be a number > 1, "
+                                 f"not {growth_factor!r}")
+            extras["growth_factor"] = float(growth_factor)
+        if backoff_factor is not None:
+            if not _is_real(backoff_factor) or not 0.0 < backoff_factor < 1.0:
+                raise ValueError(f"setAutomaticLossScaling: backoff_factor must be a number between 0 "
+                                 f"and 1, not {backoff_factor!r}")
+            extras["backoff_factor"] = float(backoff_factor)
+        if growth_interval is not None:
+            if isinstance(growth_interval, bool) or not isinstance(growth_interval, int) or growth_interval < 1:
+                raise ValueError(f"setAutomaticLossScaling: growth_interval must be a positive int, "
+                                 f"not {growth_interval!r}")
+            extras["growth_interval"] = growth_interval
+        self.set(automaticLossScalingSettings={**self.automaticLossScalingSettings, "enabled": enabled,
+                                               **extras})
         return self
 
     def setConvolutionDithering(self, enabled: bool) -> "_TrainingOptions":

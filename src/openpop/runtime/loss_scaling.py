@@ -7,9 +7,9 @@ The rule is ``torch.amp.GradScaler``'s. Every optimizer step checks its unscaled
 * all finite: the step is applied; after ``growth_interval`` (2000) finite steps in a row the
   scale is multiplied by ``growth_factor`` (2.0).
 
-The current scale *is* the optimizer's ``loss_scaling`` attribute, as on PopTorch where automatic
-loss scaling made ``loss_scaling`` variable and updated it: it starts from the value the optimizer
-was built with (PopTorch's default 1.0 unless given), the executor writes every change back to
+The current scale *is* the optimizer's ``loss_scaling`` attribute (PopTorch's automatic loss
+scaling made ``loss_scaling`` variable and updated it on the device): it starts from the value the
+optimizer was built with (1.0 unless given), the executor writes every change back to
 ``optimizer.loss_scaling``, and a value the user sets (or a new optimizer passed to
 ``setOptimizer``) is where scaling continues from. The count of finite steps belongs to the
 executor and survives ``setOptimizer``.

@@ -44,7 +44,7 @@ from ..log import logger
 from .loss_scaling import DynamicLossScaling
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
-AUTOCAST_DTYPES = (torch.bfloat16, torch.float16)
+_NO_CONTEXT = contextlib.nullcontext()
 
 
 class RunPrecision:
@@ -63,11 +63,16 @@ class RunPrecision:
         self._low_precision_model = None  # decided on the first forward
 
     # ------------------------------------------------------------------ forward
-    @contextlib.contextmanager
     def forward(self, model: torch.nn.Module, tracing: bool = False):
         """Context for one forward pass of ``model``."""
         if self._low_precision_model is None:
             self._low_precision_model = _holds_low_precision(model)
+        if not (self.autocast_enabled or self._low_precision_model or (self.fp_exceptions and not tracing)):
+            return _NO_CONTEXT
+        return self._forward(model, tracing)
+
+    @contextlib.contextmanager
+    def _forward(self, model, tracing):
         with contextlib.ExitStack() as stack:
             if self.autocast_enabled:
                 stack.enter_context(torch.autocast("cpu", dtype=self.autocast_dtype))
@@ -173,29 +178,32 @@ def cuda_matmul_partials(half: bool):
 
 
 # ---------------------------------------------------------------------- missing kernels
-_MISSING_KERNEL = re.compile(r"not implemented for '(Half|BFloat16)'")
-_DTYPE_OF = {"Half": torch.float16, "BFloat16": torch.bfloat16}
+# How torch 2.13's CPU kernels say they have no float16/bfloat16 implementation.
+_MISSING_KERNEL = re.compile(r"not implemented for '(Half|BFloat16)'|Low precision dtypes not supported"
+                             r"|Unsupported dtype (Half|BFloat16)|must be either float or double dtype")
 _upcast_logged = set()
 
 
 class UpcastMissingKernels(TorchFunctionMode):
-    """Runs in float32 an op that has no kernel for float16/bfloat16 on this device, casting
-    its floating results back to the low-precision dtype. Ops that have one are untouched."""
+    """Runs in float32 an op that has no kernel for float16/bfloat16 on this device (torch 2.13
+    CPU: cdist, pdist, ctc_loss, rrelu, quantile, fft, linalg's decompositions ...), casting its
+    float32 results back to the inputs' low-precision dtype. Ops that have one are untouched."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         try:
             return func(*args, **kwargs)
-        except (RuntimeError, NotImplementedError) as error:
-            match = _MISSING_KERNEL.search(str(error))
+        except (RuntimeError, NotImplementedError, TypeError) as error:
             name = getattr(func, "__name__", "")
-            if match is None or name.endswith("_") or "out" in kwargs:
+            low = next((leaf.dtype for leaf in pytree.tree_leaves((args, kwargs))
+                        if isinstance(leaf, torch.Tensor) and leaf.dtype in LOW_PRECISION), None)
+            if (low is None or _MISSING_KERNEL.search(str(error)) is None
+                    or name.endswith("_") or "out" in kwargs):
                 raise
-        low = _DTYPE_OF[match.group(1)]
-        name = _op_name(func)
-        if name not in _upcast_logged:
-            _upcast_logged.add(name)
-            logger.info("%s has no %s kernel on this device: computing it in float32", name, low)
+        op = _op_name(func)
+        if op not in _upcast_logged:
+            _upcast_logged.add(op)
+            logger.info("%s has no %s kernel on this device: computing it in float32", op, low)
 
         def up(value):
             if isinstance(value, torch.Tensor) and value.dtype in LOW_PRECISION:
@@ -214,7 +222,6 @@ class UpcastMissingKernels(TorchFunctionMode):
 # ---------------------------------------------------------------------- FP exceptions
 _ORDERED_COMPARISONS = frozenset(["lt", "le", "gt", "ge", "less", "less_equal", "greater", "greater_equal",
                                   "__lt__", "__le__", "__gt__", "__ge__"])
-_local = threading.local()
 
 
 def _op_name(func) -> str:
@@ -272,9 +279,9 @@ def _violation(inputs, outputs, input_flags=None):
     in_nan, in_inf = input_flags if input_flags is not None else _flags(inputs)
     out_nan, out_inf = _flags(outputs)
     if out_nan and not in_nan:
-        return "NaN (invalid operation such as 0/0, inf-inf, 0*inf or sqrt of a negative number)"
+        return "produced NaN (invalid operation such as 0/0, inf-inf, 0*inf or sqrt of a negative number)"
     if out_inf and not in_nan and not in_inf:
-        return "inf (overflow or division by zero)"
+        return "produced inf (overflow or division by zero)"
     return None
 
 
@@ -291,10 +298,12 @@ class FloatingPointChecker(TorchFunctionMode):
         self.model = model
         self.modules = []   # names of the modules currently running, innermost last
         self.handles = []
+        self.thread = threading.get_ident()  # module hooks fire for every thread: keep ours
 
     def __enter__(self):
         for name, module in self.model.named_modules():
-            label = f"'{name}' ({type(module).__name__})" if name else f"the model ({type(module).__name__})"
+            kind = type(module).__name__
+            label = f"module '{name}' ({kind})" if name else f"the top-level module ({kind})"
             self.handles.append(module.register_forward_pre_hook(self._enter_module(label)))
             self.handles.append(module.register_forward_hook(self._leave_module(), always_call=True))
         return super().__enter__()
@@ -307,19 +316,20 @@ class FloatingPointChecker(TorchFunctionMode):
 
     def _enter_module(self, label):
         def hook(module, args):
-            self.modules.append(label)
+            if threading.get_ident() == self.thread:
+                self.modules.append(label)
         return hook
 
     def _leave_module(self):
         def hook(module, args, output):
-            if self.modules:
+            if self.modules and threading.get_ident() == self.thread:
                 self.modules.pop()
         return hook
 
     def _where(self, func) -> str:
         where = _op_name(func)
         if self.modules:
-            where += f" in module {self.modules[-1]}"
+            where += f" in {self.modules[-1]}"
         return where
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -335,10 +345,10 @@ class FloatingPointChecker(TorchFunctionMode):
         problem = _violation(inputs, outputs, before)
         if problem is None and name in _ORDERED_COMPARISONS:
             if (before or _flags(inputs))[0]:
-                problem = "an ordered comparison with NaN (invalid operation)"
+                problem = "compared with NaN (invalid operation)"
         if problem is not None:
             raise errors.createPoptorchError(
-                f"Floating point exception in the forward pass: {self._where(func)} produced {problem}. "
+                f"Floating point exception in the forward pass: {self._where(func)} {problem}. "
                 "Options.Precision.enableFloatingPointExceptions(True) is set.")
         if torch.is_grad_enabled():
             self._watch_backward(func, outputs)
@@ -365,5 +375,5 @@ def _backward_check(where: str, node_name: str):
         if problem is not None:
             raise errors.createPoptorchError(
                 f"Floating point exception in the backward pass: {node_name}, the gradient of {where}, "
-                f"produced {problem}. Options.Precision.enableFloatingPointExceptions(True) is set.")
+                f"{problem}. Options.Precision.enableFloatingPointExceptions(True) is set.")
     return hook
