@@ -1,0 +1,54 @@
+"""Lightning's dataloaders -> ``poptorch.DataLoader`` (combined batches).
+
+A ``torch.utils.data.DataLoader`` with ``batch_size=b`` becomes a ``poptorch.DataLoader`` over the
+same dataset, sampler and loading settings whose every item is one host call's worth of data:
+``b * device_iterations * replicas * gradient_accumulation`` samples (inference: no
+accumulation). A user ``batch_sampler`` (any ``torch.utils.data.BatchSampler``, with any number
+of replicas) is kept: consecutive batches it yields are joined, so each replica, accumulation
+step and device iteration gets exactly one of its batches. A ``poptorch.DataLoader`` the user
+built is used as it is.
+
+Training loaders drop an incomplete last combined batch (``poptorch.DataLoader``'s default;
+Lightning's epoch then has ``len(dataset) // combined`` batches). Evaluation and prediction
+loaders keep it (the user's ``drop_last``): the strategy runs it on the host in micro-batches, so
+no sample is lost.
+"""
+import torch
+from torch.utils.data import BatchSampler, DataLoader as TorchDataLoader, RandomSampler, SequentialSampler
+
+from openpop.data import DataLoader
+
+_PASSED_THROUGH = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context",
+                   "generator", "pin_memory_device", "in_order")
+
+
+def to_openpop_loader(loader, options, training: bool):
+    """``loader`` as a ``poptorch.DataLoader`` for ``options`` (see the module docstring)."""
+    if isinstance(loader, DataLoader) or not isinstance(loader, TorchDataLoader):
+        return loader
+    kwargs = {name: getattr(loader, name) for name in _PASSED_THROUGH if hasattr(loader, name)}
+    if loader.num_workers > 0:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+    kwargs["persistent_workers"] = loader.persistent_workers
+    dataset = loader.dataset
+    if loader.batch_size is None and loader.batch_sampler is not None:
+        # The user's own batch sampler (Lightning's predict wrapper included).
+        return DataLoader(options, dataset, batch_size=1, batch_sampler=loader.batch_sampler,
+                          drop_last=training, **kwargs)
+    if loader.batch_size is None:
+        return loader  # no automatic batching: the dataset yields whole batches itself
+    sampler = loader.sampler
+    drop_last = True if training else loader.drop_last
+    if isinstance(dataset, torch.utils.data.IterableDataset):
+        return DataLoader(options, dataset, batch_size=loader.batch_size, drop_last=drop_last, **kwargs)
+    if type(sampler) is RandomSampler and not sampler.replacement and sampler._num_samples is None:
+        if sampler.generator is not None:
+            kwargs["generator"] = sampler.generator
+        return DataLoader(options, dataset, batch_size=loader.batch_size, shuffle=True, drop_last=drop_last,
+                          **kwargs)
+    if type(sampler) is SequentialSampler:
+        return DataLoader(options, dataset, batch_size=loader.batch_size, shuffle=False, drop_last=drop_last,
+                          **kwargs)
+    # A custom sampler of indices: batch it as torch would, then combine the batches.
+    batch_sampler = BatchSampler(sampler, loader.batch_size, loader.drop_last)
+    return DataLoader(options, dataset, batch_size=1, batch_sampler=batch_sampler, drop_last=drop_last, **kwargs)

@@ -1,0 +1,123 @@
+"""Lightning's per-optimizer-step work, done at every optimizer step inside a host call.
+
+With ``device_iterations = DI`` one Lightning batch (one host call) runs DI optimizer steps.
+openpop makes each of them an optimizer step in Lightning's sense, so a run equals the same
+run on the CPU with DI times more (smaller) batches:
+
+* before each step: the ``on_before_optimizer_step`` hooks and gradient clipping
+  (``gradient_clip_val`` / ``gradient_clip_algorithm`` / ``configure_gradient_clipping``), on the
+  step's reduced gradients;
+* after each step: ``trainer.global_step`` advances by one (so it grows by DI per host call and
+  reads correctly inside the step), and every ``interval="step"`` LR scheduler steps when the
+  CPU run would (honouring ``frequency``, counted in the CPU run's batches). Lightning's own
+  once-per-batch stepping of those schedulers is turned off for the run; ``"epoch"`` and
+  ``ReduceLROnPlateau`` schedulers stay with Lightning.
+
+Hooked through ``torch.optim.Optimizer.register_step_pre_hook`` / ``register_step_post_hook`` on
+the optimizer the executor steps; the hooks act only during the strategy's host calls.
+"""
+import contextlib
+
+from ._framework import module
+
+
+class PerStepHooks:
+    def __init__(self, trainer, optimizer, precision, device_iterations: int, accumulation: int):
+        self.trainer = trainer
+        self.optimizer = optimizer
+        self.precision = precision
+        self.device_iterations = device_iterations
+        self.accumulation = accumulation
+        self.active = False
+        self.batch_idx = 0
+        self.steps = 0
+        self._handles = [optimizer.register_step_pre_hook(self._before),
+                         optimizer.register_step_post_hook(self._after)]
+        self._loop = trainer.fit_loop.epoch_loop
+        self._call = module("trainer.call")
+        self._original_update = None
+        self._take_over_step_schedulers()
+        self._before_needed = _before_step_needed(trainer)
+
+    # ------------------------------------------------------------------ lifecycle
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        if self._original_update is not None:
+            self._loop.__dict__.pop("_update_learning_rates", None)
+            self._original_update = None
+
+    def _take_over_step_schedulers(self) -> None:
+        original = self._loop._update_learning_rates
+        self._original_update = original
+
+        def update_learning_rates(interval: str, update_plateau_schedulers: bool) -> None:
+            if interval == "step" and not update_plateau_schedulers:
+                return  # stepped after every optimizer step by this object
+            original(interval=interval, update_plateau_schedulers=update_plateau_schedulers)
+
+        self._loop._update_learning_rates = update_learning_rates
+
+    @contextlib.contextmanager
+    def host_call(self):
+        """Around one host call: afterwards the call counted exactly DI optimizer steps."""
+        self.active = True
+        self.batch_idx = self._loop.batch_idx
+        self.steps = 0
+        try:
+            yield
+        finally:
+            self.active = False
+        # Steps the executor skipped (automatic loss scaling found inf/NaN) still count, as a
+        # skipped GradScaler step does on the CPU.
+        while self.steps < self.device_iterations:
+            self._count_step()
+
+    # ------------------------------------------------------------------ hooks
+    def _before(self, optimizer, args, kwargs):
+        if not self.active or not self._before_needed:
+            return None
+        lightning_module = self.trainer.lightning_module
+        self.precision._after_closure(lightning_module, optimizer)
+        return None
+
+    def _after(self, optimizer, args, kwargs):
+        if self.active:
+            self._count_step()
+        return None
+
+    def _count_step(self) -> None:
+        d = self.steps
+        self.steps += 1
+        if d < self.device_iterations - 1:  # Lightning counts the host call's last step itself
+            progress = self._loop.automatic_optimization.optim_progress.optimizer.step
+            progress.increment_completed()
+            progress.increment_ready()
+        self._step_schedulers(d)
+
+    def _step_schedulers(self, d: int) -> None:
+        trainer = self.trainer
+        cpu_batches = (self.batch_idx * self.device_iterations + d + 1) * self.accumulation
+        for config in trainer.lr_scheduler_configs:
+            if config.interval != "step" or config.reduce_on_plateau:
+                continue
+            if cpu_batches % config.frequency:
+                continue
+            self._loop.scheduler_progress.increment_ready()
+            self._call._call_lightning_module_hook(trainer, "lr_scheduler_step", config.scheduler, None)
+            self._loop.scheduler_progress.increment_completed()
+
+
+def _before_step_needed(trainer) -> bool:
+    """Whether any ``on_before_optimizer_step`` hook or gradient clipping can do something (the
+    defaults do nothing, and calling them costs more than a tiny model's step)."""
+    callback_base = module("callbacks").Callback
+    module_base = module("core.module").LightningModule
+    lightning_module = trainer.lightning_module
+    if any(type(c).on_before_optimizer_step is not callback_base.on_before_optimizer_step for c in trainer.callbacks):
+        return True
+    for name in ("on_before_optimizer_step", "configure_gradient_clipping", "clip_gradients"):
+        if getattr(type(lightning_module), name) is not getattr(module_base, name):
+            return True
+    return bool(trainer.gradient_clip_val)

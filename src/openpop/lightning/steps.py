@@ -1,0 +1,210 @@
+"""How a LightningModule step runs inside openpop's executor.
+
+``IPUStrategy`` wraps the LightningModule in ``StepModule`` and gives that to
+``poptorch.trainingModel`` / ``inferenceModel``. One Lightning batch is one host call: the
+executor splits every tensor of the (combined) batch along dim 0 in PopART's order
+``[device_iterations, gradient_accumulation, replicas, micro_batch]`` and calls
+``StepModule.forward`` once per micro-batch, which calls the user's ``training_step`` /
+``validation_step`` / ``test_step`` / ``predict_step`` with:
+
+* ``batch``: the micro-batch (tensors split; any other value is given unchanged to each one);
+* ``batch_idx``: the index this micro-batch has in a plain CPU run of the same data, i.e.
+  ``(host_batch_idx * device_iterations + d) * gradient_accumulation + g`` (replicas are DDP
+  ranks: they share it);
+* every other argument (``dataloader_idx``) unchanged.
+
+The step runs eagerly (nothing is traced into constants), so Python branching on tensor values,
+``self.global_step``, ``self.current_epoch`` ... behave as on the CPU. The micro-batch position
+reaches ``forward`` as a tensor split like the data (``positions``), so it stays right whatever
+order a schedule runs micro-batches in.
+
+The executor's compile pass runs ``forward`` once more on the first micro-batch to record
+blocks (model parallelism) and check the model. openpop undoes that pass's effects on weights,
+buffers and the RNG; this module also discards its ``self.log`` calls and restores
+``torchmetrics`` states. Other Python side effects of a step (appending to a list) happen once
+more per compiled model, as with PopTorch's tracing.
+
+Training outputs: the executor back-propagates the loss Lightning would use (the returned
+tensor, or ``output["loss"]``; ``None`` skips the micro-batch: it contributes no gradient).
+"""
+import contextlib
+import copy
+from collections.abc import Mapping
+from typing import Optional
+
+import torch
+from torch.utils import _pytree as pytree
+
+from openpop.enums import OutputMode
+from openpop.runtime import context
+from openpop.runtime.geometry import BatchGeometry
+from openpop.runtime.losses import identity_loss
+from openpop.runtime.outputs import OutputCollector
+
+from ._framework import module as pl_module
+
+_NO_CONTEXT = contextlib.nullcontext()
+TRAINING_OUTPUT = ("In automatic optimization, `training_step` must return a Tensor, a dict with a 'loss' key, "
+                   "or None (where the micro-batch is skipped); got {kind}.")
+
+
+class StepCall:
+    """One host call: which step runs, for which Lightning batch, with which batch geometry."""
+
+    def __init__(self, method: str, geometry: BatchGeometry, args: tuple, kwargs: dict, logs, precision,
+                 training: bool, pass_batch_idx: bool):
+        self.method = method
+        self.geometry = geometry
+        self.batch_idx = args[1] if pass_batch_idx and len(args) > 1 else 0
+        self.rest = args[2:] if pass_batch_idx else args[1:]
+        self.kwargs = kwargs
+        self.pass_batch_idx = pass_batch_idx
+        self.logs = logs
+        self.precision = precision
+        self.training = training
+        self.output_kind = None  # "tensor", "dict" or "none": what the step returned
+        # 32-true needs no context around each micro-batch
+        self.forward_context = getattr(precision, "precision", "32-true") != "32-true"
+
+    def micro_batch_index(self, position: int) -> int:
+        g = self.geometry
+        per_iteration = g.gradient_accumulation * g.input_replicas
+        d, a = position // per_iteration, (position // g.input_replicas) % g.gradient_accumulation
+        return (int(self.batch_idx) * g.device_iterations + d) * g.gradient_accumulation + a
+
+    def positions(self) -> torch.Tensor:
+        return torch.arange(self.geometry.batches_per_call, dtype=torch.int32)
+
+
+class StepModule(torch.nn.Module):
+    """What the executors run: ``forward`` = one micro-batch of a LightningModule step."""
+
+    def __init__(self, lightning_module):
+        super().__init__()
+        self.module = lightning_module
+        self.call: Optional[StepCall] = None
+
+    def forward(self, batch, positions):
+        call = self.call
+        ctx = context.current()
+        tracing = bool(ctx is not None and ctx.tracing)
+        position = int(positions) if isinstance(positions, torch.Tensor) else 0  # one element per micro-batch
+        step = getattr(self.module, call.method)
+        args = (batch, call.micro_batch_index(position)) if call.pass_batch_idx else (batch,)
+        with contextlib.ExitStack() if tracing or call.forward_context else _NO_CONTEXT as stack:
+            if tracing:
+                stack.enter_context(_restored_metrics(self.module))
+            if call.forward_context:
+                stack.enter_context(call.precision.forward_context())
+            with call.logs.micro_batch(position, batch, discard=tracing):
+                output = step(*args, *call.rest, **call.kwargs)
+        if not call.training:
+            return output
+        return self._training_output(call, output, ctx if tracing else None)
+
+    @staticmethod
+    def _training_output(call: StepCall, output, tracing_ctx):
+        if isinstance(output, Mapping):
+            if "loss" not in output:
+                raise pl_module("utilities.exceptions").MisconfigurationException(
+                    "In automatic_optimization, when `training_step` returns a dict, the 'loss' key needs to be present")
+            loss, extra, kind = output["loss"], {k: v for k, v in output.items() if k != "loss"}, "dict"
+        elif isinstance(output, torch.Tensor):
+            loss, extra, kind = output, None, "tensor"
+        elif output is None:
+            loss, extra, kind = None, None, "none"
+        else:
+            raise pl_module("utilities.exceptions").MisconfigurationException(
+                TRAINING_OUTPUT.format(kind=type(output).__name__))
+        call.output_kind = kind
+        if loss is None:
+            loss = torch.zeros((), requires_grad=True)  # no gradient from a skipped micro-batch
+        if tracing_ctx is not None:
+            # The loss is what the step returned: hide the losses computed on the way (metrics,
+            # auxiliary terms) from the executor's loss discovery.
+            tracker = getattr(tracing_ctx, "loss_tracker", None)
+            if tracker is not None:
+                tracker.losses.clear()
+            loss = identity_loss(loss, reduction="none")
+        return loss, extra
+
+
+def lightning_training_output(call: StepCall, result):
+    """The executor's ``(loss, extra)`` as Lightning expects a training step's output.
+
+    The loss rows the output mode returned (default ``Final``: the last step, one row per
+    replica) become their mean, a scalar, because Lightning treats the loss as one number; the
+    other entries keep PopTorch's row layout."""
+    if result is None:
+        return None
+    loss, extra = result
+    if call.output_kind == "none":
+        return None
+    loss = loss.float().mean() if loss.dim() > 0 else loss
+    if call.output_kind == "dict":
+        return {"loss": loss, **(extra or {})}
+    return loss
+
+
+def split_on_host(batch, geometry: BatchGeometry):
+    """``[(position, micro_batch)]`` in PopART order for a host-side run of ``batch``."""
+    leaves, spec = pytree.tree_flatten(batch)
+    views = [geometry.split(t) if isinstance(t, torch.Tensor) and t.dim() > 0 else None for t in leaves]
+    result = []
+    for d in range(geometry.device_iterations):
+        for g in range(geometry.gradient_accumulation):
+            for r in range(geometry.input_replicas):
+                micro = [v[d, g, r] if v is not None else leaf for v, leaf in zip(views, leaves)]
+                position = (d * geometry.gradient_accumulation + g) * geometry.input_replicas + r
+                result.append((position, pytree.tree_unflatten(micro, spec)))
+    return result
+
+
+def run_on_host(step_module: StepModule, call: StepCall, batch, geometry: BatchGeometry, mode: OutputMode,
+                period: int = 1):
+    """Run ``call`` on ``batch`` split by ``geometry``, eagerly on the host (no executor).
+
+    Used for manual optimization and for the last, incomplete batch of an evaluation loader.
+    Outputs are assembled by ``mode`` exactly as the executor would."""
+    collector = OutputCollector(mode, period, geometry)
+    for position, micro in split_on_host(batch, geometry):
+        output = step_module(micro, torch.tensor([position], dtype=torch.int32))
+        d = position // (geometry.gradient_accumulation * geometry.input_replicas)
+        g = (position // geometry.input_replicas) % geometry.gradient_accumulation
+        if collector.wants(d, g):
+            collector.add(position % geometry.input_replicas, output)
+    return collector.result()
+
+
+def leading_size(batch) -> Optional[int]:
+    for leaf in pytree.tree_leaves(batch):
+        if isinstance(leaf, torch.Tensor) and leaf.dim() > 0:
+            return leaf.shape[0]
+    return None
+
+
+def batch_signature(batch):
+    """Structure, shapes and dtypes of ``batch``: a new one means the executor must recompile."""
+    leaves, spec = pytree.tree_flatten(batch)
+    return (spec, tuple((t.shape, t.dtype) if isinstance(t, torch.Tensor) else (type(t).__name__,) for t in leaves))
+
+
+@contextlib.contextmanager
+def _restored_metrics(lightning_module):
+    """Undo what the compile pass's step does to ``torchmetrics.Metric`` states."""
+    try:
+        from torchmetrics import Metric
+    except ImportError:  # pragma: no cover
+        yield
+        return
+    saved = []
+    for metric in lightning_module.modules():
+        if isinstance(metric, Metric):
+            names = list(getattr(metric, "_defaults", {})) + ["_update_count", "_computed", "_forward_cache"]
+            saved.append((metric, {n: copy.deepcopy(metric.__dict__[n]) for n in names if n in metric.__dict__}))
+    try:
+        yield
+    finally:
+        for metric, values in saved:
+            for name, value in values.items():
+                setattr(metric, name, value)
