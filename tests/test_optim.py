@@ -612,8 +612,9 @@ def test_validate_accepts_supported_and_rejects_others(logs):
     with pytest.raises(AssertionError, match=r"^Unsupported optimizer type\. Types supported .*torch\.optim\.SGD"
                                              r".*poptorch\.optim\.LAMB.*LBFGS"):
         optim.validate_optimizer(torch.optim.LBFGS(params()), False)
+    optim.validate_optimizer(torch.optim.Adagrad(params()), True)  # beyond PopTorch: runs its own step()
     with pytest.raises(AssertionError, match="Unsupported optimizer type"):
-        optim.validate_optimizer(torch.optim.Adagrad(params()), True)
+        optim.validate_optimizer(object(), True)
     amsgrad = torch.optim.Adam(params(), amsgrad=True)
     with pytest.raises(ValueError, match="Only non-amsgrad Adam/AdamW optimizers are supported."):
         optim.validate_optimizer(amsgrad, False)

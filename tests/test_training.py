@@ -501,3 +501,37 @@ def test_unsupported_optimizer_rejected_before_anything_runs():
     model = Regressor()
     with pytest.raises(AssertionError, match="Unsupported optimizer type"):
         poptorch.trainingModel(model, optimizer=torch.optim.LBFGS(model.parameters()))
+
+
+def test_detached_loss_used_as_metric_does_not_count():
+    class WithMetric(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            out = self.fc(x)
+            metric = F.l1_loss(out.detach(), x)
+            return out, F.mse_loss(out, x), metric
+
+    model = WithMetric()
+    reference = copy.deepcopy(model)
+    x = torch.randn(4, 3)
+    _, loss, metric = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))(x)
+    torch.testing.assert_close(metric, F.l1_loss(reference.fc(x), x).detach())
+    F.mse_loss(reference.fc(x), x).backward()
+    torch.optim.SGD(reference.parameters(), lr=0.1).step()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q)
+
+
+def test_other_closure_free_torch_optimizers_run_as_is():
+    model = Regressor()
+    reference = copy.deepcopy(model)
+    x, t = make_data(8)
+    poptorch.trainingModel(model, options(ga=2), torch.optim.Adagrad(model.parameters(), lr=0.1))(x, t)
+    ref_opt = torch.optim.Adagrad(reference.parameters(), lr=0.1)
+    regressor_loss(reference, x, t).backward()
+    ref_opt.step()
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6)

@@ -103,12 +103,24 @@ def _log_once(optimizer, message, log):
         log(message)
 
 
+def _runs_eagerly(optimizer) -> bool:
+    return isinstance(optimizer, torch.optim.Optimizer) and not isinstance(optimizer, torch.optim.LBFGS)
+
+
 def validate_optimizer(optimizer, relax_checks: bool) -> None:
     """Raise if openpop cannot run ``optimizer``; warn about what it will ignore."""
     family = _family(optimizer)
+    if family is None and _runs_eagerly(optimizer):
+        # Beyond PopTorch, which could only map these five onto PopART's native optimizers:
+        # openpop calls the optimizer's own step(), so any closure-free torch optimizer works.
+        logger.debug("openpop runs %s.step() as is (PopTorch supported only %s)",
+                     type(optimizer).__qualname__, SUPPORTED_TYPES)
+        return
     assert family is not None, (
         f"Unsupported optimizer type. Types supported {SUPPORTED_TYPES} "
-        f"(got {type(optimizer).__module__}.{type(optimizer).__qualname__})")
+        f"(got {type(optimizer).__module__}.{type(optimizer).__qualname__}). openpop also runs any other "
+        "torch.optim optimizer whose step() needs no closure; LBFGS re-evaluates the model in step() "
+        "and cannot be driven by a PopTorch model.")
     kind = optimizer_kind(optimizer)
     for group in optimizer.param_groups:
         if family in (Adam, AdamW) and group.get("amsgrad", False):

@@ -64,7 +64,12 @@ class LossTracker(TorchFunctionMode):
 
 
 def _independent_losses(losses):
-    """Drop every loss that is an autograd ancestor of another recorded loss."""
+    """Drop every loss that is an autograd ancestor of another recorded loss.
+
+    Losses computed without autograd (on detached tensors, e.g. a metric) cannot be trained and
+    do not count when a differentiable loss exists."""
+    if any(loss.grad_fn is not None for loss in losses):
+        losses = [loss for loss in losses if loss.grad_fn is not None]
     nodes = {loss.grad_fn: loss for loss in losses if loss.grad_fn is not None}
     feeding = set()
     for loss in losses:
