@@ -294,13 +294,22 @@ def test_concurrent_micro_batches_on_cpu_match_serial(monkeypatch):
     reference = FourBlocks()
     reference.load_state_dict(model.state_dict())
     x, t = torch.randn(2 * 8 * 2, 8), torch.randn(2 * 8 * 2, 8)
-    pop = poptorch.trainingModel(model, strategy_options(None), torch.optim.SGD(model.parameters(), lr=0.1))
+    opts = strategy_options(None)
+    opts._Popart.set("autoRecomputation", 0)  # recomputation keeps micro-batches serial (global RNG)
+    pop = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
     _, losses = pop(x, t)
     assert pop._compiled.concurrent
     ref_losses = train_loop(reference, torch.optim.SGD(reference.parameters(), lr=0.1), (x, t), loss_of, 2, 8, 1)
     torch.testing.assert_close(losses, ref_losses, rtol=1e-5, atol=1e-6)
     for p, q in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_recomputation_keeps_micro_batches_serial(monkeypatch):
+    monkeypatch.setenv("OPENPOP_CONCURRENT_STAGES", "on")
+    pop = poptorch.trainingModel(FourBlocks("begin_block"), strategy_options(None))
+    pop(torch.randn(32, 8), torch.randn(32, 8))
+    assert pop._compiled.recompute and not pop._compiled.concurrent
 
 
 @pytest.mark.gpu

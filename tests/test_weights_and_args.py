@@ -284,3 +284,73 @@ def test_save_and_load_round_trip(tmp_path):
     (tmp_path / "junk").write_bytes(b"not a model")
     with pytest.raises(poptorch.Error, match="is not a file saved by"):
         poptorch.load(str(tmp_path / "junk"))
+
+
+def test_returned_tensors_never_alias_model_or_inputs():
+    class ReturnsState(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(2, 2)
+
+        def forward(self, x):
+            return x, self.fc.bias
+
+    model = ReturnsState()
+    x = torch.randn(1, 2)
+    out, bias = poptorch.inferenceModel(model)(x)
+    out.mul_(0)
+    bias.mul_(0)
+    assert not torch.equal(x, torch.zeros_like(x))
+    assert not torch.equal(model.fc.bias.detach(), torch.zeros(2))
+
+
+def test_default_given_explicitly_matches_the_compiled_call():
+    class Scaled(torch.nn.Module):
+        def forward(self, x, scale=2.0):
+            return x * scale
+
+    pop = poptorch.inferenceModel(Scaled())
+    x = torch.ones(1, 2)
+    pop(x)
+    torch.testing.assert_close(pop(x, 2.0), x * 2)
+    with pytest.raises(poptorch.Error, match="Value mismatch for scale"):
+        pop(x, scale=3.0)
+
+
+def test_dropped_training_models_are_freed():
+    import gc
+    import weakref
+    model = Net()
+    pop = poptorch.trainingModel(model)
+    pop(torch.randn(2, 3), torch.randn(2, 2))
+    ref = weakref.ref(model)
+    del model, pop
+    gc.collect()
+    assert ref() is None
+
+
+def test_failed_training_call_still_resyncs_sharing_inference_model():
+    class FailsOnSecondIteration(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(3, 2)
+            self.calls = 0
+
+        def forward(self, x, target=None):
+            out = self.fc(x)
+            if target is None:
+                return out
+            self.calls += 1
+            if self.calls == 3:  # compile pass, iteration 0, then iteration 1 fails
+                raise RuntimeError("boom")
+            return out, F.mse_loss(out, target)
+
+    model = FailsOnSecondIteration()
+    training = poptorch.trainingModel(model, poptorch.Options().deviceIterations(2),
+                                      torch.optim.SGD(model.parameters(), lr=0.5))
+    inference = poptorch.inferenceModel(model)
+    x = torch.randn(1, 3)
+    inference(x)
+    with pytest.raises(RuntimeError, match="boom"):
+        training(torch.randn(2, 3), torch.randn(2, 2))
+    torch.testing.assert_close(inference(x), model.fc(x).detach())

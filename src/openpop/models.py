@@ -6,7 +6,7 @@ import torch
 from . import errors
 from ._version import poptorch_version
 from .runtime import context
-from .runtime.executor import PoplarExecutor, _training_wrappers, read_saved_executor
+from .runtime.executor import PoplarExecutor, read_saved_executor, training_wrapper_of
 
 
 def _unwrap(model):
@@ -16,7 +16,7 @@ def _unwrap(model):
 def trainingModel(model, options=None, optimizer: Optional[torch.optim.Optimizer] = None) -> PoplarExecutor:
     """Wrap ``model`` so that each call runs device_iterations training steps."""
     model = _unwrap(model)
-    if model in _training_wrappers:
+    if training_wrapper_of(model) is not None:
         raise RuntimeError(errors.ALREADY_WRAPPED)
     return PoplarExecutor(model, options, training=True, poptorch_version=poptorch_version, optimizer=optimizer)
 

@@ -21,6 +21,7 @@ class BoundInputs:
             if missing is not None:
                 raise errors.createPoptorchError(f"Mandatory parameter {missing} missing") from None
             raise errors.createPoptorchError(str(exc)) from None
+        bound.apply_defaults()  # as PopTorch: an omitted default and the same value given compile alike
         self.arguments = dict(bound.arguments)  # name -> value, in signature order
         self.kinds = {name: signature.parameters[name].kind for name in self.arguments}
         self.args = bound.args

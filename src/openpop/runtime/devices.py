@@ -8,11 +8,14 @@ a GPU, every virtual IPU is the CPU. Override it, most specific first:
 
 Entry ``k`` of an explicit map serves virtual IPU ``k`` of replica 0, then the list continues
 with replica 1 (``replica * ipus_per_replica + ipu``); a shorter list is reused round-robin.
+The executor currently places every local replica on replica 0's devices (replicas run one
+after another on shared weights); the per-replica entries are resolved and validated only.
 """
 import os
 from typing import List, Optional, Sequence
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from .. import errors
 
@@ -108,8 +111,16 @@ class DevicePlacement:
                                 tensor.grad = tensor.grad.to(device)
 
     def install_hooks(self) -> None:
+        """Move inputs where the device changes: at the root and at modules whose device differs
+        from their parent's (block boundaries), not at every module."""
+        parents = {}
+        for name, module in self.model.named_modules():
+            for child_name, _ in module.named_children():
+                parents[f"{name}.{child_name}" if name else child_name] = name
         for name, module in self.model.named_modules():
             device = self.device_of_module(name)
+            if name and self.device_of_module(parents.get(name, "")) == device:
+                continue
             self._hooks.append(module.register_forward_pre_hook(_mover(device), with_kwargs=True))
 
     def remove_hooks(self) -> None:
@@ -136,7 +147,8 @@ def _mover(device):
 def to_device(value, device):
     """``value`` with every tensor inside moved to ``device`` (non-blocking where possible)."""
     if isinstance(value, torch.Tensor):
-        return value if value.device == device else value.to(device, non_blocking=True)
+        # Non-blocking only towards a GPU: a CPU destination must be complete when it is read.
+        return value if value.device == device else value.to(device, non_blocking=device.type == "cuda")
     if isinstance(value, tuple) and hasattr(value, "_fields"):
         return type(value)(*(to_device(v, device) for v in value))
     if isinstance(value, (list, tuple)):
@@ -144,3 +156,39 @@ def to_device(value, device):
     if isinstance(value, dict):
         return {k: to_device(v, device) for k, v in value.items()}
     return value
+
+
+class SameDeviceOps(TorchFunctionMode):
+    """Active while a model spanning several devices runs: an op whose tensor arguments sit on
+    different devices (say ``F.mse_loss(output_of_last_block, target)`` in the root forward)
+    runs on its first tensor argument's device, where PopTorch would run it in the active block."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        first = _first_tensor(args)
+        if first is not None and _devices_differ(first.device, args, kwargs):
+            args, kwargs = to_device(args, first.device), to_device(kwargs, first.device)
+        return func(*args, **kwargs)
+
+
+def _first_tensor(values):
+    for value in values:
+        if isinstance(value, torch.Tensor):
+            return value
+        if isinstance(value, (list, tuple)):
+            found = _first_tensor(value)
+            if found is not None:
+                return found
+    return None
+
+
+def _devices_differ(device, args, kwargs) -> bool:
+    def differs(value):
+        if isinstance(value, torch.Tensor):
+            return value.dim() > 0 and value.device != device
+        if isinstance(value, (list, tuple)):
+            return any(differs(v) for v in value)
+        if isinstance(value, dict):
+            return any(differs(v) for v in value.values())
+        return False
+    return differs(args) or differs(kwargs)

@@ -22,17 +22,24 @@ from . import context
 from .args import BoundInputs, InputSignature, prepare_tensors
 from .geometry import BatchGeometry
 from .gradients import GradientReduction
-from .devices import DevicePlacement, resolve_device_map
+from .devices import DevicePlacement, SameDeviceOps, resolve_device_map
 from .losses import LossTracker
 from .precision import RunPrecision
 from .pipeline import ConcurrentMicroBatches, Recomputation, concurrency_wanted, recomputation_enabled
 from .plan import BlockRecorder, build_plan
 from .outputs import OutputCollector
-from .weights import (BufferSnapshot, CopiedWeights, SharedWeights, bump_weights_version, registered_tensors,
-                      weights_version)
+from .weights import (BufferSnapshot, CopiedWeights, ReplicaBuffers, SharedWeights, bump_weights_version,
+                      registered_tensors, weights_version)
 
-# User models currently wrapped by a live training executor.
+# User model -> weak reference to the live training executor wrapping it (weak both ways, so
+# dropping the executor and the model frees them).
 _training_wrappers = weakref.WeakKeyDictionary()
+
+
+def training_wrapper_of(model):
+    """The live training executor wrapping ``model``, or None."""
+    ref = _training_wrappers.get(model)
+    return ref() if ref is not None else None
 
 
 def _optim():
@@ -56,6 +63,9 @@ class _Compiled:
         self.plan = None                # blocks -> stages -> IPUs (plan.py)
         self.placement = None           # set when virtual IPUs live on non-host devices
         self.concurrent = False         # micro-batches overlap across devices
+        self.thread_pool = None         # workers for concurrent micro-batches
+        self.multi_device = False       # the plan spans several torch devices
+        self.trainable = []             # parameters that receive gradients
         self.recompute = False          # checkpoint BeginBlock modules in backward
 
 
@@ -109,7 +119,7 @@ class PoplarExecutor:
         self._precision = RunPrecision(run_options)
         self._last_run_seconds = None
         if training:
-            _training_wrappers[self._user_model] = self
+            _training_wrappers[self._user_model] = weakref.ref(self)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -243,22 +253,25 @@ class PoplarExecutor:
         if len(plan.blocks) > 1:
             logger.info("\n%s", plan.allocation_table())
         compiled.recompute = self._training and plan.pipelined and recomputation_enabled(self._options)
-        compiled.concurrent = plan.pipelined and concurrency_wanted(len(device_map.distinct_devices()))
-        if device_map.is_host_only and len(device_map.distinct_devices()) == 1:
+        # Checkpointing rewinds the global RNG during backward; with micro-batches on several
+        # threads that would hand dropout masks across micro-batches, so the two exclude each other.
+        compiled.concurrent = (plan.pipelined and not compiled.recompute
+                               and concurrency_wanted(len(device_map.distinct_devices())))
+        compiled.multi_device = len(device_map.distinct_devices()) > 1
+        if device_map.is_host_only and not compiled.multi_device:
             return
-        module_block = {}
+        ipu_of_module = {}
         for block in plan.blocks:
             for name in block.modules:
-                module_block.setdefault(name, block.ipu)
+                ipu_of_module.setdefault(name, block.ipu)
 
         def device_of_module(name):
-            while name not in module_block and "." in name:
+            while name not in ipu_of_module and "." in name:
                 name = name.rsplit(".", 1)[0]
-            return device_map.device(module_block.get(name, 0))
+            return device_map.device(ipu_of_module.get(name, 0))
 
         compiled.placement = DevicePlacement(self._model, device_of_module)
         compiled.placement.place()
-        compiled.placement.install_hooks()
         self._move_optimizer_state()
 
     def _move_optimizer_state(self) -> None:
@@ -293,8 +306,11 @@ class PoplarExecutor:
             module.training = not module.training
         started = time.perf_counter()
         recompute = Recomputation(self._model) if compiled.recompute else contextlib.nullcontext()
+        same_device = SameDeviceOps() if compiled.multi_device else contextlib.nullcontext()
         try:
-            with compiled.weights.active(), context.running(self._training), recompute, \
+            if compiled.placement is not None:
+                compiled.placement.install_hooks()
+            with compiled.weights.active(), context.running(self._training), recompute, same_device, \
                     self._precision.running(self._model):
                 if self._training:
                     result = self._run_training(inputs, compiled)
@@ -304,12 +320,15 @@ class PoplarExecutor:
         finally:
             for module, mode in changed:
                 module.training = mode
+            if compiled.placement is not None:
+                compiled.placement.remove_hooks()
+            if self._training:
+                # Even a failed call may have stepped the optimizer: sharing models must re-sync.
+                bump_weights_version(self._user_model)
         self._last_run_seconds = time.perf_counter() - started
         for pos, original in copied:
             with torch.no_grad():
                 original.copy_(inputs.leaves[pos])
-        if self._training:
-            bump_weights_version(self._user_model)
         return result
 
     def _micro_batches(self, inputs: BoundInputs):
@@ -332,9 +351,9 @@ class PoplarExecutor:
         leaves = list(inputs.leaves)
         model = self._model
         replicas = geometry.replication_factor
-        perf = _PerfRecorder(geometry.device_iterations)
+        perf = _PerfRecorder()
         for d in range(geometry.device_iterations):
-            perf.start(d)
+            perf.start()
             keep = collector.wants(d, 0)
             for r in range(replicas):
                 if compiled.replica_buffers is not None:
@@ -344,7 +363,7 @@ class PoplarExecutor:
                     output = model(*args, **kwargs)
                 if keep:
                     collector.add(r, output)
-            perf.computed(d)
+            perf.computed()
         if compiled.replica_buffers is not None:
             compiled.replica_buffers.switch_to(0)
         result = collector.result()
@@ -362,9 +381,9 @@ class PoplarExecutor:
         gradients = GradientReduction(self._options, geometry, params, _optim().loss_scaling_of(optimizer),
                                       dynamic=self._precision.loss_scaler(optimizer))
         replicas = geometry.replication_factor
-        perf = _PerfRecorder(geometry.device_iterations)
+        perf = _PerfRecorder()
         for d in range(geometry.device_iterations):
-            perf.start(d)
+            perf.start()
             for p in trainable:
                 p.grad = None
             gradients.start_step()
@@ -384,7 +403,7 @@ class PoplarExecutor:
                             collector.add(r, output)
             if gradients.finish_step():
                 self._precision.optimizer_step(optimizer)
-            perf.computed(d)
+            perf.computed()
         for p in trainable:
             p.grad = None
         if compiled.replica_buffers is not None:
@@ -407,7 +426,9 @@ class PoplarExecutor:
                 gradients.backward_unordered(loss)
             return output
 
-        outputs = ConcurrentMicroBatches(compiled.plan.pipeline_stages).run(len(order), task)
+        if compiled.thread_pool is None:
+            compiled.thread_pool = ConcurrentMicroBatches(compiled.plan.pipeline_stages)
+        outputs = compiled.thread_pool.run(len(order), task)
         for (g, r), output in zip(order, outputs):
             if collector.wants(d, g):
                 collector.add(r, output)
@@ -514,7 +535,6 @@ class PoplarExecutor:
         self._compiled.uploaded_version = weights_version(self._user_model)
         if self._training and self._compiled.placement is not None:
             self._compiled.placement.place()
-            self._compiled.placement.install_hooks()
             self._move_optimizer_state()
         self._attached = True
 
@@ -524,11 +544,11 @@ class PoplarExecutor:
             if self._compiled.placement is not None:
                 self._compiled.placement.restore()
                 self._move_optimizer_state()
-        elif self._compiled is not None and self._compiled.placement is not None:
-            self._compiled.placement.remove_hooks()
+        if self._compiled is not None and self._compiled.thread_pool is not None:
+            self._compiled.thread_pool.shutdown()
         self._compiled = None
         self._attached = False
-        if self._training and _training_wrappers.get(self._user_model) is self:
+        if self._training and training_wrapper_of(self._user_model) is self:
             del _training_wrappers[self._user_model]
 
     # ------------------------------------------------------------------ export
@@ -656,38 +676,17 @@ def _atomic_torch_save(obj, filename: str) -> None:
         raise
 
 
-class ReplicaBuffers:
-    """Per-replica buffer values for models whose forward mutates buffers (BatchNorm) when
-    replicas do not broadcast buffers: each replica keeps its own running statistics, and the
-    host sees replica 0's, as on IPUs."""
-
-    def __init__(self, buffers, replicas: int):
-        self.buffers = buffers
-        self.values = [[b.detach().clone() for b in buffers] for _ in range(replicas)]
-        self.current = 0
-
-    def switch_to(self, replica: int) -> None:
-        if replica == self.current:
-            return
-        with torch.no_grad():
-            for live, stored in zip(self.buffers, self.values[self.current]):
-                stored.copy_(live)
-            for live, stored in zip(self.buffers, self.values[replica]):
-                live.copy_(stored)
-        self.current = replica
-
-
 class _PerfRecorder:
     """Timestamps per device iteration: input start/complete, output start/complete."""
 
-    def __init__(self, steps: int):
+    def __init__(self):
         self.starts = []
         self.computed_at = []
 
-    def start(self, step):
+    def start(self):
         self.starts.append(time.time())
 
-    def computed(self, step):
+    def computed(self):
         self.computed_at.append(time.time())
 
     def finish(self):

@@ -73,9 +73,6 @@ class BatchGeometry:
         return tensor.view(self.device_iterations, self.gradient_accumulation, self.input_replicas, micro,
                            *tensor.shape[1:])
 
-    def micro_batch_size(self, tensor: torch.Tensor) -> int:
-        return tensor.shape[0] // self.batches_per_call
-
 
 def combined_batch_factor(options) -> int:
     """Micro-batches per host call for ``options`` (what ``poptorch.DataLoader`` multiplies by)."""

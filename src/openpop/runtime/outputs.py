@@ -56,7 +56,7 @@ class OutputCollector:
         leaves, spec = _flatten(output)
         self._spec = spec
         self._added = True
-        leaves = [leaf.detach().cpu() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
+        leaves = [leaf.detach() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
         if self.mode == OutputMode.Sum:
             current = self._sums[replica]
             if current is None:
@@ -80,9 +80,10 @@ def _assemble_leaf(values, row_count):
     if not isinstance(first, torch.Tensor):
         return values[-1]
     if row_count == 1 and len(values) == 1:
-        out = first
+        out = first.clone()  # never alias a live model tensor (a returned parameter, an input)
     else:
         out = torch.cat([v.reshape(1) if v.dim() == 0 else v for v in values], dim=0)
+    out = out.cpu()  # one device-to-host copy per output, after the call
     out = out.to(_DEMOTE[out.dtype]) if out.dtype in _DEMOTE else out
     return protect_output(out)
 

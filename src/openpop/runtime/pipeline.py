@@ -16,10 +16,10 @@ order, with activations hopping devices at block boundaries.
   (``torch.utils.checkpoint``, RNG state preserved so dropout matches). Turn it off with
   ``opts._Popart.set("autoRecomputation", 0)`` (PopART's ``RecomputationType.NoRecompute``).
 """
+import concurrent.futures
 import contextlib
 import functools
 import os
-import threading
 
 import torch
 import torch.utils.checkpoint
@@ -67,34 +67,19 @@ def concurrency_wanted(distinct_devices: int) -> bool:
 
 
 class ConcurrentMicroBatches:
-    """Runs ``task(index)`` for each micro-batch on worker threads, at most ``in_flight`` at a
-    time, in order of submission; re-raises the first failure after all workers stop."""
+    """A persistent pool of ``in_flight`` worker threads: ``run(count, task)`` calls
+    ``task(index)`` for every micro-batch, at most ``in_flight`` at once, starting them in
+    order, and returns the results in order (re-raising the first failure after all stopped)."""
 
     def __init__(self, in_flight: int):
         self.in_flight = max(1, in_flight)
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.in_flight,
+                                                           thread_name_prefix="openpop-micro-batch")
 
     def run(self, count: int, task) -> list:
-        results = [None] * count
-        failures = []
-        slots = threading.Semaphore(self.in_flight)
-        threads = []
+        futures = [self._pool.submit(task, index) for index in range(count)]
+        concurrent.futures.wait(futures)
+        return [future.result() for future in futures]
 
-        def worker(index):
-            try:
-                if not failures:
-                    results[index] = task(index)
-            except BaseException as exc:  # surfaced in the caller's thread below
-                failures.append(exc)
-            finally:
-                slots.release()
-
-        for index in range(count):
-            slots.acquire()
-            thread = threading.Thread(target=worker, args=(index,), daemon=True)
-            thread.start()
-            threads.append(thread)
-        for thread in threads:
-            thread.join()
-        if failures:
-            raise failures[0]
-        return results
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=True)

@@ -50,7 +50,6 @@ class BlockRecorder:
         self.blocks: List[RecordedBlock] = [RecordedBlock(IMPLICIT_BLOCK, None)]
         self._by_id: Dict[str, RecordedBlock] = {}
         self._current: Optional[RecordedBlock] = self.blocks[0]
-        self.module_block: Dict[str, str] = {}  # module name -> block it first ran in
         self._names = {m: name for name, m in model.named_modules(remove_duplicate=False)}
         self._handles = []
         for module in self._names:
@@ -74,7 +73,6 @@ class BlockRecorder:
         if block is None:
             raise errors.Error(errors.NO_ACTIVE_BLOCK)
         block.modules.append(name)
-        self.module_block.setdefault(name, block.user_id)
 
     def close(self) -> None:
         for handle in self._handles:
@@ -102,12 +100,6 @@ class ExecutionPlan:
     ipus_per_replica: int
     pipelined: bool         # PipelinedExecution with more than one stage
     device_map: Optional[DeviceMap] = None
-
-    def ipu_of_block(self, user_id: str) -> int:
-        for block in self.blocks:
-            if block.user_id == user_id:
-                return block.ipu
-        return 0
 
     def allocation_table(self) -> str:
         width = max([len(b.name) for b in self.blocks] + [1])

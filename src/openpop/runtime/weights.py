@@ -131,3 +131,24 @@ def registered_tensors(model: torch.nn.Module):
     params = {name: p for name, p in model.named_parameters(remove_duplicate=False)}
     buffers = {name: b for name, b in model.named_buffers(remove_duplicate=False)}
     return params, buffers
+
+
+class ReplicaBuffers:
+    """Per-replica buffer values for models whose forward mutates buffers (BatchNorm) when
+    replicas do not broadcast buffers: each replica keeps its own running statistics, and the
+    host sees replica 0's, as on IPUs."""
+
+    def __init__(self, buffers, replicas: int):
+        self.buffers = buffers
+        self.values = [[b.detach().clone() for b in buffers] for _ in range(replicas)]
+        self.current = 0
+
+    def switch_to(self, replica: int) -> None:
+        if replica == self.current:
+            return
+        with torch.no_grad():
+            for live, stored in zip(self.buffers, self.values[self.current]):
+                stored.copy_(live)
+            for live, stored in zip(self.buffers, self.values[replica]):
+                live.copy_(stored)
+        self.current = replica
