@@ -1,0 +1,223 @@
+"""BERT-base (seq 128) pretraining throughput on this machine: openpop's trainingModel vs a
+hand-written PyTorch loop, fp32 and bf16 autocast, with model FLOPs and an in-run matmul
+calibration so MFU is measured against this machine's own peak.
+
+    python benchmarks/bert_throughput.py [--micro-batch 8] [--gradient-accumulation 2] [--rounds 3]
+
+Same model (openpop-bert's PipelinedBertForPretraining, BERT-base, dropout 0.1, MLM on the 20
+masked positions), same data (random tokens), same optimizer object (LAMB without bias
+correction, the recipe's) for every variant. One step = ``gradient_accumulation`` micro-batches
+and one optimizer update. Variants run interleaved, one timed step each per round after a
+warm-up round (the order of the two loops alternates), so machine load hits them alike; the
+best round gives the throughput, the median of per-round time ratios the openpop/hand ratio. The fp32 and bf16
+matmul rates are measured at the start of every round on BERT-base's GEMM shapes (the best
+counts as this machine's peak).
+
+MFU = samples/s x model FLOPs per sample / measured matmul rate of the same precision, with
+model FLOPs = 3 x forward FLOPs (openpop.bert.metrics.training_flops_per_sample).
+
+Targets: openpop >= 0.97x the hand-written loop; fp32 >= 30 % of the fp32 matmul rate;
+bf16 autocast >= 2.5x fp32 throughput.
+"""
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+
+import torch
+
+import poptorch
+from openpop.bert.config import make_config
+from openpop.bert.metrics import training_flops_per_sample
+from openpop.bert.model import PipelinedBertForPretraining
+from openpop.bert.optimization import get_optimizer
+from openpop.bert.train import get_options
+
+TARGETS = {"framework_tax": 0.97, "fp32_mfu": 0.30, "bf16_speedup": 2.5}
+
+
+def machine_info():
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as stream:
+            for line in stream:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "python": platform.python_version()}
+
+
+def matmul_rate(dtype, tokens, hidden, intermediate, repeats=3):
+    """Best GFLOP/s of torch.mm over BERT's training GEMM shapes (forward, data-grad, weight-grad)."""
+    best = 0.0
+    shapes = [(tokens, hidden, intermediate), (tokens, intermediate, hidden), (hidden, tokens, intermediate),
+              (tokens, hidden, 3 * hidden)]
+    for m, k, n in shapes:
+        a = torch.randn(m, k).to(dtype)
+        b = torch.randn(k, n).to(dtype)
+        torch.mm(a, b)
+        for _ in range(repeats):
+            start = time.perf_counter()
+            torch.mm(a, b)
+            seconds = time.perf_counter() - start
+            best = max(best, 2.0 * m * k * n / seconds / 1e9)
+    return best
+
+
+def make_batches(config, steps, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    n = config.micro_batch_size * config.gradient_accumulation
+    batches = []
+    for _ in range(steps):
+        batches.append([
+            torch.randint(5, config.vocab_size, (n, config.sequence_length), generator=generator),
+            torch.ones(n, config.sequence_length, dtype=torch.long),
+            (torch.arange(config.sequence_length) >= config.sequence_length // 2).long().expand(n, -1).contiguous(),
+            torch.randint(0, config.sequence_length, (n, config.mask_tokens), generator=generator),
+            torch.randint(5, config.vocab_size, (n, config.mask_tokens), generator=generator),
+            torch.randint(0, 2, (n, 1), generator=generator),
+        ])
+    return batches
+
+
+class HandWritten:
+    """The loop a PyTorch user writes: per micro-batch forward (autocast for bf16), loss / GA,
+    backward; then optimizer step and zero_grad. Sums the returned losses as openpop's
+    OutputMode.Sum does."""
+
+    def __init__(self, model, optimizer, config, precision):
+        self.model, self.optimizer, self.config = model, optimizer, config
+        self.autocast = precision == "bf16"
+
+    def step(self, batch):
+        ga, mb = self.config.gradient_accumulation, self.config.micro_batch_size
+        total = 0.0
+        for g in range(ga):
+            micro = [t[g * mb:(g + 1) * mb] for t in batch]
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
+                outputs = self.model(*micro)
+            (outputs[0] / ga).backward()
+            total = total + outputs[0].detach()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return total
+
+
+class OpenPop:
+    """openpop-bert's own setup: poptorch.trainingModel with the app's options, compiled once."""
+
+    def __init__(self, model, optimizer, config, precision, batch):
+        self.executor = poptorch.trainingModel(model, get_options(config.replace(precision=precision)), optimizer)
+        self.executor.compile(*batch)
+
+    def step(self, batch):
+        return self.executor(*batch)[0]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--micro-batch", type=int, default=8)
+    parser.add_argument("--gradient-accumulation", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=4, help="timed rounds (after one warm-up round)")
+    parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    parser.add_argument("--layers", type=int, default=12, help="encoder layers (12 = BERT-base)")
+    args = parser.parse_args()
+
+    config = make_config("cpu_base_128", micro_batch_size=args.micro_batch,
+                         gradient_accumulation=args.gradient_accumulation, device_iterations=1, replication_factor=1,
+                         num_hidden_layers=args.layers, ipus_per_replica=1, layers_per_ipu=[args.layers],
+                         loss_scaling=1.0, optimizer="LAMBNoBiasCorrection", precision="fp32")
+    batches = make_batches(config, 2)
+    samples_per_step = config.micro_batch_size * config.gradient_accumulation
+    flops = training_flops_per_sample(config)
+    tokens = config.micro_batch_size * config.sequence_length
+
+    # One model and optimizer per precision, shared by its two loops (the executor trains the
+    # user's own parameters); both models start from the same weights.
+    pairs = []
+    for precision in args.precisions:
+        torch.manual_seed(0)
+        model = PipelinedBertForPretraining(config).parallelize(lambda line: None).train()
+        optimizer = get_optimizer(config, model)
+        pairs.append((precision, HandWritten(model, optimizer, config, precision),
+                      OpenPop(model, optimizer, config, precision, batches[0])))
+    seconds = {f"{kind}_{p}": [] for p, _, _ in pairs for kind in ("hand", "openpop")}
+    rates = {"fp32": [], "bf16": []}
+    print(f"BERT-base L{config.num_hidden_layers} H{config.hidden_size} seq {config.sequence_length}: micro-batch "
+          f"{config.micro_batch_size} x accumulation {config.gradient_accumulation} = {samples_per_step} samples/step, "
+          f"{flops / 1e9:.1f} GFLOP/sample, {torch.get_num_threads()} threads", flush=True)
+    for round_index in range(args.rounds + 1):
+        warmup = round_index == 0
+        for dtype, key in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
+            rates[key].append(matmul_rate(dtype, tokens, config.hidden_size, config.intermediate_size))
+        batch = batches[round_index % len(batches)]
+        for precision, hand, ours in pairs:
+            order = [("hand", hand), ("openpop", ours)]
+            if round_index % 2:
+                order.reverse()  # alternate who goes first
+            for kind, variant in order:
+                name = f"{kind}_{precision}"
+                start = time.perf_counter()
+                float(variant.step(batch))
+                elapsed = time.perf_counter() - start
+                if not warmup:
+                    seconds[name].append(elapsed)
+                print(f"  round {round_index}{' (warm-up)' if warmup else ''}: {name:<13} {elapsed:6.2f} s/step  "
+                      f"{samples_per_step / elapsed:5.2f} samples/s  (load {os.getloadavg()[0]:.1f})", flush=True)
+
+    peak = {k: max(v) for k, v in rates.items()}
+    throughput = {name: samples_per_step / min(v) for name, v in seconds.items()}
+    result = {"benchmark": "bert_throughput", "machine": machine_info(), "model": "BERT-base seq 128",
+              "micro_batch": config.micro_batch_size, "gradient_accumulation": config.gradient_accumulation,
+              "samples_per_step": samples_per_step, "gflop_per_sample": round(flops / 1e9, 2),
+              "matmul_gflops": {k: round(v, 1) for k, v in peak.items()},
+              "samples_per_sec": {k: round(v, 3) for k, v in throughput.items()}}
+    ratios, mfu = {}, {}
+    for precision in args.precisions:
+        hand, ours = throughput[f"hand_{precision}"], throughput[f"openpop_{precision}"]
+        # Paired by round (same machine load), the median of hand time / openpop time.
+        paired = [h / o for h, o in zip(seconds[f"hand_{precision}"], seconds[f"openpop_{precision}"])]
+        ratios[precision] = round(statistics.median(paired), 3)
+        mfu[f"openpop_{precision}"] = round(ours * flops / 1e9 / peak[precision], 3)
+        mfu[f"hand_{precision}"] = round(hand * flops / 1e9 / peak[precision], 3)
+    result["openpop_vs_hand"] = ratios
+    result["openpop_vs_hand_best_rounds"] = {p: round(throughput[f"openpop_{p}"] / throughput[f"hand_{p}"], 3)
+                                             for p in args.precisions}
+    result["mfu_vs_measured_matmul"] = mfu
+    if {"fp32", "bf16"} <= set(args.precisions):
+        result["bf16_vs_fp32"] = round(throughput["openpop_bf16"] / throughput["openpop_fp32"], 3)
+        result["mfu_bf16_vs_fp32_matmul"] = round(throughput["openpop_bf16"] * flops / 1e9 / peak["fp32"], 3)
+        # The ceiling of any bf16 speed-up: how much faster this machine's bf16 matmuls are
+        # (AMX: ~6x; AVX512-BF16 without AMX: ~2x).
+        result["matmul_bf16_vs_fp32"] = round(peak["bf16"] / peak["fp32"], 2)
+    checks = {}
+    if ratios:
+        checks["framework_tax>=0.97"] = min(ratios.values()) >= TARGETS["framework_tax"]
+    if "fp32" in args.precisions:
+        checks["fp32_mfu>=30%"] = mfu["openpop_fp32"] >= TARGETS["fp32_mfu"]
+    if "bf16_vs_fp32" in result:
+        checks["bf16>=2.5x_fp32"] = result["bf16_vs_fp32"] >= TARGETS["bf16_speedup"]
+    result["targets_met"] = checks
+
+    print()
+    print(f"{'variant':<16}{'samples/s':>10}{'GFLOP/s':>9}{'MFU':>7}")
+    for name, value in throughput.items():
+        precision = name.split("_")[1]
+        print(f"{name:<16}{value:>10.2f}{value * flops / 1e9:>9.1f}{value * flops / 1e9 / peak[precision]:>7.1%}")
+    print(f"measured matmul peak: fp32 {peak['fp32']:.0f} GFLOP/s, bf16 {peak['bf16']:.0f} GFLOP/s")
+    for precision, ratio in ratios.items():
+        print(f"openpop / hand-written ({precision}, median of per-round ratios): {ratio:.3f}x")
+    if "bf16_vs_fp32" in result:
+        print(f"bf16 autocast / fp32 (openpop): {result['bf16_vs_fp32']:.2f}x "
+              f"(bf16 / fp32 matmul rate on this machine: {result['matmul_bf16_vs_fp32']:.2f}x)")
+    print("targets: " + ", ".join(f"{k} {'met' if v else 'NOT met'}" for k, v in checks.items()))
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

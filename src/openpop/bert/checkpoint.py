@@ -1,0 +1,115 @@
+"""Checkpoints: everything needed to resume a run exactly, in one file written atomically.
+
+``<checkpoint_output_dir>/step_<N>.pt`` holds the weights, the optimizer and schedule state,
+the step count N (training steps completed), the torch RNG state and the configuration. The
+data position follows from N (see ``data.StepSampler``), so resuming from step N and training
+on gives the same weights as an uninterrupted run.
+
+A checkpoint is written to a temporary file in the same directory, then renamed into place:
+a crash never leaves a partial ``step_N.pt``.
+"""
+import os
+import re
+import tempfile
+from typing import Optional
+
+import torch
+
+from .config import BertRunConfig
+
+FORMAT = "openpop-bert-checkpoint-1"
+_STEP_FILE = re.compile(r"^step_(\d+)\.pt$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, damaged or does not fit the configuration; the message names the fix."""
+
+
+def checkpoint_path(directory: str, step: int) -> str:
+    return os.path.join(directory, f"step_{step}.pt")
+
+
+def save_checkpoint(directory: str, step: int, config: BertRunConfig, model, optimizer, scheduler) -> str:
+    os.makedirs(directory, exist_ok=True)
+    scheduler_state = {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}
+    state = {
+        "format": FORMAT,
+        "step": step,
+        "config_name": config.config,
+        "config": config.as_dict(),
+        "model_config": config.model_dict(),
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler_state,
+        "rng_state": torch.get_rng_state(),
+    }
+    path = checkpoint_path(directory, step)
+    handle, temporary = tempfile.mkstemp(dir=directory, prefix=f".step_{step}.pt.tmp-")
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            torch.save(state, stream)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.chmod(temporary, 0o644)
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+    return path
+
+
+def latest_checkpoint(directory: str) -> Optional[str]:
+    """The ``step_N.pt`` with the highest N in ``directory``, or None."""
+    if not os.path.isdir(directory):
+        return None
+    steps = [(int(m.group(1)), name) for name in os.listdir(directory) for m in [_STEP_FILE.match(name)] if m]
+    return os.path.join(directory, max(steps)[1]) if steps else None
+
+
+def find_checkpoint(config: BertRunConfig) -> Optional[str]:
+    """The checkpoint this run starts from (None: start from scratch)."""
+    source = config.checkpoint_input_dir
+    if source is None and config.resume_training_from_checkpoint:
+        source = config.checkpoint_output_dir
+    if source is None:
+        return None
+    if os.path.isfile(source):
+        return source
+    if os.path.isdir(source):
+        found = latest_checkpoint(source)
+        if found is None:
+            raise CheckpointError(f"no checkpoint (step_N.pt) in {source}: train with --checkpoint-output-dir "
+                                  f"{source} first, or point --checkpoint-input-dir at a checkpoint file")
+        return found
+    raise CheckpointError(f"checkpoint {source} does not exist: point --checkpoint-input-dir at a step_N.pt file "
+                          "or a directory of them")
+
+
+def load_checkpoint(path: str, config: BertRunConfig) -> dict:
+    """Read and check a checkpoint for this configuration."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(
+            f"checkpoint {path} is damaged or not an openpop-bert checkpoint ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}). Delete it and resume from an earlier step_N.pt, "
+            "or start without --resume-training-from-checkpoint") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not an openpop-bert checkpoint (expected format {FORMAT})")
+    theirs, ours = state["model_config"], config.model_dict()
+    different = [f"{k}={theirs.get(k)!r} (this run: {ours[k]!r})" for k in ours if theirs.get(k) != ours[k]]
+    if different:
+        raise CheckpointError(f"checkpoint {path} was saved by a different model: {', '.join(different)}. "
+                              f"Run with the checkpoint's settings (it was saved with --config "
+                              f"{state.get('config_name')}).")
+    return state
+
+
+def restore_training_state(state: dict, optimizer, scheduler) -> int:
+    """Load optimizer and schedule state; return the number of steps already done."""
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler_state = dict(state["scheduler"])
+    scheduler_state["lr_lambdas"] = [None] * len(optimizer.param_groups)
+    scheduler.load_state_dict(scheduler_state)
+    return int(state["step"])

@@ -1,0 +1,398 @@
+"""Configuration of openpop-bert: named configs from ``configs.yml``, command-line flags that
+mirror every key, and the validation the recipe applies.
+
+    config = parse_args(["--config", "demo_tiny_128", "--training-steps", "5"])
+    config.samples_per_step, config.layer_ipus, config.bert_config()
+
+``--config NAME`` picks a named config (default ``demo_tiny_128``, as the recipe); every other
+flag overrides one of its keys. Bad values raise ``ConfigError`` (the command line turns it
+into a usage error) before anything is built.
+"""
+import argparse
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional
+
+import yaml
+
+CONFIG_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs.yml")
+DEFAULT_CONFIG = "demo_tiny_128"
+PROG = "PopTorch BERT"
+
+OPTIMIZERS = ("AdamW", "LAMB", "LAMBNoBiasCorrection")
+LR_SCHEDULES = ("constant", "linear")
+DATASETS = ("generated", "pretraining")
+PRECISIONS = ("fp32", "bf16")
+MAX_POSITION_EMBEDDINGS = 512
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message names the fix."""
+
+
+def str_to_bool(value) -> bool:
+    """``True``/``False`` from the usual spellings (the recipe's bool flags take a value or none)."""
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "t", "yes", "y", "1", "on"):
+        return True
+    if text in ("false", "f", "no", "n", "0", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got {value!r}")
+
+
+def _optional_str(value):
+    return None if value is None or str(value).lower() in ("", "none", "null") else str(value)
+
+
+def _dict_arg(value):
+    if isinstance(value, dict):
+        return value
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {value!r}") from exc
+    if not isinstance(parsed, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {value!r}")
+    return parsed
+
+
+@dataclass(frozen=True)
+class Key:
+    """One configuration key: its type, default, and how its flag parses."""
+    name: str
+    type: Callable
+    default: Any
+    help: str
+    choices: Optional[tuple] = None
+    nargs: Optional[str] = None   # "+" for lists
+    flag_only: bool = False       # run-time switches that configs.yml does not set
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+_KEYS: List[Key] = [
+    # model
+    Key("vocab_size", int, 30522, "Vocabulary size of the model (and of a tokenizer trained for it)"),
+    Key("hidden_size", int, 768, "Width of the encoder"),
+    Key("num_hidden_layers", int, 12, "Number of encoder layers"),
+    Key("num_attention_heads", int, 12, "Attention heads per layer"),
+    Key("layer_norm_eps", float, 0.001, "LayerNorm epsilon"),
+    Key("attention_probs_dropout_prob", float, 0.0, "Dropout on attention probabilities"),
+    Key("hidden_dropout_prob", float, 0.1, "Dropout on hidden states"),
+    Key("sequence_length", int, 128, "Tokens per sequence"),
+    Key("mask_tokens", int, 20, "Masked (predicted) tokens per sequence"),
+    Key("embedding_serialization_factor", int, 1,
+        "Split the MLM decoder matmul into this many serialized parts (must divide vocab_size)"),
+    Key("recompute_checkpoint_every_layer", str_to_bool, True,
+        "Mark each encoder layer's output as a recomputation checkpoint"),
+    Key("precision", str, "bf16", "openpop: fp32, or bf16 autocast (the recipe ran in float16 on IPUs)",
+        choices=PRECISIONS),
+    # batch and execution
+    Key("micro_batch_size", int, 1, "Samples per micro-batch"),
+    Key("device_iterations", int, 1, "Optimizer steps per host call"),
+    Key("replication_factor", int, 1, "Data-parallel replicas"),
+    Key("gradient_accumulation", int, 1, "Micro-batches accumulated per optimizer step and replica"),
+    Key("training_steps", int, 10, "Number of host calls (training steps) to run"),
+    Key("ipus_per_replica", int, 4, "Virtual IPUs one replica of the model is split over"),
+    Key("layers_per_ipu", int, [0, 4, 4, 4], "Encoder layers on each IPU (one value N means N on every IPU)",
+        nargs="+"),
+    Key("matmul_proportion", float, [0.6], "Available memory proportion for matmuls, per IPU or one for all",
+        nargs="+"),
+    Key("random_seed", int, 5, "Seed of every random number generator"),
+    Key("replicated_tensor_sharding", str_to_bool, False, "IPU memory option (accepted, no effect)"),
+    Key("optimizer_state_offchip", str_to_bool, True, "IPU memory option (accepted, no effect)"),
+    Key("enable_half_partials", str_to_bool, True, "IPU precision option (accepted, no effect)"),
+    Key("custom_ops", str_to_bool, True, "Load the recipe's custom ops (none are needed: no effect)"),
+    Key("synthetic_data", str_to_bool, False, "Use synthetic data on the device"),
+    Key("executable_cache_dir", _optional_str, None, "Directory of the executable cache", flag_only=True),
+    Key("profile_dir", _optional_str, None, "Write a profile report to this directory", flag_only=True),
+    Key("compile_only", str_to_bool, False, "Compile, then exit without training", flag_only=True),
+    Key("recomputation", str_to_bool, False,
+        "openpop: recompute each block's activations in the backward pass (saves memory, costs a forward "
+        "pass; IPUs needed it, CPUs/GPUs rarely do)"),
+    Key("threads", int, None, "openpop: torch intra-op threads (default: torch's choice)"),
+    # optimizer
+    Key("optimizer", str, "AdamW", "Optimizer", choices=OPTIMIZERS),
+    Key("learning_rate", float, 0.001, "Peak learning rate"),
+    Key("lr_schedule", str, "constant", "Learning-rate schedule after the warm-up", choices=LR_SCHEDULES),
+    Key("lr_warmup", float, 0.0, "Fraction of training_steps spent warming the learning rate up"),
+    Key("loss_scaling", float, 1.0, "Loss scaling factor"),
+    Key("auto_loss_scaling", str_to_bool, False, "Automatic loss scaling"),
+    Key("weight_decay", float, 0.0, "Weight decay of the weight matrices (not biases or norms)"),
+    Key("enable_half_first_order_momentum", str_to_bool, False, "Keep the first-order momentum in float16"),
+    # data
+    Key("dataset", str, "pretraining", "generated: one random sample repeated; pretraining: real text",
+        choices=DATASETS),
+    Key("input_files", str, ["stdlib"],
+        "Plain-text files (globs allowed); 'stdlib' is the docstrings of Python's standard library",
+        nargs="+"),
+    Key("vocab_file", _optional_str, None, "openpop: WordPiece vocab.txt to use instead of training one"),
+    Key("duplication_factor", int, 5, "openpop: times each document is masked differently"),
+    Key("data_cache_dir", _optional_str, None,
+        "openpop: cache of corpus, tokenizer and examples (default $OPENPOP_CACHE_DIR/bert or "
+        "~/.cache/openpop/bert)"),
+    Key("dataloader_workers", int, 64, "Worker processes of the data loader (capped at the CPU count)"),
+    Key("async_dataloader", str_to_bool, True, "Load data in a separate process"),
+    Key("packed_data", str_to_bool, False, "Packed sequences (needs packed input files)"),
+    Key("max_sequences_per_pack", int, 3, "Sequences per pack", choices=(2, 3)),
+    Key("packing_factor", _dict_arg, {128: 1.17, 384: 1.7, 512: 2.0}, "Packing factor per sequence length"),
+    # checkpoints
+    Key("checkpoint_output_dir", _optional_str, None, "Directory to save checkpoints to", flag_only=True),
+    Key("checkpoint_steps", int, None, "Save a checkpoint every N steps (and at the end)", flag_only=True),
+    Key("checkpoint_input_dir", _optional_str, None,
+        "Checkpoint to start from: a step_N.pt file or a directory of them (the latest is used)",
+        flag_only=True),
+    Key("resume_training_from_checkpoint", str_to_bool, False,
+        "Restore the training state (optimizer, schedule, step, data position, RNG) as well as the weights",
+        flag_only=True),
+    # output
+    Key("disable_progress_bar", str_to_bool, None,
+        "Plain log lines instead of a progress bar (default: plain lines when stderr is not a terminal)",
+        flag_only=True),
+    Key("wandb", str_to_bool, False, "Log to Weights & Biases (not available offline: ignored)", flag_only=True),
+    Key("wandb_param_steps", int, None, "Steps between parameter histograms in wandb (ignored)", flag_only=True),
+]
+KEYS: Dict[str, Key] = {k.name: k for k in _KEYS}
+
+
+# --------------------------------------------------------------------------- named configs
+def load_config_file(path: str = CONFIG_FILE) -> Dict[str, Dict[str, Any]]:
+    with open(path, encoding="utf-8") as stream:
+        data = yaml.safe_load(stream)
+    return {name: values for name, values in data.items() if name != "defaults"}
+
+
+def available_configs(path: str = CONFIG_FILE) -> List[str]:
+    return list(load_config_file(path))
+
+
+def named_config(name: str, path: str = CONFIG_FILE) -> Dict[str, Any]:
+    configs = load_config_file(path)
+    if name not in configs:
+        raise ConfigError(f"unknown config '{name}': choose one of {', '.join(configs)} "
+                          f"(defined in {path})")
+    values = dict(configs[name])
+    unknown = sorted(set(values) - set(KEYS))
+    if unknown:
+        raise ConfigError(f"config '{name}' in {path} has unknown keys: {', '.join(unknown)}")
+    return values
+
+
+# --------------------------------------------------------------------------- the config object
+class BertRunConfig:
+    """Every key as an attribute, plus the quantities derived from them."""
+
+    def __init__(self, name: str = DEFAULT_CONFIG, **values):
+        self.config = name
+        for key in _KEYS:
+            setattr(self, key.name, values.pop(key.name, _copy_default(key.default)))
+        if values:
+            raise ConfigError(f"unknown configuration keys: {', '.join(sorted(values))}")
+
+    # derived ---------------------------------------------------------------------------------
+    @property
+    def intermediate_size(self) -> int:
+        return 4 * self.hidden_size
+
+    @property
+    def samples_per_step(self) -> int:
+        """Samples one host call consumes."""
+        return self.replication_factor * self.gradient_accumulation * self.micro_batch_size * self.device_iterations
+
+    @property
+    def global_batch_size(self) -> int:
+        """Samples per optimizer step."""
+        return self.replication_factor * self.gradient_accumulation * self.micro_batch_size
+
+    @property
+    def layer_ipus(self) -> List[int]:
+        """The IPU of each encoder layer, from ``layers_per_ipu``."""
+        ipus = []
+        for ipu, count in enumerate(self.layers_per_ipu):
+            ipus.extend([ipu] * count)
+        return ipus
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {key.name: getattr(self, key.name) for key in _KEYS}
+
+    def model_dict(self) -> Dict[str, Any]:
+        """The keys that define the model's shape (must match to load a checkpoint)."""
+        names = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "sequence_length",
+                 "mask_tokens", "embedding_serialization_factor")
+        return {n: getattr(self, n) for n in names}
+
+    def bert_config(self):
+        """A ``transformers.BertConfig`` for this run (built locally, nothing is downloaded)."""
+        from transformers import BertConfig
+        return BertConfig(
+            vocab_size=self.vocab_size, hidden_size=self.hidden_size, num_hidden_layers=self.num_hidden_layers,
+            num_attention_heads=self.num_attention_heads, intermediate_size=self.intermediate_size,
+            hidden_act="gelu", hidden_dropout_prob=self.hidden_dropout_prob,
+            attention_probs_dropout_prob=self.attention_probs_dropout_prob,
+            max_position_embeddings=MAX_POSITION_EMBEDDINGS, type_vocab_size=2, layer_norm_eps=self.layer_norm_eps,
+            pad_token_id=0)
+
+    def replace(self, **changes) -> "BertRunConfig":
+        values = self.as_dict()
+        values.update(changes)
+        config = BertRunConfig(self.config, **values)
+        validate(config)
+        return config
+
+    def __repr__(self):
+        return f"BertRunConfig({self.config!r}, {self.as_dict()!r})"
+
+
+def _copy_default(value):
+    if isinstance(value, (list, dict)):
+        return type(value)(value)
+    return value
+
+
+# --------------------------------------------------------------------------- validation
+def validate(config: BertRunConfig) -> BertRunConfig:
+    """Normalise list-valued keys and check the configuration; raise ``ConfigError``."""
+    def positive(*names):
+        for name in names:
+            value = getattr(config, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+    positive("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "sequence_length",
+             "mask_tokens", "micro_batch_size", "device_iterations", "replication_factor",
+             "gradient_accumulation", "training_steps", "ipus_per_replica", "embedding_serialization_factor",
+             "duplication_factor")
+    for key in _KEYS:
+        value = getattr(config, key.name)
+        if key.choices is not None and value not in key.choices:
+            raise ConfigError(f"{key.name} must be one of {', '.join(map(str, key.choices))}, got {value!r}")
+
+    if config.hidden_size % config.num_attention_heads:
+        raise ConfigError(f"hidden_size ({config.hidden_size}) must be a multiple of num_attention_heads "
+                          f"({config.num_attention_heads})")
+    if config.sequence_length > MAX_POSITION_EMBEDDINGS:
+        raise ConfigError(f"sequence_length {config.sequence_length} exceeds the {MAX_POSITION_EMBEDDINGS} "
+                          "position embeddings of BERT")
+    if config.mask_tokens > config.sequence_length:
+        raise ConfigError(f"mask_tokens ({config.mask_tokens}) cannot exceed sequence_length "
+                          f"({config.sequence_length})")
+    if config.vocab_size % config.embedding_serialization_factor:
+        raise ConfigError(f"embedding_serialization_factor ({config.embedding_serialization_factor}) must divide "
+                          f"vocab_size ({config.vocab_size})")
+
+    # layers_per_ipu: one value N means N layers on each IPU, as the recipe expands it.
+    layers = config.layers_per_ipu
+    if isinstance(layers, int):
+        layers = [layers]
+    layers = list(layers)
+    if any(not isinstance(n, int) or n < 0 for n in layers):
+        raise ConfigError(f"layers_per_ipu must be non-negative integers, got {layers}")
+    if len(layers) == 1:
+        if layers[0] == 0:
+            raise ConfigError("layers_per_ipu 0 places no layers anywhere: give a positive count per IPU")
+        layers = [layers[0]] * (config.num_hidden_layers // layers[0])
+    if sum(layers) != config.num_hidden_layers:
+        raise ConfigError(
+            f"layers_per_ipu not compatible with number of hidden layers: {layers} places {sum(layers)} "
+            f"layers but num_hidden_layers is {config.num_hidden_layers}. Give --layers-per-ipu values "
+            f"that sum to {config.num_hidden_layers}.")
+    if len(layers) != config.ipus_per_replica:
+        raise ConfigError(
+            f"layers_per_ipu {layers} spreads the encoder over {len(layers)} IPUs but ipus_per_replica is "
+            f"{config.ipus_per_replica}: give {config.ipus_per_replica} values to --layers-per-ipu or set "
+            f"--ipus-per-replica {len(layers)}.")
+    config.layers_per_ipu = layers
+
+    proportions = config.matmul_proportion
+    if isinstance(proportions, (int, float)):
+        proportions = [proportions]
+    proportions = [float(p) for p in proportions]
+    if len(proportions) == 1:
+        proportions = proportions * config.ipus_per_replica
+    if len(proportions) != config.ipus_per_replica:
+        raise ConfigError(f"Length of matmul_proportion doesn't match ipus_per_replica: {proportions} vs "
+                          f"{config.ipus_per_replica}")
+    if any(not 0.0 <= p <= 1.0 for p in proportions):
+        raise ConfigError(f"matmul_proportion values must be between 0 and 1, got {proportions}")
+    config.matmul_proportion = proportions
+
+    if not 0.0 <= config.lr_warmup <= 1.0:
+        raise ConfigError(f"lr_warmup is a fraction of training_steps in [0, 1], got {config.lr_warmup}")
+    if not config.learning_rate >= 0 or math.isinf(config.learning_rate):
+        raise ConfigError(f"learning_rate must be a non-negative number, got {config.learning_rate}")
+    if not config.loss_scaling > 0:
+        raise ConfigError(f"loss_scaling must be positive, got {config.loss_scaling}")
+    for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+        if not 0.0 <= getattr(config, name) < 1.0:
+            raise ConfigError(f"{name} must be in [0, 1), got {getattr(config, name)}")
+    if config.threads is not None and config.threads < 1:
+        raise ConfigError(f"threads must be a positive integer, got {config.threads}")
+    if config.dataloader_workers < 0:
+        raise ConfigError(f"dataloader_workers must be >= 0, got {config.dataloader_workers}")
+    if isinstance(config.input_files, str):
+        config.input_files = [config.input_files]
+    if config.checkpoint_steps is not None and config.checkpoint_steps < 1:
+        raise ConfigError(f"checkpoint_steps must be a positive integer, got {config.checkpoint_steps}")
+    if config.checkpoint_steps is not None and not config.checkpoint_output_dir:
+        raise ConfigError("--checkpoint-steps needs --checkpoint-output-dir to save checkpoints to")
+    if config.resume_training_from_checkpoint and not (config.checkpoint_input_dir or config.checkpoint_output_dir):
+        raise ConfigError("--resume-training-from-checkpoint needs --checkpoint-input-dir (a step_N.pt file or "
+                          "a directory of them) or --checkpoint-output-dir to resume from its latest checkpoint")
+    if config.packed_data:
+        raise ConfigError("packed_data needs packed TFRecord input files, which openpop-bert does not read: "
+                          "run with --packed-data False")
+    return config
+
+
+# --------------------------------------------------------------------------- command line
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="BERT pretraining (MLM + NSP) with PopTorch's API, on openpop",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--config", default=DEFAULT_CONFIG,
+                        help=f"Named configuration from {os.path.basename(CONFIG_FILE)} "
+                             f"(see --list-configs)")
+    parser.add_argument("--list-configs", action="store_true", help="Print the named configurations and exit")
+    for key in _KEYS:
+        kwargs = dict(help=key.help, default=argparse.SUPPRESS)
+        if key.type is str_to_bool:
+            kwargs.update(type=str_to_bool, nargs="?", const=True)
+        else:
+            kwargs["type"] = key.type
+        if key.nargs:
+            kwargs["nargs"] = key.nargs
+        if key.choices:
+            kwargs["choices"] = key.choices
+        parser.add_argument(key.flag, **kwargs)
+    return parser
+
+
+def parse_args(argv: Optional[List[str]] = None, parser: Optional[argparse.ArgumentParser] = None
+               ) -> BertRunConfig:
+    """Named config + flags -> validated ``BertRunConfig``; raises ``ConfigError``."""
+    parser = parser or build_parser()
+    args = parser.parse_args(argv)
+    if getattr(args, "list_configs", False):
+        raise _ListConfigs()
+    overrides = {k: v for k, v in vars(args).items() if k not in ("config", "list_configs")}
+    return make_config(args.config, **overrides)
+
+
+def make_config(name: str = DEFAULT_CONFIG, **overrides) -> BertRunConfig:
+    """The named config with ``overrides`` applied, validated."""
+    values = named_config(name)
+    unknown = sorted(set(overrides) - set(KEYS))
+    if unknown:
+        raise ConfigError(f"unknown configuration keys: {', '.join(unknown)}")
+    values.update(overrides)
+    return validate(BertRunConfig(name, **values))
+
+
+class _ListConfigs(Exception):
+    """``--list-configs`` was given."""

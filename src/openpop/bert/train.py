@@ -1,0 +1,266 @@
+"""``openpop-bert``: BERT pretraining with PopTorch's API, on openpop's runtime.
+
+    openpop-bert --config cpu_tiny_128
+    openpop-bert --config cpu_base_128 --dataset generated --training-steps 1
+    python -m openpop.bert --config pretrain_base_128_pod4 --dataset generated --training-steps 1
+
+Prints what the recipe prints (on stderr): the config, data loading, the device allocation,
+compilation, one line per step with losses, accuracies and throughput, and the training
+metrics. On a terminal the steps show as a progress bar; otherwise as plain lines.
+"""
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import numpy as np
+import torch
+
+import poptorch
+
+from . import checkpoint as ckpt
+from .config import ConfigError, BertRunConfig, _ListConfigs, available_configs, build_parser, parse_args
+from .data import DataError, get_dataloader, get_dataset
+from .metrics import StepMetrics, reduce_outputs, step_description, throughput_text
+from .model import PipelinedBertForPretraining
+from .optimization import get_lr_scheduler, get_optimizer
+
+RULE = "-----------------------------------------------------------"
+HEADERS = {
+    "data": "------------------- Data Loading Started ------------------",
+    "compile": "---------- Compilation/Loading from Cache Started ---------",
+    "training": "--------------------- Training Started --------------------",
+    "metrics": "-------------------- Training Metrics ---------------------",
+}
+
+
+@dataclass
+class TrainingResult:
+    config: BertRunConfig
+    steps: List[StepMetrics] = field(default_factory=list)
+    start_step: int = 0
+    data_seconds: float = 0.0
+    compile_seconds: float = 0.0
+    training_seconds: float = 0.0
+    checkpoints: List[str] = field(default_factory=list)
+    model: Optional[torch.nn.Module] = None
+
+
+class _Console:
+    """Log lines on a stream; a tqdm bar for the steps when asked."""
+
+    def __init__(self, stream, progress_bar: bool):
+        self._stream = stream
+        self.progress_bar = progress_bar
+        self.bar = None
+
+    @property
+    def stream(self):
+        return self._stream if self._stream is not None else sys.stderr
+
+    def log(self, text: str = "") -> None:
+        if self.bar is not None:
+            self.bar.write(text, file=self.stream)
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def start_steps(self, total: int, initial: int):
+        if self.progress_bar:
+            from tqdm import tqdm
+            self.bar = tqdm(total=total, initial=initial, desc="Training", file=self.stream, leave=True)
+
+    def step(self, description: str, postfix: str) -> None:
+        if self.bar is not None:
+            self.bar.set_description(description, refresh=False)
+            self.bar.set_postfix_str(postfix, refresh=False)
+            self.bar.update(1)
+        else:
+            self.log(f"{description} {postfix}")
+
+    def end_steps(self):
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+
+def get_options(config: BertRunConfig) -> "poptorch.Options":
+    """PopTorch options as the recipe sets them (IPU-only tuning omitted)."""
+    opts = poptorch.Options()
+    opts.autoRoundNumIPUs(True)
+    opts.deviceIterations(config.device_iterations)
+    opts.replicationFactor(config.replication_factor)
+    opts.Training.gradientAccumulation(config.gradient_accumulation)
+    opts.Training.accumulationAndReplicationReductionType(poptorch.ReductionType.Mean)
+    if config.auto_loss_scaling:
+        opts.Training.setAutomaticLossScaling(True)
+    opts.outputMode(poptorch.OutputMode.Sum)
+    opts.randomSeed(config.random_seed)
+    opts.TensorLocations.setOptimizerLocation(
+        poptorch.TensorLocationSettings()
+        .useOnChipStorage(not config.optimizer_state_offchip)
+        .useReplicatedTensorSharding(config.replicated_tensor_sharding))
+    opts.setExecutionStrategy(poptorch.PipelinedExecution(poptorch.AutoStage.AutoIncrement))
+    opts.setAvailableMemoryProportion({f"IPU{i}": p for i, p in enumerate(config.matmul_proportion)})
+    if config.executable_cache_dir:
+        opts.enableExecutableCaching(config.executable_cache_dir)
+    if config.profile_dir:
+        opts.enableProfiling(config.profile_dir)
+    if config.synthetic_data:
+        opts.enableSyntheticData(True)
+    if config.compile_only:
+        opts.useOfflineIpuTarget()
+    if config.precision == "bf16":
+        opts.Precision.autocast(True, torch.bfloat16)  # openpop's mixed precision (the recipe: float16 model)
+    if not config.recomputation:
+        opts._Popart.set("autoRecomputation", 0)  # PopART's RecomputationType.NoRecompute
+    return opts
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2 ** 32))
+    torch.manual_seed(seed)
+
+
+def run(config: BertRunConfig, stream=None) -> TrainingResult:
+    """Train as configured; raises ``DataError`` / ``CheckpointError`` for unusable input."""
+    threads = torch.get_num_threads()
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    try:
+        return _run(config, stream)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(config: BertRunConfig, stream) -> TrainingResult:
+    progress_bar = config.disable_progress_bar is False or (
+        config.disable_progress_bar is None and (stream or sys.stderr).isatty())
+    console = _Console(stream, progress_bar)
+    log = console.log
+    result = TrainingResult(config)
+    log(f"Using config: {config.config}")
+    if config.wandb:
+        log("[warning] --wandb: Weights & Biases logging needs a network connection; not logging")
+    _seed_everything(config.random_seed)
+
+    # Fail on a bad checkpoint before any expensive work.
+    checkpoint_file = ckpt.find_checkpoint(config)
+    state = ckpt.load_checkpoint(checkpoint_file, config) if checkpoint_file else None
+    start_step = 0
+    if state is not None and config.resume_training_from_checkpoint:
+        start_step = int(state["step"])
+        if start_step >= config.training_steps:
+            raise ckpt.CheckpointError(
+                f"checkpoint {checkpoint_file} is at step {start_step} and training_steps is "
+                f"{config.training_steps}: nothing left to train. Raise --training-steps.")
+    result.start_step = start_step
+
+    opts = get_options(config)
+    log(HEADERS["data"])
+    started = time.perf_counter()
+    dataset = get_dataset(config, log)
+    loader = get_dataloader(config, opts, dataset, start_step)
+    result.data_seconds = time.perf_counter() - started
+    log(f"Data loaded in {result.data_seconds} secs")
+    log(RULE)
+
+    model = PipelinedBertForPretraining(config).parallelize(log).train()
+    if state is not None:
+        model.load_state_dict(state["model"])
+        if not config.resume_training_from_checkpoint:
+            log(f"Loaded weights from {checkpoint_file}")
+    optimizer = get_optimizer(config, model)
+    scheduler = get_lr_scheduler(optimizer, config)
+    if state is not None and config.resume_training_from_checkpoint:
+        ckpt.restore_training_state(state, optimizer, scheduler)
+        log(f"Resuming training from {checkpoint_file} at step {start_step}")
+    poptorch_model = poptorch.trainingModel(model, opts, optimizer=optimizer)
+    result.model = model
+
+    log(HEADERS["compile"])
+    batches = iter(loader)
+    first_batch = next(batches)
+    started = time.perf_counter()
+    poptorch_model.compile(*first_batch)
+    result.compile_seconds = time.perf_counter() - started
+    if not (sys.stderr.isatty() and console.stream is sys.stderr):
+        # The executor draws a live bar on a terminal; elsewhere, one plain line.
+        from tqdm import tqdm
+        log(f"Graph compilation: 100%|{'█' * 10}| 100/100 [{tqdm.format_interval(result.compile_seconds)}<00:00]")
+    log(f"Compiled/Loaded model in {result.compile_seconds} secs")
+    log(RULE)
+    if config.compile_only:
+        return result
+
+    if state is not None and config.resume_training_from_checkpoint:
+        torch.set_rng_state(state["rng_state"])
+    state = None
+    log(HEADERS["training"])
+    console.start_steps(config.training_steps, start_step)
+    training_started = time.perf_counter()
+    batch = first_batch
+    try:
+        for step in range(start_step, config.training_steps):
+            step_started = time.perf_counter()
+            if batch is None:
+                batch = next(batches)
+            outputs = poptorch_model(*batch)
+            batch = None
+            scheduler.step()
+            poptorch_model.setOptimizer(optimizer)
+            seconds = time.perf_counter() - step_started
+            values = reduce_outputs(outputs, config)
+            metrics = StepMetrics(step, scheduler.get_last_lr()[0], *values,
+                                  throughput=config.samples_per_step / seconds, seconds=seconds)
+            result.steps.append(metrics)
+            console.step(step_description(metrics, config), throughput_text(metrics))
+            done = step + 1
+            if config.checkpoint_output_dir and (
+                    (config.checkpoint_steps and done % config.checkpoint_steps == 0)
+                    or done == config.training_steps):
+                poptorch_model.copyWeightsToHost()
+                path = ckpt.save_checkpoint(config.checkpoint_output_dir, done, config, model, optimizer, scheduler)
+                result.checkpoints.append(path)
+    finally:
+        console.end_steps()
+        if hasattr(loader, "terminate"):
+            loader.terminate()
+    result.training_seconds = time.perf_counter() - training_started
+    for path in result.checkpoints[-1:]:
+        log(f"Saved checkpoint {path}")
+    log(RULE)
+    log(HEADERS["metrics"])
+    log(f"global_batch_size: {config.global_batch_size}")
+    log(f"device_iterations: {config.device_iterations}")
+    log(f"training_steps: {config.training_steps}")
+    log(f"Training time: {result.training_seconds:.3f} secs")
+    log(RULE)
+    poptorch_model.destroy()
+    return result
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = build_parser()
+    try:
+        config = parse_args(argv, parser)
+    except _ListConfigs:
+        for name in available_configs():
+            print(name)
+        return 0
+    except ConfigError as exc:
+        parser.error(str(exc))  # exits with status 2
+    try:
+        run(config)
+    except (DataError, ckpt.CheckpointError, poptorch.Error) as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("Interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
