@@ -6,6 +6,11 @@ running mean (``Running``, chosen automatically for float16 accumulators). The l
 multiplied by the optimizer's ``loss_scaling`` before backward and gradients are divided by it
 before the update, so loss scaling is numerically neutral but real.
 
+For fp32 gradients the ``Post`` mean's ``1/(GA*R)`` is folded into the backward seed instead of
+a pass over every gradient after accumulation: the same values up to float rounding, one fewer
+sweep over the parameters per step (about 1% of a BERT-base step). Half-precision gradients keep
+the division after accumulation, which is what protects small values from underflow.
+
 With automatic loss scaling (``dynamic``, see ``loss_scaling.py``) the scale is read from the
 optimizer at the start of every step, ``finish_step`` checks the unscaled gradients and returns
 False for a step with inf/NaN gradients - the executor then skips ``optimizer.step()`` - and the
@@ -31,6 +36,9 @@ class GradientReduction:
         self.mean = training.accumulation_and_replication_reduction_type == ReductionType.Mean
         self.running = self.mean and (training.meanAccumulationAndReplicationReductionStrategy
                                       == MeanReductionStrategy.Running)
+        self.fold_mean = (self.mean and not self.running and dynamic is None
+                          and all(p.dtype == torch.float32 for p in params))
+        self._seed_scale = self._scale_for_backward()
         self._count = 0
         self.unordered = False  # set by backward_unordered: the step's mean is taken post hoc
         self._lock = threading.Lock()
@@ -39,7 +47,11 @@ class GradientReduction:
         self._count = 0
         if self.dynamic is not None:
             self.loss_scale = self.dynamic.scale
+        self._seed_scale = self._scale_for_backward()
         self.unordered = False
+
+    def _scale_for_backward(self) -> float:
+        return self.loss_scale / self.micro_batches if self.fold_mean else self.loss_scale
 
     def backward(self, loss: torch.Tensor) -> None:
         """Back-propagate one micro-batch's loss into the accumulated gradients."""
@@ -51,13 +63,13 @@ class GradientReduction:
                     torch._foreach_mul_(grads, k / (k + 1))
             backward(loss, self.loss_scale / (k + 1))
         else:
-            backward(loss, self.loss_scale)
+            backward(loss, self._seed_scale)
         self._count = k + 1
 
     def backward_unordered(self, loss: torch.Tensor) -> None:
         """``backward`` for micro-batches that run concurrently (several devices): no running
         mean, so the order in which they finish does not matter."""
-        backward(loss, self.loss_scale)
+        backward(loss, self._seed_scale)
         with self._lock:
             self.unordered = True
             self._count += 1
@@ -66,7 +78,10 @@ class GradientReduction:
         """Turn the accumulated gradients into the step's gradients. Returns whether the
         optimizer should apply them."""
         divisor = self.loss_scale
-        if self.mean and not (self.running and not self.unordered):
+        if self.fold_mean:
+            if self._count != self.micro_batches:
+                divisor *= self._count / self.micro_batches
+        elif self.mean and not (self.running and not self.unordered):
             divisor *= self._count
         grads = self._grads()
         if self.dynamic is not None:
