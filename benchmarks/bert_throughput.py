@@ -86,9 +86,10 @@ def make_batches(config, steps, seed=0):
 
 
 class HandWritten:
-    """The loop a PyTorch user writes: per micro-batch forward (autocast for bf16), loss / GA,
-    backward; then optimizer step and zero_grad. Sums the returned losses as openpop's
-    OutputMode.Sum does."""
+    """The loop a PyTorch user writes for the same math: per micro-batch forward (autocast for
+    bf16), loss x loss_scaling / GA, backward; gradients divided by loss_scaling; optimizer step
+    and zero_grad. Sums the returned losses as openpop's OutputMode.Sum does. (The recipe's
+    optimizer carries loss_scaling=16384, which openpop applies for real.)"""
 
     def __init__(self, model, optimizer, config, precision):
         self.model, self.optimizer, self.config = model, optimizer, config
@@ -97,12 +98,16 @@ class HandWritten:
     def step(self, batch):
         ga, mb = self.config.gradient_accumulation, self.config.micro_batch_size
         total = 0.0
+        scale = float(getattr(self.optimizer, "loss_scaling", 1.0))
         for g in range(ga):
             micro = [t[g * mb:(g + 1) * mb] for t in batch]
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.autocast):
                 outputs = self.model(*micro)
-            (outputs[0] / ga).backward()
+            (outputs[0] * (scale / ga)).backward()
             total = total + outputs[0].detach()
+        if scale != 1.0:
+            grads = [p.grad for group in self.optimizer.param_groups for p in group["params"] if p.grad is not None]
+            torch._foreach_mul_(grads, 1.0 / scale)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         return total
