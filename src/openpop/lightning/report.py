@@ -33,6 +33,8 @@ from typing import Dict, List, Optional
 
 import torch
 
+from ..runtime.plan import top_modules
+
 FORMAT = "openpop-profile-1"
 WRAPPER_PREFIX = "module."  # the LightningModule inside steps.StepModule
 
@@ -112,7 +114,7 @@ class StageProfile:
             "stage": self.stage,
             "geometry": _geometry(options),
             "execution": _execution(options, plan),
-            "compile_seconds": getattr(getattr(executor, "_compiled", None), "compile_seconds", None),
+            "compile_seconds": executor.compileSeconds(),
             "host_calls": self.host_calls,
             "stages": [{"stage": s, "ipu": _ipu_of_stage(plan, s), "forward_seconds": self._stage_seconds[s],
                         "forward_calls": self._stage_calls.get(s, 0)} for s in sorted(self._stage_seconds)],
@@ -128,17 +130,7 @@ class StageProfile:
 
 
 def _plan(executor):
-    compiled = getattr(executor, "_compiled", None)
-    return getattr(compiled, "plan", None)
-
-
-def _top_modules(names):
-    result = []
-    for name in names:
-        if name in result or any(name.startswith(top + ".") for top in result):
-            continue
-        result.append(name)
-    return result
+    return executor.executionPlan()
 
 
 def _geometry(options) -> dict:
@@ -155,7 +147,7 @@ def _execution(options, plan) -> dict:
     if plan is not None:
         result.update(pipeline_stages=plan.pipeline_stages, ipus_per_replica=plan.ipus_per_replica,
                       blocks=[{"name": _user_name(b.name), "stage": b.stage, "ipu": b.ipu,
-                               "modules": [_user_name(m) for m in _top_modules(b.modules)]} for b in plan.blocks])
+                               "modules": [_user_name(m) for m in top_modules(b.modules)]} for b in plan.blocks])
     return result
 
 

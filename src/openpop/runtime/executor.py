@@ -593,6 +593,16 @@ class PoplarExecutor:
             raise errors.createPoptorchError(errors.COMPILE_TIME_NO_BAR)
         return datetime.timedelta(seconds=self._compiled.compile_seconds)
 
+    def compileSeconds(self):
+        """openpop extension: seconds the compile pass took (None before compile); unlike
+        ``compilationTime()`` it does not need the progress bar option."""
+        return None if self._compiled is None else self._compiled.compile_seconds
+
+    def executionPlan(self):
+        """openpop extension: the ``ExecutionPlan`` (blocks, stages, IPUs, devices) built at
+        compile, or None before compile."""
+        return None if self._compiled is None else self._compiled.plan
+
     def cycleCount(self) -> int:
         """Wall time of the last host call in cycles of a 1.85 GHz IPU clock (there is no IPU)."""
         if not self._options._Popart.options.get("instrumentWithHardwareCycleCounter", False):

@@ -121,7 +121,7 @@ def build_plan(recorder: BlockRecorder, strategy, options, training: bool) -> Ex
         name = block.user_id
         if block.user_id == IMPLICIT_BLOCK:
             stage, ipu = 0, 0
-            name = ", ".join(_top_modules(block.modules)) or "(model)"
+            name = ", ".join(top_modules(block.modules)) or "(model)"
         else:
             explicit = strategy.stage_of(block.user_id)
             if explicit is not None:
@@ -143,7 +143,7 @@ def build_plan(recorder: BlockRecorder, strategy, options, training: bool) -> Ex
             if hasattr(strategy, "check_phase_ipu") and stage_obj is not None:
                 strategy.check_phase_ipu(stage_obj._phase_id, ipu)
             if block.user_id.isdigit() and block.modules:
-                name = ", ".join(_top_modules(block.modules))
+                name = ", ".join(top_modules(block.modules))
         planned.append(PlannedBlock(name, block.user_id, stage, ipu, list(block.modules)))
 
     switches = sum(1 for a, b in zip(planned, planned[1:]) if a.ipu != b.ipu)
@@ -175,7 +175,7 @@ def _check_ipu_count(n: int, auto_round: bool) -> None:
                        "not used.", rounded, n, rounded - n)
 
 
-def _top_modules(names: List[str]) -> List[str]:
+def top_modules(names: List[str]) -> List[str]:
     """The outermost module names of a block, in order, without repeats."""
     result = []
     for name in names:
