@@ -1,5 +1,6 @@
 """Host-call arguments: binding against ``forward``'s signature, the micro-batch split, and the
 checks that later calls match the compiled ones (PopTorch's exact mismatch messages)."""
+import functools
 import inspect
 
 import torch
@@ -14,18 +15,23 @@ class BoundInputs:
     """One host call's arguments: ``forward``'s parameters by name, flattened to leaves."""
 
     def __init__(self, signature: inspect.Signature, args, kwargs):
-        try:
-            bound = signature.bind(*args, **kwargs)
-        except TypeError as exc:
-            missing = _missing_parameter(signature, args, kwargs)
-            if missing is not None:
-                raise errors.createPoptorchError(f"Mandatory parameter {missing} missing") from None
-            raise errors.createPoptorchError(str(exc)) from None
-        bound.apply_defaults()  # as PopTorch: an omitted default and the same value given compile alike
-        self.arguments = dict(bound.arguments)  # name -> value, in signature order
-        self.kinds = {name: signature.parameters[name].kind for name in self.arguments}
-        self.args = bound.args
-        self.kwargs = bound.kwargs
+        names = _plain_parameter_names(signature)
+        if not kwargs and names is not None and len(args) == len(names):
+            # forward(a, b, ...) called with exactly its parameters: nothing to bind.
+            self.arguments = dict(zip(names, args))
+            self.args, self.kwargs = tuple(args), {}
+        else:
+            try:
+                bound = signature.bind(*args, **kwargs)
+            except TypeError as exc:
+                missing = _missing_parameter(signature, args, kwargs)
+                if missing is not None:
+                    raise errors.createPoptorchError(f"Mandatory parameter {missing} missing") from None
+                raise errors.createPoptorchError(str(exc)) from None
+            bound.apply_defaults()  # as PopTorch: an omitted default and the same value given compile alike
+            self.arguments = dict(bound.arguments)  # name -> value, in signature order
+            self.args = bound.args
+            self.kwargs = bound.kwargs
         # Common case, kept cheap: every argument is a tensor given positionally.
         self.simple = not self.kwargs and all(type(a) is torch.Tensor for a in self.args)
         if self.simple:
@@ -40,6 +46,15 @@ class BoundInputs:
         if self.simple:
             return tuple(leaves), {}
         return pytree.tree_unflatten(leaves, self.spec)
+
+
+@functools.lru_cache(maxsize=256)
+def _plain_parameter_names(signature: inspect.Signature):
+    """Parameter names if every parameter is positional without a default, else None."""
+    params = list(signature.parameters.values())
+    if all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty for p in params):
+        return tuple(p.name for p in params)
+    return None
 
 
 def _missing_parameter(signature, args, kwargs):
