@@ -404,3 +404,40 @@ def test_pipelined_activation_memory_is_flat_in_gradient_accumulation(recompute)
         peaks.append(meter.peak)
     assert peaks[0] > 0
     assert peaks[1] == peaks[0]
+
+
+class MarkedLayer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return poptorch.recomputationCheckpoint(torch.tanh(self.fc(x)))
+
+
+class TwoBlocksOfMarkedLayers(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first = poptorch.BeginBlock(torch.nn.Sequential(MarkedLayer(), MarkedLayer()), ipu_id=0)
+        self.second = poptorch.BeginBlock(torch.nn.Sequential(MarkedLayer(), MarkedLayer()), ipu_id=1)
+
+    def forward(self, x, t):
+        out = self.second(self.first(x))
+        return out, F.mse_loss(out, t)
+
+
+def test_recomputation_checkpoints_make_each_marked_layer_a_recomputation_unit():
+    torch.manual_seed(0)
+    model = TwoBlocksOfMarkedLayers()
+    reference = copy.deepcopy(model)
+    poptorch.removeBlocks(reference)
+    x, t = torch.randn(4 * 3, 8), torch.randn(4 * 3, 8)
+    pop = poptorch.trainingModel(model, strategy_options(None, ga=4, di=1),
+                                 torch.optim.SGD(model.parameters(), lr=0.1))
+    _, losses = pop(x, t)
+    assert pop._compiled.recompute
+    assert pop.executionPlan().recomputation_units == ["first.0", "first.1", "second.0", "second.1"]
+    ref_losses = train_loop(reference, torch.optim.SGD(reference.parameters(), lr=0.1), (x, t), loss_of, 1, 4, 1)
+    torch.testing.assert_close(losses, ref_losses, rtol=1e-6, atol=1e-6)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6)

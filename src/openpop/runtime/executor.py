@@ -216,6 +216,7 @@ class PoplarExecutor:
                 with context.running(self._training, tracing=True) as ctx, \
                         torch.set_grad_enabled(self._training):
                     ctx.block_recorder = recorder
+                    ctx.checkpoints = recorder.checkpoints
                     with self._precision.forward(self._model, tracing=True):
                         if tracker is not None:
                             ctx.loss_tracker = tracker
@@ -305,7 +306,8 @@ class PoplarExecutor:
         for module, _ in changed:
             module.training = not module.training
         started = time.perf_counter()
-        recompute = Recomputation(self._model) if compiled.recompute else contextlib.nullcontext()
+        recompute = (Recomputation(self._model, compiled.plan.recomputation_units) if compiled.recompute
+                     else contextlib.nullcontext())
         same_device = SameDeviceOps() if compiled.multi_device else contextlib.nullcontext()
         try:
             if compiled.placement is not None:

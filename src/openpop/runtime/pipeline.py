@@ -11,9 +11,11 @@ order, with activations hopping devices at block boundaries.
   flight, one host thread each (as torchgpipe does): while micro-batch ``i`` runs its later
   blocks on device ``k+1``, micro-batch ``i+1`` runs its first blocks on device ``k``; CUDA
   kernels queue per device and autograd's per-device threads overlap the backward passes.
-* ``Recomputation`` (PopTorch's default for pipelined training) re-runs each
-  ``BeginBlock`` module's forward during backward instead of keeping its activations
-  (``torch.utils.checkpoint``, RNG state preserved so dropout matches). Turn it off with
+* ``Recomputation`` (PopTorch's default for pipelined training) re-runs forward passes during
+  backward instead of keeping activations (``torch.utils.checkpoint``, RNG state preserved so
+  dropout matches). The recomputed units are the innermost modules whose output the user
+  marked with ``recomputationCheckpoint`` (their inputs — the previous checkpoints — are what
+  is stashed), and every ``BeginBlock`` module that contains no such unit. Turn it off with
   ``opts._Popart.set("autoRecomputation", 0)`` (PopART's ``RecomputationType.NoRecompute``).
 """
 import concurrent.futures
@@ -35,11 +37,20 @@ def recomputation_enabled(options) -> bool:
 
 
 @contextlib.contextmanager
-def Recomputation(model: torch.nn.Module):
-    """Checkpoint every ``BeginBlock`` module of ``model`` for the duration of the context."""
+def Recomputation(model: torch.nn.Module, units=()):
+    """Checkpoint the recomputation ``units`` (module names) and the ``BeginBlock`` modules
+    containing none of them, for the duration of the context."""
+    units = set(units)
+    chosen = []
+    for name, module in model.named_modules():
+        if name in units:
+            chosen.append(module)
+        elif block_annotation(module) is not None and not any(
+                u == name or u.startswith(name + ".") or name.startswith(u + ".") for u in units):
+            chosen.append(module)
     wrapped = []
-    for module in model.modules():
-        if block_annotation(module) is None or "forward" in module.__dict__:
+    for module in chosen:
+        if "forward" in module.__dict__:
             continue
         original = module.forward
         module.forward = functools.partial(_checkpointed, original)

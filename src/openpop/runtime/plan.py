@@ -52,9 +52,14 @@ class BlockRecorder:
         self._current: Optional[RecordedBlock] = self.blocks[0]
         self._names = {m: name for name, m in model.named_modules(remove_duplicate=False)}
         self._handles = []
+        # recomputationCheckpoint() appends the tensors it marks here (the run context's
+        # ``checkpoints``); modules returning one of them become recomputation units.
+        self.checkpoints: List[torch.Tensor] = []
+        self.checkpoint_modules: List[str] = []
         for module in self._names:
             if module is not model:
                 self._handles.append(module.register_forward_pre_hook(self._module_entered))
+                self._handles.append(module.register_forward_hook(self._module_exited))
 
     def begin_block(self, user_id: str, ipu_id: Optional[int]) -> None:
         block = self._by_id.get(user_id)
@@ -73,6 +78,21 @@ class BlockRecorder:
         if block is None:
             raise errors.Error(errors.NO_ACTIVE_BLOCK)
         block.modules.append(name)
+
+    def _module_exited(self, module, inputs, output):
+        if not self.checkpoints:
+            return
+        marked = {id(t) for t in self.checkpoints}
+        outputs = output if isinstance(output, (tuple, list)) else (output,)
+        if any(isinstance(o, torch.Tensor) and id(o) in marked for o in outputs):
+            name = self._names[module]
+            if name not in self.checkpoint_modules:
+                self.checkpoint_modules.append(name)
+
+    def recomputation_units(self) -> List[str]:
+        """Innermost modules whose output was marked by ``recomputationCheckpoint``."""
+        units = self.checkpoint_modules
+        return [n for n in units if not any(other.startswith(n + ".") for other in units)]
 
     def close(self) -> None:
         for handle in self._handles:
@@ -100,6 +120,7 @@ class ExecutionPlan:
     ipus_per_replica: int
     pipelined: bool         # PipelinedExecution with more than one stage
     device_map: Optional[DeviceMap] = None
+    recomputation_units: List[str] = field(default_factory=list)  # see BlockRecorder
 
     def allocation_table(self) -> str:
         width = max([len(b.name) for b in self.blocks] + [1])
@@ -151,7 +172,8 @@ def build_plan(recorder: BlockRecorder, strategy, options, training: bool) -> Ex
     used_ipus = {b.ipu for b in planned} or {0}
     ipus_per_replica = max(len(used_ipus), max(used_ipus) + 1)
     pipelined = type(strategy).__name__ == "PipelinedExecution" and fwd_stages > 1
-    plan = ExecutionPlan(planned, fwd_stages, ipus_per_replica, pipelined)
+    plan = ExecutionPlan(planned, fwd_stages, ipus_per_replica, pipelined,
+                         recomputation_units=recorder.recomputation_units())
     _check_ipu_count(ipus_per_replica * options.replication_factor, options.auto_round_num_ipus)
     if pipelined and training:
         total = 2 * fwd_stages - 1
