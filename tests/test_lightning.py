@@ -519,3 +519,49 @@ def test_compile_pass_leaves_torchmetrics_and_logs_alone():
     (result,) = t.validate(Metered(), loader(x, y, batch_size=4), verbose=False)
     assert result["total"] == pytest.approx(x[:, 0].sum().item(), rel=1e-5, abs=1e-5)
     assert result["rows"] == 48
+
+
+def test_test_and_predict_with_buffers_under_inference_mode():
+    """Lightning's evaluation loops run under torch.inference_mode(); models with buffers work."""
+    class WithBuffer(Regressor):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("scale", torch.tensor(2.0))
+
+        def forward(self, x):
+            return super().forward(x) * self.scale
+
+    x, y = regression_data(16)
+    cpu = trainer(accelerator="cpu", devices=1).test(WithBuffer(), loader(x, y), verbose=False)
+    ipu_trainer = trainer(accelerator="ipu", devices=1)
+    ipu = ipu_trainer.test(WithBuffer(), loader(x, y), verbose=False)
+    assert ipu[0]["test_loss"] == pytest.approx(cpu[0]["test_loss"], rel=1e-6)
+    predictions = ipu_trainer.predict(WithBuffer(), loader(x, y))
+    assert sum(len(p) for p in predictions) == 16
+
+
+def test_manual_optimization_with_replicas_steps_the_scheduler_once():
+    class Manual(Regressor):
+        def __init__(self):
+            super().__init__()
+            self.automatic_optimization = False
+
+        def training_step(self, batch, batch_idx):
+            optimizer = self.optimizers()
+            x, y = batch
+            loss = torch.nn.functional.mse_loss(self(x), y)
+            optimizer.zero_grad()
+            self.manual_backward(loss)
+            optimizer.step()
+            self.lr_schedulers().step()
+            return loss
+
+        def configure_optimizers(self):
+            optimizer = torch.optim.SGD(self.parameters(), lr=0.1)
+            return [optimizer], [torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)]
+
+    x, y = regression_data(32)
+    model = Manual()
+    trainer(accelerator="ipu", devices=2, max_epochs=1).fit(model, loader(x, y))
+    # 32 samples / (4 per replica x 2 replicas) = 4 optimizer steps -> lr halved twice.
+    assert model.optimizers().param_groups[0]["lr"] == pytest.approx(0.025)

@@ -354,3 +354,13 @@ def test_failed_training_call_still_resyncs_sharing_inference_model():
     with pytest.raises(RuntimeError, match="boom"):
         training(torch.randn(2, 3), torch.randn(2, 2))
     torch.testing.assert_close(inference(x), model.fc(x).detach())
+
+
+def test_inference_model_compiled_under_inference_mode():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3)).eval()
+    pop = poptorch.inferenceModel(model, poptorch.Options().deviceIterations(2))
+    x = torch.randn(4, 3)
+    with torch.inference_mode():
+        out = pop(x)
+        out = pop(x)
+    torch.testing.assert_close(out, model(x).detach())

@@ -76,7 +76,9 @@ MisconfigurationException = module("utilities.exceptions").MisconfigurationExcep
 _signature_utils = module("utilities.signature_utils")
 _rank_zero = module("utilities.rank_zero")
 
-ACCUMULATION_CHANGED = "The `IPUAccelerator` does not support `accumulate_grad_batches` changing between epochs."
+ACCUMULATION_CHANGED = ("The `IPUAccelerator` does not support `accumulate_grad_batches` changing between epochs. "
+                        "Remove the `GradientAccumulationScheduler` or give it a single value, e.g. "
+                        "`Trainer(accumulate_grad_batches=k)`.")
 SHARDED_FALLBACK_TRAINING = (
     "The model is split into {fwd} pipeline stages and poptorch.PipelinedExecution needs at least {needed} "
     "micro-batches per optimizer step to train through them, but accumulate_grad_batches is {have}. openpop runs "
@@ -435,6 +437,10 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
         for lo, before, after in saved:  # Lightning counts each step once, not once per replica
             lo._on_before_step = _first_replica_only(before)
             lo._on_after_step = _first_replica_only(after)
+        # One shared scheduler stands for every replica's copy (each DDP rank steps its own once).
+        schedulers = [config.scheduler for config in self.lightning_module.trainer.lr_scheduler_configs]
+        for scheduler in schedulers:
+            scheduler.step = _first_replica_only(scheduler.step)
         try:
             for d in range(geometry.device_iterations):
                 positions = [d * geometry.input_replicas + geometry.input_chunk_of_replica(r) for r in range(replicas)]
@@ -447,6 +453,8 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
         finally:
             for lo, before, after in saved:
                 lo._on_before_step, lo._on_after_step = before, after
+            for scheduler in schedulers:
+                del scheduler.step  # back to the class's method
         return collector.result()
 
     def backward(self, closure_loss, optimizer, *args: Any, **kwargs: Any):

@@ -62,9 +62,12 @@ class CopiedWeights:
         self._param_slots = list(_slots(model, "_parameters"))
         self._buffer_slots = list(_slots(model, "_buffers"))
         copies = {}
-        for _, _, tensor in self._param_slots + self._buffer_slots:
-            if id(tensor) not in copies:
-                copies[id(tensor)] = self._copy_of(tensor)
+        # Normal tensors even when compiled under torch.inference_mode() (Lightning's evaluation
+        # loops): inference tensors have no version counter and cannot be updated outside it.
+        with torch.inference_mode(False):
+            for _, _, tensor in self._param_slots + self._buffer_slots:
+                if id(tensor) not in copies:
+                    copies[id(tensor)] = self._copy_of(tensor)
         self._copies = copies
 
     def _copy_of(self, tensor):
@@ -74,7 +77,7 @@ class CopiedWeights:
         return data
 
     def upload(self) -> None:
-        with torch.no_grad():
+        with torch.inference_mode(False), torch.no_grad():
             for _, _, tensor in self._param_slots + self._buffer_slots:
                 self._copies[id(tensor)].copy_(tensor)
 
@@ -115,10 +118,17 @@ class BufferSnapshot:
 
     def __init__(self, buffers):
         self._saved = [(b, b.detach().clone()) for b in buffers]
-        self._versions = [b._version for b in buffers]
+        self._versions = [None if b.is_inference() else b._version for b in buffers]
 
     def mutated(self) -> bool:
-        return any(b._version != v for (b, _), v in zip(self._saved, self._versions))
+        """Whether any buffer changed (by version counter; by value for inference tensors)."""
+        for (buffer, saved), version in zip(self._saved, self._versions):
+            if version is None:
+                if not torch.equal(buffer, saved):
+                    return True
+            elif buffer._version != version:
+                return True
+        return False
 
     def restore(self) -> None:
         with torch.no_grad():
