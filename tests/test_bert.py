@@ -331,8 +331,22 @@ def test_missing_corrupt_and_mismatched_checkpoints_are_clear_errors(cache_dir, 
                       stream=io.StringIO())
     with pytest.raises(ckpt.CheckpointError, match=r"different model: hidden_size=32 \(this run: 64\)"):
         train.run(tiny(cache_dir, hidden_size=64, checkpoint_input_dir=saved.checkpoints[0]))
+    with pytest.raises(ckpt.CheckpointError, match=r"different training settings: learning_rate"):
+        train.run(tiny(cache_dir, learning_rate=0.5, checkpoint_input_dir=saved.checkpoints[0],
+                       resume_training_from_checkpoint=True))
     # No partial files are left behind by the atomic writes.
     assert sorted(os.listdir(tmp_path / "b")) == ["step_1.pt"]
+
+
+def test_unusable_paths_fail_before_training(cache_dir, tmp_path):
+    not_a_directory = tmp_path / "file.txt"
+    not_a_directory.write_text("x")
+    with pytest.raises(ConfigError, match="exists and is not a directory"):
+        tiny(cache_dir, checkpoint_output_dir=str(not_a_directory))
+    with pytest.raises(data.DataError, match="is a directory: give text files or a glob"):
+        data.get_dataset(make_config("demo_tiny_128", input_files=[str(tmp_path)], data_cache_dir=cache_dir))
+    with pytest.raises(ConfigError, match="mask_tokens <= sequence_length - 3"):
+        make_config("demo_tiny_128", sequence_length=4, mask_tokens=2)
 
 
 # --------------------------------------------------------------------------- learning

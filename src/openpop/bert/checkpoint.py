@@ -92,8 +92,8 @@ def load_checkpoint(path: str, config: BertRunConfig) -> dict:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
         raise CheckpointError(
-            f"checkpoint {path} is damaged or not an openpop-bert checkpoint ({type(exc).__name__}: "
-            f"{str(exc).splitlines()[0] if str(exc) else ''}). Delete it and resume from an earlier step_N.pt, "
+            f"checkpoint {path} is damaged or not an openpop-bert checkpoint ({type(exc).__name__}). Delete it and "
+            "resume from an earlier step_N.pt, "
             "or start without --resume-training-from-checkpoint") from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not an openpop-bert checkpoint (expected format {FORMAT})")
@@ -103,7 +103,20 @@ def load_checkpoint(path: str, config: BertRunConfig) -> dict:
         raise CheckpointError(f"checkpoint {path} was saved by a different model: {', '.join(different)}. "
                               f"Run with the checkpoint's settings (it was saved with --config "
                               f"{state.get('config_name')}).")
+    saved_run, this_run = state.get("config", {}), config.as_dict()
+    changed = [f"{k}={saved_run.get(k)!r} (this run: {this_run.get(k)!r})" for k in RESUME_MUST_MATCH
+               if k in saved_run and saved_run.get(k) != this_run.get(k)]
+    if changed:
+        raise CheckpointError(f"resuming {path} with different training settings: {', '.join(changed)}. A resumed "
+                              "run continues the saved one exactly, so run with the saved values (or start a new "
+                              "run without --resume-training-from-checkpoint).")
     return state
+
+
+# Settings a resumed run must share with the saved one to continue it exactly.
+RESUME_MUST_MATCH = ("micro_batch_size", "gradient_accumulation", "device_iterations", "replication_factor",
+                     "dataset", "input_files", "random_seed", "optimizer", "learning_rate", "lr_schedule",
+                     "lr_warmup", "loss_scaling", "weight_decay", "sequence_length", "mask_tokens")
 
 
 def restore_training_state(state: dict, optimizer, scheduler) -> int:

@@ -109,9 +109,12 @@ _KEYS: List[Key] = [
     Key("optimizer_state_offchip", str_to_bool, True, "IPU memory option (accepted, no effect)"),
     Key("enable_half_partials", str_to_bool, True, "IPU precision option (accepted, no effect)"),
     Key("custom_ops", str_to_bool, True, "Load the recipe's custom ops (none are needed: no effect)"),
-    Key("synthetic_data", str_to_bool, False, "Use synthetic data on the device"),
-    Key("executable_cache_dir", _optional_str, None, "Directory of the executable cache", flag_only=True),
-    Key("profile_dir", _optional_str, None, "Write a profile report to this directory", flag_only=True),
+    Key("synthetic_data", str_to_bool, False, "IPU host-I/O option (accepted, no effect: data always comes "
+        "from the host)"),
+    Key("executable_cache_dir", _optional_str, None, "IPU executable cache (accepted, no effect: openpop's "
+        "compile is a trace)", flag_only=True),
+    Key("profile_dir", _optional_str, None, "PopVision profile directory (accepted, no effect: use openpop's "
+        "Lightning autoreport or torch.profiler)", flag_only=True),
     Key("compile_only", str_to_bool, False, "Compile, then exit without training", flag_only=True),
     Key("recomputation", str_to_bool, False,
         "openpop: recompute each block's activations in the backward pass (saves memory, costs a forward "
@@ -347,7 +350,24 @@ def validate(config: BertRunConfig) -> BertRunConfig:
     if config.packed_data:
         raise ConfigError("packed_data needs packed TFRecord input files, which openpop-bert does not read: "
                           "run with --packed-data False")
+    if config.dataset == "pretraining" and config.mask_tokens > config.sequence_length - 3:
+        raise ConfigError(f"--dataset pretraining needs mask_tokens <= sequence_length - 3 ([CLS] and two [SEP]); "
+                          f"got mask_tokens {config.mask_tokens}, sequence_length {config.sequence_length}")
+    _check_output_directory(config.checkpoint_output_dir)
     return config
+
+
+def _check_output_directory(directory) -> None:
+    """Fail before training, not at the first checkpoint, if checkpoints cannot be written."""
+    if not directory:
+        return
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise ConfigError(f"--checkpoint-output-dir {directory} exists and is not a directory: name a directory")
+    existing = directory
+    while existing and not os.path.exists(existing):
+        existing = os.path.dirname(existing.rstrip(os.sep)) or "."
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"--checkpoint-output-dir {directory} is not writable: name a directory you can write to")
 
 
 # --------------------------------------------------------------------------- command line

@@ -192,6 +192,10 @@ def resolve_input_files(patterns: Sequence[str], cache_dir: str) -> List[str]:
             files.append(stdlib_corpus_path(cache_dir))
             continue
         matches = sorted(glob.glob(os.path.expanduser(pattern)))
+        directories = [m for m in matches if os.path.isdir(m)]
+        if directories:
+            raise DataError(f"{directories[0]} is a directory: give text files or a glob like "
+                            f"{os.path.join(directories[0], '*.txt')}")
         if not matches:
             raise DataError(f"no input files match '{pattern}': give plain-text files with --input-files "
                             "(or 'stdlib' for the standard-library corpus), or use --dataset generated")
