@@ -565,3 +565,22 @@ def test_manual_optimization_with_replicas_steps_the_scheduler_once():
     trainer(accelerator="ipu", devices=2, max_epochs=1).fit(model, loader(x, y))
     # 32 samples / (4 per replica x 2 replicas) = 4 optimizer steps -> lr halved twice.
     assert model.optimizers().param_groups[0]["lr"] == pytest.approx(0.025)
+
+
+def test_misleading_step_settings_are_warned_about(caplog):
+    x, y = regression_data(12)
+    model = Regressor()
+    checkpoint = pl.callbacks.ModelCheckpoint(every_n_train_steps=3)
+    run = trainer(accelerator="ipu", devices=2, strategy=IPUStrategy(device_iterations=2), max_epochs=1,
+                  enable_checkpointing=True, callbacks=[checkpoint])
+    import logging
+    import openpop
+    openpop.logger.propagate = True
+    try:
+        with pytest.warns(UserWarning, match=r"every_n_train_steps=3\) is not a multiple of device_iterations=2"), \
+                caplog.at_level(logging.WARNING, logger="poptorch::python"):
+            run.fit(model, loader(x, y, batch_size=4))
+    finally:
+        openpop.logger.propagate = False
+    assert any("smaller than one host call's combined batch" in r.getMessage() for r in caplog.records)
+    assert run.global_step == 0

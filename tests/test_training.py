@@ -535,3 +535,13 @@ def test_other_closure_free_torch_optimizers_run_as_is():
     ref_opt.step()
     for p, q in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6)
+
+
+def test_list_outputs_are_concatenated_in_row_order():
+    class WithIds(torch.nn.Module):
+        def forward(self, x):
+            return x * 2, [f"row{int(v)}" for v in x[:, 0]]
+
+    x = torch.arange(4, dtype=torch.float32).unsqueeze(1)
+    out, ids = poptorch.inferenceModel(WithIds(), poptorch.Options().deviceIterations(2))(x)
+    assert ids == ["row0", "row1", "row2", "row3"]

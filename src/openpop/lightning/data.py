@@ -17,6 +17,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader as TorchDataLoader, RandomSampler, SequentialSampler
 
 from openpop.data import DataLoader
+from openpop.log import logger
 
 _PASSED_THROUGH = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context",
                    "generator", "pin_memory_device", "in_order")
@@ -24,6 +25,22 @@ _PASSED_THROUGH = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker
 
 def to_openpop_loader(loader, options, training: bool):
     """``loader`` as a ``poptorch.DataLoader`` for ``options`` (see the module docstring)."""
+    converted = _convert(loader, options, training)
+    if training and converted is not loader and isinstance(converted, DataLoader):
+        try:
+            empty = len(converted) == 0
+        except TypeError:  # an iterable dataset without a length
+            empty = False
+        if empty:
+            logger.warning(
+                "The training dataset (%d samples) is smaller than one host call's combined batch (%s samples = "
+                "batch_size x device_iterations x devices x accumulate_grad_batches): no optimizer step will "
+                "run. Lower batch_size, devices, device_iterations or accumulate_grad_batches.",
+                len(loader.dataset), converted.combinedBatchSize)
+    return converted
+
+
+def _convert(loader, options, training: bool):
     if isinstance(loader, DataLoader) or not isinstance(loader, TorchDataLoader):
         return loader
     kwargs = {name: getattr(loader, name) for name in _PASSED_THROUGH if hasattr(loader, name)}

@@ -88,6 +88,9 @@ SHARDED_FALLBACK_INFERENCE = (
     "The model is split into {fwd} pipeline stages and poptorch.PipelinedExecution needs device_iterations >= "
     "{fwd} for inference, but it is {have}. openpop runs it with poptorch.ShardedExecution instead (the same "
     "results). To pipeline, set IPUStrategy(device_iterations={fwd}) or more.")
+CHECKPOINT_EVERY_ROUNDED = (
+    "ModelCheckpoint(every_n_train_steps={every}) is not a multiple of device_iterations={di}: global_step "
+    "advances by {di} per host call, so only steps that are multiples of both are saved. Use a multiple of {di}.")
 MAX_STEPS_ROUNDED = ("Trainer(max_steps={max_steps}) is not a multiple of device_iterations={di}: every host call "
                      "runs {di} optimizer steps, so training stops after {rounded} steps.")
 _STAGE_NAMES = {RunningStage.TRAINING: "training", RunningStage.VALIDATING: "validation",
@@ -273,6 +276,10 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
         if trainer.max_steps is not None and trainer.max_steps > 0 and trainer.max_steps % di:
             rounded = -(-trainer.max_steps // di) * di
             _rank_zero.rank_zero_warn(MAX_STEPS_ROUNDED.format(max_steps=trainer.max_steps, di=di, rounded=rounded))
+        for callback in trainer.checkpoint_callbacks:
+            every = getattr(callback, "_every_n_train_steps", 0) or 0
+            if every > 0 and every % di:
+                _rank_zero.rank_zero_warn(CHECKPOINT_EVERY_ROUNDED.format(every=every, di=di))
 
     def teardown(self) -> None:
         if self._per_step is not None:

@@ -78,6 +78,8 @@ class OutputCollector:
 def _assemble_leaf(values, row_count):
     first = values[0]
     if not isinstance(first, torch.Tensor):
+        if row_count > 1 and len(values) > 1 and all(type(v) is list for v in values):
+            return [item for v in values for item in v]  # e.g. per-sample ids, kept in row order
         return values[-1]
     if row_count == 1 and len(values) == 1:
         out = first.clone()  # never alias a live model tensor (a returned parameter, an input)
@@ -106,7 +108,13 @@ def _flatten(output):
         return [output], None
     if type(output) is tuple and all(type(o) is torch.Tensor for o in output):
         return list(output), _TUPLE_OF_TENSORS
-    return pytree.tree_flatten(output)
+    return pytree.tree_flatten(output, is_leaf=_is_plain_list)
+
+
+def _is_plain_list(value) -> bool:
+    """A list holding no tensors (e.g. sample ids) is one output leaf, concatenated across rows."""
+    return type(value) is list and not any(isinstance(v, torch.Tensor) or isinstance(v, (list, tuple, dict))
+                                           for v in value)
 
 
 def _unflatten(leaves, spec):
