@@ -584,3 +584,14 @@ def test_misleading_step_settings_are_warned_about(caplog):
         openpop.logger.propagate = False
     assert any("smaller than one host call's combined batch" in r.getMessage() for r in caplog.records)
     assert run.global_step == 0
+
+
+def test_user_options_set_to_defaults_still_win():
+    import poptorch
+    from openpop.lightning.run_options import derive
+    user = poptorch.Options().deviceIterations(1).replicationFactor(1)
+    user.Training.gradientAccumulation(1)
+    options = derive(user, training=True, device_iterations=4, replicas=2, accumulation=2)
+    assert (options.device_iterations, options.replication_factor, options.Training.gradient_accumulation) == (1, 1, 1)
+    derived = derive(None, training=True, device_iterations=4, replicas=2, accumulation=2)
+    assert (derived.device_iterations, derived.replication_factor, derived.Training.gradient_accumulation) == (4, 2, 2)

@@ -761,3 +761,14 @@ def test_popart_options():
         popart.setPatterns({}, "2")
     with pytest.raises(AssertionError):
         popart.setPatterns(["PadSum"])
+
+
+def test_explicitly_set_records_setter_calls_even_with_default_values():
+    opts = Options()
+    assert not opts.explicitlySet("device_iterations")
+    opts.deviceIterations(1)
+    assert opts.explicitlySet("device_iterations")
+    assert opts.clone().explicitlySet("device_iterations")
+    assert not opts.Training.explicitlySet("gradient_accumulation")
+    opts.Training.gradientAccumulation(1)
+    assert opts.Training.explicitlySet("gradient_accumulation")

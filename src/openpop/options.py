@@ -65,6 +65,7 @@ class OptionsDict:
 
     def __init__(self, **defaults: Any) -> None:
         object.__setattr__(self, "_is_frozen", False)
+        object.__setattr__(self, "_explicit", set())  # names given a value through set()
         # Creating _values ends construction: private attributes must exist by now.
         object.__setattr__(self, "_values", dict(defaults))
 
@@ -99,6 +100,12 @@ class OptionsDict:
             assert isinstance(value, expected), "Unexpected type %s for option %s. Expected %s" % (
                 type(value), option, expected)
         self._values.update(kwargs)
+        self._explicit.update(kwargs)
+
+    def explicitlySet(self, option: str) -> bool:
+        """openpop extension: whether ``option`` was given a value (even its default) through a
+        setter, as opposed to holding its default. Integrations use it so user choices win."""
+        return option in self._explicit
 
     def createOrSet(self, **kwargs: Any) -> None:
         self._check_not_frozen()

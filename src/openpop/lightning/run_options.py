@@ -11,8 +11,8 @@ Derived from the Trainer and the strategy:
 * ``broadcastBuffers(False)`` so BatchNorm-like models run with several replicas (each replica
   keeps its own running statistics and the host sees replica 0's, as with DDP)
 
-User ``training_opts`` / ``inference_opts`` win: every setting they changed from the default
-``poptorch.Options()`` is kept as given. Inference never accumulates gradients, so a shared
+User ``training_opts`` / ``inference_opts`` win: every setting they set through a setter (even
+to its default value) or changed from the default ``poptorch.Options()`` is kept as given. Inference never accumulates gradients, so a shared
 options object with ``gradientAccumulation(k)`` is used with 1 for inference.
 """
 import os
@@ -27,16 +27,20 @@ def derive(user: Optional[Options], *, training: bool, device_iterations: int, r
            accumulation: int) -> Options:
     defaults = Options()
     options = user.clone() if user is not None else Options()
-    if options.device_iterations == defaults.device_iterations:
+
+    def unset(group, default_group, name):
+        return not group.explicitlySet(name) and getattr(group, name) == getattr(default_group, name)
+
+    if unset(options, defaults, "device_iterations"):
         options.deviceIterations(device_iterations)
-    if options.replication_factor == defaults.replication_factor:
+    if unset(options, defaults, "replication_factor"):
         options.replicationFactor(replicas)
     if training:
-        if options.Training.gradient_accumulation == defaults.Training.gradient_accumulation:
+        if unset(options.Training, defaults.Training, "gradient_accumulation"):
             options.Training.gradientAccumulation(accumulation)
     elif options.Training.gradient_accumulation != 1:
         options.Training.gradientAccumulation(1)
-    if options.broadcast_buffers == defaults.broadcast_buffers:
+    if unset(options, defaults, "broadcast_buffers"):
         options.broadcastBuffers(False)
     seed = os.environ.get("PL_GLOBAL_SEED")
     if seed is not None and not options.exists("random_seed"):
