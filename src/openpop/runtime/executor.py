@@ -297,6 +297,9 @@ class PoplarExecutor:
         if not self._attached:
             self.attachToDevice()
         compiled = self._compiled
+        moved = []
+        if compiled.placement is not None:
+            moved = self._move_inputs_to_first_device(inputs, compiled.placement.device_of_module(""))
         if not self._training and weights_version(self._user_model) != compiled.uploaded_version:
             compiled.weights.upload()
             compiled.uploaded_version = weights_version(self._user_model)
@@ -328,10 +331,26 @@ class PoplarExecutor:
                 # Even a failed call may have stepped the optimizer: sharing models must re-sync.
                 bump_weights_version(self._user_model)
         self._last_run_seconds = time.perf_counter() - started
-        for pos, original in copied:
-            with torch.no_grad():
+        with torch.no_grad():
+            for pos, original in copied:
                 original.copy_(inputs.leaves[pos])
+            for pos, original, version in moved:
+                if inputs.leaves[pos]._version != version:  # the model changed its input in place
+                    original.copy_(inputs.leaves[pos])
         return result
+
+    @staticmethod
+    def _move_inputs_to_first_device(inputs: BoundInputs, device):
+        """One host-to-device copy of the combined batch per call, not one per micro-batch.
+        Returns ``[(position, caller's tensor, version)]`` to write in-place changes back."""
+        moved = []
+        for pos in inputs.tensor_positions:
+            tensor = inputs.leaves[pos]
+            if tensor.device != device:
+                on_device = tensor.to(device, non_blocking=device.type == "cuda")
+                moved.append((pos, tensor, on_device._version))
+                inputs.leaves[pos] = on_device
+        return moved
 
     def _micro_batches(self, inputs: BoundInputs):
         """Per input leaf, a ``[DI, GA, R_in, micro, ...]`` view (or the 0-d value itself)."""
