@@ -441,3 +441,29 @@ def test_recomputation_checkpoints_make_each_marked_layer_a_recomputation_unit()
     torch.testing.assert_close(losses, ref_losses, rtol=1e-6, atol=1e-6)
     for p, q in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_single_gpu_training_and_inference_match_cpu():
+    torch.manual_seed(0)
+    model = FourBlocks()
+    reference = FourBlocks()
+    reference.load_state_dict(model.state_dict())
+    opts = strategy_options(None, ga=2, di=2).deviceMap(["cuda:0"])
+    x, t = torch.randn(16, 8), torch.randn(16, 8)
+    pop = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    _, losses = pop(x, t)
+    assert losses.device.type == "cpu"
+    assert model.layers[0].weight.device.type == "cuda"
+    ref_losses = train_loop(reference, torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9), (x, t),
+                            loss_of, 2, 2, 1)
+    torch.testing.assert_close(losses, ref_losses, rtol=1e-4, atol=1e-5)
+    pop.detachFromDevice()
+    assert model.layers[0].weight.device.type == "cpu"
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+    inference = poptorch.inferenceModel(model, poptorch.Options().deviceMap(["cuda:0"]))
+    out, _ = inference(x, t)
+    assert out.device.type == "cpu"
+    torch.testing.assert_close(out, model(x, t)[0].detach(), rtol=1e-4, atol=1e-5)
+    assert model.layers[0].weight.device.type == "cpu"  # inference copies live on the GPU, not the host model
