@@ -10,11 +10,11 @@ a crash never leaves a partial ``step_N.pt``.
 """
 import os
 import re
-import tempfile
 from typing import Optional
 
 import torch
 
+from ..atomic_file import atomic_write
 from .config import BertRunConfig
 
 FORMAT = "openpop-bert-checkpoint-1"
@@ -44,18 +44,7 @@ def save_checkpoint(directory: str, step: int, config: BertRunConfig, model, opt
         "rng_state": torch.get_rng_state(),
     }
     path = checkpoint_path(directory, step)
-    handle, temporary = tempfile.mkstemp(dir=directory, prefix=f".step_{step}.pt.tmp-")
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            torch.save(state, stream)
-            stream.flush()
-            os.fsync(stream.fileno())
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
+    atomic_write(path, lambda stream: torch.save(state, stream))
     return path
 
 

@@ -25,7 +25,6 @@ import random
 import re
 import sys
 import sysconfig
-import tempfile
 import time
 from typing import Dict, Iterator, List, Optional, Sequence
 
@@ -34,6 +33,7 @@ import torch
 
 import poptorch
 
+from ..atomic_file import atomic_write
 from .config import BertRunConfig
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -94,19 +94,9 @@ def cache_dir_for(config: BertRunConfig) -> str:
 
 
 def _atomic_write(path: str, write) -> None:
-    """Write through ``write(stream)`` to a temporary file, then rename it into place."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=directory, prefix=".tmp-" + os.path.basename(path) + "-")
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            write(stream)
-        os.chmod(temporary, 0o644)
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
+    """``atomic_write`` into a cache directory created on demand."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    atomic_write(path, write)
 
 
 def _digest(*parts) -> str:

@@ -16,6 +16,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from .. import errors
+from ..atomic_file import atomic_write
 from ..enums import ConnectionType, MeanReductionStrategy, OutputMode
 from ..log import logger
 from . import context
@@ -594,7 +595,7 @@ class PoplarExecutor:
             "optimizer": self._optimizer if export_model else None,
             "rng_state": self.rng_state if save_rng_state else None,
         }
-        _atomic_torch_save(saved, filename)
+        atomic_write(filename, lambda stream: torch.save(saved, stream))
 
     def loadExecutable(self, filename: str) -> None:
         """Adopt a file written by ``save``: its RNG state (openpop recompiles on demand)."""
@@ -690,21 +691,6 @@ def read_saved_executor(filename: str, poptorch_version: str) -> dict:
             f"PopTorch version mismatch: {filename} was saved by {saved['poptorch_version']} and this is "
             f"{poptorch_version}. Save it again with this version.")
     return saved
-
-
-def _atomic_torch_save(obj, filename: str) -> None:
-    import os
-    import tempfile
-    directory = os.path.dirname(os.path.abspath(filename))
-    handle, temporary = tempfile.mkstemp(dir=directory, prefix=".openpop-save-")
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            torch.save(obj, stream)
-        os.replace(temporary, filename)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
 
 
 class _PerfRecorder:
