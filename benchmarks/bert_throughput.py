@@ -29,6 +29,7 @@ import time
 import torch
 
 import poptorch
+from _machine import cpu_name
 from openpop.bert.config import make_config
 from openpop.bert.metrics import training_flops_per_sample
 from openpop.bert.model import PipelinedBertForPretraining
@@ -39,16 +40,7 @@ TARGETS = {"framework_tax": 0.97, "fp32_mfu": 0.30, "bf16_speedup": 2.5}
 
 
 def machine_info():
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as stream:
-            for line in stream:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+    return {"cpu": cpu_name(), "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
             "python": platform.python_version()}
 
 

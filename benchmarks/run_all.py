@@ -17,6 +17,8 @@ import subprocess
 import sys
 import time
 
+from _machine import cpu_name
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -26,15 +28,7 @@ def discover():
 
 
 def machine():
-    cpu = platform.machine()
-    try:
-        with open("/proc/cpuinfo") as stream:
-            for line in stream:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    cpu = cpu_name()
     try:
         import torch
         torch_version, threads = torch.__version__, torch.get_num_threads()
