@@ -16,27 +16,11 @@ from openpop.data import AsynchronousDataAccessor, DataLoader
 from openpop.data.async_accessor import WorkerTraceback
 from openpop.enums import DataLoaderMode, SharingStrategy
 from openpop.errors import Error
-from openpop.options import Options
+
+from data_helpers import indexed_dataset, make_options
 
 FORK = {"sharing_strategy": SharingStrategy.Fork}
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
-
-
-def make_options(di=1, r=1, ga=1, process=None, seed=None):
-    opts = Options()
-    opts.deviceIterations(di)
-    opts.replicationFactor(r)
-    opts.Training.gradientAccumulation(ga)
-    if process is not None:
-        opts.Distributed.configureProcessId(*process)
-    if seed is not None:
-        opts.randomSeed(seed)
-    return opts
-
-
-def indexed_dataset(n, features=3):
-    index = torch.arange(n)
-    return TensorDataset(index.float().unsqueeze(1).repeat(1, features), index)
 
 
 def snapshot(batch):

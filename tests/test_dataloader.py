@@ -5,35 +5,16 @@ import logging
 
 import pytest
 import torch
-from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler, TensorDataset
+from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
 from openpop.data import DataLoader
 from openpop.data import messages
 from openpop.data.distributed import process_slice
-from openpop.enums import CommGroupType, DataLoaderMode
+from openpop.enums import DataLoaderMode
 from openpop.errors import Error
 from openpop.log import logger
-from openpop.options import Options
 
-
-def make_options(di=1, r=1, ga=1, group=1, process=None, seed=None):
-    opts = Options()
-    opts.deviceIterations(di)
-    opts.replicationFactor(r)
-    opts.Training.gradientAccumulation(ga)
-    if group > 1:
-        opts.inputReplicaGrouping(group, CommGroupType.Consecutive)
-    if process is not None:
-        opts.Distributed.configureProcessId(*process)
-    if seed is not None:
-        opts.randomSeed(seed)
-    return opts
-
-
-def indexed_dataset(n, features=3):
-    """Element i is (a row of i's, i)."""
-    index = torch.arange(n)
-    return TensorDataset(index.float().unsqueeze(1).repeat(1, features), index)
+from data_helpers import indexed_dataset, make_options
 
 
 def labels(loader):
