@@ -13,7 +13,6 @@ import time
 import weakref
 
 import torch
-from torch.utils import _pytree as pytree
 
 from .. import errors
 from ..atomic_file import atomic_write
@@ -28,7 +27,7 @@ from .losses import LossTracker
 from .precision import RunPrecision
 from .pipeline import ConcurrentMicroBatches, Recomputation, concurrency_wanted, recomputation_enabled
 from .plan import BlockRecorder, build_plan
-from .outputs import OutputCollector
+from .outputs import OutputCollector, flatten_output
 from .weights import (BufferSnapshot, CopiedWeights, ReplicaBuffers, SharedWeights, bump_weights_version,
                       registered_tensors, weights_version)
 
@@ -241,7 +240,7 @@ class PoplarExecutor:
                                                       geometry.replication_factor)
         if tracker is not None:
             loss = tracker.final_loss()
-            flat = pytree.tree_leaves(output)
+            flat, _ = flatten_output(output)
             index = next((i for i, leaf in enumerate(flat) if leaf is loss), None)
             compiled.loss_index = index
             compiled.track_losses = index is None
@@ -459,14 +458,7 @@ class PoplarExecutor:
         if not compiled.track_losses:
             with self._precision.forward(self._model):
                 output = self._model(*args, **kwargs)
-            if isinstance(output, torch.Tensor):
-                loss = output
-            elif type(output) is tuple and len(output) > compiled.loss_index and all(
-                    type(o) is torch.Tensor for o in output):
-                loss = output[compiled.loss_index]
-            else:
-                loss = pytree.tree_leaves(output)[compiled.loss_index]
-            return output, loss
+            return output, flatten_output(output)[0][compiled.loss_index]
         tracker = LossTracker()
         context.current().loss_tracker = tracker
         with self._precision.forward(self._model), tracker:

@@ -53,7 +53,7 @@ class OutputCollector:
         return (iteration + 1) % self.period == 0
 
     def add(self, replica: int, output) -> None:
-        leaves, spec = _flatten(output)
+        leaves, spec = flatten_output(output)
         self._spec = spec
         self._added = True
         leaves = [leaf.detach() if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
@@ -103,7 +103,8 @@ def protect_output(tensor: torch.Tensor) -> torch.Tensor:
 _TUPLE_OF_TENSORS = "tuple of tensors"
 
 
-def _flatten(output):
+def flatten_output(output):
+    """``(leaves, spec)`` of a model output, the one walk used for collecting and finding the loss."""
     if isinstance(output, torch.Tensor):
         return [output], None
     if type(output) is tuple and all(type(o) is torch.Tensor for o in output):
