@@ -467,3 +467,16 @@ def test_single_gpu_training_and_inference_match_cpu():
     assert out.device.type == "cpu"
     torch.testing.assert_close(out, model(x, t)[0].detach(), rtol=1e-4, atol=1e-5)
     assert model.layers[0].weight.device.type == "cpu"  # inference copies live on the GPU, not the host model
+
+
+def test_activation_moves_only_at_block_boundaries():
+    from openpop.runtime.devices import DevicePlacement
+    model = FourBlocks()
+    ipu_of = {"layers.0": 0, "layers.1": 0, "layers.2": 1, "layers.3": 1}
+    placement = DevicePlacement(
+        model, lambda name: torch.device("cuda", ipu_of.get(name, 0)))  # names only; nothing is moved
+    hooked = [name for name, module in model.named_modules()
+              if any(module is m for m, _ in placement._boundaries)]
+    # The root, and each module on another device than its parent (the ModuleList container is
+    # on the root's device, so both layers on IPU 1 count).
+    assert hooked == ["", "layers.2", "layers.3"]

@@ -97,7 +97,22 @@ class DevicePlacement:
     def __init__(self, model: torch.nn.Module, device_of_module):
         self.model = model
         self.device_of_module = device_of_module  # qualified module name -> torch.device
+        self._boundaries = self._block_boundaries()
         self._hooks = []
+
+    def _block_boundaries(self):
+        """``(module, device)`` where activations change device: the root, and every module whose
+        device differs from its parent's. Computed once; hooks go only there."""
+        parents = {}
+        for name, module in self.model.named_modules():
+            for child_name, _ in module.named_children():
+                parents[f"{name}.{child_name}" if name else child_name] = name
+        boundaries = []
+        for name, module in self.model.named_modules():
+            device = self.device_of_module(name)
+            if not name or self.device_of_module(parents.get(name, "")) != device:
+                boundaries.append((module, device))
+        return boundaries
 
     def place(self) -> None:
         with torch.no_grad():
@@ -111,16 +126,7 @@ class DevicePlacement:
                                 tensor.grad = tensor.grad.to(device)
 
     def install_hooks(self) -> None:
-        """Move inputs where the device changes: at the root and at modules whose device differs
-        from their parent's (block boundaries), not at every module."""
-        parents = {}
-        for name, module in self.model.named_modules():
-            for child_name, _ in module.named_children():
-                parents[f"{name}.{child_name}" if name else child_name] = name
-        for name, module in self.model.named_modules():
-            device = self.device_of_module(name)
-            if name and self.device_of_module(parents.get(name, "")) == device:
-                continue
+        for module, device in self._boundaries:
             self._hooks.append(module.register_forward_pre_hook(_mover(device), with_kwargs=True))
 
     def remove_hooks(self) -> None:
