@@ -295,7 +295,7 @@ def test_concurrent_micro_batches_on_cpu_match_serial(monkeypatch):
     reference.load_state_dict(model.state_dict())
     x, t = torch.randn(2 * 8 * 2, 8), torch.randn(2 * 8 * 2, 8)
     opts = strategy_options(None)
-    opts._Popart.set("autoRecomputation", 0)  # recomputation keeps micro-batches serial (global RNG)
+    opts._Popart.set("autoRecomputation", 0)  # with recomputation: tests/test_device_replicas.py
     pop = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
     _, losses = pop(x, t)
     assert pop._compiled.concurrent
@@ -303,13 +303,6 @@ def test_concurrent_micro_batches_on_cpu_match_serial(monkeypatch):
     torch.testing.assert_close(losses, ref_losses, rtol=1e-5, atol=1e-6)
     for p, q in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
-
-
-def test_recomputation_keeps_micro_batches_serial(monkeypatch):
-    monkeypatch.setenv("OPENPOP_CONCURRENT_STAGES", "on")
-    pop = poptorch.trainingModel(FourBlocks("begin_block"), strategy_options(None))
-    pop(torch.randn(32, 8), torch.randn(32, 8))
-    assert pop._compiled.recompute and not pop._compiled.concurrent
 
 
 @pytest.mark.gpu

@@ -8,8 +8,8 @@ a GPU, every virtual IPU is the CPU. Override it, most specific first:
 
 Entry ``k`` of an explicit map serves virtual IPU ``k`` of replica 0, then the list continues
 with replica 1 (``replica * ipus_per_replica + ipu``); a shorter list is reused round-robin.
-The executor currently places every local replica on replica 0's devices (replicas run one
-after another on shared weights); the per-replica entries are resolved and validated only.
+Replicas whose devices differ from replica 0's get their own weights there (``replicas.py``);
+replicas sharing replica 0's devices run one after another on its weights.
 """
 import os
 from typing import List, Optional, Sequence
@@ -39,6 +39,20 @@ class DeviceMap:
             device = self.device(ipu, replica)
             if device not in seen:
                 seen.append(device)
+        return seen
+
+    def replicas_share_devices(self) -> bool:
+        """Whether every replica's IPUs sit on the same devices as replica 0's."""
+        return all(self.device(ipu, r) == self.device(ipu, 0)
+                   for r in range(1, self.replicas) for ipu in range(self.ipus_per_replica))
+
+    def all_devices(self) -> List[torch.device]:
+        """Distinct devices used by any replica, in first-use order."""
+        seen = []
+        for r in range(self.replicas):
+            for device in self.distinct_devices(r):
+                if device not in seen:
+                    seen.append(device)
         return seen
 
     @property
@@ -125,9 +139,13 @@ class DevicePlacement:
                             if tensor.grad is not None:
                                 tensor.grad = tensor.grad.to(device)
 
-    def install_hooks(self) -> None:
+    def install_hooks(self, locks=None) -> None:
+        """Move activations at the boundaries; with ``locks`` (a ``pipeline.DeviceLocks``, for
+        concurrent micro-batches) the running thread also holds the device's lock inside."""
         for module, device in self._boundaries:
-            self._hooks.append(module.register_forward_pre_hook(_mover(device), with_kwargs=True))
+            self._hooks.append(module.register_forward_pre_hook(_mover(device, locks), with_kwargs=True))
+            if locks is not None:
+                self._hooks.append(module.register_forward_hook(_leaver(locks), always_call=True))
 
     def remove_hooks(self) -> None:
         for hook in self._hooks:
@@ -144,10 +162,18 @@ class DevicePlacement:
                             tensor.data = tensor.data.to(host)
 
 
-def _mover(device):
+def _mover(device, locks=None):
     def move(module, args, kwargs):
+        if locks is not None:
+            locks.enter(device)
         return to_device(args, device), to_device(kwargs, device)
     return move
+
+
+def _leaver(locks):
+    def leave(module, args, output):
+        locks.exit()
+    return leave
 
 
 def to_device(value, device):

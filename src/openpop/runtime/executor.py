@@ -2,8 +2,10 @@
 device_iterations batches (inference), each over gradient_accumulation x replicas micro-batches,
 then returns the outputs chosen by the output mode.
 
-Replicas run one after another in this process on identical weights, so their gradient
-all-reduce is exact: it is the same sum as accumulating over ``GA * R`` micro-batches.
+Local replicas that share replica 0's devices run one after another on its weights, so their
+gradient all-reduce is exact: the same sum as accumulating over ``GA * R`` micro-batches.
+Replicas the device map puts on other devices (several GPUs) get their own weights there
+(``replicas.py``): gradients are summed onto replica 0, which steps and broadcasts.
 """
 import contextlib
 import copy
@@ -25,7 +27,9 @@ from .gradients import GradientReduction
 from .devices import DevicePlacement, SameDeviceOps, resolve_device_map
 from .losses import LossTracker
 from .precision import RunPrecision
-from .pipeline import ConcurrentMicroBatches, Recomputation, concurrency_wanted, recomputation_enabled
+from .pipeline import (ConcurrentMicroBatches, DeviceLocks, Recomputation, concurrency_wanted,
+                       recomputation_enabled)
+from .replicas import ReplicaModels
 from .plan import BlockRecorder, build_plan
 from .outputs import OutputCollector, flatten_output
 from .weights import (BufferSnapshot, CopiedWeights, ReplicaBuffers, SharedWeights, bump_weights_version,
@@ -64,6 +68,8 @@ class _Compiled:
         self.placement = None           # set when virtual IPUs live on non-host devices
         self.concurrent = False         # micro-batches overlap across devices
         self.thread_pool = None         # workers for concurrent micro-batches
+        self.device_locks = None        # pipeline.DeviceLocks while micro-batches run concurrently
+        self.replicas = None            # ReplicaModels when local replicas have their own devices
         self.multi_device = False       # the plan spans several torch devices
         self.trainable = []             # parameters that receive gradients
         self.recompute = False          # checkpoint BeginBlock modules in backward
@@ -254,25 +260,31 @@ class PoplarExecutor:
         if len(plan.blocks) > 1:
             logger.info("\n%s", plan.allocation_table())
         compiled.recompute = self._training and plan.pipelined and recomputation_enabled(self._options)
-        # Checkpointing rewinds the global RNG during backward; with micro-batches on several
-        # threads that would hand dropout masks across micro-batches, so the two exclude each other.
-        compiled.concurrent = (plan.pipelined and not compiled.recompute
-                               and concurrency_wanted(len(device_map.distinct_devices())))
-        compiled.multi_device = len(device_map.distinct_devices()) > 1
-        if device_map.is_host_only and not compiled.multi_device:
+        replicas = self._geometry.replication_factor
+        replicas_apart = replicas > 1 and not device_map.replicas_share_devices()
+        compiled.concurrent = ((plan.pipelined or replicas_apart)
+                               and concurrency_wanted(len(device_map.all_devices())))
+        compiled.multi_device = any(len(device_map.distinct_devices(r)) > 1 for r in range(replicas))
+        if device_map.is_host_only and not (compiled.multi_device or compiled.concurrent or replicas_apart):
             return
         ipu_of_module = {}
         for block in plan.blocks:
             for name in block.modules:
                 ipu_of_module.setdefault(name, block.ipu)
 
-        def device_of_module(name):
+        def device_of_module(replica, name):
             while name not in ipu_of_module and "." in name:
                 name = name.rsplit(".", 1)[0]
-            return device_map.device(ipu_of_module.get(name, 0))
+            return device_map.device(ipu_of_module.get(name, 0), replica)
 
-        compiled.placement = DevicePlacement(self._model, device_of_module)
+        if replicas_apart:
+            # Copied while the model is still on the host: no second copy on replica 0's devices.
+            compiled.replicas = ReplicaModels(self._model, replicas, device_of_module)
+            compiled.replica_buffers = None  # each replica keeps its own buffers
+        compiled.placement = DevicePlacement(self._model, lambda name: device_of_module(0, name))
         compiled.placement.place()
+        if compiled.concurrent:
+            compiled.device_locks = DeviceLocks()
         self._move_optimizer_state()
 
     def _move_optimizer_state(self) -> None:
@@ -298,25 +310,25 @@ class PoplarExecutor:
             self.attachToDevice()
         compiled = self._compiled
         moved = []
-        if compiled.placement is not None:
+        if compiled.placement is not None and compiled.replicas is None:
+            # (With replicas apart, each micro-batch goes to its replica's device as it enters.)
             moved = self._move_inputs_to_first_device(inputs, compiled.placement.device_of_module(""))
         if not self._training and weights_version(self._user_model) != compiled.uploaded_version:
-            compiled.weights.upload()
-            compiled.uploaded_version = weights_version(self._user_model)
+            self._upload_weights()
         # The model runs in the train/eval mode it was compiled in, as a compiled graph would.
         changed = [(module, module.training) for module, mode in compiled.training_flags
                    if module.training != mode]
         for module, _ in changed:
             module.training = not module.training
         started = time.perf_counter()
-        recompute = (Recomputation(self._model, compiled.plan.recomputation_units) if compiled.recompute
-                     else contextlib.nullcontext())
         same_device = SameDeviceOps() if compiled.multi_device else contextlib.nullcontext()
         try:
             if compiled.placement is not None:
-                compiled.placement.install_hooks()
-            with compiled.weights.active(), context.running(self._training), recompute, same_device, \
-                    self._precision.running(self._model):
+                compiled.placement.install_hooks(compiled.device_locks)
+            if compiled.replicas is not None:
+                compiled.replicas.install_hooks(compiled.device_locks)
+            with compiled.weights.active(), context.running(self._training), self._recomputation(compiled), \
+                    same_device, self._precision.running(self._model):
                 if self._training:
                     result = self._run_training(inputs, compiled)
                 else:
@@ -327,6 +339,8 @@ class PoplarExecutor:
                 module.training = mode
             if compiled.placement is not None:
                 compiled.placement.remove_hooks()
+            if compiled.replicas is not None:
+                compiled.replicas.remove_hooks()
             if self._training:
                 # Even a failed call may have stepped the optimizer: sharing models must re-sync.
                 bump_weights_version(self._user_model)
@@ -338,6 +352,22 @@ class PoplarExecutor:
                 if inputs.leaves[pos]._version != version:  # the model changed its input in place
                     original.copy_(inputs.leaves[pos])
         return result
+
+    def _recomputation(self, compiled: _Compiled):
+        """Checkpointing of every replica's recomputation units for one host call."""
+        if not compiled.recompute:
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+        models = compiled.replicas.models if compiled.replicas is not None else [self._model]
+        for replica, model in enumerate(models):
+            placement = compiled.placement if replica == 0 else compiled.replicas.placements[replica - 1]
+            stack.enter_context(Recomputation(
+                model, compiled.plan.recomputation_units, compiled.device_locks,
+                placement.device_of_module if placement is not None else None))
+        return stack
+
+    def _replica_model(self, compiled: _Compiled, replica: int):
+        return self._model if compiled.replicas is None else compiled.replicas.model(replica)
 
     @staticmethod
     def _move_inputs_to_first_device(inputs: BoundInputs, device):
@@ -370,7 +400,6 @@ class PoplarExecutor:
         collector = OutputCollector(self._options.output_mode, self._options.output_return_period, geometry)
         split = self._micro_batches(inputs)
         leaves = list(inputs.leaves)
-        model = self._model
         replicas = geometry.replication_factor
         perf = _PerfRecorder()
         for d in range(geometry.device_iterations):
@@ -380,6 +409,7 @@ class PoplarExecutor:
                 if compiled.replica_buffers is not None:
                     compiled.replica_buffers.switch_to(r)
                 args, kwargs = self._micro_args(inputs, split, leaves, d, 0, geometry.input_chunk_of_replica(r))
+                model = self._replica_model(compiled, r)
                 with self._precision.forward(model):
                     output = model(*args, **kwargs)
                 if keep:
@@ -410,6 +440,8 @@ class PoplarExecutor:
             gradients.start_step()
             if compiled.concurrent and compiled.replica_buffers is None:
                 self._concurrent_micro_batches(compiled, inputs, split, d, gradients, collector)
+            elif compiled.replicas is not None:
+                self._replica_micro_batches(compiled, inputs, split, leaves, d, gradients, collector)
             else:
                 for g in range(geometry.gradient_accumulation):
                     keep = collector.wants(d, g)
@@ -422,8 +454,12 @@ class PoplarExecutor:
                         gradients.backward(loss)
                         if keep:
                             collector.add(r, output)
+            if compiled.replicas is not None:
+                compiled.replicas.reduce_gradients()
             if gradients.finish_step():
                 self._precision.optimizer_step(optimizer)
+                if compiled.replicas is not None:
+                    compiled.replicas.broadcast()
             perf.computed()
         for p in trainable:
             p.grad = None
@@ -433,36 +469,57 @@ class PoplarExecutor:
         self._perf = perf.finish()
         return result
 
+    def _replica_micro_batches(self, compiled, inputs, split, leaves, d, gradients, collector):
+        """One step's micro-batches, serially, each on its replica's own weights."""
+        geometry = self._geometry
+        compiled.replicas.zero_grad()
+        for g in range(geometry.gradient_accumulation):
+            keep = collector.wants(d, g)
+            for r in range(geometry.replication_factor):
+                args, kwargs = self._micro_args(inputs, split, leaves, d, g, geometry.input_chunk_of_replica(r))
+                output, loss = self._forward_with_loss(compiled, args, kwargs, self._replica_model(compiled, r))
+                gradients.backward_unordered(loss)  # per-replica gradients: no running mean
+                if keep:
+                    collector.add(r, output)
+
     def _concurrent_micro_batches(self, compiled, inputs, split, d, gradients, collector):
-        """One step's micro-batches with up to ``pipeline_stages`` in flight (several devices)."""
+        """One step's micro-batches with up to ``pipeline_stages`` per replica device set in
+        flight (several devices)."""
         geometry = self._geometry
         order = [(g, r) for g in range(geometry.gradient_accumulation) for r in range(geometry.replication_factor)]
+        multi_device = compiled.multi_device
+        if compiled.replicas is not None:
+            compiled.replicas.zero_grad()
 
         def task(index):
             g, r = order[index]
             leaves = list(inputs.leaves)
             args, kwargs = self._micro_args(inputs, split, leaves, d, g, geometry.input_chunk_of_replica(r))
-            with context.running(self._training):
-                output, loss = self._forward_with_loss(compiled, args, kwargs)
+            # Torch function modes are per thread: enter SameDeviceOps here, not only in __call__.
+            same_device = SameDeviceOps() if multi_device else contextlib.nullcontext()
+            with context.running(self._training), same_device:
+                output, loss = self._forward_with_loss(compiled, args, kwargs, self._replica_model(compiled, r))
                 gradients.backward_unordered(loss)
             return output
 
         if compiled.thread_pool is None:
-            compiled.thread_pool = ConcurrentMicroBatches(compiled.plan.pipeline_stages)
+            replica_sets = geometry.replication_factor if compiled.replicas is not None else 1
+            compiled.thread_pool = ConcurrentMicroBatches(compiled.plan.pipeline_stages * replica_sets)
         outputs = compiled.thread_pool.run(len(order), task)
         for (g, r), output in zip(order, outputs):
             if collector.wants(d, g):
                 collector.add(r, output)
 
-    def _forward_with_loss(self, compiled: _Compiled, args, kwargs):
+    def _forward_with_loss(self, compiled: _Compiled, args, kwargs, model=None):
+        model = self._model if model is None else model
         if not compiled.track_losses:
-            with self._precision.forward(self._model):
-                output = self._model(*args, **kwargs)
+            with self._precision.forward(model):
+                output = model(*args, **kwargs)
             return output, flatten_output(output)[0][compiled.loss_index]
         tracker = LossTracker()
         context.current().loss_tracker = tracker
-        with self._precision.forward(self._model), tracker:
-            output = self._model(*args, **kwargs)
+        with self._precision.forward(model), tracker:
+            output = model(*args, **kwargs)
         return output, tracker.final_loss()
 
     # ------------------------------------------------------------------ weights
@@ -476,8 +533,16 @@ class PoplarExecutor:
 
     def copyWeightsToDevice(self) -> None:
         self._require_compiled()
-        self._compiled.weights.upload()
-        self._compiled.uploaded_version = weights_version(self._user_model)
+        self._upload_weights()
+
+    def _upload_weights(self) -> None:
+        """Host weights to the device copies, and on to every replica with its own devices."""
+        compiled = self._compiled
+        compiled.weights.upload()
+        compiled.uploaded_version = weights_version(self._user_model)
+        if compiled.replicas is not None:
+            with compiled.weights.active():
+                compiled.replicas.broadcast(buffers=True)
 
     def copyWeightsToHostIfNeeded(self) -> bool:
         """With shared weights the host is never stale; copied weights change only by training."""
@@ -491,6 +556,9 @@ class PoplarExecutor:
         weights = self._compiled.weights
         if not weights.shares_host_tensors:
             weights.upload_buffers(names)
+        if self._compiled.replicas is not None:
+            with weights.active():
+                self._compiled.replicas.broadcast(buffers=True)
 
     def load_state_dict(self, state_dict, strict: bool = True):
         result = self._user_model.load_state_dict(state_dict, strict=strict)
@@ -537,6 +605,8 @@ class PoplarExecutor:
             if self._compiled.placement is not None:
                 self._compiled.placement.restore()
                 self._move_optimizer_state()
+        if self._compiled.replicas is not None:
+            self._compiled.replicas.release()
         self._attached = False
 
     def attachToDevice(self) -> None:
@@ -545,11 +615,12 @@ class PoplarExecutor:
             "Trying to attach to an offline device (ConnectionType.Never)"
         if self._attached:
             raise errors.createPoptorchError(errors.ALREADY_ATTACHED)
-        self._compiled.weights.upload()
-        self._compiled.uploaded_version = weights_version(self._user_model)
         if self._training and self._compiled.placement is not None:
             self._compiled.placement.place()
             self._move_optimizer_state()
+        if self._compiled.replicas is not None:
+            self._compiled.replicas.place()
+        self._upload_weights()
         self._attached = True
 
     def destroy(self) -> None:

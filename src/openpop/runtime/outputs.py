@@ -84,6 +84,8 @@ def _assemble_leaf(values, row_count):
     if row_count == 1 and len(values) == 1:
         out = first.clone()  # never alias a live model tensor (a returned parameter, an input)
     else:
+        if any(isinstance(v, torch.Tensor) and v.device != first.device for v in values):
+            values = [v.cpu() for v in values]  # replicas on different devices
         out = torch.cat([v.reshape(1) if v.dim() == 0 else v for v in values], dim=0)
     out = out.cpu()  # one device-to-host copy per output, after the call
     out = out.to(_DEMOTE[out.dtype]) if out.dtype in _DEMOTE else out

@@ -17,11 +17,20 @@ order, with activations hopping devices at block boundaries.
   marked with ``recomputationCheckpoint`` (their inputs — the previous checkpoints — are what
   is stashed), and every ``BeginBlock`` module that contains no such unit. Turn it off with
   ``opts._Popart.set("autoRecomputation", 0)`` (PopART's ``RecomputationType.NoRecompute``).
+* Concurrent micro-batches share each device's random generator, and a recomputed unit must
+  draw exactly the numbers its forward drew. ``DeviceLocks`` therefore gives every device a
+  lock that a micro-batch thread holds while it runs forward code on that device (taken and
+  released at block boundaries, one lock per thread at a time, so no deadlock); a unit
+  remembers its device's generator state under that lock and its recomputation replays it
+  under the same lock. Work on one device is thus issued by one thread at a time — as in a
+  real pipeline — while different devices run concurrently. A unit replays only its own
+  device's generator: CPU randomness drawn inside a unit placed on a GPU is not replayed.
 """
 import concurrent.futures
 import contextlib
 import functools
 import os
+import threading
 
 import torch
 import torch.utils.checkpoint
@@ -37,23 +46,27 @@ def recomputation_enabled(options) -> bool:
 
 
 @contextlib.contextmanager
-def Recomputation(model: torch.nn.Module, units=()):
+def Recomputation(model: torch.nn.Module, units=(), locks=None, device_of_module=None):
     """Checkpoint the recomputation ``units`` (module names) and the ``BeginBlock`` modules
-    containing none of them, for the duration of the context."""
+    containing none of them, for the duration of the context. With ``locks`` (concurrent
+    micro-batches) each unit's forward and recomputation hold its device's lock."""
     units = set(units)
     chosen = []
     for name, module in model.named_modules():
         if name in units:
-            chosen.append(module)
+            chosen.append((name, module))
         elif block_annotation(module) is not None and not any(
                 u == name or u.startswith(name + ".") or name.startswith(u + ".") for u in units):
-            chosen.append(module)
+            chosen.append((name, module))
     wrapped = []
-    for module in chosen:
+    for name, module in chosen:
         if "forward" in module.__dict__:
             continue
         original = module.forward
-        module.forward = functools.partial(_checkpointed, original)
+        if locks is None:
+            module.forward = functools.partial(_checkpointed, original)
+        else:
+            module.forward = functools.partial(_checkpointed_under_lock, original, locks, device_of_module(name))
         wrapped.append(module)
     try:
         yield
@@ -66,6 +79,95 @@ def _checkpointed(forward, *args, **kwargs):
     if not torch.is_grad_enabled():
         return forward(*args, **kwargs)
     return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+
+def _checkpointed_under_lock(forward, locks, device, *args, **kwargs):
+    if not torch.is_grad_enabled():
+        return forward(*args, **kwargs)
+    with locks.on(device):
+        state = _rng_state(device)
+        recomputing = []
+
+        def run(*a, **k):
+            if not recomputing:  # the forward pass itself
+                recomputing.append(True)
+                return forward(*a, **k)
+            with locks.on(device):  # the recomputation, in backward: replay the same numbers
+                current = _rng_state(device)
+                _set_rng_state(device, state)
+                try:
+                    return forward(*a, **k)
+                finally:
+                    _set_rng_state(device, current)
+
+        return torch.utils.checkpoint.checkpoint(run, *args, use_reentrant=False, preserve_rng_state=False,
+                                                 **kwargs)
+
+
+def _rng_state(device: torch.device) -> torch.Tensor:
+    return torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
+
+
+def _set_rng_state(device: torch.device, state: torch.Tensor) -> None:
+    if device.type == "cuda":
+        torch.cuda.set_rng_state(state, device)
+    else:
+        torch.set_rng_state(state)
+
+
+class DeviceLocks:
+    """One lock per device. ``enter(device)`` makes the calling thread hold that device's lock
+    (releasing the one it held before); ``exit()`` returns to the previous device's lock. A
+    thread holds at most one lock at a time, so threads can never wait on each other in a cycle."""
+
+    def __init__(self):
+        self._locks = {}
+        self._guard = threading.Lock()
+        self._local = threading.local()
+
+    def _lock(self, device) -> threading.Lock:
+        with self._guard:
+            lock = self._locks.get(device)
+            if lock is None:
+                lock = self._locks[device] = threading.Lock()
+            return lock
+
+    def _stack(self) -> list:
+        stack = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        return stack
+
+    def enter(self, device: torch.device) -> None:
+        stack = self._stack()
+        held = stack[-1] if stack else None
+        if held != device:
+            if held is not None:
+                self._lock(held).release()
+            self._lock(device).acquire()
+        stack.append(device)
+
+    def exit(self) -> None:
+        stack = self._stack()
+        device = stack.pop()
+        previous = stack[-1] if stack else None
+        if previous != device:
+            self._lock(device).release()
+            if previous is not None:
+                self._lock(previous).acquire()
+
+    def held(self):
+        """The device whose lock the calling thread holds, or None."""
+        stack = self._stack()
+        return stack[-1] if stack else None
+
+    @contextlib.contextmanager
+    def on(self, device: torch.device):
+        self.enter(device)
+        try:
+            yield
+        finally:
+            self.exit()
 
 
 def concurrency_wanted(distinct_devices: int) -> bool:

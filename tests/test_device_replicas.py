@@ -1,0 +1,279 @@
+"""Local replicas on their own devices, and concurrent micro-batches with recomputation.
+
+The multi-GPU logic runs here on the CPU: ``replicas_apart`` makes the device map report that
+replicas do not share devices, so each replica gets its own weight copy, its own gradients, the
+reduction onto replica 0 and the broadcast after each step — exactly the GPU path, with every
+copy on the CPU. ``OPENPOP_CONCURRENT_STAGES=on`` runs the several-device thread schedule.
+"""
+import copy
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import poptorch
+from oracle import train_loop
+from openpop.runtime.devices import DeviceMap
+from test_model_parallel import FourBlocks, loss_of, strategy_options
+
+
+@pytest.fixture
+def replicas_apart(monkeypatch):
+    monkeypatch.setattr(DeviceMap, "replicas_share_devices", lambda self: False)
+
+
+def replicated_options(di=2, ga=3, r=2, reduction=None):
+    opts = poptorch.Options().deviceIterations(di).replicationFactor(r).outputMode(poptorch.OutputMode.All)
+    opts.Training.gradientAccumulation(ga)
+    if reduction is not None:
+        opts.Training.accumulationAndReplicationReductionType(reduction)
+    return opts
+
+
+def assert_same_parameters(model, reference, tol=1e-6):
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=tol, atol=tol, msg=name)
+
+
+# --------------------------------------------------------------------------- the map
+def test_replicas_share_devices_logic():
+    assert not DeviceMap(["cuda:0", "cuda:1"], ipus_per_replica=1, replicas=2).replicas_share_devices()
+    assert DeviceMap(["cuda:0", "cuda:1"], ipus_per_replica=2, replicas=2).replicas_share_devices()
+    assert DeviceMap(["cpu"], ipus_per_replica=4, replicas=4).replicas_share_devices()
+    four = DeviceMap(["cuda:0", "cuda:1", "cuda:2", "cuda:3"], ipus_per_replica=2, replicas=2)
+    assert not four.replicas_share_devices()
+    assert [str(d) for d in four.all_devices()] == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
+
+
+def test_replicas_sharing_the_cpu_use_one_weight_set():
+    model = FourBlocks()
+    pop = poptorch.trainingModel(model, replicated_options())
+    pop(torch.randn(12, 8), torch.randn(12, 8))
+    assert pop._compiled.replicas is None
+
+
+# --------------------------------------------------------------------------- training
+@pytest.mark.parametrize("reduction", [poptorch.ReductionType.Mean, poptorch.ReductionType.Sum])
+@pytest.mark.parametrize("concurrent", [False, True])
+def test_replica_copies_train_like_the_oracle(replicas_apart, monkeypatch, reduction, concurrent):
+    monkeypatch.setenv("OPENPOP_CONCURRENT_STAGES", "on" if concurrent else "off")
+    torch.manual_seed(0)
+    model = FourBlocks()
+    reference = copy.deepcopy(model)
+    x, t = torch.randn(2 * 3 * 2 * 2, 8), torch.randn(2 * 3 * 2 * 2, 8)
+    opts = replicated_options(reduction=reduction)
+    pop = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
+    _, losses = pop(x, t)
+    replicas = pop._compiled.replicas
+    assert replicas is not None and len(replicas.models) == 2
+    assert pop._compiled.concurrent == concurrent
+    replica = replicas.model(1)
+    assert all(p is not q for p, q in zip(model.parameters(), replica.parameters()))
+    ref_losses = train_loop(reference, torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9), (x, t),
+                            loss_of, 2, 3, 2, reduction="mean" if reduction == poptorch.ReductionType.Mean else "sum")
+    torch.testing.assert_close(losses.flatten(), ref_losses, rtol=1e-6, atol=1e-6)
+    assert_same_parameters(model, reference)
+    assert_same_parameters(replica, reference)  # broadcast after every step
+    assert all(p.grad is None for p in replica.parameters())
+
+
+def test_replica_copies_with_adam_and_pipelined_recomputation(replicas_apart, monkeypatch):
+    monkeypatch.setenv("OPENPOP_CONCURRENT_STAGES", "on")
+    torch.manual_seed(0)
+    model = FourBlocks("begin_block")
+    reference = FourBlocks()
+    reference.load_state_dict(model.state_dict())
+    opts = replicated_options(di=2, ga=8)
+    opts.setExecutionStrategy(poptorch.PipelinedExecution(poptorch.AutoStage.AutoIncrement))
+    x, t = torch.randn(2 * 8 * 2 * 2, 8), torch.randn(2 * 8 * 2 * 2, 8)
+    pop = poptorch.trainingModel(model, opts, torch.optim.Adam(model.parameters(), lr=0.01))
+    _, losses = pop(x, t)
+    assert pop._compiled.recompute and pop._compiled.concurrent and pop._compiled.replicas is not None
+    ref_losses = train_loop(reference, torch.optim.Adam(reference.parameters(), lr=0.01), (x, t), loss_of, 2, 8, 2)
+    torch.testing.assert_close(losses.flatten(), ref_losses, rtol=1e-5, atol=1e-6)
+    assert_same_parameters(model, reference, tol=1e-5)
+
+
+def test_replica_copies_with_automatic_loss_scaling(replicas_apart):
+    torch.manual_seed(0)
+    model = FourBlocks()
+    reference = copy.deepcopy(model)
+    opts = replicated_options(di=1, ga=2)
+    opts.Training.setAutomaticLossScaling(True)
+    optimizer = poptorch.optim.SGD(model.parameters(), lr=0.1, loss_scaling=2.0 ** 10)
+    x, t = torch.randn(8, 8), torch.randn(8, 8)
+    poptorch.trainingModel(model, opts, optimizer)(x, t)
+    train_loop(reference, torch.optim.SGD(reference.parameters(), lr=0.1), (x, t), loss_of, 1, 2, 2)
+    assert_same_parameters(model, reference, tol=1e-5)
+
+
+class Normed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.bn = torch.nn.BatchNorm1d(4)
+
+    def forward(self, x):
+        out = self.bn(self.fc(x))
+        return out, poptorch.identity_loss(out.pow(2), reduction="mean")
+
+
+def test_replica_copies_keep_their_own_buffers_like_shared_replicas(monkeypatch):
+    """BatchNorm statistics stay per replica (host sees replica 0's) in both replica paths."""
+    torch.manual_seed(0)
+    model = Normed()
+    shared = copy.deepcopy(model)
+    x = torch.randn(2 * 2 * 2 * 4, 4)
+
+    def train(m):
+        opts = replicated_options(di=2, ga=2).broadcastBuffers(False)
+        pop = poptorch.trainingModel(m, opts, torch.optim.SGD(m.parameters(), lr=0.1))
+        return pop, pop(x)
+
+    shared_pop, (shared_out, shared_loss) = train(shared)
+    assert shared_pop._compiled.replica_buffers is not None
+    monkeypatch.setattr(DeviceMap, "replicas_share_devices", lambda self: False)
+    pop, (out, loss) = train(model)
+    assert pop._compiled.replicas is not None
+    torch.testing.assert_close(out, shared_out, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(loss, shared_loss, rtol=1e-6, atol=1e-6)
+    for (name, a), b in zip(model.named_buffers(), shared.buffers()):
+        torch.testing.assert_close(a, b, msg=name)
+    assert not torch.equal(pop._compiled.replicas.model(1).bn.running_mean, model.bn.running_mean)
+
+
+def test_host_edits_reach_every_replica_on_attach(replicas_apart):
+    torch.manual_seed(0)
+    model = FourBlocks()
+    reference = copy.deepcopy(model)
+    x, t = torch.randn(8, 8), torch.randn(8, 8)
+    pop = poptorch.trainingModel(model, replicated_options(di=1, ga=2),
+                                 torch.optim.SGD(model.parameters(), lr=0.1))
+    ref_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    pop(x, t)
+    train_loop(reference, ref_optimizer, (x, t), loss_of, 1, 2, 2)
+    pop.detachFromDevice()
+    with torch.no_grad():
+        for m in (model, reference):
+            m.layers[2].weight.mul_(0.5)
+    pop.attachToDevice()
+    assert torch.equal(pop._compiled.replicas.model(1).layers[2].weight, model.layers[2].weight)
+    _, losses = pop(x, t)
+    ref_losses = train_loop(reference, ref_optimizer, (x, t), loss_of, 1, 2, 2)
+    torch.testing.assert_close(losses.flatten(), ref_losses, rtol=1e-6, atol=1e-6)
+    assert_same_parameters(model, reference)
+
+
+# --------------------------------------------------------------------------- inference
+def test_inference_replica_copies_follow_host_weights(replicas_apart):
+    torch.manual_seed(0)
+    model = FourBlocks()
+    x, t = torch.randn(2 * 2 * 4, 8), torch.randn(2 * 2 * 4, 8)
+    inference = poptorch.inferenceModel(model, poptorch.Options().deviceIterations(2).replicationFactor(2))
+    out, _ = inference(x, t)
+    assert inference._compiled.replicas is not None
+    torch.testing.assert_close(out, model(x, t)[0].detach(), rtol=1e-6, atol=1e-6)
+    # Training the same model makes the inference replicas re-upload on the next call.
+    training = poptorch.trainingModel(model, replicated_options(di=1, ga=1),
+                                      torch.optim.SGD(model.parameters(), lr=0.5))
+    training(x[:8], t[:8])
+    out, _ = inference(x, t)
+    torch.testing.assert_close(out, model(x, t)[0].detach(), rtol=1e-6, atol=1e-6)
+    # Host edits with copyWeightsToDevice reach replica 1 (rows of replica 1 are 4:8 and 12:16).
+    with torch.no_grad():
+        model.layers[0].bias.add_(1.0)
+    inference.copyWeightsToDevice()
+    out, _ = inference(x, t)
+    torch.testing.assert_close(out[4:8], model(x[4:8], t[4:8])[0].detach(), rtol=1e-6, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- concurrency with recomputation
+class DropoutScale(torch.nn.Module):
+    """``y = dropout(x) * w``: the gradient of ``w`` is ``sum(y) / w``, so any mismatch between
+    the forward's mask and the recomputation's mask shows in the weights."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.tensor(2.0))
+        self.drop = torch.nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.drop(x) * self.w
+
+
+class DropoutStages(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stages = torch.nn.ModuleList(DropoutScale() for _ in range(2))
+        for i, stage in enumerate(self.stages):
+            poptorch.BeginBlock(stage, ipu_id=i)
+
+    def forward(self, x):
+        first = self.stages[0](x)
+        second = self.stages[1](first.detach())
+        return first, second, poptorch.identity_loss(first.sum() + second.sum(), reduction="none")
+
+
+def test_concurrent_recomputation_replays_each_micro_batch_dropout_mask(monkeypatch):
+    monkeypatch.setenv("OPENPOP_CONCURRENT_STAGES", "on")
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads interleave as often as possible
+    try:
+        check_dropout_masks_replayed()
+    finally:
+        sys.setswitchinterval(interval)
+
+
+def check_dropout_masks_replayed():
+    torch.manual_seed(0)
+    model = DropoutStages()
+    ga, di = 16, 2
+    opts = strategy_options(poptorch.PipelinedExecution(poptorch.AutoStage.AutoIncrement), ga=ga, di=di)
+    opts.Training.accumulationAndReplicationReductionType(poptorch.ReductionType.Sum)
+    pop = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=1e-3))
+    x = torch.ones(di * ga * 4, 4096)
+    w_before = [stage.w.item() for stage in model.stages]
+    first, second, _ = pop(x)
+    assert pop._compiled.concurrent and pop._compiled.recompute
+    # Step 0's gradient of w_i is the sum of that step's outputs of stage i divided by w_i.
+    rows = ga * 4
+    for i, out in enumerate((first, second)):
+        expected_grad = out[:rows].sum() / w_before[i]
+        w_after_first_step = w_before[i] - 1e-3 * expected_grad
+        # The second step starts from there; check it with its own outputs.
+        expected = w_after_first_step - 1e-3 * out[rows:].sum() / w_after_first_step
+        torch.testing.assert_close(model.stages[i].w.detach(), torch.tensor(expected.item()), rtol=1e-5, atol=1e-6)
+
+
+def test_device_locks_hold_one_device_per_thread():
+    from openpop.runtime.pipeline import DeviceLocks
+    locks = DeviceLocks()
+    cpu, other = torch.device("cpu"), torch.device("cuda", 0)  # names only: locks do not touch devices
+    with locks.on(cpu):
+        assert locks.held() == cpu
+        with locks.on(other):
+            assert locks.held() == other
+            assert not locks._lock(cpu).locked() and locks._lock(other).locked()
+        assert locks.held() == cpu and locks._lock(cpu).locked() and not locks._lock(other).locked()
+    assert locks.held() is None and not locks._lock(cpu).locked()
+
+
+# --------------------------------------------------------------------------- real GPUs
+@pytest.mark.gpu
+def test_two_replicas_on_two_gpus_match_the_oracle():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two CUDA devices")
+    torch.manual_seed(0)
+    model = FourBlocks()
+    reference = copy.deepcopy(model)
+    opts = replicated_options().deviceMap(["cuda:0", "cuda:1"])
+    x, t = torch.randn(24, 8), torch.randn(24, 8)
+    pop = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.05))
+    _, losses = pop(x, t)
+    assert pop._compiled.replicas.model(1).layers[0].weight.device == torch.device("cuda:1")
+    assert model.layers[0].weight.device == torch.device("cuda:0")
+    ref_losses = train_loop(reference, torch.optim.SGD(reference.parameters(), lr=0.05), (x, t), loss_of, 2, 3, 2)
+    torch.testing.assert_close(losses.flatten().cpu(), ref_losses, rtol=1e-4, atol=1e-5)
+    pop.destroy()
+    assert_same_parameters(model, reference, tol=1e-4)
