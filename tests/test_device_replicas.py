@@ -277,3 +277,88 @@ def test_two_replicas_on_two_gpus_match_the_oracle():
     torch.testing.assert_close(losses.flatten().cpu(), ref_losses, rtol=1e-4, atol=1e-5)
     pop.destroy()
     assert_same_parameters(model, reference, tol=1e-4)
+
+
+# --------------------------------------------------------------------------- structural copies
+class Shell(torch.nn.Module):
+    """Holds an uncopyable object (a lock, like a Lightning Trainer), tied weights, a metric-like
+    parameterless module with state, and an instance-level forward bound to itself."""
+
+    def __init__(self):
+        super().__init__()
+        import threading
+        self.owner = {"lock": threading.Lock()}
+        self.embed = torch.nn.Linear(4, 4, bias=False)
+        self.head = torch.nn.Linear(4, 4, bias=False)
+        self.head.weight = self.embed.weight
+        self.counter = Counter()
+        self.forward = self.instance_forward
+
+    def instance_forward(self, x, t):
+        out = self.head(torch.tanh(self.embed(x)))
+        self.counter(x)
+        return out, F.mse_loss(out, t)
+
+
+class Counter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rows = 0
+
+    def forward(self, x):
+        self.rows += x.shape[0]
+
+
+def test_replicas_are_structural_copies(replicas_apart):
+    torch.manual_seed(0)
+    model = Shell()
+    reference = Shell()
+    reference.load_state_dict(model.state_dict())
+    pop = poptorch.trainingModel(model, replicated_options(di=2, ga=2),
+                                 torch.optim.SGD(model.parameters(), lr=0.1))
+    x, t = torch.randn(16, 4), torch.randn(16, 4)
+    _, losses = pop(x, t)
+    replica = pop._compiled.replicas.model(1)
+    assert replica is not model and replica.owner is model.owner  # shared, not copied
+    assert replica.head.weight is replica.embed.weight and replica.embed.weight is not model.embed.weight
+    assert replica.counter is model.counter and model.counter.rows == 2 + 16  # compile pass (one micro-batch) + both replicas
+    ref_losses = train_loop(reference, torch.optim.SGD(reference.parameters(), lr=0.1), (x, t),
+                            lambda m, x, t: m(x, t)[1], 2, 2, 2)
+    torch.testing.assert_close(losses.flatten(), ref_losses, rtol=1e-6, atol=1e-6)
+    assert_same_parameters(replica, reference)
+    # Plain attributes follow replica 0 at every call.
+    model.owner = {"changed": True}
+    pop(x, t)
+    assert replica.owner is model.owner
+
+
+def test_lightning_fit_and_validate_with_replicas_apart(replicas_apart):
+    pytest.importorskip("lightning.pytorch")
+    torchmetrics = pytest.importorskip("torchmetrics")
+    from lightning_helpers import IPUStrategy, Regressor, loader, make_net, regression_data, trainer
+
+    class Metered(Regressor):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.total = torchmetrics.SumMetric()
+
+        def validation_step(self, batch, batch_idx):
+            self.total.update(batch[0][:, 0])
+            self.log("total", self.total)
+
+    x, y = regression_data(n=64)
+    model = Metered(net=make_net(), lr=0.05)
+    reference = copy.deepcopy(model.net)
+    t = trainer(accelerator="ipu", devices=2, strategy=IPUStrategy(device_iterations=2), max_epochs=1)
+    t.fit(model, loader(x, y, batch_size=4))
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.05)
+    for step in range(4):  # 64 rows = 4 host calls of 2 steps x 2 replicas x 4 rows; 8 steps in all
+        for d in range(2):
+            rows = slice(step * 16 + d * 8, step * 16 + d * 8 + 8)
+            optimizer.zero_grad()
+            F.mse_loss(reference(x[rows]), y[rows]).backward()
+            optimizer.step()
+    for ours, theirs in zip(model.net.parameters(), reference.parameters()):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
+    (result,) = t.validate(model, loader(x, y, batch_size=4), verbose=False)
+    assert result["total"] == pytest.approx(x[:, 0].sum().item(), rel=1e-5, abs=1e-5)

@@ -320,6 +320,8 @@ class PoplarExecutor:
                    if module.training != mode]
         for module, _ in changed:
             module.training = not module.training
+        if compiled.replicas is not None:
+            compiled.replicas.sync_attributes()
         started = time.perf_counter()
         same_device = SameDeviceOps() if compiled.multi_device else contextlib.nullcontext()
         try:

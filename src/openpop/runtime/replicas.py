@@ -14,12 +14,24 @@ deep copies placed on their own devices. Per optimizer step:
 Replicas sharing their devices with replica 0 (the CPU, or fewer GPUs than replicas) do not
 need any of this: they run one after another on replica 0's weights, which is the same sum.
 
+A replica is a *structural* copy, as ``torch.nn.DataParallel`` makes them: every module object
+is duplicated with its own parameter, buffer, submodule and hook tables, and everything else
+(configuration, a Lightning module's trainer, user attributes) is shared with replica 0 and
+refreshed from it at the start of every host call (``sync_attributes``). Deep-copying the model
+would duplicate whatever the user's objects reference (a whole Trainer, locks that cannot be
+copied). Plain attributes aliasing a parameter outside the module tables keep pointing at
+replica 0's tensor. Modules with no parameters or buffers anywhere inside, on the same device as
+their parent in every replica (a torchmetrics metric, an activation), are not copied at all:
+every replica calls the same object, so a metric updated in ``forward`` sees every replica's
+data, as it does when replicas share replica 0's devices. (Replicas running concurrently
+update such an object from several threads.)
+
 Buffers are broadcast only when weights come from the host (attach, ``copyWeightsToDevice``,
 an inference model seeing newer trained weights): a buffer a forward pass mutates (BatchNorm's
 running statistics) stays per replica, and the host sees replica 0's, as on IPUs.
 """
-import copy
-from typing import Callable, List
+import types
+from typing import Callable, Dict, List
 
 import torch
 
@@ -27,7 +39,7 @@ from .devices import DevicePlacement
 
 
 class ReplicaModels:
-    """Deep copies of ``model`` for replicas ``1..replicas-1``, each placed by
+    """Structural copies of ``model`` for replicas ``1..replicas-1``, each placed by
     ``device_of_module(replica, module_name)``."""
 
     def __init__(self, model: torch.nn.Module, replicas: int,
@@ -35,9 +47,13 @@ class ReplicaModels:
         self.master = model
         self.models: List[torch.nn.Module] = [model]
         self.placements: List[DevicePlacement] = []
+        self._module_pairs = []  # (replica 0's module, replica r's module) for every replica r
+        shared = _shareable_modules(model, replicas, device_of_module)
         for r in range(1, replicas):
-            with torch.inference_mode(False):
-                replica = copy.deepcopy(model)
+            modules: Dict[torch.nn.Module, torch.nn.Module] = {m: m for m in shared}
+            with torch.inference_mode(False), torch.no_grad():
+                replica = _replicate(model, modules, {})
+            self._module_pairs.extend((a, b) for a, b in modules.items() if a is not b)
             placement = DevicePlacement(replica, lambda name, r=r: device_of_module(r, name))
             placement.place()
             self.models.append(replica)
@@ -47,6 +63,15 @@ class ReplicaModels:
 
     def model(self, replica: int) -> torch.nn.Module:
         return self.models[replica]
+
+    def sync_attributes(self) -> None:
+        """Give every replica module replica 0's current plain attributes (``training`` flags,
+        anything a hook or the user changed since the last call)."""
+        for source, target in self._module_pairs:
+            own = target.__dict__
+            for key, value in source.__dict__.items():
+                if key not in _OWN_TABLES and not _is_hook_table(key):
+                    own[key] = _rebound(value, source, target)
 
     def zero_grad(self) -> None:
         for params in self._params[1:]:
@@ -93,3 +118,59 @@ class ReplicaModels:
         """Free the replicas' device memory (detach): their tensors move to the host."""
         for placement in self.placements:
             placement.restore()
+
+
+_OWN_TABLES = frozenset(("_parameters", "_buffers", "_modules"))
+
+
+def _is_hook_table(key: str) -> bool:
+    return key.startswith("_") and "hooks" in key
+
+
+def _replicate(module: torch.nn.Module, modules: dict, tensors: dict) -> torch.nn.Module:
+    """A structural copy of ``module``: new module objects and tensor copies (ties kept through
+    ``modules``/``tensors``), all other attributes shared."""
+    if module in modules:
+        return modules[module]
+    replica = module.__new__(type(module))
+    replica.__dict__ = {key: (type(value)(value) if _is_hook_table(key) and isinstance(value, dict)
+                              else _rebound(value, module, replica))
+                        for key, value in module.__dict__.items()}
+    modules[module] = replica
+    replica._parameters = {name: _copied(p, tensors) for name, p in module._parameters.items()}
+    replica._buffers = {name: _copied(b, tensors) for name, b in module._buffers.items()}
+    replica._modules = {name: None if child is None else _replicate(child, modules, tensors)
+                        for name, child in module._modules.items()}
+    return replica
+
+
+def _shareable_modules(model, replicas, device_of_module):
+    """Modules every replica can call as they are: no tensors of their own anywhere inside, and
+    no block boundary (where a device placement would hook them) in any replica."""
+    shared = set()
+    for name, module in model.named_modules():
+        if not name or next(module.parameters(), None) is not None or next(module.buffers(), None) is not None:
+            continue
+        parent = name.rsplit(".", 1)[0] if "." in name else ""
+        if all(device_of_module(r, name) == device_of_module(r, parent) for r in range(replicas)):
+            shared.add(module)
+    return shared
+
+
+def _rebound(value, source, target):
+    """A method bound to ``source`` stored as an attribute (an instance ``forward``) binds to
+    ``target`` instead."""
+    if isinstance(value, types.MethodType) and value.__self__ is source:
+        return types.MethodType(value.__func__, target)
+    return value
+
+
+def _copied(tensor, tensors: dict):
+    if tensor is None:
+        return None
+    copy = tensors.get(id(tensor))
+    if copy is None:
+        data = tensor.detach().clone()
+        copy = torch.nn.Parameter(data, tensor.requires_grad) if isinstance(tensor, torch.nn.Parameter) else data
+        tensors[id(tensor)] = copy
+    return copy
