@@ -472,17 +472,21 @@ class PoplarExecutor:
         return result
 
     def _replica_micro_batches(self, compiled, inputs, split, leaves, d, gradients, collector):
-        """One step's micro-batches, serially, each on its replica's own weights."""
+        """One step's micro-batches, serially, each on its replica's own weights. Replica by
+        replica (each replica's weights stay hot in cache), outputs then kept in PopART's order."""
         geometry = self._geometry
         compiled.replicas.zero_grad()
-        for g in range(geometry.gradient_accumulation):
-            keep = collector.wants(d, g)
-            for r in range(geometry.replication_factor):
+        kept = {}
+        for r in range(geometry.replication_factor):
+            model = self._replica_model(compiled, r)
+            for g in range(geometry.gradient_accumulation):
                 args, kwargs = self._micro_args(inputs, split, leaves, d, g, geometry.input_chunk_of_replica(r))
-                output, loss = self._forward_with_loss(compiled, args, kwargs, self._replica_model(compiled, r))
+                output, loss = self._forward_with_loss(compiled, args, kwargs, model)
                 gradients.backward_unordered(loss)  # per-replica gradients: no running mean
-                if keep:
-                    collector.add(r, output)
+                if collector.wants(d, g):
+                    kept[g, r] = output
+        for key in sorted(kept):
+            collector.add(key[1], kept[key])
 
     def _concurrent_micro_batches(self, compiled, inputs, split, d, gradients, collector):
         """One step's micro-batches with up to ``pipeline_stages`` per replica device set in

@@ -82,6 +82,7 @@ class ReplicaModels:
         """Sum every replica's gradients into replica 0's (on replica 0's devices)."""
         with torch.no_grad():
             for params in self._params[1:]:
+                into, added = [], []
                 for master, replica in zip(self._params[0], params):
                     if replica.grad is None:
                         continue
@@ -89,17 +90,24 @@ class ReplicaModels:
                     if master.grad is None:
                         master.grad = grad if grad is not replica.grad else grad.clone()
                     else:
-                        master.grad.add_(grad)
+                        into.append(master.grad)
+                        added.append(grad)
                     replica.grad = None
+                if into:
+                    torch._foreach_add_(into, added)
 
     def broadcast(self, buffers: bool = False) -> None:
         """Copy replica 0's parameters (and buffers) to every other replica."""
         with torch.inference_mode(False), torch.no_grad():
             for r in range(1, len(self.models)):
-                for source, target in zip(self._params[0], self._params[r]):
-                    target.copy_(source, non_blocking=True)
+                pairs = list(zip(self._params[r], self._params[0]))
                 if buffers:
-                    for source, target in zip(self._buffers[0], self._buffers[r]):
+                    pairs += zip(self._buffers[r], self._buffers[0])
+                same = [(t, s) for t, s in pairs if t.device == s.device and t.dtype == s.dtype]
+                if same:
+                    torch._foreach_copy_([t for t, _ in same], [s for _, s in same])
+                for target, source in pairs:
+                    if target.device != source.device or target.dtype != source.dtype:
                         target.copy_(source, non_blocking=True)
 
     def install_hooks(self, locks=None) -> None:
