@@ -362,3 +362,122 @@ def test_lightning_fit_and_validate_with_replicas_apart(replicas_apart):
         torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
     (result,) = t.validate(model, loader(x, y, batch_size=4), verbose=False)
     assert result["total"] == pytest.approx(x[:, 0].sum().item(), rel=1e-5, abs=1e-5)
+
+
+# --------------------------------------------------------------------------- replica 0 changes between calls
+def test_host_edits_freezing_and_hooks_reach_every_replica(replicas_apart, monkeypatch):
+    """What the user does to replica 0 between calls (edit weights, freeze, add or remove a
+    hook) holds for every replica: same results as replicas sharing one weight set."""
+    def run(apart):
+        if not apart:
+            monkeypatch.undo()
+        torch.manual_seed(0)
+        model = FourBlocks()
+        pop = poptorch.trainingModel(model, replicated_options(di=1, ga=2),
+                                     torch.optim.SGD(model.parameters(), lr=0.1))
+        x, t = torch.randn(8, 8), torch.randn(8, 8)
+        first = pop(x, t)[1]
+        with torch.no_grad():
+            model.layers[1].weight.mul_(0.5)  # host edit, no copyWeightsToDevice
+        model.layers[3].weight.requires_grad_(False)  # frozen after compile
+        frozen = model.layers[3].weight.detach().clone()
+        calls = []
+        handle = model.layers[0].register_forward_hook(lambda m, i, o: calls.append(o.shape[0]))
+        second = pop(x, t)[1]
+        handle.remove()
+        third = pop(x, t)[1]
+        assert torch.equal(model.layers[3].weight, frozen)
+        return [first, second, third], calls, [p.detach().clone() for p in model.parameters()]
+
+    ours = run(apart=True)
+    theirs = run(apart=False)
+    assert ours[1] == theirs[1] == [2, 2, 2, 2]  # 2 micro-batches x 2 replicas, then removed
+    for a, b in zip(ours[0], theirs[0]):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    for a, b in zip(ours[2], theirs[2]):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+# --------------------------------------------------------------------------- failures leave no lock behind
+class FailsOnce(FourBlocks):
+    def __init__(self):
+        super().__init__("begin_block")
+        self.fail_at = 3
+        self.calls = 0
+
+    def forward(self, x, target):
+        self.calls += 1
+        if self.calls == self.fail_at:
+            x = self.layers[0](x)
+            raise RuntimeError("user error in micro-batch")
+        return super().forward(x, target)
+
+
+def test_a_failing_micro_batch_leaves_no_device_lock_held(monkeypatch):
+    monkeypatch.setenv("OPENPOP_CONCURRENT_STAGES", "on")
+    model = FailsOnce()
+    opts = strategy_options(poptorch.PipelinedExecution(poptorch.AutoStage.AutoIncrement), ga=8, di=1)
+    pop = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+    x, t = torch.randn(16, 8), torch.randn(16, 8)
+    pop.compile(x, t)
+    with pytest.raises(RuntimeError, match="user error in micro-batch"):
+        pop(x, t)
+    locks = pop._compiled.device_locks
+    assert not locks._lock(torch.device("cpu")).locked()
+    pop(x, t)  # runs normally afterwards
+
+
+def test_interrupted_concurrent_run_waits_for_running_micro_batches(monkeypatch):
+    import threading
+    import time
+    from openpop.runtime import pipeline
+    pool = pipeline.ConcurrentMicroBatches(2)
+    finished = []
+    real_wait = pipeline.concurrent.futures.wait
+    interrupts = iter([True])
+
+    def interrupted_wait(futures, *args, **kwargs):
+        if next(interrupts, False):
+            raise KeyboardInterrupt
+        return real_wait(futures, *args, **kwargs)
+
+    def task(index):
+        time.sleep(0.05)
+        finished.append(index)
+
+    monkeypatch.setattr(pipeline.concurrent.futures, "wait", interrupted_wait)
+    with pytest.raises(KeyboardInterrupt):
+        pool.run(6, task)
+    # The micro-batches already running finished; the ones not started were cancelled.
+    assert threading.active_count() >= 1 and 1 <= len(finished) < 6
+    monkeypatch.undo()
+    before = len(finished)
+    time.sleep(0.2)
+    assert len(finished) == before  # nothing still running after run() returned
+    pool.shutdown()
+
+
+def test_cuda_current_device_follows_block_boundaries(monkeypatch):
+    """Logic of the GPU path on the CPU: the current CUDA device is the block's while it runs,
+    and restored after (devices and copies are faked; nothing touches a GPU)."""
+    from openpop.runtime import devices
+    current = [0]
+    calls = []
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+
+    def set_device(device):
+        current[0] = torch.device(device).index if not isinstance(device, int) else device
+        calls.append(current[0])
+
+    monkeypatch.setattr(torch.cuda, "set_device", set_device)
+    monkeypatch.setattr(devices, "to_device", lambda value, device: value)
+    model = FourBlocks()
+    ipu_of = {"layers.0": 0, "layers.1": 0, "layers.2": 1, "layers.3": 1}
+    placement = devices.DevicePlacement(model, lambda name: torch.device("cuda", ipu_of.get(name, 0)))
+    seen = []
+    placement.install_hooks()
+    model.layers[2].register_forward_pre_hook(lambda m, i: seen.append(current[0]))  # after the mover
+    model(torch.randn(2, 8), torch.randn(2, 8))
+    placement.remove_hooks()
+    assert seen == [1] and current[0] == 0
+    assert calls == [0, 1, 0, 1, 0, 0]  # root; layers.2 in/out; layers.3 in/out; root out

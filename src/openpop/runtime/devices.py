@@ -12,6 +12,7 @@ Replicas whose devices differ from replica 0's get their own weights there (``re
 replicas sharing replica 0's devices run one after another on its weights.
 """
 import os
+import threading
 from typing import List, Optional, Sequence
 
 import torch
@@ -144,8 +145,8 @@ class DevicePlacement:
         concurrent micro-batches) the running thread also holds the device's lock inside."""
         for module, device in self._boundaries:
             self._hooks.append(module.register_forward_pre_hook(_mover(device, locks), with_kwargs=True))
-            if locks is not None:
-                self._hooks.append(module.register_forward_hook(_leaver(locks), always_call=True))
+            if locks is not None or device.type == "cuda":
+                self._hooks.append(module.register_forward_hook(_leaver(device, locks), always_call=True))
 
     def remove_hooks(self) -> None:
         for hook in self._hooks:
@@ -166,14 +167,37 @@ def _mover(device, locks=None):
     def move(module, args, kwargs):
         if locks is not None:
             locks.enter(device)
+        if device.type == "cuda":
+            _enter_cuda_device(device)
         return to_device(args, device), to_device(kwargs, device)
     return move
 
 
-def _leaver(locks):
+def _leaver(device, locks=None):
     def leave(module, args, output):
-        locks.exit()
+        if device.type == "cuda":
+            _exit_cuda_device()
+        if locks is not None:
+            locks.exit()
     return leave
+
+
+_current_cuda = threading.local()
+
+
+def _enter_cuda_device(device: torch.device) -> None:
+    """Make ``device`` the thread's current CUDA device while a block runs on it, so that
+    ``torch.randn(..., device="cuda")``, ``.cuda()`` and the block's random numbers use it (as
+    ``DataParallel`` does for its replicas)."""
+    stack = getattr(_current_cuda, "stack", None)
+    if stack is None:
+        stack = _current_cuda.stack = []
+    stack.append(torch.cuda.current_device())
+    torch.cuda.set_device(device)
+
+
+def _exit_cuda_device() -> None:
+    torch.cuda.set_device(_current_cuda.stack.pop())
 
 
 def to_device(value, device):

@@ -359,14 +359,11 @@ class PoplarExecutor:
         """Checkpointing of every replica's recomputation units for one host call."""
         if not compiled.recompute:
             return contextlib.nullcontext()
-        stack = contextlib.ExitStack()
         models = compiled.replicas.models if compiled.replicas is not None else [self._model]
-        for replica, model in enumerate(models):
-            placement = compiled.placement if replica == 0 else compiled.replicas.placements[replica - 1]
-            stack.enter_context(Recomputation(
-                model, compiled.plan.recomputation_units, compiled.device_locks,
-                placement.device_of_module if placement is not None else None))
-        return stack
+        with contextlib.ExitStack() as stack:  # unwinds what was entered if one fails
+            for model in models:
+                stack.enter_context(Recomputation(model, compiled.plan.recomputation_units, compiled.device_locks))
+            return stack.pop_all()
 
     def _replica_model(self, compiled: _Compiled, replica: int):
         return self._model if compiled.replicas is None else compiled.replicas.model(replica)
@@ -503,9 +500,13 @@ class PoplarExecutor:
             args, kwargs = self._micro_args(inputs, split, leaves, d, g, geometry.input_chunk_of_replica(r))
             # Torch function modes are per thread: enter SameDeviceOps here, not only in __call__.
             same_device = SameDeviceOps() if multi_device else contextlib.nullcontext()
-            with context.running(self._training), same_device:
-                output, loss = self._forward_with_loss(compiled, args, kwargs, self._replica_model(compiled, r))
-                gradients.backward_unordered(loss)
+            try:
+                with context.running(self._training), same_device:
+                    output, loss = self._forward_with_loss(compiled, args, kwargs, self._replica_model(compiled, r))
+                    gradients.backward_unordered(loss)
+            finally:
+                # A forward abandoned part-way (its hooks removed under it) must not keep a lock.
+                compiled.device_locks.release_all()
             return output
 
         if compiled.thread_pool is None:

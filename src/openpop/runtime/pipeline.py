@@ -46,7 +46,7 @@ def recomputation_enabled(options) -> bool:
 
 
 @contextlib.contextmanager
-def Recomputation(model: torch.nn.Module, units=(), locks=None, device_of_module=None):
+def Recomputation(model: torch.nn.Module, units=(), locks=None):
     """Checkpoint the recomputation ``units`` (module names) and the ``BeginBlock`` modules
     containing none of them, for the duration of the context. With ``locks`` (concurrent
     micro-batches) each unit's forward and recomputation hold its device's lock."""
@@ -66,7 +66,7 @@ def Recomputation(model: torch.nn.Module, units=(), locks=None, device_of_module
         if locks is None:
             module.forward = functools.partial(_checkpointed, original)
         else:
-            module.forward = functools.partial(_checkpointed_under_lock, original, locks, device_of_module(name))
+            module.forward = functools.partial(_checkpointed_under_lock, original, locks)
         wrapped.append(module)
     try:
         yield
@@ -81,9 +81,13 @@ def _checkpointed(forward, *args, **kwargs):
     return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
-def _checkpointed_under_lock(forward, locks, device, *args, **kwargs):
+def _checkpointed_under_lock(forward, locks, *args, **kwargs):
     if not torch.is_grad_enabled():
         return forward(*args, **kwargs)
+    # The unit runs on the device whose lock this thread holds: its own block boundary took it,
+    # or its parent's (same device). Asked per call: one module object may serve several
+    # replicas (replicas.py shares parameterless modules).
+    device = locks.held() or torch.device("cpu")
     with locks.on(device):
         state = _rng_state(device)
         recomputing = []
@@ -156,6 +160,13 @@ class DeviceLocks:
             if previous is not None:
                 self._lock(previous).acquire()
 
+    def release_all(self) -> None:
+        """Drop whatever the calling thread still holds (a forward abandoned mid-way)."""
+        stack = self._stack()
+        if stack:
+            self._lock(stack[-1]).release()
+            stack.clear()
+
     def held(self):
         """The device whose lock the calling thread holds, or None."""
         stack = self._stack()
@@ -191,7 +202,13 @@ class ConcurrentMicroBatches:
 
     def run(self, count: int, task) -> list:
         futures = [self._pool.submit(task, index) for index in range(count)]
-        concurrent.futures.wait(futures)
+        try:
+            concurrent.futures.wait(futures)
+        except BaseException:  # KeyboardInterrupt: let the running ones finish before unwinding
+            for future in futures:
+                future.cancel()
+            concurrent.futures.wait(futures)
+            raise
         return [future.result() for future in futures]
 
     def shutdown(self) -> None:

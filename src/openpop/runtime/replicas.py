@@ -3,7 +3,7 @@
 When the device map gives replica ``r`` other devices than replica 0 (say two replicas of a
 one-IPU model on ``cuda:0`` and ``cuda:1``), each replica needs its own weights there. Replica
 0 is the executor's model itself (the user's Parameters for training); replicas ``1..R-1`` are
-deep copies placed on their own devices. Per optimizer step:
+structural copies (below) placed on their own devices. Per optimizer step:
 
 1. every replica runs its micro-batches on its own weights, accumulating its own gradients;
 2. ``reduce_gradients()`` sums the replicas' gradients onto replica 0 (the all-reduce; the
@@ -11,13 +11,15 @@ deep copies placed on their own devices. Per optimizer step:
 3. the optimizer steps replica 0 only (its state lives there, as on one device);
 4. ``broadcast()`` copies replica 0's parameters to the others.
 
-Replicas sharing their devices with replica 0 (the CPU, or fewer GPUs than replicas) do not
-need any of this: they run one after another on replica 0's weights, which is the same sum.
+When every replica's devices are replica 0's (the CPU, one GPU) none of this is needed: the
+replicas run one after another on replica 0's weights, which is the same sum. Otherwise every
+replica beyond 0 gets a copy, including one that happens to share replica 0's GPU.
 
 A replica is a *structural* copy, as ``torch.nn.DataParallel`` makes them: every module object
 is duplicated with its own parameter, buffer, submodule and hook tables, and everything else
 (configuration, a Lightning module's trainer, user attributes) is shared with replica 0 and
-refreshed from it at the start of every host call (``sync_attributes``). Deep-copying the model
+refreshed from it at the start of every host call (``sync_attributes``, which also brings
+hooks added or removed since, frozen flags, and replica 0's parameters if the host wrote them). Deep-copying the model
 would duplicate whatever the user's objects reference (a whole Trainer, locks that cannot be
 copied). Plain attributes aliasing a parameter outside the module tables keep pointing at
 replica 0's tensor. Modules with no parameters or buffers anywhere inside, on the same device as
@@ -60,18 +62,34 @@ class ReplicaModels:
             self.placements.append(placement)
         self._params = [list(m.parameters()) for m in self.models]
         self._buffers = [list(m.buffers()) for m in self.models]
+        self._stamp = self._master_stamp()
 
     def model(self, replica: int) -> torch.nn.Module:
         return self.models[replica]
 
     def sync_attributes(self) -> None:
         """Give every replica module replica 0's current plain attributes (``training`` flags,
-        anything a hook or the user changed since the last call)."""
+        anything the user or a callback changed since the last call), its hooks, and which
+        parameters are frozen; and replica 0's parameters if the host changed them."""
         for source, target in self._module_pairs:
             own = target.__dict__
             for key, value in source.__dict__.items():
-                if key not in _OWN_TABLES and not _is_hook_table(key):
+                if key in _OWN_TABLES:
+                    continue
+                if _is_hook_table(key) and isinstance(value, dict):
+                    own[key] = type(value)(value)
+                else:
                     own[key] = _rebound(value, source, target)
+        for params in self._params[1:]:
+            for master, replica in zip(self._params[0], params):
+                if replica.requires_grad != master.requires_grad:
+                    replica.requires_grad_(master.requires_grad)
+        if self._master_stamp() != self._stamp:
+            self.broadcast()
+
+    def _master_stamp(self):
+        """Changes whenever replica 0's parameters are written (in place, or ``.data =``)."""
+        return [(p._version, p.data_ptr()) for p in self._params[0]]
 
     def zero_grad(self) -> None:
         for params in self._params[1:]:
@@ -84,9 +102,11 @@ class ReplicaModels:
             for params in self._params[1:]:
                 into, added = [], []
                 for master, replica in zip(self._params[0], params):
-                    if replica.grad is None:
+                    if replica.grad is None or not master.requires_grad:
+                        replica.grad = None
                         continue
-                    grad = replica.grad.to(master.device, non_blocking=True)
+                    # Non-blocking only towards a GPU: a CPU destination must be complete when read.
+                    grad = replica.grad.to(master.device, non_blocking=master.device.type == "cuda")
                     if master.grad is None:
                         master.grad = grad if grad is not replica.grad else grad.clone()
                     else:
@@ -108,7 +128,8 @@ class ReplicaModels:
                     torch._foreach_copy_([t for t, _ in same], [s for _, s in same])
                 for target, source in pairs:
                     if target.device != source.device or target.dtype != source.dtype:
-                        target.copy_(source, non_blocking=True)
+                        target.copy_(source, non_blocking=target.device.type == "cuda")
+        self._stamp = self._master_stamp()
 
     def install_hooks(self, locks=None) -> None:
         for placement in self.placements:
