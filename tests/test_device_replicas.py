@@ -246,6 +246,60 @@ def check_dropout_masks_replayed():
         torch.testing.assert_close(model.stages[i].w.detach(), torch.tensor(expected.item()), rtol=1e-5, atol=1e-6)
 
 
+def test_concurrent_dropout_masks_repeat_the_serial_run(monkeypatch):
+    """Turns admit micro-batches to a device in order, so its generator is drawn as in a
+    serial run: same masks, whatever the thread timing."""
+    def run(concurrency):
+        monkeypatch.setenv("OPENPOP_CONCURRENT_STAGES", concurrency)
+        torch.manual_seed(0)
+        model = DropoutStages()
+        opts = strategy_options(poptorch.PipelinedExecution(poptorch.AutoStage.AutoIncrement), ga=8, di=2)
+        pop = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=1e-3))
+        first, second, _ = pop(torch.ones(2 * 8 * 2, 256))
+        assert pop._compiled.concurrent == (concurrency == "on")
+        return first, second, [p.detach().clone() for p in model.parameters()]
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        serial = run("off")
+        for _ in range(3):
+            concurrent = run("on")
+            assert torch.equal(concurrent[0], serial[0]) and torch.equal(concurrent[1], serial[1])
+            for a, b in zip(concurrent[2], serial[2]):
+                torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+    finally:
+        sys.setswitchinterval(interval)
+
+
+def test_device_turns_admit_micro_batches_in_order():
+    """Two 'devices' (names only), four micro-batches started in reverse: each device still
+    sees them in order 0, 1, 2, 3, and a micro-batch that skips a device does not block it."""
+    import threading
+    from openpop.runtime.pipeline import DeviceLocks
+    a, b = torch.device("cuda", 0), torch.device("cuda", 1)
+    locks = DeviceLocks()
+    locks.start_step([[a, b]] * 4)
+    seen = {a: [], b: []}
+
+    def micro_batch(index):
+        locks.begin_micro_batch(index)
+        with locks.on(a):
+            seen[a].append(index)
+            if index != 2:  # micro-batch 2 never uses device b
+                with locks.on(b):
+                    seen[b].append(index)
+        locks.end_micro_batch()
+
+    threads = [threading.Thread(target=micro_batch, args=(i,)) for i in reversed(range(4))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert not any(thread.is_alive() for thread in threads)
+    assert seen == {a: [0, 1, 2, 3], b: [0, 1, 3]}
+
+
 def test_device_locks_hold_one_device_per_thread():
     from openpop.runtime.pipeline import DeviceLocks
     locks = DeviceLocks()

@@ -469,21 +469,18 @@ class PoplarExecutor:
         return result
 
     def _replica_micro_batches(self, compiled, inputs, split, leaves, d, gradients, collector):
-        """One step's micro-batches, serially, each on its replica's own weights. Replica by
-        replica (each replica's weights stay hot in cache), outputs then kept in PopART's order."""
+        """One step's micro-batches, serially, each on its replica's own weights (in the order
+        the concurrent schedule admits them to devices, so both draw random numbers alike)."""
         geometry = self._geometry
         compiled.replicas.zero_grad()
-        kept = {}
-        for r in range(geometry.replication_factor):
-            model = self._replica_model(compiled, r)
-            for g in range(geometry.gradient_accumulation):
+        for g in range(geometry.gradient_accumulation):
+            keep = collector.wants(d, g)
+            for r in range(geometry.replication_factor):
                 args, kwargs = self._micro_args(inputs, split, leaves, d, g, geometry.input_chunk_of_replica(r))
-                output, loss = self._forward_with_loss(compiled, args, kwargs, model)
+                output, loss = self._forward_with_loss(compiled, args, kwargs, self._replica_model(compiled, r))
                 gradients.backward_unordered(loss)  # per-replica gradients: no running mean
-                if collector.wants(d, g):
-                    kept[g, r] = output
-        for key in sorted(kept):
-            collector.add(key[1], kept[key])
+                if keep:
+                    collector.add(r, output)
 
     def _concurrent_micro_batches(self, compiled, inputs, split, d, gradients, collector):
         """One step's micro-batches with up to ``pipeline_stages`` per replica device set in
@@ -494,8 +491,13 @@ class PoplarExecutor:
         if compiled.replicas is not None:
             compiled.replicas.zero_grad()
 
+        locks = compiled.device_locks
+        device_map = compiled.plan.device_map
+        locks.start_step([device_map.distinct_devices(r) for _, r in order])
+
         def task(index):
             g, r = order[index]
+            locks.begin_micro_batch(index)
             leaves = list(inputs.leaves)
             args, kwargs = self._micro_args(inputs, split, leaves, d, g, geometry.input_chunk_of_replica(r))
             # Torch function modes are per thread: enter SameDeviceOps here, not only in __call__.
@@ -503,10 +505,11 @@ class PoplarExecutor:
             try:
                 with context.running(self._training), same_device:
                     output, loss = self._forward_with_loss(compiled, args, kwargs, self._replica_model(compiled, r))
+                    locks.end_micro_batch()  # the forward is done: later micro-batches may pass
                     gradients.backward_unordered(loss)
             finally:
                 # A forward abandoned part-way (its hooks removed under it) must not keep a lock.
-                compiled.device_locks.release_all()
+                locks.release_all()
             return output
 
         if compiled.thread_pool is None:

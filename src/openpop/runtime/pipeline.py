@@ -23,8 +23,10 @@ order, with activations hopping devices at block boundaries.
   released at block boundaries, one lock per thread at a time, so no deadlock); a unit
   remembers its device's generator state under that lock and its recomputation replays it
   under the same lock. Work on one device is thus issued by one thread at a time — as in a
-  real pipeline — while different devices run concurrently. A unit replays only its own
-  device's generator: CPU randomness drawn inside a unit placed on a GPU is not replayed.
+  real pipeline — while different devices run concurrently. Each device also admits
+  micro-batches in order (turns), so the generator is drawn in the serial order and a
+  concurrent run gives the masks a serial run gives. A unit replays only its own device's
+  generator: CPU randomness drawn inside a unit placed on a GPU is not replayed.
 """
 import concurrent.futures
 import contextlib
@@ -120,14 +122,28 @@ def _set_rng_state(device: torch.device, state: torch.Tensor) -> None:
 
 
 class DeviceLocks:
-    """One lock per device. ``enter(device)`` makes the calling thread hold that device's lock
-    (releasing the one it held before); ``exit()`` returns to the previous device's lock. A
-    thread holds at most one lock at a time, so threads can never wait on each other in a cycle."""
+    """One lock per device, and a turn order per device.
+
+    ``enter(device)`` makes the calling thread hold that device's lock (releasing the one it
+    held before); ``exit()`` returns to the previous device's lock. A thread holds at most one
+    lock at a time, so threads never wait on each other in a cycle.
+
+    Turns make concurrent runs repeat serial ones: within a step (``start_step``), a
+    micro-batch thread (``begin_micro_batch(i)``) first enters a device only after every
+    earlier micro-batch using that device has left it — so each device's random generator is
+    drawn in micro-batch order, exactly as one after another, while different devices still
+    work on different micro-batches. Later re-entries (the root ``forward``'s code after the
+    blocks) and threads outside a micro-batch (autograd's, during recomputation) take the lock
+    only."""
 
     def __init__(self):
         self._locks = {}
         self._guard = threading.Lock()
         self._local = threading.local()
+        self._turns = threading.Condition()
+        self._positions = []  # per micro-batch of the step: {device: its place in that device's queue}
+        self._released = {}   # device -> places that have left it
+        self._next = {}       # device -> the place allowed in next
 
     def _lock(self, device) -> threading.Lock:
         with self._guard:
@@ -142,12 +158,69 @@ class DeviceLocks:
             stack = self._local.stack = []
         return stack
 
+    # ------------------------------------------------------------------ turns
+    def start_step(self, devices_of_micro_batch) -> None:
+        """The devices each micro-batch of the coming step may use, in micro-batch order."""
+        positions, counts = [], {}
+        for devices in devices_of_micro_batch:
+            places = {}
+            for device in devices:
+                places[device] = counts.get(device, 0)
+                counts[device] = places[device] + 1
+            positions.append(places)
+        with self._turns:
+            self._positions = positions
+            self._released = {device: set() for device in counts}
+            self._next = dict.fromkeys(counts, 0)
+
+    def begin_micro_batch(self, index: int) -> None:
+        self._local.index = index
+        self._local.entered = set()
+        self._local.left = set()
+
+    def end_micro_batch(self) -> None:
+        """Give up this micro-batch's turn on every device (used or not)."""
+        index = getattr(self._local, "index", None)
+        if index is None:
+            return
+        for device in self._positions[index]:
+            self._leave_turn(device)
+        self._local.index = None
+
+    def _wait_turn(self, device) -> None:
+        index = getattr(self._local, "index", None)
+        if index is None or device in self._local.entered:
+            return
+        self._local.entered.add(device)
+        place = self._positions[index].get(device)
+        if place is not None:
+            with self._turns:
+                self._turns.wait_for(lambda: self._next[device] == place)
+
+    def _leave_turn(self, device) -> None:
+        index = getattr(self._local, "index", None)
+        if index is None or device in self._local.left:
+            return
+        place = self._positions[index].get(device)
+        self._local.left.add(device)
+        if place is None:
+            return
+        with self._turns:
+            released = self._released[device]
+            released.add(place)
+            while self._next[device] in released:
+                self._next[device] += 1
+            self._turns.notify_all()
+
+    # ------------------------------------------------------------------ locks
     def enter(self, device: torch.device) -> None:
         stack = self._stack()
         held = stack[-1] if stack else None
         if held != device:
             if held is not None:
                 self._lock(held).release()
+                self._leave_turn(held)
+            self._wait_turn(device)
             self._lock(device).acquire()
         stack.append(device)
 
@@ -157,15 +230,19 @@ class DeviceLocks:
         previous = stack[-1] if stack else None
         if previous != device:
             self._lock(device).release()
+            self._leave_turn(device)
             if previous is not None:
+                self._wait_turn(previous)
                 self._lock(previous).acquire()
 
     def release_all(self) -> None:
-        """Drop whatever the calling thread still holds (a forward abandoned mid-way)."""
+        """Drop whatever the calling thread still holds, lock and turns (a forward abandoned
+        mid-way)."""
         stack = self._stack()
         if stack:
             self._lock(stack[-1]).release()
             stack.clear()
+        self.end_micro_batch()
 
     def held(self):
         """The device whose lock the calling thread holds, or None."""
