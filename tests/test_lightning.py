@@ -595,3 +595,33 @@ def test_user_options_set_to_defaults_still_win():
     assert (options.device_iterations, options.replication_factor, options.Training.gradient_accumulation) == (1, 1, 1)
     derived = derive(None, training=True, device_iterations=4, replicas=2, accumulation=2)
     assert (derived.device_iterations, derived.replication_factor, derived.Training.gradient_accumulation) == (4, 2, 2)
+
+
+def test_prediction_writer_gets_each_host_calls_sample_indices():
+    """BasePredictionWriter: batch_indices are the dataset indices of each host call's rows
+    (one combined batch), in row order, shuffled loaders included."""
+    from lightning.pytorch.callbacks import BasePredictionWriter
+
+    class Writer(BasePredictionWriter):
+        def __init__(self):
+            super().__init__("batch_and_epoch")
+            self.batches, self.epoch_indices = [], None
+
+        def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx,
+                               dataloader_idx):
+            self.batches.append((list(batch_indices), prediction))
+
+        def write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices):
+            self.epoch_indices = batch_indices
+
+    x, y = regression_data(n=40)
+    model = Regressor()
+    writer = Writer()
+    t = trainer(accelerator="ipu", devices=2, strategy=IPUStrategy(device_iterations=4), callbacks=[writer])
+    t.predict(model, loader(x, y, batch_size=4, shuffle=True))
+    assert [len(indices) for indices, _ in writer.batches] == [32, 8]  # 4 x 2 x 4, then the rest
+    seen = [i for indices, _ in writer.batches for i in indices]
+    assert sorted(seen) == list(range(40)) and seen != list(range(40))
+    for indices, prediction in writer.batches:
+        torch.testing.assert_close(prediction, model(x[indices]).detach(), rtol=1e-6, atol=1e-6)
+    assert writer.epoch_indices == [[indices for indices, _ in writer.batches]]

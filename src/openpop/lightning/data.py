@@ -40,6 +40,12 @@ def to_openpop_loader(loader, options, training: bool):
     return converted
 
 
+def _records_batch_indices(batch_sampler) -> bool:
+    """Lightning's ``_IndexBatchSamplerWrapper`` (by name: lightning and pytorch_lightning each
+    have their own class)."""
+    return type(batch_sampler).__name__ == "_IndexBatchSamplerWrapper" and hasattr(batch_sampler, "_batch_sampler")
+
+
 def _convert(loader, options, training: bool):
     if isinstance(loader, DataLoader) or not isinstance(loader, TorchDataLoader):
         return loader
@@ -49,9 +55,20 @@ def _convert(loader, options, training: bool):
     kwargs["persistent_workers"] = loader.persistent_workers
     dataset = loader.dataset
     if loader.batch_size is None and loader.batch_sampler is not None:
-        # The user's own batch sampler (Lightning's predict wrapper included).
-        return DataLoader(options, dataset, batch_size=1, batch_sampler=loader.batch_sampler,
-                          drop_last=training, **kwargs)
+        # The user's own batch sampler, or Lightning's predict-time wrapper recording the
+        # indices of every batch (for BasePredictionWriter): that one must record what a host
+        # call takes, one combined batch, so it goes around the combined sampler instead.
+        batch_sampler = loader.batch_sampler
+        recorder = type(batch_sampler) if _records_batch_indices(batch_sampler) else None
+        if recorder is not None:
+            batch_sampler = batch_sampler._batch_sampler
+        converted = DataLoader(options, dataset, batch_size=1, batch_sampler=batch_sampler,
+                               drop_last=training, **kwargs)
+        if recorder is not None:
+            # torch forbids re-assigning batch_sampler after construction; the loader has not
+            # been iterated, and iteration reads the attribute afresh.
+            object.__setattr__(converted, "batch_sampler", recorder(converted.batch_sampler))
+        return converted
     if loader.batch_size is None:
         return loader  # no automatic batching: the dataset yields whole batches itself
     sampler = loader.sampler
