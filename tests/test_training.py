@@ -545,3 +545,55 @@ def test_list_outputs_are_concatenated_in_row_order():
     x = torch.arange(4, dtype=torch.float32).unsqueeze(1)
     out, ids = poptorch.inferenceModel(WithIds(), poptorch.Options().deviceIterations(2))(x)
     assert ids == ["row0", "row1", "row2", "row3"]
+
+
+# --------------------------------------------------------------------------- anchored tensors
+def test_anchored_gradients_and_updates_match_a_hand_written_loop():
+    model = Regressor()
+    reference = copy.deepcopy(model)
+    opts = options(di=3, ga=2, r=2)
+    opts.anchorTensor("grad_bias", "Gradient___fc2.bias")
+    opts.anchorTensor("update_weight", "UpdatedVar___model.fc2.weight")  # PopTorch's traced form
+    opts.anchorTensor("all_weights", "fc1.weight", poptorch.OutputMode.All)
+    opts.anchorTensor("grad_sum", "Gradient___fc1.bias", poptorch.OutputMode.Sum)
+    opts.anchorTensor("every_2nd", "UpdatedVar___fc1.bias", poptorch.OutputMode.EveryN, 2)
+    pop = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    x, t = make_data(3 * 2 * 2 * 2)
+    pop(x, t)
+
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    grads, weights, fc1_bias_grads, fc1_biases = [], [], [], []
+    for d in range(3):  # the same steps by hand, recording what the anchors should hold
+        train_loop(reference, optimizer, (x[d * 8:(d + 1) * 8], t[d * 8:(d + 1) * 8]), regressor_loss, 1, 2, 2)
+        grads.append(reference.fc2.bias.grad.clone())
+        fc1_bias_grads.append(reference.fc1.bias.grad.clone())
+        weights.append(reference.fc1.weight.detach().clone())
+        fc1_biases.append(reference.fc1.bias.detach().clone())
+    close = dict(rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(pop.getAnchoredTensor("grad_bias"), grads[-1], **close)  # Final by default
+    torch.testing.assert_close(pop.getAnchoredTensor("update_weight"), reference.fc2.weight.detach(), **close)
+    torch.testing.assert_close(pop.getAnchoredTensor("all_weights"), torch.stack(weights), **close)
+    torch.testing.assert_close(pop.getAnchoredTensor("grad_sum"), sum(fc1_bias_grads), **close)
+    torch.testing.assert_close(pop.getAnchoredTensor("every_2nd"), fc1_biases[1].unsqueeze(0), **close)
+    with pytest.raises(AssertionError, match="No tensor with name nothing found."):
+        pop.getAnchoredTensor("nothing")
+
+
+def test_anchor_names_are_checked_at_compile():
+    model = Regressor()
+    opts = options()
+    opts.anchorTensor("g", "Gradient___fc3.bias")
+    pop = poptorch.trainingModel(model, opts)
+    with pytest.raises(poptorch.Error, match="anchorTensor: no tensor named 'Gradient___fc3.bias'"):
+        pop(*make_data(2))
+    inference_opts = poptorch.Options()
+    inference_opts.anchorTensor("g", "Gradient___fc2.bias")
+    inference = poptorch.inferenceModel(Regressor(), inference_opts)
+    with pytest.raises(poptorch.Error, match="gradients exist in training models only"):
+        inference(*make_data(2))
+    inference_opts = poptorch.Options().deviceIterations(2)
+    inference_opts.anchorTensor("w", "fc2.bias")
+    model = Regressor()
+    inference = poptorch.inferenceModel(model, inference_opts)
+    inference(*make_data(4))
+    torch.testing.assert_close(inference.getAnchoredTensor("w"), torch.stack([model.fc2.bias.detach()] * 2))

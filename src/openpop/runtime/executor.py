@@ -21,6 +21,7 @@ from ..atomic_file import atomic_write
 from ..enums import ConnectionType, MeanReductionStrategy, OutputMode
 from ..log import logger
 from . import context
+from .anchors import AnchoredTensors
 from .args import BoundInputs, InputSignature, prepare_tensors
 from .geometry import BatchGeometry
 from .gradients import GradientReduction
@@ -70,6 +71,7 @@ class _Compiled:
         self.thread_pool = None         # workers for concurrent micro-batches
         self.device_locks = None        # pipeline.DeviceLocks while micro-batches run concurrently
         self.replicas = None            # ReplicaModels when local replicas have their own devices
+        self.anchors = None             # AnchoredTensors (Options.anchorTensor)
         self.multi_device = False       # the plan spans several torch devices
         self.trainable = []             # parameters that receive gradients
         self.recompute = False          # checkpoint BeginBlock modules in backward
@@ -176,6 +178,8 @@ class PoplarExecutor:
             compiled.uploaded_version = weights_version(self._user_model)
         self._trace(inputs, compiled)
         with compiled.weights.active():
+            compiled.anchors = AnchoredTensors(self._options.anchored_tensors, self._model,
+                                               self._options.output_mode, self._training)
             self._place(compiled)
         compiled.signature = InputSignature(inputs)
         compiled.training_flags = [(m, m.training) for m in self._model.modules()]
@@ -401,6 +405,8 @@ class PoplarExecutor:
         leaves = list(inputs.leaves)
         replicas = geometry.replication_factor
         perf = _PerfRecorder()
+        anchors = compiled.anchors
+        anchors.start_call()
         for d in range(geometry.device_iterations):
             perf.start()
             keep = collector.wants(d, 0)
@@ -413,9 +419,12 @@ class PoplarExecutor:
                     output = model(*args, **kwargs)
                 if keep:
                     collector.add(r, output)
+            if anchors:
+                anchors.record(d, geometry.device_iterations)
             perf.computed()
         if compiled.replica_buffers is not None:
             compiled.replica_buffers.switch_to(0)
+        anchors.finish_call()
         result = collector.result()
         self._perf = perf.finish()
         return result
@@ -432,6 +441,8 @@ class PoplarExecutor:
                                       dynamic=self._precision.loss_scaler(optimizer))
         replicas = geometry.replication_factor
         perf = _PerfRecorder()
+        anchors = compiled.anchors
+        anchors.start_call()
         for d in range(geometry.device_iterations):
             perf.start()
             for p in trainable:
@@ -459,11 +470,14 @@ class PoplarExecutor:
                 self._precision.optimizer_step(optimizer)
                 if compiled.replicas is not None:
                     compiled.replicas.broadcast()
+            if anchors:
+                anchors.record(d, geometry.device_iterations)
             perf.computed()
         for p in trainable:
             p.grad = None
         if compiled.replica_buffers is not None:
             compiled.replica_buffers.switch_to(0)
+        anchors.finish_call()
         result = collector.result()
         self._perf = perf.finish()
         return result
@@ -729,6 +743,12 @@ class PoplarExecutor:
 
     def getLatency(self):
         return self._latency("input", "output_complete")
+
+    def getAnchoredTensor(self, short_name: str):
+        """The tensor anchored as ``short_name`` (``Options.anchorTensor``) by the last call."""
+        memory = self._compiled.anchors.memory if self._compiled is not None else {}
+        assert short_name in memory, "No tensor with name " + short_name + " found."
+        return memory[short_name]
 
     def getTensorNames(self):
         self._require_compiled()

@@ -1,0 +1,114 @@
+"""Anchored tensors: ``Options.anchorTensor(short, long)`` and ``getAnchoredTensor(short)``.
+
+PopTorch names the tensors of its PopART graph; openpop answers the names users anchor in
+practice, for parameters and buffers (``fc2.bias``; the traced form ``model.fc2.bias`` also
+works):
+
+* ``Gradient___<parameter>``: the gradient the optimizer applied at a step — summed over the
+  step's micro-batches and replicas, then reduced as the options say (Mean/Sum), loss scaling
+  removed. (With gradient accumulation PopART's tensor of that name is one micro-batch's
+  gradient; openpop keeps only the accumulated one.)
+* ``UpdatedVar___<parameter>``: the parameter after the step's update.
+* ``<parameter or buffer>``: its value after the step (inference: after the batch).
+
+Each anchor follows its own output mode (default: the model's): ``All`` stacks the value of
+every step, ``EveryN`` every N-th, ``Final`` keeps the last, ``Sum`` adds them up.
+"""
+from typing import Callable, Dict, List
+
+import torch
+
+from .. import errors
+from ..enums import OutputMode
+
+GRADIENT = "Gradient___"
+UPDATED = "UpdatedVar___"
+
+
+class Anchor:
+    def __init__(self, read: Callable[[], torch.Tensor], mode: OutputMode, period: int):
+        self.read = read
+        self.mode = mode
+        self.period = period
+        self.values: List[torch.Tensor] = []
+
+    def record(self, step: int, last: bool) -> None:
+        mode = self.mode
+        if mode == OutputMode.Final and not last:
+            return
+        if mode == OutputMode.EveryN and (step + 1) % self.period:
+            return
+        value = self.read()
+        if value is None:
+            return
+        value = value.detach().to("cpu", copy=True)
+        if mode == OutputMode.Sum and self.values:
+            self.values[0] += value
+        elif mode in (OutputMode.Sum, OutputMode.Final):
+            self.values = [value]
+        else:
+            self.values.append(value)
+
+    def result(self):
+        if not self.values:
+            return None
+        if self.mode in (OutputMode.All, OutputMode.EveryN):
+            return torch.stack(self.values)
+        return self.values[0]
+
+
+class AnchoredTensors:
+    """The anchors of one executor, resolved against its model at compile."""
+
+    def __init__(self, anchored: Dict[str, list], model: torch.nn.Module, default_mode: OutputMode,
+                 training: bool):
+        params = dict(model.named_parameters(remove_duplicate=False))
+        buffers = dict(model.named_buffers(remove_duplicate=False))
+        self._anchors: Dict[str, Anchor] = {}
+        for short_name, (long_name, use_default, mode, period) in anchored.items():
+            read = _reader(long_name, params, buffers, training)
+            mode = OutputMode(default_mode if use_default or mode is None else mode)
+            if mode == OutputMode.Default:
+                mode = OutputMode.Final if training else OutputMode.All
+            self._anchors[short_name] = Anchor(read, mode, period or 1)
+        self.memory: Dict[str, torch.Tensor] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._anchors)
+
+    def start_call(self) -> None:
+        for anchor in self._anchors.values():
+            anchor.values = []
+
+    def record(self, step: int, steps: int) -> None:
+        for anchor in self._anchors.values():
+            anchor.record(step, last=step == steps - 1)
+
+    def finish_call(self) -> None:
+        self.memory = {name: anchor.result() for name, anchor in self._anchors.items()}
+
+
+def _reader(long_name: str, params: dict, buffers: dict, training: bool):
+    kind = ""
+    name = long_name
+    for prefix in (GRADIENT, UPDATED):
+        if long_name.startswith(prefix):
+            kind, name = prefix, long_name[len(prefix):]
+    tensor = _find(name, params) if kind else _find(name, {**params, **buffers})
+    if tensor is None or (kind and not training):
+        known = ", ".join(list(params)[:4] + (["..."] if len(params) > 4 else []))
+        raise errors.createPoptorchError(
+            f"anchorTensor: no tensor named '{long_name}'. openpop anchors parameters and buffers by "
+            f"their names ({known})" + (", as 'Gradient___<name>' and 'UpdatedVar___<name>' in training models"
+                                        if training else "; gradients exist in training models only") + ".")
+    if kind == GRADIENT:
+        return lambda: tensor.grad
+    return lambda: tensor
+
+
+def _find(name: str, tensors: dict):
+    if name in tensors:
+        return tensors[name]
+    if name.startswith("model."):  # PopTorch's traced graphs prefix the names with "model."
+        return tensors.get(name[len("model."):])
+    return None
