@@ -95,9 +95,13 @@ def _checked_device(name, source) -> torch.device:
             raise errors.createPoptorchError(
                 f"{source} names '{name}' but this machine has {count} CUDA device(s). Name an existing "
                 f"device or unset {DEVICE_MAP_ENV}.")
+        if device.index is None:  # one name per device: locks and generators are per device
+            device = torch.device("cuda", torch.cuda.current_device())
     elif device.type != "cpu":
         raise errors.createPoptorchError(
             f"{source} names '{name}': openpop runs virtual IPUs on 'cpu' and 'cuda' devices only.")
+    else:
+        device = torch.device("cpu")  # 'cpu:1' is the same CPU, with the same random generator
     return device
 
 

@@ -448,6 +448,8 @@ class PoplarExecutor:
             for p in trainable:
                 p.grad = None
             gradients.start_step()
+            if compiled.replicas is not None:
+                compiled.replicas.broadcast()  # replica 0's weights as they are now, host edits included
             if compiled.concurrent and compiled.replica_buffers is None:
                 self._concurrent_micro_batches(compiled, inputs, split, d, gradients, collector)
             elif compiled.replicas is not None:
@@ -468,8 +470,6 @@ class PoplarExecutor:
                 compiled.replicas.reduce_gradients()
             if gradients.finish_step():
                 self._precision.optimizer_step(optimizer)
-                if compiled.replicas is not None:
-                    compiled.replicas.broadcast()
             if anchors:
                 anchors.record(d, geometry.device_iterations)
             perf.computed()
@@ -506,17 +506,17 @@ class PoplarExecutor:
             compiled.replicas.zero_grad()
 
         locks = compiled.device_locks
-        device_map = compiled.plan.device_map
-        locks.start_step([device_map.distinct_devices(r) for _, r in order])
+        visits = [compiled.plan.device_visits(r) for r in range(geometry.replication_factor)]
+        locks.start_step([visits[r] for _, r in order])
 
         def task(index):
             g, r = order[index]
-            locks.begin_micro_batch(index)
-            leaves = list(inputs.leaves)
-            args, kwargs = self._micro_args(inputs, split, leaves, d, g, geometry.input_chunk_of_replica(r))
-            # Torch function modes are per thread: enter SameDeviceOps here, not only in __call__.
-            same_device = SameDeviceOps() if multi_device else contextlib.nullcontext()
             try:
+                locks.begin_micro_batch(index)
+                leaves = list(inputs.leaves)
+                args, kwargs = self._micro_args(inputs, split, leaves, d, g, geometry.input_chunk_of_replica(r))
+                # Torch function modes are per thread: enter SameDeviceOps here, not only in __call__.
+                same_device = SameDeviceOps() if multi_device else contextlib.nullcontext()
                 with context.running(self._training), same_device:
                     output, loss = self._forward_with_loss(compiled, args, kwargs, self._replica_model(compiled, r))
                     locks.end_micro_batch()  # the forward is done: later micro-batches may pass

@@ -130,9 +130,9 @@ class DeviceLocks:
 
     Turns make concurrent runs repeat serial ones: within a step (``start_step``), a
     micro-batch thread (``begin_micro_batch(i)``) first enters a device only after every
-    earlier micro-batch using that device has left it — so each device's random generator is
-    drawn in micro-batch order, exactly as one after another, while different devices still
-    work on different micro-batches. Later re-entries (the root ``forward``'s code after the
+    earlier micro-batch using that device has left it for the last time — so each device's
+    random generator is drawn in micro-batch order, exactly as one after another, while
+    different devices still work on different micro-batches. Later re-entries (the root ``forward``'s code after the
     blocks) and threads outside a micro-batch (autograd's, during recomputation) take the lock
     only."""
 
@@ -141,6 +141,8 @@ class DeviceLocks:
         self._guard = threading.Lock()
         self._local = threading.local()
         self._turns = threading.Condition()
+        self._generation = 0
+        self._visits = []     # per micro-batch of the step: {device: planned visits}
         self._positions = []  # per micro-batch of the step: {device: its place in that device's queue}
         self._released = {}   # device -> places that have left it
         self._next = {}       # device -> the place allowed in next
@@ -159,50 +161,72 @@ class DeviceLocks:
         return stack
 
     # ------------------------------------------------------------------ turns
-    def start_step(self, devices_of_micro_batch) -> None:
-        """The devices each micro-batch of the coming step may use, in micro-batch order."""
+    def start_step(self, visits_of_micro_batch) -> None:
+        """For each micro-batch of the coming step, in order: ``{device: visits}``, how many
+        separate times its forward runs on each device (from the plan: a device holding
+        stages 0 and 2 is visited twice). A micro-batch gives up its turn on a device after
+        its last visit, so the next one never runs there in between."""
         positions, counts = [], {}
-        for devices in devices_of_micro_batch:
+        for visits in visits_of_micro_batch:
             places = {}
-            for device in devices:
+            for device in visits:
                 places[device] = counts.get(device, 0)
                 counts[device] = places[device] + 1
             positions.append(places)
         with self._turns:
+            self._generation += 1
+            self._visits = list(visits_of_micro_batch)
             self._positions = positions
             self._released = {device: set() for device in counts}
             self._next = dict.fromkeys(counts, 0)
 
     def begin_micro_batch(self, index: int) -> None:
-        self._local.index = index
-        self._local.entered = set()
-        self._local.left = set()
+        local = self._local
+        local.index = index
+        local.generation = self._generation
+        local.entered = set()
+        local.left = {}      # device -> visits ended so far
+        local.released = set()
 
     def end_micro_batch(self) -> None:
         """Give up this micro-batch's turn on every device (used or not)."""
-        index = getattr(self._local, "index", None)
-        if index is None:
+        if not self._in_current_step():
             return
-        for device in self._positions[index]:
-            self._leave_turn(device)
+        for device in self._positions[self._local.index]:
+            self._release_turn(device)
         self._local.index = None
 
+    def _in_current_step(self) -> bool:
+        """Whether the calling thread runs a micro-batch of the current step (a straggler from
+        an interrupted call must not touch the turns of the next one)."""
+        local = self._local
+        return getattr(local, "index", None) is not None and local.generation == self._generation
+
     def _wait_turn(self, device) -> None:
-        index = getattr(self._local, "index", None)
-        if index is None or device in self._local.entered:
+        if not self._in_current_step() or device in self._local.entered:
             return
         self._local.entered.add(device)
-        place = self._positions[index].get(device)
+        place = self._positions[self._local.index].get(device)
         if place is not None:
             with self._turns:
                 self._turns.wait_for(lambda: self._next[device] == place)
 
     def _leave_turn(self, device) -> None:
-        index = getattr(self._local, "index", None)
-        if index is None or device in self._local.left:
+        """The calling micro-batch stops running on ``device``; after its last planned visit
+        the next micro-batch may start there."""
+        if not self._in_current_step():
             return
-        place = self._positions[index].get(device)
-        self._local.left.add(device)
+        local = self._local
+        local.left[device] = local.left.get(device, 0) + 1
+        if local.left[device] >= self._visits[local.index].get(device, 1):
+            self._release_turn(device)
+
+    def _release_turn(self, device) -> None:
+        local = self._local
+        if device in local.released:
+            return
+        local.released.add(device)
+        place = self._positions[local.index].get(device)
         if place is None:
             return
         with self._turns:

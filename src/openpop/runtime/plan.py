@@ -122,6 +122,19 @@ class ExecutionPlan:
     device_map: Optional[DeviceMap] = None
     recomputation_units: List[str] = field(default_factory=list)  # see BlockRecorder
 
+    def device_visits(self, replica: int = 0) -> Dict[torch.device, int]:
+        """How many separate times one forward pass of ``replica`` runs on each device: the
+        root module starts on IPU 0's device, then the blocks in order (a device holding
+        stages 0 and 2 of a round-robin map is visited twice)."""
+        visits: Dict[torch.device, int] = {}
+        previous = None
+        for ipu in [0] + [block.ipu for block in self.blocks]:
+            device = self.device_map.device(ipu, replica)
+            if device != previous:
+                visits[device] = visits.get(device, 0) + 1
+            previous = device
+        return visits
+
     def allocation_table(self) -> str:
         width = max([len(b.name) for b in self.blocks] + [1])
         lines = ["-" * 59, "-" * 20 + " Device Allocation " + "-" * 20]

@@ -9,7 +9,9 @@ structural copies (below) placed on their own devices. Per optimizer step:
 2. ``reduce_gradients()`` sums the replicas' gradients onto replica 0 (the all-reduce; the
    executor's ``GradientReduction`` then applies Mean/Sum and loss scaling as usual);
 3. the optimizer steps replica 0 only (its state lives there, as on one device);
-4. ``broadcast()`` copies replica 0's parameters to the others.
+4. before the next step's micro-batches, ``broadcast()`` copies replica 0's parameters to the
+   others — at the start of every step rather than after it, so whatever the host did to
+   replica 0 between calls (an edit through ``.data``, a loaded state dict) is included.
 
 When every replica's devices are replica 0's (the CPU, one GPU) none of this is needed: the
 replicas run one after another on replica 0's weights, which is the same sum. Otherwise every
@@ -19,7 +21,7 @@ A replica is a *structural* copy, as ``torch.nn.DataParallel`` makes them: every
 is duplicated with its own parameter, buffer, submodule and hook tables, and everything else
 (configuration, a Lightning module's trainer, user attributes) is shared with replica 0 and
 refreshed from it at the start of every host call (``sync_attributes``, which also brings
-hooks added or removed since, frozen flags, and replica 0's parameters if the host wrote them). Deep-copying the model
+hooks added or removed since and frozen flags). Deep-copying the model
 would duplicate whatever the user's objects reference (a whole Trainer, locks that cannot be
 copied). Plain attributes aliasing a parameter outside the module tables keep pointing at
 replica 0's tensor. Modules with no parameters or buffers anywhere inside, on the same device as
@@ -62,7 +64,6 @@ class ReplicaModels:
             self.placements.append(placement)
         self._params = [list(m.parameters()) for m in self.models]
         self._buffers = [list(m.buffers()) for m in self.models]
-        self._stamp = self._master_stamp()
 
     def model(self, replica: int) -> torch.nn.Module:
         return self.models[replica]
@@ -84,12 +85,6 @@ class ReplicaModels:
             for master, replica in zip(self._params[0], params):
                 if replica.requires_grad != master.requires_grad:
                     replica.requires_grad_(master.requires_grad)
-        if self._master_stamp() != self._stamp:
-            self.broadcast()
-
-    def _master_stamp(self):
-        """Changes whenever replica 0's parameters are written (in place, or ``.data =``)."""
-        return [(p._version, p.data_ptr()) for p in self._params[0]]
 
     def zero_grad(self) -> None:
         for params in self._params[1:]:
@@ -129,7 +124,6 @@ class ReplicaModels:
                 for target, source in pairs:
                     if target.device != source.device or target.dtype != source.dtype:
                         target.copy_(source, non_blocking=target.device.type == "cuda")
-        self._stamp = self._master_stamp()
 
     def install_hooks(self, locks=None) -> None:
         for placement in self.placements:
