@@ -580,3 +580,52 @@ def test_cuda_current_device_follows_block_boundaries(monkeypatch):
     placement.remove_hooks()
     assert seen == [1] and current[0] == 0
     assert calls == [0, 1, 0, 1, 0, 0]  # root; layers.2 in/out; layers.3 in/out; root out
+
+
+def test_interrupted_block_restores_the_cuda_device(monkeypatch):
+    """KeyboardInterrupt skips forward hooks; the executor's reset puts the thread's CUDA device
+    back (devices faked as above)."""
+    from openpop.runtime import devices
+    current = [0]
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: current[0])
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: current.__setitem__(0, torch.device(d).index
+                                                                                 if not isinstance(d, int) else d))
+    monkeypatch.setattr(devices, "to_device", lambda value, device: value)
+    model = FourBlocks()
+    placement = devices.DevicePlacement(model, lambda name: torch.device("cuda", 1 if name == "layers.2" else 0))
+    placement.install_hooks()
+
+    def interrupt(module, inputs):
+        raise KeyboardInterrupt
+
+    model.layers[2].register_forward_pre_hook(interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        model(torch.randn(2, 8), torch.randn(2, 8))
+    placement.remove_hooks()
+    assert current[0] == 1  # left on the block's GPU
+    devices.reset_boundary_frames()
+    assert current[0] == 0 and devices._frames() == []
+
+
+def test_recomputation_on_another_thread_sees_the_forwards_run_context():
+    """On GPUs autograd recomputes on its own threads: the run context (isRunningOnIpu) and
+    cross-device alignment are re-entered there."""
+    import threading
+    from openpop.runtime import context
+    from openpop.runtime.devices import SameDeviceOps
+    from openpop.runtime.pipeline import _forward_state, _function_modes
+    with context.running(True) as ctx, SameDeviceOps():
+        as_in_forward = _forward_state()
+    seen = {}
+
+    def recompute():
+        seen["before"] = poptorch.isRunningOnIpu()
+        with as_in_forward():
+            seen["ctx"] = context.current() is ctx and poptorch.isRunningOnIpu()
+            seen["aligned"] = any(isinstance(m, SameDeviceOps) for m in _function_modes())
+        seen["after"] = context.current()
+
+    thread = threading.Thread(target=recompute)
+    thread.start()
+    thread.join()
+    assert seen == {"before": False, "ctx": True, "aligned": True, "after": None}

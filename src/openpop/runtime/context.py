@@ -43,3 +43,16 @@ def running(training: bool, tracing: bool = False):
         yield ctx
     finally:
         stack.pop()
+
+
+@contextlib.contextmanager
+def resumed(ctx):
+    """Make ``ctx`` current on this thread too (autograd's threads recomputing a forward)."""
+    stack = getattr(_local, "stack", None)
+    if stack is None:
+        stack = _local.stack = []
+    stack.append(ctx)
+    try:
+        yield ctx
+    finally:
+        stack.pop()

@@ -169,39 +169,55 @@ class DevicePlacement:
 
 def _mover(device, locks=None):
     def move(module, args, kwargs):
+        frames = _frames()
+        frame = [module, None, False]  # module, CUDA device to restore, lock entered
+        frames.append(frame)
         if locks is not None:
             locks.enter(device)
+            frame[2] = True
         if device.type == "cuda":
-            _enter_cuda_device(device)
+            frame[1] = torch.cuda.current_device()
+            torch.cuda.set_device(device)
         return to_device(args, device), to_device(kwargs, device)
     return move
 
 
 def _leaver(device, locks=None):
     def leave(module, args, output):
-        if device.type == "cuda":
-            _exit_cuda_device()
-        if locks is not None:
-            locks.exit()
+        frames = _frames()
+        if not frames or frames[-1][0] is not module:
+            return  # this module's mover never ran (an earlier pre-hook raised)
+        _, cuda_before, locked = frames.pop()
+        try:
+            if cuda_before is not None:
+                torch.cuda.set_device(cuda_before)
+        finally:
+            if locked:
+                locks.exit()
     return leave
 
 
-_current_cuda = threading.local()
+# Per thread: one frame per block boundary being run. While a block runs on a GPU that GPU is
+# the thread's current CUDA device, so ``torch.randn(..., device="cuda")``, ``.cuda()`` and the
+# block's random numbers use it (as ``DataParallel`` does for its replicas).
+_boundary_frames = threading.local()
 
 
-def _enter_cuda_device(device: torch.device) -> None:
-    """Make ``device`` the thread's current CUDA device while a block runs on it, so that
-    ``torch.randn(..., device="cuda")``, ``.cuda()`` and the block's random numbers use it (as
-    ``DataParallel`` does for its replicas)."""
-    stack = getattr(_current_cuda, "stack", None)
-    if stack is None:
-        stack = _current_cuda.stack = []
-    stack.append(torch.cuda.current_device())
-    torch.cuda.set_device(device)
+def _frames() -> list:
+    frames = getattr(_boundary_frames, "frames", None)
+    if frames is None:
+        frames = _boundary_frames.frames = []
+    return frames
 
 
-def _exit_cuda_device() -> None:
-    torch.cuda.set_device(_current_cuda.stack.pop())
+def reset_boundary_frames() -> None:
+    """After an interrupted forward (KeyboardInterrupt skips forward hooks): restore the CUDA
+    device the thread had before its first block and forget the frames."""
+    frames = _frames()
+    first_cuda = next((cuda for _, cuda, _ in frames if cuda is not None), None)
+    frames.clear()
+    if first_cuda is not None:
+        torch.cuda.set_device(first_cuda)
 
 
 def to_device(value, device):

@@ -25,7 +25,7 @@ from .anchors import AnchoredTensors
 from .args import BoundInputs, InputSignature, prepare_tensors
 from .geometry import BatchGeometry
 from .gradients import GradientReduction
-from .devices import DevicePlacement, SameDeviceOps, resolve_device_map
+from .devices import DevicePlacement, SameDeviceOps, reset_boundary_frames, resolve_device_map
 from .losses import LossTracker
 from .precision import RunPrecision
 from .pipeline import (ConcurrentMicroBatches, DeviceLocks, Recomputation, concurrency_wanted,
@@ -345,6 +345,7 @@ class PoplarExecutor:
                 module.training = mode
             if compiled.placement is not None:
                 compiled.placement.remove_hooks()
+                reset_boundary_frames()
             if compiled.replicas is not None:
                 compiled.replicas.remove_hooks()
             if self._training:
@@ -524,6 +525,7 @@ class PoplarExecutor:
             finally:
                 # A forward abandoned part-way (its hooks removed under it) must not keep a lock.
                 locks.release_all()
+                reset_boundary_frames()
             return output
 
         if compiled.thread_pool is None:

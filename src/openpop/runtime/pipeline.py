@@ -38,6 +38,7 @@ import torch
 import torch.utils.checkpoint
 
 from ..annotations import block_annotation
+from . import context
 
 CONCURRENCY_ENV = "OPENPOP_CONCURRENT_STAGES"  # "auto" (default), "on" or "off"
 
@@ -80,7 +81,41 @@ def Recomputation(model: torch.nn.Module, units=(), locks=None):
 def _checkpointed(forward, *args, **kwargs):
     if not torch.is_grad_enabled():
         return forward(*args, **kwargs)
-    return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
+    as_in_forward = _forward_state()
+    calls = []
+
+    def run(*a, **k):
+        if not calls:  # the forward pass itself
+            calls.append(True)
+            return forward(*a, **k)
+        with as_in_forward():
+            return forward(*a, **k)
+
+    return torch.utils.checkpoint.checkpoint(run, *args, use_reentrant=False, **kwargs)
+
+
+def _forward_state():
+    """What a recomputation needs of the forward's thread-local state: the run context
+    (``isRunningOnIpu()``, ``for_loop``) and cross-device op alignment. On GPUs autograd
+    recomputes on its own per-device threads, where neither is active."""
+    from .devices import SameDeviceOps  # devices imports nothing from here; avoid a cycle at import
+    ctx = context.current()
+    aligned = any(isinstance(mode, SameDeviceOps) for mode in _function_modes())
+
+    @contextlib.contextmanager
+    def as_in_forward():
+        with contextlib.ExitStack() as stack:
+            if ctx is not None and context.current() is not ctx:
+                stack.enter_context(context.resumed(ctx))
+            if aligned and not any(isinstance(mode, SameDeviceOps) for mode in _function_modes()):
+                stack.enter_context(SameDeviceOps())
+            yield
+
+    return as_in_forward
+
+
+def _function_modes():
+    return torch.overrides._get_current_function_mode_stack()
 
 
 def _checkpointed_under_lock(forward, locks, *args, **kwargs):
@@ -90,6 +125,7 @@ def _checkpointed_under_lock(forward, locks, *args, **kwargs):
     # or its parent's (same device). Asked per call: one module object may serve several
     # replicas (replicas.py shares parameterless modules).
     device = locks.held() or torch.device("cpu")
+    as_in_forward = _forward_state()
     with locks.on(device):
         state = _rng_state(device)
         recomputing = []
@@ -98,7 +134,7 @@ def _checkpointed_under_lock(forward, locks, *args, **kwargs):
             if not recomputing:  # the forward pass itself
                 recomputing.append(True)
                 return forward(*a, **k)
-            with locks.on(device):  # the recomputation, in backward: replay the same numbers
+            with locks.on(device), as_in_forward():  # the recomputation: replay the same numbers
                 current = _rng_state(device)
                 _set_rng_state(device, state)
                 try:

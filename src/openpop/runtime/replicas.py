@@ -34,6 +34,7 @@ Buffers are broadcast only when weights come from the host (attach, ``copyWeight
 an inference model seeing newer trained weights): a buffer a forward pass mutates (BatchNorm's
 running statistics) stays per replica, and the host sees replica 0's, as on IPUs.
 """
+import functools
 import types
 from typing import Callable, Dict, List
 
@@ -72,13 +73,16 @@ class ReplicaModels:
         """Give every replica module replica 0's current plain attributes (``training`` flags,
         anything the user or a callback changed since the last call), its hooks, and which
         parameters are frozen; and replica 0's parameters if the host changed them."""
+        missing = _MISSING
         for source, target in self._module_pairs:
             own = target.__dict__
             for key, value in source.__dict__.items():
-                if key in _OWN_TABLES:
+                current = own.get(key, missing)
+                if current is value or key in _OWN_TABLES:
                     continue
                 if _is_hook_table(key) and isinstance(value, dict):
-                    own[key] = type(value)(value)
+                    if (value or current) and (current is missing or current.keys() != value.keys()):
+                        own[key] = type(value)(value)
                 else:
                     own[key] = _rebound(value, source, target)
         for params in self._params[1:]:
@@ -146,6 +150,10 @@ class ReplicaModels:
 _OWN_TABLES = frozenset(("_parameters", "_buffers", "_modules"))
 
 
+_MISSING = object()
+
+
+@functools.lru_cache(maxsize=None)
 def _is_hook_table(key: str) -> bool:
     return key.startswith("_") and "hooks" in key
 
