@@ -7,6 +7,8 @@ copy on the CPU. ``OPENPOP_CONCURRENT_STAGES=on`` runs the several-device thread
 """
 import copy
 import sys
+import threading
+import time
 
 import pytest
 import torch
@@ -16,6 +18,7 @@ import poptorch
 from oracle import train_loop
 from openpop.runtime.devices import DeviceMap
 from test_model_parallel import FourBlocks, loss_of, strategy_options
+from test_training import Normed
 
 
 @pytest.fixture
@@ -118,17 +121,6 @@ def test_replica_copies_with_automatic_loss_scaling(replicas_apart):
     poptorch.trainingModel(model, opts, optimizer)(x, t)
     train_loop(reference, torch.optim.SGD(reference.parameters(), lr=0.1), (x, t), loss_of, 1, 2, 2)
     assert_same_parameters(model, reference, tol=1e-5)
-
-
-class Normed(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = torch.nn.Linear(4, 4)
-        self.bn = torch.nn.BatchNorm1d(4)
-
-    def forward(self, x):
-        out = self.bn(self.fc(x))
-        return out, poptorch.identity_loss(out.pow(2), reduction="mean")
 
 
 def test_replica_copies_keep_their_own_buffers_like_shared_replicas(monkeypatch):
@@ -284,11 +276,21 @@ def test_concurrent_dropout_masks_repeat_the_serial_run(monkeypatch):
         sys.setswitchinterval(interval)
 
 
+def run_micro_batch_threads(micro_batch, count):
+    """Start ``micro_batch(i)`` threads in reverse order (the worst case for ordering); all
+    must finish (no deadlock)."""
+    threads = [threading.Thread(target=micro_batch, args=(i,)) for i in reversed(range(count))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert not any(thread.is_alive() for thread in threads)
+
+
 def test_a_device_holding_two_stages_keeps_a_micro_batch_until_its_last_visit():
     """Round-robin map: device a holds stages 0 and 2, device b stages 1 and 3. Micro-batch 1
     may start stage 0 on a only after micro-batch 0 has run stage 2 there (a serial run's order
     of work, hence of random numbers, on every device), while b overlaps with a."""
-    import threading
     from openpop.runtime.devices import DeviceMap
     from openpop.runtime.pipeline import DeviceLocks
     from openpop.runtime.plan import ExecutionPlan, PlannedBlock
@@ -309,12 +311,7 @@ def test_a_device_holding_two_stages_keeps_a_micro_batch_until_its_last_visit():
                     work[device].append((index, stage))
         locks.end_micro_batch()
 
-    threads = [threading.Thread(target=micro_batch, args=(i,)) for i in reversed(range(4))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=10)
-    assert not any(thread.is_alive() for thread in threads)
+    run_micro_batch_threads(micro_batch, 4)
     assert work[a] == [(i, s) for i in range(4) for s in (0, 2)]
     assert work[b] == [(i, s) for i in range(4) for s in (1, 3)]
 
@@ -322,7 +319,6 @@ def test_a_device_holding_two_stages_keeps_a_micro_batch_until_its_last_visit():
 def test_device_turns_admit_micro_batches_in_order():
     """Two 'devices' (names only), four micro-batches started in reverse: each device still
     sees them in order 0, 1, 2, 3, and a micro-batch that skips a device does not block it."""
-    import threading
     from openpop.runtime.pipeline import DeviceLocks
     a, b = torch.device("cuda", 0), torch.device("cuda", 1)
     locks = DeviceLocks()
@@ -338,12 +334,7 @@ def test_device_turns_admit_micro_batches_in_order():
                     seen[b].append(index)
         locks.end_micro_batch()
 
-    threads = [threading.Thread(target=micro_batch, args=(i,)) for i in reversed(range(4))]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=10)
-    assert not any(thread.is_alive() for thread in threads)
+    run_micro_batch_threads(micro_batch, 4)
     assert seen == {a: [0, 1, 2, 3], b: [0, 1, 3]}
 
 
@@ -387,7 +378,6 @@ class Shell(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        import threading
         self.owner = {"lock": threading.Lock()}
         self.embed = torch.nn.Linear(4, 4, bias=False)
         self.head = torch.nn.Linear(4, 4, bias=False)
@@ -527,8 +517,6 @@ def test_a_failing_micro_batch_leaves_no_device_lock_held(monkeypatch):
 
 
 def test_interrupted_concurrent_run_waits_for_running_micro_batches(monkeypatch):
-    import threading
-    import time
     from openpop.runtime import pipeline
     pool = pipeline.ConcurrentMicroBatches(2)
     finished = []
@@ -610,7 +598,6 @@ def test_interrupted_block_restores_the_cuda_device(monkeypatch):
 def test_recomputation_on_another_thread_sees_the_forwards_run_context():
     """On GPUs autograd recomputes on its own threads: the run context (isRunningOnIpu) and
     cross-device alignment are re-entered there."""
-    import threading
     from openpop.runtime import context
     from openpop.runtime.devices import SameDeviceOps
     from openpop.runtime.pipeline import _forward_state, _function_modes
