@@ -616,3 +616,14 @@ def test_recomputation_on_another_thread_sees_the_forwards_run_context():
     thread.start()
     thread.join()
     assert seen == {"before": False, "ctx": True, "aligned": True, "after": None}
+
+
+def test_cpu_boundaries_without_locks_leave_no_frames():
+    from openpop.runtime import devices
+    model = FourBlocks()
+    placement = devices.DevicePlacement(model, lambda name: torch.device("cpu"))
+    placement.install_hooks()
+    for _ in range(3):
+        model(torch.randn(2, 8), torch.randn(2, 8))
+    placement.remove_hooks()
+    assert devices._frames() == []

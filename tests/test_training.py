@@ -597,3 +597,24 @@ def test_anchor_names_are_checked_at_compile():
     inference = poptorch.inferenceModel(model, inference_opts)
     inference(*make_data(4))
     torch.testing.assert_close(inference.getAnchoredTensor("w"), torch.stack([model.fc2.bias.detach()] * 2))
+
+
+def test_anchor_defaults_follow_the_models_output_mode_and_replica_0():
+    model = Regressor()
+    opts = options(di=4).outputMode(poptorch.OutputMode.EveryN, 2)
+    opts.anchorTensor("w", "UpdatedVar___fc2.bias")  # no mode of its own: the model's, period included
+    pop = poptorch.trainingModel(model, opts)
+    pop(*make_data(4))
+    assert pop.getAnchoredTensor("w").shape == (2, 2)
+
+    normed = Normed()
+    opts = options(r=2).broadcastBuffers(False)
+    opts.anchorTensor("mean", "bn.running_mean")
+    pop = poptorch.trainingModel(normed, opts, torch.optim.SGD(normed.parameters(), lr=0.0))
+    pop(torch.randn(8, 4))
+    torch.testing.assert_close(pop.getAnchoredTensor("mean"), normed.bn.running_mean)  # replica 0's, as the host
+
+    opts = options()
+    opts.anchorTensor("w", "fc2.bias", poptorch.OutputMode.EveryN, 0)
+    with pytest.raises(poptorch.Error, match="EveryN needs output_return_period >= 1"):
+        poptorch.trainingModel(Regressor(), opts)(*make_data(1))

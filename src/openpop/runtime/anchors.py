@@ -61,16 +61,21 @@ class AnchoredTensors:
     """The anchors of one executor, resolved against its model at compile."""
 
     def __init__(self, anchored: Dict[str, list], model: torch.nn.Module, default_mode: OutputMode,
-                 training: bool):
+                 default_period: int, training: bool):
         params = dict(model.named_parameters(remove_duplicate=False))
         buffers = dict(model.named_buffers(remove_duplicate=False))
         self._anchors: Dict[str, Anchor] = {}
         for short_name, (long_name, use_default, mode, period) in anchored.items():
             read = _reader(long_name, params, buffers, training)
-            mode = OutputMode(default_mode if use_default or mode is None else mode)
+            if use_default or mode is None:  # the model's output mode, period included
+                mode, period = default_mode, default_period
+            mode = OutputMode(mode)
             if mode == OutputMode.Default:
                 mode = OutputMode.Final if training else OutputMode.All
-            self._anchors[short_name] = Anchor(read, mode, period or 1)
+            if mode == OutputMode.EveryN and (not isinstance(period, int) or period < 1):
+                raise errors.createPoptorchError(
+                    f"anchorTensor('{short_name}'): OutputMode.EveryN needs output_return_period >= 1, got {period}.")
+            self._anchors[short_name] = Anchor(read, mode, period if mode == OutputMode.EveryN else 1)
         self.memory: Dict[str, torch.Tensor] = {}
 
     def __bool__(self) -> bool:

@@ -169,6 +169,8 @@ class DevicePlacement:
 
 def _mover(device, locks=None):
     def move(module, args, kwargs):
+        if locks is None and device.type != "cuda":  # nothing to undo: no leaver is installed
+            return to_device(args, device), to_device(kwargs, device)
         frames = _frames()
         frame = [module, None, False]  # module, CUDA device to restore, lock entered
         frames.append(frame)

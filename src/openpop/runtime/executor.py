@@ -179,7 +179,8 @@ class PoplarExecutor:
         self._trace(inputs, compiled)
         with compiled.weights.active():
             compiled.anchors = AnchoredTensors(self._options.anchored_tensors, self._model,
-                                               self._options.output_mode, self._training)
+                                               self._options.output_mode, self._options.output_return_period,
+                                               self._training)
             self._place(compiled)
         compiled.signature = InputSignature(inputs)
         compiled.training_flags = [(m, m.training) for m in self._model.modules()]
@@ -367,7 +368,8 @@ class PoplarExecutor:
         models = compiled.replicas.models if compiled.replicas is not None else [self._model]
         with contextlib.ExitStack() as stack:  # unwinds what was entered if one fails
             for model in models:
-                stack.enter_context(Recomputation(model, compiled.plan.recomputation_units, compiled.device_locks))
+                stack.enter_context(Recomputation(model, compiled.plan.recomputation_units, compiled.device_locks,
+                                                  gpu=not compiled.plan.device_map.is_host_only))
             return stack.pop_all()
 
     def _replica_model(self, compiled: _Compiled, replica: int):
@@ -421,6 +423,8 @@ class PoplarExecutor:
                 if keep:
                     collector.add(r, output)
             if anchors:
+                if compiled.replica_buffers is not None:
+                    compiled.replica_buffers.switch_to(0)  # anchored buffers are replica 0's
                 anchors.record(d, geometry.device_iterations)
             perf.computed()
         if compiled.replica_buffers is not None:
@@ -472,6 +476,8 @@ class PoplarExecutor:
             if gradients.finish_step():
                 self._precision.optimizer_step(optimizer)
             if anchors:
+                if compiled.replica_buffers is not None:
+                    compiled.replica_buffers.switch_to(0)  # anchored buffers are replica 0's
                 anchors.record(d, geometry.device_iterations)
             perf.computed()
         for p in trainable:

@@ -49,10 +49,11 @@ def recomputation_enabled(options) -> bool:
 
 
 @contextlib.contextmanager
-def Recomputation(model: torch.nn.Module, units=(), locks=None):
+def Recomputation(model: torch.nn.Module, units=(), locks=None, gpu=False):
     """Checkpoint the recomputation ``units`` (module names) and the ``BeginBlock`` modules
     containing none of them, for the duration of the context. With ``locks`` (concurrent
-    micro-batches) each unit's forward and recomputation hold its device's lock."""
+    micro-batches) each unit's forward and recomputation hold its device's lock. With ``gpu``
+    (autograd then recomputes on its own threads) the forward's thread state is carried over."""
     units = set(units)
     chosen = []
     for name, module in model.named_modules():
@@ -67,7 +68,7 @@ def Recomputation(model: torch.nn.Module, units=(), locks=None):
             continue
         original = module.forward
         if locks is None:
-            module.forward = functools.partial(_checkpointed, original)
+            module.forward = functools.partial(_checkpointed_on_other_threads if gpu else _checkpointed, original)
         else:
             module.forward = functools.partial(_checkpointed_under_lock, original, locks)
         wrapped.append(module)
@@ -79,6 +80,12 @@ def Recomputation(model: torch.nn.Module, units=(), locks=None):
 
 
 def _checkpointed(forward, *args, **kwargs):
+    if not torch.is_grad_enabled():
+        return forward(*args, **kwargs)
+    return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+
+def _checkpointed_on_other_threads(forward, *args, **kwargs):
     if not torch.is_grad_enabled():
         return forward(*args, **kwargs)
     as_in_forward = _forward_state()
