@@ -423,9 +423,7 @@ class PoplarExecutor:
                 if keep:
                     collector.add(r, output)
             if anchors:
-                if compiled.replica_buffers is not None:
-                    compiled.replica_buffers.switch_to(0)  # anchored buffers are replica 0's
-                anchors.record(d, geometry.device_iterations)
+                self._record_anchors(compiled, d)
             perf.computed()
         if compiled.replica_buffers is not None:
             compiled.replica_buffers.switch_to(0)
@@ -455,11 +453,13 @@ class PoplarExecutor:
             gradients.start_step()
             if compiled.replicas is not None:
                 compiled.replicas.broadcast()  # replica 0's weights as they are now, host edits included
+                compiled.replicas.zero_grad()
             if compiled.concurrent and compiled.replica_buffers is None:
                 self._concurrent_micro_batches(compiled, inputs, split, d, gradients, collector)
-            elif compiled.replicas is not None:
-                self._replica_micro_batches(compiled, inputs, split, leaves, d, gradients, collector)
             else:
+                # Replicas with their own weights accumulate their own gradients: no running mean
+                # over all of them, so their micro-batches take the order-free backward.
+                backward = gradients.backward if compiled.replicas is None else gradients.backward_unordered
                 for g in range(geometry.gradient_accumulation):
                     keep = collector.wants(d, g)
                     for r in range(replicas):
@@ -467,8 +467,8 @@ class PoplarExecutor:
                             compiled.replica_buffers.switch_to(r)
                         chunk = geometry.input_chunk_of_replica(r)
                         args, kwargs = self._micro_args(inputs, split, leaves, d, g, chunk)
-                        output, loss = self._forward_with_loss(compiled, args, kwargs)
-                        gradients.backward(loss)
+                        output, loss = self._forward_with_loss(compiled, args, kwargs, self._replica_model(compiled, r))
+                        backward(loss)
                         if keep:
                             collector.add(r, output)
             if compiled.replicas is not None:
@@ -476,9 +476,7 @@ class PoplarExecutor:
             if gradients.finish_step():
                 self._precision.optimizer_step(optimizer)
             if anchors:
-                if compiled.replica_buffers is not None:
-                    compiled.replica_buffers.switch_to(0)  # anchored buffers are replica 0's
-                anchors.record(d, geometry.device_iterations)
+                self._record_anchors(compiled, d)
             perf.computed()
         for p in trainable:
             p.grad = None
@@ -489,29 +487,12 @@ class PoplarExecutor:
         self._perf = perf.finish()
         return result
 
-    def _replica_micro_batches(self, compiled, inputs, split, leaves, d, gradients, collector):
-        """One step's micro-batches, serially, each on its replica's own weights (in the order
-        the concurrent schedule admits them to devices, so both draw random numbers alike)."""
-        geometry = self._geometry
-        compiled.replicas.zero_grad()
-        for g in range(geometry.gradient_accumulation):
-            keep = collector.wants(d, g)
-            for r in range(geometry.replication_factor):
-                args, kwargs = self._micro_args(inputs, split, leaves, d, g, geometry.input_chunk_of_replica(r))
-                output, loss = self._forward_with_loss(compiled, args, kwargs, self._replica_model(compiled, r))
-                gradients.backward_unordered(loss)  # per-replica gradients: no running mean
-                if keep:
-                    collector.add(r, output)
-
     def _concurrent_micro_batches(self, compiled, inputs, split, d, gradients, collector):
         """One step's micro-batches with up to ``pipeline_stages`` per replica device set in
         flight (several devices)."""
         geometry = self._geometry
         order = [(g, r) for g in range(geometry.gradient_accumulation) for r in range(geometry.replication_factor)]
         multi_device = compiled.multi_device
-        if compiled.replicas is not None:
-            compiled.replicas.zero_grad()
-
         locks = compiled.device_locks
         visits = [compiled.plan.device_visits(r) for r in range(geometry.replication_factor)]
         locks.start_step([visits[r] for _, r in order])
@@ -542,8 +523,12 @@ class PoplarExecutor:
             if collector.wants(d, g):
                 collector.add(r, output)
 
-    def _forward_with_loss(self, compiled: _Compiled, args, kwargs, model=None):
-        model = self._model if model is None else model
+    def _record_anchors(self, compiled: _Compiled, step: int) -> None:
+        if compiled.replica_buffers is not None:
+            compiled.replica_buffers.switch_to(0)  # anchored buffers are replica 0's, as the host's
+        compiled.anchors.record(step, self._geometry.device_iterations)
+
+    def _forward_with_loss(self, compiled: _Compiled, args, kwargs, model):
         if not compiled.track_losses:
             with self._precision.forward(model):
                 output = model(*args, **kwargs)
