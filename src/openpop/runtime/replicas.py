@@ -49,7 +49,6 @@ class ReplicaModels:
 
     def __init__(self, model: torch.nn.Module, replicas: int,
                  device_of_module: Callable[[int, str], torch.device]):
-        self.master = model
         self.models: List[torch.nn.Module] = [model]
         self.placements: List[DevicePlacement] = []
         self._module_pairs = []  # (replica 0's module, replica r's module) for every replica r
@@ -72,7 +71,7 @@ class ReplicaModels:
     def sync_attributes(self) -> None:
         """Give every replica module replica 0's current plain attributes (``training`` flags,
         anything the user or a callback changed since the last call), its hooks, and which
-        parameters are frozen; and replica 0's parameters if the host changed them."""
+        parameters are frozen."""
         missing = _MISSING
         for source, target in self._module_pairs:
             own = target.__dict__
@@ -80,11 +79,9 @@ class ReplicaModels:
                 current = own.get(key, missing)
                 if current is value or key in _OWN_TABLES:
                     continue
-                if _is_hook_table(key) and isinstance(value, dict):
-                    if (value or current) and (current is missing or current.keys() != value.keys()):
-                        own[key] = type(value)(value)
-                else:
-                    own[key] = _rebound(value, source, target)
+                if _is_hook_name(key) and current is not missing and _same_hooks(current, value):
+                    continue  # the tables themselves are per replica
+                own[key] = _replica_value(key, value, source, target)
         for params in self._params[1:]:
             for master, replica in zip(self._params[0], params):
                 if replica.requires_grad != master.requires_grad:
@@ -122,12 +119,15 @@ class ReplicaModels:
                 pairs = list(zip(self._params[r], self._params[0]))
                 if buffers:
                     pairs += zip(self._buffers[r], self._buffers[0])
-                same = [(t, s) for t, s in pairs if t.device == s.device and t.dtype == s.dtype]
-                if same:
-                    torch._foreach_copy_([t for t, _ in same], [s for _, s in same])
+                targets, sources = [], []  # same device and dtype: one batched copy
                 for target, source in pairs:
-                    if target.device != source.device or target.dtype != source.dtype:
+                    if target.device == source.device and target.dtype == source.dtype:
+                        targets.append(target)
+                        sources.append(source)
+                    else:
                         target.copy_(source, non_blocking=target.device.type == "cuda")
+                if targets:
+                    torch._foreach_copy_(targets, sources)
 
     def install_hooks(self, locks=None) -> None:
         for placement in self.placements:
@@ -154,8 +154,26 @@ _MISSING = object()
 
 
 @functools.lru_cache(maxsize=None)
-def _is_hook_table(key: str) -> bool:
+def _is_hook_name(key: str) -> bool:
     return key.startswith("_") and "hooks" in key
+
+
+def _is_hook_table(key: str, value) -> bool:
+    return _is_hook_name(key) and isinstance(value, dict)
+
+
+def _same_hooks(current, value) -> bool:
+    """Whether a replica's hook table ``current`` holds the hooks of ``value``; both empty is
+    the usual case, and the cheapest to tell."""
+    return isinstance(value, dict) and ((not current and not value) or current.keys() == value.keys())
+
+
+def _replica_value(key: str, value, source, target):
+    """What replica module ``target`` holds for attribute ``key`` of ``source``: its own copy of
+    a hook table, a method of ``source`` re-bound to itself, else the very same object."""
+    if _is_hook_table(key, value):
+        return type(value)(value)
+    return _rebound(value, source, target)
 
 
 def _replicate(module: torch.nn.Module, modules: dict, tensors: dict) -> torch.nn.Module:
@@ -164,9 +182,7 @@ def _replicate(module: torch.nn.Module, modules: dict, tensors: dict) -> torch.n
     if module in modules:
         return modules[module]
     replica = module.__new__(type(module))
-    replica.__dict__ = {key: (type(value)(value) if _is_hook_table(key) and isinstance(value, dict)
-                              else _rebound(value, module, replica))
-                        for key, value in module.__dict__.items()}
+    replica.__dict__ = {key: _replica_value(key, value, module, replica) for key, value in module.__dict__.items()}
     modules[module] = replica
     replica._parameters = {name: _copied(p, tensors) for name, p in module._parameters.items()}
     replica._buffers = {name: _copied(b, tensors) for name, b in module._buffers.items()}
