@@ -39,6 +39,7 @@ import torch.utils.checkpoint
 
 from ..annotations import block_annotation
 from . import context
+from .devices import SameDeviceOps
 
 CONCURRENCY_ENV = "OPENPOP_CONCURRENT_STAGES"  # "auto" (default), "on" or "off"
 
@@ -88,24 +89,29 @@ def _checkpointed(forward, *args, **kwargs):
 def _checkpointed_on_other_threads(forward, *args, **kwargs):
     if not torch.is_grad_enabled():
         return forward(*args, **kwargs)
-    as_in_forward = _forward_state()
+    run = _recomputed_inside(forward, _forward_state())
+    return torch.utils.checkpoint.checkpoint(run, *args, use_reentrant=False, **kwargs)
+
+
+def _recomputed_inside(forward, recomputation_context):
+    """``forward`` for ``torch.utils.checkpoint``: its first call is the forward pass itself,
+    later ones (recomputations, in backward) run inside ``recomputation_context()``."""
     calls = []
 
-    def run(*a, **k):
-        if not calls:  # the forward pass itself
+    def run(*args, **kwargs):
+        if not calls:
             calls.append(True)
-            return forward(*a, **k)
-        with as_in_forward():
-            return forward(*a, **k)
+            return forward(*args, **kwargs)
+        with recomputation_context():
+            return forward(*args, **kwargs)
 
-    return torch.utils.checkpoint.checkpoint(run, *args, use_reentrant=False, **kwargs)
+    return run
 
 
 def _forward_state():
     """What a recomputation needs of the forward's thread-local state: the run context
     (``isRunningOnIpu()``, ``for_loop``) and cross-device op alignment. On GPUs autograd
     recomputes on its own per-device threads, where neither is active."""
-    from .devices import SameDeviceOps  # devices imports nothing from here; avoid a cycle at import
     ctx = context.current()
     aligned = any(isinstance(mode, SameDeviceOps) for mode in _function_modes())
 
@@ -135,22 +141,19 @@ def _checkpointed_under_lock(forward, locks, *args, **kwargs):
     as_in_forward = _forward_state()
     with locks.on(device):
         state = _rng_state(device)
-        recomputing = []
 
-        def run(*a, **k):
-            if not recomputing:  # the forward pass itself
-                recomputing.append(True)
-                return forward(*a, **k)
-            with locks.on(device), as_in_forward():  # the recomputation: replay the same numbers
+        @contextlib.contextmanager
+        def replaying():  # the recomputation draws the numbers the forward drew
+            with locks.on(device), as_in_forward():
                 current = _rng_state(device)
                 _set_rng_state(device, state)
                 try:
-                    return forward(*a, **k)
+                    yield
                 finally:
                     _set_rng_state(device, current)
 
-        return torch.utils.checkpoint.checkpoint(run, *args, use_reentrant=False, preserve_rng_state=False,
-                                                 **kwargs)
+        return torch.utils.checkpoint.checkpoint(_recomputed_inside(forward, replaying), *args,
+                                                 use_reentrant=False, preserve_rng_state=False, **kwargs)
 
 
 def _rng_state(device: torch.device) -> torch.Tensor:
