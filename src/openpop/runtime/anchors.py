@@ -20,6 +20,7 @@ import torch
 
 from .. import errors
 from ..enums import OutputMode
+from .outputs import returned
 
 GRADIENT = "Gradient___"
 UPDATED = "UpdatedVar___"
@@ -34,9 +35,7 @@ class Anchor:
 
     def record(self, step: int, last: bool) -> None:
         mode = self.mode
-        if mode == OutputMode.Final and not last:
-            return
-        if mode == OutputMode.EveryN and (step + 1) % self.period:
+        if not returned(mode, self.period, step, last):
             return
         value = self.read()
         if value is None:

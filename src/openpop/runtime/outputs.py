@@ -44,13 +44,9 @@ class OutputCollector:
 
     def wants(self, iteration: int, accumulation: int) -> bool:
         """Whether the micro-batch at (iteration, accumulation) contributes to the result."""
-        mode = self.mode
-        if mode == OutputMode.All or mode == OutputMode.Sum:
-            return True
-        if mode == OutputMode.Final:
-            return (iteration == self.geometry.device_iterations - 1
-                    and accumulation == self.geometry.gradient_accumulation - 1)
-        return (iteration + 1) % self.period == 0
+        last = (iteration == self.geometry.device_iterations - 1
+                and accumulation == self.geometry.gradient_accumulation - 1)
+        return returned(self.mode, self.period, iteration, last)
 
     def add(self, replica: int, output) -> None:
         leaves, spec = flatten_output(output)
@@ -73,6 +69,16 @@ class OutputCollector:
         rows = self._sums if self.mode == OutputMode.Sum else self._kept
         assembled = [_assemble_leaf([row[i] for row in rows], self.rows) for i in range(len(rows[0]))]
         return _unflatten(assembled, self._spec)
+
+
+def returned(mode: OutputMode, period: int, iteration: int, last: bool) -> bool:
+    """Whether an output mode returns what device iteration ``iteration`` produced (``last``:
+    the call's final one)."""
+    if mode == OutputMode.All or mode == OutputMode.Sum:
+        return True
+    if mode == OutputMode.Final:
+        return last
+    return (iteration + 1) % period == 0
 
 
 def _assemble_leaf(values, row_count):
