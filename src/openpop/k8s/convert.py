@@ -83,7 +83,8 @@ def _pod_command_source(job, template, report):
         names = {env["name"] for env in job.launcher_env}
         kept = [env for env in container.get("env") or [] if env.get("name") not in names]
         container["env"] = kept + list(job.launcher_env)
-        report.mapped("spec.launcher.env", "-> the env of every pod's training container")
+        report.mapped("spec.launcher.env", "-> the env of every pod's training container "
+                                            "(replacing worker variables of the same name)")
     return launch
 
 
@@ -247,5 +248,5 @@ def convert_documents(documents, options):
             raise
         for line in document_report.lines:
             path = f"document {index}: {line.path}" if len(documents) > 1 else line.path
-            report.lines.append(type(line)(line.kind, path, line.message))
+            report.add(type(line)(line.kind, path, line.message))
     return manifests, report

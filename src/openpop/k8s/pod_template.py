@@ -10,7 +10,7 @@ network goes with them. ``IPC_LOCK`` stays when asked for (``--keep-ipc-lock``).
 
 import copy
 
-_HOST_NAMESPACES = ("hostNetwork", "hostIPC", "hostPID")
+_HOST_NAMESPACES = {"hostNetwork": "network", "hostIPC": "IPC", "hostPID": "process ID"}
 
 
 def _prune_empty(mapping, *keys):
@@ -54,7 +54,7 @@ def secure_pod_template(template, path, report, keep_ipc_lock=False):
             if value:
                 report.warning(f"{path}.spec.{key}",
                                f"removed: pods of the Kubeflow job do not share the node's "
-                               f"{key[4:]} namespace")
+                               f"{_HOST_NAMESPACES[key]} namespace")
     if spec.get("dnsPolicy") == "ClusterFirstWithHostNet":
         del spec["dnsPolicy"]
         report.warning(f"{path}.spec.dnsPolicy",

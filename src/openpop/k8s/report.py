@@ -21,14 +21,19 @@ class ReportLine:
 class ConversionReport:
     lines: list = field(default_factory=list)
 
+    def add(self, line):
+        """Record ``line`` once (several jobs from one IPUJob report the same field once)."""
+        if line not in self.lines:
+            self.lines.append(line)
+
     def warning(self, path, message):
-        self.lines.append(ReportLine("warning", path, message))
+        self.add(ReportLine("warning", path, message))
 
     def dropped(self, path, message):
-        self.lines.append(ReportLine("dropped", path, message))
+        self.add(ReportLine("dropped", path, message))
 
     def mapped(self, path, message):
-        self.lines.append(ReportLine("mapped", path, message))
+        self.add(ReportLine("mapped", path, message))
 
     def of_kind(self, kind):
         return [line for line in self.lines if line.kind == kind]
