@@ -117,6 +117,11 @@ def check_pod_template(template, path):
 def check_pytorchjob(manifest):
     """A ``kubeflow.org/v1`` PyTorchJob, with ``kubeflow-training``'s models."""
     _require_sdk("kubeflow.training", "kubeflow-training")
+    spec = manifest.get("spec")
+    if isinstance(spec, dict) and "runPolicy" not in spec:
+        # The SDK's swagger marks runPolicy required; the CRD (what the API server
+        # enforces) does not, and the controller defaults an absent one.
+        manifest = dict(manifest, spec=dict(spec, runPolicy={}))
     build_openapi_model(manifest, "KubeflowOrgV1PyTorchJob", "")
 
 
