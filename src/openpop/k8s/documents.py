@@ -5,6 +5,8 @@ Output is deterministic: keys are written in the order the writers build them
 strings as ``|`` blocks, and no anchors or aliases.
 """
 
+import sys
+
 import yaml
 
 from openpop.k8s.errors import ManifestError
@@ -31,7 +33,6 @@ def load_documents(text, source="<input>"):
 
 def read_documents(path):
     if path == "-":
-        import sys
         return load_documents(sys.stdin.read(), "<stdin>")
     try:
         with open(path, encoding="utf-8") as handle:

@@ -7,6 +7,8 @@ The converter (from an IPUJob) and the renderer (from a command line) both produ
 from dataclasses import dataclass, field
 from typing import Optional
 
+from openpop.k8s.errors import ManifestError
+
 # A node with more than this many GPUs is rare: a pod asking for more is never scheduled.
 MAX_GPUS_PER_POD = 8
 
@@ -43,7 +45,6 @@ class JobPlan:
 
 def split_instances(instances, pods, path):
     """``instances`` poprun instances spread evenly over ``pods`` pods."""
-    from openpop.k8s.errors import ManifestError
     if pods < 1:
         raise ManifestError(path, f"the number of pods must be at least 1, got {pods}")
     if instances % pods:

@@ -13,6 +13,7 @@ with the SDK's own constructors, which run the SDK's checks.
 """
 
 import datetime
+import importlib
 import re
 import typing
 
@@ -111,6 +112,7 @@ def build_openapi_model(data, class_name, path=""):
 
 def check_pod_template(template, path):
     """A core/v1 PodTemplateSpec, with the ``kubernetes`` client's models."""
+    _require_sdk("kubernetes", "kubernetes")
     build_openapi_model(template, "V1PodTemplateSpec", path)
 
 
@@ -191,7 +193,6 @@ def check_trainjob(manifest):
 
 
 def _require_sdk(module, package):
-    import importlib
     try:
         importlib.import_module(module)
     except ImportError:
