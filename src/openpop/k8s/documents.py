@@ -1,0 +1,60 @@
+"""Reading and writing YAML manifests (one or more documents per file).
+
+Output is deterministic: keys are written in the order the writers build them
+(``apiVersion``, ``kind``, ``metadata``, ``spec``, then Kubernetes' usual order), multi-line
+strings as ``|`` blocks, and no anchors or aliases.
+"""
+
+import sys
+
+import yaml
+
+from openpop.k8s.errors import ManifestError
+
+
+def load_documents(text, source="<input>"):
+    """All non-empty YAML documents of ``text``; each must be a mapping."""
+    try:
+        documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ManifestError(source, f"not valid YAML{where}: {problem}") from None
+    if not documents:
+        raise ManifestError(source, "contains no YAML document")
+    for index, doc in enumerate(documents):
+        if not isinstance(doc, dict):
+            raise ManifestError(f"{source}: document {index}",
+                                f"must be a mapping (apiVersion, kind, metadata, spec), "
+                                f"got {type(doc).__name__}")
+    return documents
+
+
+def read_documents(path):
+    if path == "-":
+        return load_documents(sys.stdin.read(), "<stdin>")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as exc:
+        raise ManifestError(path, f"cannot read the file: {exc.strerror}") from None
+    return load_documents(text, path)
+
+
+class _ManifestDumper(yaml.SafeDumper):
+    def ignore_aliases(self, data):
+        return True
+
+
+def _represent_str(dumper, value):
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_ManifestDumper.add_representer(str, _represent_str)
+
+
+def dump_documents(documents):
+    return yaml.dump_all(documents, Dumper=_ManifestDumper, sort_keys=False,
+                         default_flow_style=False, explicit_start=True, width=100)

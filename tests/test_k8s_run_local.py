@@ -1,0 +1,245 @@
+"""openpop-k8s run-local: Kubeflow jobs run here with the controller's environment,
+one process group per pod; one pod failing fails the job and leaves no process behind."""
+
+import importlib.util
+import json
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from k8s_helpers import DATA, documents, run_cli, write_manifest
+
+SRC = str(Path(__file__).resolve().parents[1] / "src")
+PRINT_ENV = ("import json, os; names = ('PYTHONUNBUFFERED', 'MASTER_ADDR', 'MASTER_PORT', "
+             "'WORLD_SIZE', 'RANK', 'HOSTNAME'); "
+             "print('ENV ' + json.dumps({k: v for k, v in os.environ.items() "
+             "if k in names or k.startswith('PET_')}, sort_keys=True))")
+
+
+@pytest.fixture(autouse=True)
+def _worktree_on_path(monkeypatch):
+    path = os.environ.get("PYTHONPATH", "")
+    monkeypatch.setenv("PYTHONPATH", SRC + (os.pathsep + path if path else ""))
+    for name in ("PYTHONUNBUFFERED", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"):
+        monkeypatch.delenv(name, raising=False)  # only the controller's values, not the caller's
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def pod_envs(out):
+    envs = {}
+    for line in out.splitlines():
+        pod, _, text = line.partition(" | ")
+        if text.startswith("ENV "):
+            envs[pod.strip()] = json.loads(text[4:])
+    return envs
+
+
+def pytorchjob(name, pods, nproc, command):
+    replica = {"restartPolicy": "Never", "template": {"spec": {"containers": [
+        {"name": "pytorch", "image": "img:1", "command": command}]}}}
+    specs = {"Master": dict(replica, replicas=1)}
+    if pods > 1:
+        specs["Worker"] = dict(replica, replicas=pods - 1)
+    return json.dumps({"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+                       "metadata": {"name": name},
+                       "spec": {"nprocPerNode": str(nproc), "pytorchReplicaSpecs": specs}})
+
+
+def test_two_pods_get_exactly_the_pytorchjob_controller_env(tmp_path, capsys):
+    code, out, err = run_cli(capsys, "render", "--image", "img:1", "--name", "envtest",
+                             "--pods", 2, "--", sys.executable, "-c", PRINT_ENV)
+    manifest = write_manifest(tmp_path, out)
+    port = free_port()
+    code, out, err = run_cli(capsys, "run-local", manifest, "--master-port", port)
+    assert code == 0, err
+    common = {"PYTHONUNBUFFERED": "1", "MASTER_ADDR": "127.0.0.1", "PET_MASTER_ADDR": "127.0.0.1",
+              "MASTER_PORT": str(port), "PET_MASTER_PORT": str(port), "WORLD_SIZE": "2",
+              "PET_NNODES": "2", "PET_NPROC_PER_NODE": "1"}
+    assert pod_envs(out) == {
+        "envtest-master-0": dict(common, RANK="0", PET_NODE_RANK="0", HOSTNAME="envtest-master-0"),
+        "envtest-worker-0": dict(common, RANK="1", PET_NODE_RANK="1", HOSTNAME="envtest-worker-0"),
+    }
+    assert "all 2 pods succeeded" in err
+
+
+def test_one_pod_two_processes_env_and_job_port_default(tmp_path, capsys):
+    manifest = write_manifest(tmp_path, pytorchjob("one", 1, 2, [sys.executable, "-c", PRINT_ENV]))
+    code, out, err = run_cli(capsys, "run-local", manifest)
+    assert code == 0, err
+    assert pod_envs(out) == {"one-master-0": {
+        "PYTHONUNBUFFERED": "1", "MASTER_ADDR": "127.0.0.1", "PET_MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "23456", "PET_MASTER_PORT": "23456", "WORLD_SIZE": "2", "RANK": "0",
+        "PET_NODE_RANK": "0", "PET_NNODES": "1", "PET_NPROC_PER_NODE": "2", "HOSTNAME": "one-master-0"}}
+
+
+def test_trainjob_nodes_get_the_trainer_torch_plugin_env(tmp_path, capsys):
+    code, out, err = run_cli(capsys, "render", "--image", "img:1", "--name", "tj", "--to",
+                             "trainjob", "--pods", 2, "--", sys.executable, "-c", PRINT_ENV)
+    code, out, err = run_cli(capsys, "run-local", write_manifest(tmp_path, out))
+    assert code == 0, err
+    common = {"PET_NNODES": "2", "PET_NPROC_PER_NODE": "1", "PET_MASTER_ADDR": "127.0.0.1",
+              "PET_MASTER_PORT": "29400"}
+    assert pod_envs(out) == {
+        "tj-node-0-0": dict(common, PET_NODE_RANK="0", HOSTNAME="tj-node-0-0"),
+        "tj-node-0-1": dict(common, PET_NODE_RANK="1", HOSTNAME="tj-node-0-1"),
+    }
+
+
+def test_container_env_and_kubernetes_references(tmp_path, capsys):
+    job = json.loads(pytorchjob("refs", 1, 1, [sys.executable, "-c",
+                                               "import os; print('ENV ' + os.environ['GREETING'])",
+                                               "$(GREETING)", "$$(GREETING)"]))
+    container = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    container["command"][2] = ("import json, os, sys; print('ENV ' + json.dumps("
+                               "{'argv': sys.argv[1:], 'G': os.environ['GREETING'], 'POD': os.environ['POD'], "
+                               "'RANK': os.environ['RANK']}))")
+    container["env"] = [{"name": "GREETING", "value": "hello"}, {"name": "RANK", "value": "7"},
+                        {"name": "POD", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
+    code, out, err = run_cli(capsys, "run-local", write_manifest(tmp_path, json.dumps(job)))
+    assert code == 0, err
+    # $(VAR) expands, $$ escapes, and the controller's RANK wins over the container's.
+    assert pod_envs(out)["refs-master-0"] == {"argv": ["hello", "$(GREETING)"], "G": "hello",
+                                              "POD": "refs-master-0", "RANK": "0"}
+
+
+TORCHRUN_SCRIPT = """\
+import os, torch, torch.distributed as dist
+dist.init_process_group("gloo")
+value = torch.tensor([float(dist.get_rank() + 1)])
+dist.all_reduce(value)
+print(f"ENV {{\\"rank\\": \\"{dist.get_rank()}\\", \\"world\\": \\"{dist.get_world_size()}\\", \\"local\\": \\"{os.environ['LOCAL_RANK']}\\", \\"sum\\": \\"{value.item():.0f}\\"}}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+# Across pods (the rendezvous goes through the injected master address and port); the
+# 1 pod x 2 processes layout's env is checked above without paying for two more torch imports.
+@pytest.mark.parametrize("pods, nproc", [(2, 1)])
+def test_bare_torchrun_in_the_pods_rendezvous_with_the_injected_env(pods, nproc, tmp_path, capsys,
+                                                                    monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    script = tmp_path / "allreduce.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    manifest = write_manifest(tmp_path, pytorchjob(
+        "ddp", pods, nproc, [sys.executable, "-m", "torch.distributed.run", str(script)]))
+    code, out, err = run_cli(capsys, "run-local", manifest, "--master-port", free_port())
+    assert code == 0, out + err
+    results = [json.loads(line.split(" | ", 1)[1].split("ENV ", 1)[1])
+               for line in out.splitlines() if " | " in line and "ENV " in line]
+    assert sorted(r["rank"] for r in results) == ["0", "1"]
+    assert {r["world"] for r in results} == {"2"} and {r["sum"] for r in results} == {"3"}
+    assert sorted(r["local"] for r in results) == (["0", "0"] if nproc == 1 else ["0", "1"])
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is gone for our purposes
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _sleeper_job(tmp_path, worker_exit=None):
+    """Master and worker each start a grandchild and write both pids; the worker may exit."""
+    code = (
+        "import os, subprocess, sys, time, pathlib; "
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+        f"pathlib.Path(r'{tmp_path}', os.environ['HOSTNAME']).write_text(f'{{os.getpid()}} {{child.pid}}'); "
+        f"rank = int(os.environ['RANK']); exit_code = {worker_exit!r}; "
+        "time.sleep(1.0); "
+        "sys.exit(exit_code) if rank == 1 and exit_code is not None else time.sleep(120)"
+    )
+    return write_manifest(tmp_path, pytorchjob("sleepers", 2, 1, [sys.executable, "-c", code]))
+
+
+def _wait_for(path, timeout=120):
+    deadline = time.monotonic() + timeout
+    while not path.exists() or not path.read_text():
+        assert time.monotonic() < deadline, f"{path} never written"
+        time.sleep(0.1)
+    return [int(pid) for pid in path.read_text().split()]
+
+
+def test_a_failing_pod_fails_the_job_and_stops_the_others(tmp_path, capsys):
+    manifest = _sleeper_job(tmp_path, worker_exit=3)
+    started = time.monotonic()
+    code, out, err = run_cli(capsys, "run-local", manifest, "--master-port", free_port())
+    assert code == 1
+    assert "pod sleepers-worker-0 exited with code 3: the job failed" in err
+    assert time.monotonic() - started < 100  # not the master's 120 s sleep
+    pids = _wait_for(tmp_path / "sleepers-master-0") + _wait_for(tmp_path / "sleepers-worker-0")
+    assert not any(_alive(pid) for pid in pids)
+
+
+def test_killing_one_pods_process_fails_the_whole_job_without_orphans(tmp_path):
+    manifest = _sleeper_job(tmp_path)
+    run = subprocess.Popen([sys.executable, "-m", "openpop.k8s", "run-local", str(manifest),
+                            "--master-port", str(free_port())],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        worker_pid, _ = _wait_for(tmp_path / "sleepers-worker-0")
+        master_pids = _wait_for(tmp_path / "sleepers-master-0")
+        os.kill(worker_pid, signal.SIGKILL)
+        out, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 1
+    assert "pod sleepers-worker-0 was killed by SIGKILL: the job failed" in err
+    pids = master_pids + _wait_for(tmp_path / "sleepers-worker-0")
+    assert not any(_alive(pid) for pid in pids)
+
+
+BERT = "openpop-bert --config cpu_tiny_128 --training-steps 4"
+
+
+def test_seed_single_worker_manifest_trains_with_run_local(tmp_path, capsys):
+    code, out, err = run_cli(capsys, "convert", DATA / "seed_single_worker.ipujob.yaml")
+    manifest = write_manifest(tmp_path, out)
+    code, out, err = run_cli(capsys, "run-local", manifest, "--command", BERT,
+                             "--master-port", free_port())
+    assert code == 0, out + err
+    assert "bert-training-multi-ipu-master-0 | Step: 3 / 3" in out
+    assert "training_steps: 4" in out
+    assert f"every pod runs --command {BERT!r}" in err
+
+
+def _poprun_module():
+    for name in ("openpop.poprun", "poprun"):
+        try:
+            if importlib.util.find_spec(name) is not None:
+                return name
+        except ModuleNotFoundError:
+            continue
+    return None
+
+
+@pytest.mark.skipif(_poprun_module() is None, reason="openpop's poprun is not importable yet")
+@pytest.mark.parametrize("pods", [2, 1])
+def test_poprun_manifest_trains_with_run_local(pods, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    code, out, err = run_cli(capsys, "convert", DATA / "poprun_two_instances.ipujob.yaml",
+                             "--pods", pods)
+    job = documents(out)[0]
+    command = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["command"]
+    local = shlex.join([sys.executable, "-m", _poprun_module(), *command[1:]])
+    code, out, err = run_cli(capsys, "run-local", write_manifest(tmp_path, out), "--command",
+                             local, "--master-port", free_port())
+    assert code == 0, out + err
+    assert "training_steps: 4" in out
