@@ -14,7 +14,9 @@ autocast forwards whose dtype is slow on this CPU. Three rules, one mechanism:
    weights, attention with a float mask) keep PyTorch's result. So a ``.half()`` model fed
    float32 inputs computes in float32 and returns float32 outputs and losses, and gradients
    reach its float16 parameters through the casts. In-place ops (``half_buffer[i] = x``) write
-   the other operands converted to the destination's dtype, as ``copy_`` does.
+   the other operands converted to the destination's dtype, as ``copy_`` does. Out of reach:
+   checks in a module's Python code before any op runs (``nn.LSTM`` compares its input's dtype
+   with its weights'), and models without half tensors fed half inputs (the mode is not active).
 2. **Slow half matmuls/convolutions run in float32.** Where this device's float16/bfloat16
    GEMMs or convolutions are slower than its float32 ones (``HalfComputePolicy``), an op of the
    matmul or convolution family (``linear``, ``matmul``, ``bmm``, ``einsum``, attention, RNNs,
