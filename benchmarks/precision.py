@@ -1,22 +1,28 @@
-"""Training-step speed of a small transformer through poptorch.trainingModel: fp32 vs bf16
-autocast (``opts.Precision.autocast()``), measured side by side in this run.
+"""Training-step speed of a small transformer through poptorch.trainingModel in float32, as
+half-precision models written for IPUs (``.bfloat16()`` / ``.half()``, and
+``opts.Precision.autocast()``) with the CPU's half kernels used as they are, and with openpop's
+half-compute policy (``OPENPOP_HALF_COMPUTE=auto``: float32 arithmetic where half matmuls are
+slow here) - all measured side by side in this run, with this machine's matmul rates.
 
-    python benchmarks/precision.py [--layers 4 --d-model 512 --seq 128 --batch 8 --repeats 7]
+    python benchmarks/precision.py [--layers 2 --d-model 256 --seq 64 --batch 8 --repeats 5 --threads N]
 
-Both variants train copies of the same model on the same data with AdamW. Each repeat times
-``--calls`` host calls of ``--device-iterations`` optimizer steps per variant, interleaved so
-machine load hits both alike; the best repeat counts. Prints ms per optimizer step, sequences
-per second, the bf16/fp32 speed ratio and each variant's last loss, then one JSON line.
+Every variant trains a copy of the same model on the same data with AdamW. Each repeat times one
+host call of ``--device-iterations`` optimizer steps per variant, interleaved so machine load
+hits all alike; the best repeat counts. Prints ms per optimizer step, each variant's time
+relative to float32, the policy's choice and the matmul rates (float32, bfloat16, float16 at
+``--matmul-size``, this run's thread count), then one JSON line.
 """
 import argparse
 import copy
 import json
+import os
 import time
 
 import torch
 import torch.nn.functional as F
 
 import poptorch
+from openpop.runtime import half_compute
 
 
 class Encoder(torch.nn.Module):
@@ -30,67 +36,114 @@ class Encoder(torch.nn.Module):
 
     def forward(self, tokens, labels):
         logits = self.head(self.encoder(self.embed(tokens)))
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1))
 
 
-def make_runner(base, autocast, args):
-    model = copy.deepcopy(base)
+# name: (model dtype, autocast dtype, OPENPOP_HALF_COMPUTE)
+VARIANTS = {
+    "fp32": (torch.float32, None, "auto"),
+    "bf16_model_native": (torch.bfloat16, None, "native"),
+    "bf16_model_policy": (torch.bfloat16, None, "auto"),
+    "fp16_model_native": (torch.float16, None, "native"),
+    "fp16_model_policy": (torch.float16, None, "auto"),
+    "bf16_autocast_native": (torch.float32, torch.bfloat16, "native"),
+    "bf16_autocast_policy": (torch.float32, torch.bfloat16, "auto"),
+}
+
+
+def make_runner(base, dtype, autocast, setting, args):
+    model = copy.deepcopy(base).to(dtype)
     opts = poptorch.Options().deviceIterations(args.device_iterations)
     opts.showCompilationProgressBar(False)
-    if autocast:
-        opts.Precision.autocast(True, torch.bfloat16)
+    if autocast is not None:
+        opts.Precision.autocast(True, autocast)
     optimizer = poptorch.optim.AdamW(model.parameters(), lr=1e-4)
-    return poptorch.trainingModel(model, opts, optimizer)
+    previous = os.environ.get(half_compute.SETTING_ENV)
+    os.environ[half_compute.SETTING_ENV] = setting  # read when the model is wrapped
+    try:
+        return poptorch.trainingModel(model, opts, optimizer)
+    finally:
+        if previous is None:
+            del os.environ[half_compute.SETTING_ENV]
+        else:
+            os.environ[half_compute.SETTING_ENV] = previous
 
 
-def time_calls(runner, tokens, labels, calls):
-    start = time.perf_counter()
-    for _ in range(calls):
-        loss = runner(tokens, labels)
-    return (time.perf_counter() - start) / calls, float(loss)
+def matmul_rate(dtype, size, repeats=3):
+    """GFLOP/s of a size x size x size matmul in ``dtype`` (best of ``repeats`` after a warm-up)."""
+    a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - start)
+    return 2 * size ** 3 / best / 1e9
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--d-model", type=int, default=512)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--vocab", type=int, default=1000)
     parser.add_argument("--dropout", type=float, default=0.1)
     parser.add_argument("--device-iterations", type=int, default=1)
-    parser.add_argument("--calls", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--matmul-size", type=int, default=512)
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     base = Encoder(args.layers, args.d_model, args.heads, args.vocab, args.dropout)
     rows = args.batch * args.device_iterations
     tokens = torch.randint(0, args.vocab, (rows, args.seq))
     labels = torch.roll(tokens, 1, dims=1)
 
-    runners = {"fp32": make_runner(base, False, args), "bf16_autocast": make_runner(base, True, args)}
+    rates = {str(dtype).replace("torch.", ""): matmul_rate(dtype, args.matmul_size)
+             for dtype in (torch.float32, torch.bfloat16, torch.float16)}
+    runners = {name: make_runner(base, *VARIANTS[name], args) for name in args.variants}
     for runner in runners.values():  # compile + one warm-up call each, not timed
         runner(tokens, labels)
     seconds = {name: [] for name in runners}
     losses = {}
     for _ in range(args.repeats):
         for name, runner in runners.items():
-            per_call, losses[name] = time_calls(runner, tokens, labels, args.calls)
-            seconds[name].append(per_call / args.device_iterations)
+            start = time.perf_counter()
+            losses[name] = float(runner(tokens, labels))
+            seconds[name].append((time.perf_counter() - start) / args.device_iterations)
     best = {name: min(values) for name, values in seconds.items()}
-    ratio = best["fp32"] / best["bf16_autocast"]
+    baseline = best.get("fp32")
+    relative = {name: value / baseline for name, value in best.items()} if baseline else {}
+    policy = half_compute.HalfComputePolicy("auto")
+    chosen = {str(dtype).replace("torch.", ""): ("native" if policy.all_native("cpu", dtype) else "float32 compute")
+              for dtype in half_compute.LOW_PRECISION}
+    measured = {f"{str(d).replace('torch.', '')}_{family}": [round(half, 2), round(full, 2)]
+                for (d, family), (half, full) in half_compute.CPU_SPEEDS.rates().items()}
 
     params = sum(p.numel() for p in base.parameters())
     print(f"TransformerEncoder: {args.layers} layers, d_model {args.d_model}, seq {args.seq}, batch {args.batch}, "
           f"{params / 1e6:.1f} M parameters, {torch.get_num_threads()} threads, AdamW, trainingModel")
-    print(f"{'variant':<16}{'ms/step':>10}{'seq/s':>9}{'last loss':>11}")
+    print(f"matmul {args.matmul_size}^3 GFLOP/s: " + ", ".join(f"{k} {v:.1f}" for k, v in rates.items()))
+    print(f"policy (auto) on this CPU ({torch.backends.cpu.get_cpu_capability()}): "
+          + ", ".join(f"{k} -> {v}" for k, v in chosen.items()))
+    print(f"{'variant':<24}{'ms/step':>10}{'x fp32 time':>13}{'last loss':>11}")
     for name in runners:
-        print(f"{name:<16}{best[name] * 1e3:>10.1f}{args.batch / best[name]:>9.1f}{losses[name]:>11.4f}")
-    print(f"bf16 autocast speed-up over fp32: {ratio:.2f}x")
-    print(json.dumps({"benchmark": "precision", "ms_per_step": {k: v * 1e3 for k, v in best.items()},
-                      "seq_per_s": {k: args.batch / v for k, v in best.items()},
-                      "speedup_bf16_autocast_vs_fp32": ratio,
+        ratio = f"{relative[name]:.2f}" if relative else "-"
+        print(f"{name:<24}{best[name] * 1e3:>10.1f}{ratio:>13}{losses[name]:>11.4f}")
+    for dtype in ("bf16", "fp16"):
+        native, chosen_run = f"{dtype}_model_native", f"{dtype}_model_policy"
+        if native in best and chosen_run in best:
+            print(f"{dtype} model: the policy runs it {best[native] / best[chosen_run]:.1f}x faster than as written")
+    print(json.dumps({"benchmark": "precision", "ms_per_step": {k: round(v * 1e3, 2) for k, v in best.items()},
+                      "time_vs_fp32": {k: round(v, 3) for k, v in relative.items()},
+                      "policy": chosen, "policy_rates_gflops_half_vs_fp32": measured,
+                      "matmul_gflops": {k: round(v, 2) for k, v in rates.items()},
+                      "last_loss": losses,
                       "config": {"layers": args.layers, "d_model": args.d_model, "seq": args.seq,
                                  "batch": args.batch, "threads": torch.get_num_threads()}}))
 

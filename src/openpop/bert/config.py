@@ -24,7 +24,7 @@ PROG = "PopTorch BERT"
 OPTIMIZERS = ("AdamW", "LAMB", "LAMBNoBiasCorrection")
 LR_SCHEDULES = ("constant", "linear")
 DATASETS = ("generated", "pretraining")
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("auto", "fp32", "bf16")
 MAX_POSITION_EMBEDDINGS = 512
 
 
@@ -91,8 +91,8 @@ _KEYS: List[Key] = [
         "Split the MLM decoder matmul into this many serialized parts (must divide vocab_size)"),
     Key("recompute_checkpoint_every_layer", str_to_bool, True,
         "Mark each encoder layer's output as a recomputation checkpoint"),
-    Key("precision", str, "bf16", "openpop: fp32, or bf16 autocast (the recipe ran in float16 on IPUs)",
-        choices=PRECISIONS),
+    Key("precision", str, "auto", "openpop: fp32, bf16 autocast (the recipe ran in float16 on IPUs), or auto: "
+        "bf16 where its matmuls beat fp32 ones on this machine, else fp32", choices=PRECISIONS),
     # batch and execution
     Key("micro_batch_size", int, 1, "Samples per micro-batch"),
     Key("device_iterations", int, 1, "Optimizer steps per host call"),

@@ -19,6 +19,7 @@ import torch
 
 import poptorch
 
+from ..runtime.half_compute import low_precision_is_faster
 from . import checkpoint as ckpt
 from .config import ConfigError, BertRunConfig, _ListConfigs, available_configs, build_parser, parse_args
 from .data import DataError, get_dataloader, get_dataset
@@ -110,11 +111,16 @@ def get_options(config: BertRunConfig) -> "poptorch.Options":
         opts.enableSyntheticData(True)
     if config.compile_only:
         opts.useOfflineIpuTarget()
-    if config.precision == "bf16":
+    if uses_bf16(config):
         opts.Precision.autocast(True, torch.bfloat16)  # openpop's mixed precision (the recipe: float16 model)
     if not config.recomputation:
         opts._Popart.set("autoRecomputation", 0)  # PopART's RecomputationType.NoRecompute
     return opts
+
+
+def uses_bf16(config: BertRunConfig) -> bool:
+    """bf16 autocast for ``precision: bf16``, and for ``auto`` where bf16 matmuls beat fp32 ones here."""
+    return config.precision == "bf16" or (config.precision == "auto" and low_precision_is_faster(torch.bfloat16))
 
 
 def _seed_everything(seed: int) -> None:
@@ -141,6 +147,8 @@ def _run(config: BertRunConfig, stream) -> TrainingResult:
     log = console.log
     result = TrainingResult(config)
     log(f"Using config: {config.config}")
+    if config.precision == "auto":
+        log(f"Precision: {'bf16 autocast' if uses_bf16(config) else 'fp32'} (auto: bf16 only where it is faster)")
     if config.wandb:
         log("[warning] --wandb: Weights & Biases logging needs a network connection; not logging")
     _seed_everything(config.random_seed)

@@ -21,6 +21,7 @@ from typing import Any, Callable, Optional
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 
+from ..runtime import half_compute
 from ._framework import module, pl
 
 SUPPORTED = ("32-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
@@ -110,10 +111,7 @@ class IPUPrecision(pl.plugins.precision.Precision):
     def forward_context(self):
         """Entered around every micro-batch of a step (not around backward or the optimizer)."""
         if self.mixed:
-            with contextlib.ExitStack() as stack:
-                stack.enter_context(torch.autocast("cpu", dtype=self.dtype))
-                if torch.cuda.is_available():
-                    stack.enter_context(torch.autocast("cuda", dtype=self.dtype))
+            with half_compute.autocast(self.dtype):  # torch.autocast; slow CPU half matmuls in float32
                 yield
         elif self.true_low_precision:
             with self._default_dtype():

@@ -40,6 +40,7 @@ import torch.utils.checkpoint
 from ..annotations import block_annotation
 from . import context
 from .devices import SameDeviceOps
+from .half_compute import LowPrecisionOps
 
 CONCURRENCY_ENV = "OPENPOP_CONCURRENT_STAGES"  # "auto" (default), "on" or "off"
 
@@ -83,6 +84,9 @@ def Recomputation(model: torch.nn.Module, units=(), locks=None, gpu=False):
 def _checkpointed(forward, *args, **kwargs):
     if not torch.is_grad_enabled():
         return forward(*args, **kwargs)
+    if any(isinstance(mode, LowPrecisionOps) for mode in _function_modes()):
+        # Backward recomputes after the forward's precision mode has exited.
+        forward = _recomputed_inside(forward, _forward_state())
     return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
@@ -110,18 +114,20 @@ def _recomputed_inside(forward, recomputation_context):
 
 def _forward_state():
     """What a recomputation needs of the forward's thread-local state: the run context
-    (``isRunningOnIpu()``, ``for_loop``) and cross-device op alignment. On GPUs autograd
-    recomputes on its own per-device threads, where neither is active."""
+    (``isRunningOnIpu()``, ``for_loop``), cross-device op alignment and the precision rules for
+    half tensors. On GPUs autograd recomputes on its own per-device threads, where none is
+    active; on the CPU the precision mode has exited by the time backward recomputes."""
     ctx = context.current()
-    aligned = any(isinstance(mode, SameDeviceOps) for mode in _function_modes())
+    modes = [mode for mode in _function_modes() if isinstance(mode, (SameDeviceOps, LowPrecisionOps))]
 
     @contextlib.contextmanager
     def as_in_forward():
         with contextlib.ExitStack() as stack:
             if ctx is not None and context.current() is not ctx:
                 stack.enter_context(context.resumed(ctx))
-            if aligned and not any(isinstance(mode, SameDeviceOps) for mode in _function_modes()):
-                stack.enter_context(SameDeviceOps())
+            for mode in modes:
+                if not any(type(active) is type(mode) for active in _function_modes()):
+                    stack.enter_context(mode)
             yield
 
     return as_in_forward

@@ -8,9 +8,11 @@ wrapped:
   - **autocast** (``Precision.autocast(True, dtype)``, openpop's mixed precision): fp32 weights,
     matmuls/convolutions in bf16 (default) or fp16 through ``torch.autocast`` on the CPU (and
     CUDA when present); backward follows autocast's casts;
-  - **missing-kernel upcast** for models holding float16/bfloat16 weights or buffers: an op that
-    has no CPU kernel for that dtype (torch 2.13: e.g. ``torch.cdist``) is run in float32 and its
-    result cast back, instead of failing;
+  - **low-precision ops** (``half_compute.LowPrecisionOps``) for models holding float16/bfloat16
+    weights or buffers, and for autocast to a dtype whose matmuls are slow on this CPU: mixed
+    float32/float16 operands resolved as PopTorch does (upcast to float32), half matmuls and
+    convolutions computed in float32 where half is slow here (``OPENPOP_HALF_COMPUTE``), ops
+    without a half kernel run in float32;
   - **floating-point exceptions** (``Precision.enableFloatingPointExceptions(True)``, not during
     the compile trace): ``FloatingPointChecker``.
 * ``running(model)`` — around a whole host call: the matmul partials type
@@ -32,7 +34,6 @@ wrapped:
   are rounded stochastically (optimizer state in float16 is rounded to nearest).
 """
 import contextlib
-import re
 import threading
 
 import torch
@@ -40,10 +41,9 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from .. import errors
-from ..log import logger
+from .half_compute import LOW_PRECISION, HalfComputePolicy, LowPrecisionOps, op_name
 from .loss_scaling import DynamicLossScaling
 
-LOW_PRECISION = (torch.float16, torch.bfloat16)
 _NO_CONTEXT = contextlib.nullcontext()
 
 
@@ -60,16 +60,29 @@ class RunPrecision:
         self.dynamic = DynamicLossScaling.from_options(options)
         self._seed = options.random_seed if options.exists("random_seed") else None
         self._generators = {}
-        self._low_precision_model = None  # decided on the first forward
+        self.half_compute = HalfComputePolicy.from_env()  # validates OPENPOP_HALF_COMPUTE
+        self._low_precision_ops = None  # decided on the first forward
 
     # ------------------------------------------------------------------ forward
     def forward(self, model: torch.nn.Module, tracing: bool = False):
         """Context for one forward pass of ``model``."""
-        if self._low_precision_model is None:
-            self._low_precision_model = _holds_low_precision(model)
-        if not (self.autocast_enabled or self._low_precision_model or (self.fp_exceptions and not tracing)):
+        if self._low_precision_ops is None:
+            self._low_precision_ops = self._needs_low_precision_ops(model)
+        if not (self.autocast_enabled or self._low_precision_ops or (self.fp_exceptions and not tracing)):
             return _NO_CONTEXT
         return self._forward(model, tracing)
+
+    def _needs_low_precision_ops(self, model) -> bool:
+        """Whether ``model``'s forward needs ``LowPrecisionOps``: it holds float16/bfloat16 tensors,
+        or autocasts to a dtype that is slow on the CPU it runs on. Asking the policy here, outside
+        any forward, is what measures this CPU's half rates (once per process) when it must."""
+        tensors = list(model.parameters()) + list(model.buffers())
+        low = {t.dtype for t in tensors if t.dtype in LOW_PRECISION}
+        if self.autocast_enabled:
+            low.add(self.autocast_dtype)
+        on_cpu = not tensors or any(t.device.type == "cpu" for t in tensors)
+        slow = on_cpu and not all([self.half_compute.all_native("cpu", dtype) for dtype in low])
+        return slow or any(t.dtype in LOW_PRECISION for t in tensors)
 
     @contextlib.contextmanager
     def _forward(self, model, tracing):
@@ -78,8 +91,8 @@ class RunPrecision:
                 stack.enter_context(torch.autocast("cpu", dtype=self.autocast_dtype))
                 if torch.cuda.is_available():
                     stack.enter_context(torch.autocast("cuda", dtype=self.autocast_dtype))
-            if self._low_precision_model:
-                stack.enter_context(UpcastMissingKernels())
+            if self._low_precision_ops:
+                stack.enter_context(LowPrecisionOps(self.half_compute))
             if self.fp_exceptions and not tracing:
                 stack.enter_context(FloatingPointChecker(model))
             yield
@@ -132,11 +145,6 @@ class RunPrecision:
         return generator
 
 
-def _holds_low_precision(model: torch.nn.Module) -> bool:
-    tensors = list(model.parameters()) + list(model.buffers())
-    return any(t.dtype in LOW_PRECISION for t in tensors)
-
-
 # ---------------------------------------------------------------------- stochastic rounding
 def stochastic_round(x: torch.Tensor, dtype: torch.dtype, generator: torch.Generator = None) -> torch.Tensor:
     """Round float32 ``x`` to ``dtype`` (float16 or bfloat16) stochastically: to the neighbour
@@ -177,64 +185,9 @@ def cuda_matmul_partials(half: bool):
             setattr(matmul, name, value)
 
 
-# ---------------------------------------------------------------------- missing kernels
-# How torch 2.13's CPU kernels say they have no float16/bfloat16 implementation.
-_MISSING_KERNEL = re.compile(r"not implemented for '(Half|BFloat16)'|Low precision dtypes not supported"
-                             r"|Unsupported dtype (Half|BFloat16)|must be either float or double dtype")
-_upcast_logged = set()
-
-
-class UpcastMissingKernels(TorchFunctionMode):
-    """Runs in float32 an op that has no kernel for float16/bfloat16 on this device (torch 2.13
-    CPU: cdist, pdist, ctc_loss, rrelu, quantile, fft, linalg's decompositions ...), casting its
-    float32 results back to the inputs' low-precision dtype. Ops that have one are untouched."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        try:
-            return func(*args, **kwargs)
-        except (RuntimeError, NotImplementedError, TypeError) as error:
-            name = getattr(func, "__name__", "")
-            low = next((leaf.dtype for leaf in pytree.tree_leaves((args, kwargs))
-                        if isinstance(leaf, torch.Tensor) and leaf.dtype in LOW_PRECISION), None)
-            if (low is None or _MISSING_KERNEL.search(str(error)) is None
-                    or name.endswith("_") or "out" in kwargs):
-                raise
-        op = _op_name(func)
-        if op not in _upcast_logged:
-            _upcast_logged.add(op)
-            logger.info("%s has no %s kernel on this device: computing it in float32", op, low)
-
-        def up(value):
-            if isinstance(value, torch.Tensor) and value.dtype in LOW_PRECISION:
-                return value.float()
-            return value
-
-        def down(value):
-            if isinstance(value, torch.Tensor) and value.dtype == torch.float32:
-                return value.to(low)
-            return value
-
-        args, kwargs = pytree.tree_map(up, (args, kwargs))
-        return pytree.tree_map(down, func(*args, **kwargs))
-
-
 # ---------------------------------------------------------------------- FP exceptions
 _ORDERED_COMPARISONS = frozenset(["lt", "le", "gt", "ge", "less", "less_equal", "greater", "greater_equal",
                                   "__lt__", "__le__", "__gt__", "__ge__"])
-
-
-def _op_name(func) -> str:
-    name = getattr(func, "__name__", repr(func))
-    qualname = getattr(func, "__qualname__", "") or ""
-    module = getattr(func, "__module__", None)
-    if qualname.startswith(("TensorBase.", "Tensor.")):
-        return f"Tensor.{name}"
-    if module == "torch._C._nn" or module == "torch.nn.functional":
-        return f"torch.nn.functional.{name}"
-    if module == "torch" or qualname.startswith("_VariableFunctionsClass."):
-        return f"torch.{name}"
-    return f"{module}.{name}" if module else name
 
 
 def _flags(values):
@@ -327,7 +280,7 @@ class FloatingPointChecker(TorchFunctionMode):
         return hook
 
     def _where(self, func) -> str:
-        where = _op_name(func)
+        where = op_name(func)
         if self.modules:
             where += f" in {self.modules[-1]}"
         return where
