@@ -71,6 +71,9 @@ INPUT_REQUIRES_GRAD = ("Input tensor has requires_grad=True set. This tensor wil
                        "backward pass via inputs is not supported.")
 INPUT_NOT_CONTIGUOUS = ("At least one input tensor is not contiguous: non-contiguous tensors will be "
                         "converted.")
+INPUT_NOT_WRITTEN_BACK = ("The model changed an input in place, but the change cannot be written back to "
+                          "the caller's tensor: {problem}. Pass a tensor that owns its memory (e.g. "
+                          "x.clone()) to see the change.")
 DICT_INPUTS = ("Dicts as inputs only have partial support, they can be accessed using literal keys, but "
                "full Python functionality is not enabled. Consider changing dict inputs to tuple.")
 INPUT_MISMATCH_SUFFIX = (

@@ -22,7 +22,7 @@ from ..enums import ConnectionType, MeanReductionStrategy, OutputMode
 from ..log import logger
 from . import context
 from .anchors import AnchoredTensors
-from .args import BoundInputs, InputSignature, prepare_tensors
+from .args import BoundInputs, CallerTensors, InputSignature, prepare_tensors
 from .geometry import BatchGeometry
 from .gradients import GradientReduction
 from .devices import DevicePlacement, SameDeviceOps, reset_boundary_frames, resolve_device_map
@@ -306,7 +306,7 @@ class PoplarExecutor:
         if self._options.connection_type == ConnectionType.Never:
             raise AssertionError(errors.OFFLINE_CALL)
         inputs = BoundInputs(self._signature, args, kwargs)
-        copied = prepare_tensors(inputs, self._warned)
+        callers = prepare_tensors(inputs, self._warned)
         if self._compiled is None:
             self._compile(inputs)
         else:
@@ -314,10 +314,9 @@ class PoplarExecutor:
         if not self._attached:
             self.attachToDevice()
         compiled = self._compiled
-        moved = []
         if compiled.placement is not None and compiled.replicas is None:
             # (With replicas apart, each micro-batch goes to its replica's device as it enters.)
-            moved = self._move_inputs_to_first_device(inputs, compiled.placement.device_of_module(""))
+            self._move_inputs_to_first_device(inputs, compiled.placement.device_of_module(""), callers)
         if not self._training and weights_version(self._user_model) != compiled.uploaded_version:
             self._upload_weights()
         # The model runs in the train/eval mode it was compiled in, as a compiled graph would.
@@ -353,12 +352,7 @@ class PoplarExecutor:
                 # Even a failed call may have stepped the optimizer: sharing models must re-sync.
                 bump_weights_version(self._user_model)
         self._last_run_seconds = time.perf_counter() - started
-        with torch.no_grad():
-            for pos, original in copied:
-                original.copy_(inputs.leaves[pos])
-            for pos, original, version in moved:
-                if inputs.leaves[pos]._version != version:  # the model changed its input in place
-                    original.copy_(inputs.leaves[pos])
+        callers.write_back()
         return result
 
     def _recomputation(self, compiled: _Compiled):
@@ -376,17 +370,14 @@ class PoplarExecutor:
         return self._model if compiled.replicas is None else compiled.replicas.model(replica)
 
     @staticmethod
-    def _move_inputs_to_first_device(inputs: BoundInputs, device):
-        """One host-to-device copy of the combined batch per call, not one per micro-batch.
-        Returns ``[(position, caller's tensor, version)]`` to write in-place changes back."""
-        moved = []
+    def _move_inputs_to_first_device(inputs: BoundInputs, device, callers: CallerTensors):
+        """One host-to-device copy of the combined batch per call, not one per micro-batch."""
         for pos in inputs.tensor_positions:
             tensor = inputs.leaves[pos]
             if tensor.device != device:
                 on_device = tensor.to(device, non_blocking=device.type == "cuda")
-                moved.append((pos, tensor, on_device._version))
+                callers.replaced(pos, tensor, on_device)
                 inputs.leaves[pos] = on_device
-        return moved
 
     def _micro_batches(self, inputs: BoundInputs):
         """Per input leaf, a ``[DI, GA, R_in, micro, ...]`` view (or the 0-d value itself)."""
