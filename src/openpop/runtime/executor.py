@@ -12,7 +12,6 @@ import copy
 import datetime
 import inspect
 import time
-import weakref
 
 import torch
 
@@ -35,16 +34,7 @@ from .plan import BlockRecorder, build_plan
 from .outputs import OutputCollector, flatten_output
 from .weights import (BufferSnapshot, CopiedWeights, ReplicaBuffers, SharedWeights, bump_weights_version,
                       registered_tensors, weights_version)
-
-# User model -> weak reference to the live training executor wrapping it (weak both ways, so
-# dropping the executor and the model frees them).
-_training_wrappers = weakref.WeakKeyDictionary()
-
-
-def training_wrapper_of(model):
-    """The live training executor wrapping ``model``, or None."""
-    ref = _training_wrappers.get(model)
-    return ref() if ref is not None else None
+from .wrapping import training_wrapper_of, unwrap, wrap
 
 
 def _optim():
@@ -127,7 +117,7 @@ class PoplarExecutor:
         self._precision = RunPrecision(run_options)
         self._last_run_seconds = None
         if training:
-            _training_wrappers[self._user_model] = weakref.ref(self)
+            wrap(self._user_model, self)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -167,6 +157,8 @@ class PoplarExecutor:
     def _compile(self, inputs: BoundInputs) -> None:
         from ..ops import run_post_compile_hooks, run_pre_compile_hooks
         self._check_batch_dims(inputs)
+        if self._training:
+            self._claim_model()
         started = time.perf_counter()
         run_pre_compile_hooks()
         bar = self._progress_bar()
@@ -194,6 +186,15 @@ class PoplarExecutor:
         compiled.compile_seconds = time.perf_counter() - started
         self._compiled = compiled
         self._attached = True
+
+    def _claim_model(self) -> None:
+        """A destroyed training executor that runs again wraps its model again, unless another
+        training executor has wrapped it meanwhile."""
+        wrapper = training_wrapper_of(self._user_model)
+        if wrapper is None:
+            wrap(self._user_model, self)
+        elif wrapper is not self:
+            raise RuntimeError(errors.ALREADY_WRAPPED)
 
     def _progress_bar(self):
         if not self._options.show_compilation_progress_bar:
@@ -641,8 +642,8 @@ class PoplarExecutor:
             self._compiled.thread_pool.shutdown()
         self._compiled = None
         self._attached = False
-        if self._training and training_wrapper_of(self._user_model) is self:
-            del _training_wrappers[self._user_model]
+        if self._training:
+            unwrap(self._user_model, self)
 
     # ------------------------------------------------------------------ export
     def compileAndExport(self, filename: str, *args, export_model: bool = True, **kwargs) -> None:
