@@ -32,8 +32,8 @@ from .pipeline import (ConcurrentMicroBatches, DeviceLocks, Recomputation, concu
 from .replicas import ReplicaModels
 from .plan import BlockRecorder, build_plan
 from .outputs import OutputCollector, flatten_output
-from .weights import (BufferSnapshot, CopiedWeights, ReplicaBuffers, SharedWeights, bump_weights_version,
-                      registered_tensors, weights_version)
+from .weights import (BufferSnapshot, CopiedWeights, NormStatistics, ReplicaBuffers, SharedWeights,
+                      bump_weights_version, registered_tensors, weights_version)
 from .wrapping import training_wrapper_of, unwrap, wrap
 
 
@@ -224,9 +224,10 @@ class PoplarExecutor:
             params_before, buffers_before = registered_tensors(self._model)
             tracker = LossTracker() if self._training else None
             recorder = BlockRecorder(self._model)
+            statistics = NormStatistics()
             try:
                 with context.running(self._training, tracing=True) as ctx, \
-                        torch.set_grad_enabled(self._training):
+                        torch.set_grad_enabled(self._training), statistics:
                     ctx.block_recorder = recorder
                     ctx.checkpoints = recorder.checkpoints
                     with self._precision.forward(self._model, tracing=True):
@@ -237,7 +238,9 @@ class PoplarExecutor:
                         else:
                             output = self._model(*args, **kwargs)
                 params_after, buffers_after = registered_tensors(self._model)
-                buffers_mutated = snapshot.mutated()
+                # Normalisation kernels do not bump their statistics' versions: the record tells.
+                norm_statistics = {id(b) for b in statistics.of(self._model)}
+                other_buffers_mutated = any(id(b) not in norm_statistics for b in snapshot.mutated())
             finally:
                 recorder.close()
                 snapshot.restore()
@@ -245,8 +248,9 @@ class PoplarExecutor:
         compiled.plan = build_plan(recorder, self._options._execution_strategy, self._options, self._training)
         _check_registered_unchanged(params_before, params_after, "Parameter")
         _check_registered_unchanged(buffers_before, buffers_after, "Buffer")
-        if buffers_mutated and geometry.replication_factor > 1:
-            if self._options.broadcast_buffers:
+        if (norm_statistics or other_buffers_mutated) and geometry.replication_factor > 1:
+            # Normalisation statistics may always differ between replicas, as on PopTorch.
+            if self._options.broadcast_buffers and other_buffers_mutated:
                 raise errors.createPoptorchError(errors.BROADCAST_BUFFERS)
             compiled.replica_buffers = ReplicaBuffers(compiled.weights.buffers(),
                                                       geometry.replication_factor)
