@@ -85,6 +85,7 @@ class PoplarExecutor:
             if optimizer is None:
                 optimizer = _optim().SGD(model.parameters(), lr=0.01)
             _optim().validate_optimizer(optimizer, _relaxed_checks(run_options))
+            _optim().checks.check_parameters_belong(optimizer, model)
             if (_optim().uses_float16_accumulators(optimizer)
                     and run_options.Training.meanAccumulationAndReplicationReductionStrategy
                     != MeanReductionStrategy.Running):
@@ -566,6 +567,11 @@ class PoplarExecutor:
         if not names:
             raise errors.createPoptorchError(errors.NO_UPDATABLE_BUFFERS)
         self._require_compiled()
+        buffers = dict(self._model.named_buffers(remove_duplicate=False))
+        unknown = [name for name in names if name not in buffers]
+        if unknown:
+            raise errors.createPoptorchError(errors.UNKNOWN_UPDATABLE_BUFFERS.format(
+                unknown=", ".join(unknown), buffers=", ".join(buffers) or "none"))
         weights = self._compiled.weights
         if not weights.shares_host_tensors:
             weights.upload_buffers(names)
@@ -584,6 +590,7 @@ class PoplarExecutor:
         assert self._training, "setOptimizer is only available on a training model"
         optim = _optim()
         optim.validate_optimizer(optimizer, _relaxed_checks(self._options))
+        optim.checks.check_parameters_belong(optimizer, self._model)
         if (self._compiled is not None and optim.uses_float16_accumulators(optimizer)
                 and self._options.Training.meanAccumulationAndReplicationReductionStrategy
                 != MeanReductionStrategy.Running):
