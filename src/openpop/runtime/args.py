@@ -90,13 +90,11 @@ def prepare_tensors(inputs: BoundInputs, warned: set) -> "CallerTensors":
     Returns the ``CallerTensors`` that writes in-place changes the model makes to a copied input
     back to the caller's tensor after the run.
     """
-    for pos in inputs.tensor_positions:
-        tensor = inputs.leaves[pos]
-        if tensor.numel() == 0:
-            raise errors.createPoptorchError(errors.ZERO_SIZED.format(shape=list(tensor.shape)))
     callers = CallerTensors(warned)
     for pos in inputs.tensor_positions:
         tensor = inputs.leaves[pos]
+        if tensor.numel() == 0:  # (the copies made so far are the executor's own: nothing changed)
+            raise errors.createPoptorchError(errors.ZERO_SIZED.format(shape=list(tensor.shape)))
         if tensor.requires_grad:
             if "requires_grad" not in warned:
                 logger.warning(errors.INPUT_REQUIRES_GRAD)
@@ -134,6 +132,8 @@ class CallerTensors:
         self._copies[pos] = (caller, copy, _version_of(copy))
 
     def write_back(self) -> None:
+        if not self._copies:
+            return
         with torch.no_grad():
             for caller, copy, version in self._copies.values():
                 if not _written(copy, version, caller):

@@ -41,6 +41,7 @@ from torch.utils import _pytree as pytree
 
 from .. import errors
 from ..log import logger
+from ..optim.checks import optimizer_method
 from .loss_scaling import DynamicLossScaling
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
@@ -99,7 +100,6 @@ class RunPrecision:
         return None if self.dynamic is None else self.dynamic.bind(optimizer)
 
     def optimizer_step(self, optimizer) -> None:
-        from ..optim.checks import optimizer_method  # optim imports the runtime: import it late
         step = optimizer_method(optimizer, "step")
         if not self.stochastic_rounding:
             step()
