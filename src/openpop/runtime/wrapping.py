@@ -12,7 +12,9 @@ subclass; so does openpop, and ``unwrap`` swaps the original class back:
 * a wrapped model pickles (``torch.save(model)``, ``copy.copy``/``deepcopy``) as an instance of the
   original class, so a copy is not wrapped and the file loads without openpop;
 * the class is swapped back by ``destroy()`` (the executor's or the model's) and when the executor
-  is garbage-collected without one.
+  is garbage-collected without one;
+* as on PopTorch, a ``destroy`` the user's class defines itself is hidden while the model is
+  wrapped.
 
 The registry and the swap are weak: dropping the executor and the model frees both.
 """
