@@ -13,8 +13,8 @@ subclass; so does openpop, and ``unwrap`` swaps the original class back:
   original class, so a copy is not wrapped and the file loads without openpop;
 * the class is swapped back by ``destroy()`` (the executor's or the model's) and when the executor
   is garbage-collected without one;
-* as on PopTorch, a ``destroy`` the user's class defines itself is hidden while the model is
-  wrapped.
+* a ``destroy`` the user's class defines itself is hidden while the model is wrapped (PopTorch's
+  error tells users that model.destroy() unwraps).
 
 The registry and the swap are weak: dropping the executor and the model frees both.
 """
