@@ -67,10 +67,15 @@ COMPILE_TIME_NO_BAR = "Please set showCompilationProgressBar option to obtain co
 CYCLE_COUNT_DISABLED = "Cycle count logging is disabled. Please set option logCycleCount to True to enable."
 CYCLE_COUNT_NOT_RUN = "Please run the model at least once before obtaining cycle count."
 NO_UPDATABLE_BUFFERS = "No named buffers marked as updatable via updatableNamedBuffers option"
+UNKNOWN_UPDATABLE_BUFFERS = ("Options.updatableNamedBuffers names buffers the model does not have: {unknown} "
+                             "(its buffers: {buffers}). Use the names model.named_buffers() gives.")
 INPUT_REQUIRES_GRAD = ("Input tensor has requires_grad=True set. This tensor will be detached because "
                        "backward pass via inputs is not supported.")
 INPUT_NOT_CONTIGUOUS = ("At least one input tensor is not contiguous: non-contiguous tensors will be "
                         "converted.")
+INPUT_NOT_WRITTEN_BACK = ("The model changed an input in place, but the change cannot be written back to "
+                          "the caller's tensor: {problem}. Pass a tensor that owns its memory (e.g. "
+                          "x.clone()) to see the change.")
 DICT_INPUTS = ("Dicts as inputs only have partial support, they can be accessed using literal keys, but "
                "full Python functionality is not enabled. Consider changing dict inputs to tuple.")
 INPUT_MISMATCH_SUFFIX = (

@@ -6,6 +6,9 @@ Executor-facing functions:
 * ``validate_optimizer(optimizer, relax_checks)`` — when a model is wrapped and on every
   ``setOptimizer``; raises for unsupported optimizers, warns about subclasses and unknown
   attributes (once per optimizer and message).
+* ``check_parameters_belong(optimizer, model)`` — at wrap and on every ``setOptimizer``: an
+  optimizer over other tensors than the model's parameters would train nothing.
+* ``optimizer_method(optimizer, name)`` — how the executor calls ``step`` and the like.
 * ``loss_scaling_of(optimizer)``, ``uses_float16_accumulators(optimizer)``.
 * ``snapshot(optimizer)`` at compilation, then ``constant_attribute_changes(snapshot,
   optimizer)`` on ``setOptimizer``; a non-empty result is turned into the error by
@@ -17,7 +20,7 @@ from typing import Dict, Iterable, List
 
 import torch
 
-from ..errors import Error
+from ..errors import Error, createPoptorchError
 from ..log import logger
 from ._base import ACCUM_TYPES, AMSGRAD_ERROR, VariableAttributes, to_float
 from .adam import Adam, AdamW
@@ -149,6 +152,42 @@ def validate_optimizer(optimizer, relax_checks: bool) -> None:
         extra = [k for k in group if k not in group_keys]
         if extra:
             _log_once(optimizer, f"Ignoring unexpected group {i} attribute in {kind} optimizer: {extra}", log)
+
+
+FOREIGN_PARAMETERS = (
+    "The optimizer holds {count} tensor(s) that are not parameters of the model: {names}. A poptorch "
+    "model trains only its own parameters, so these would never be updated: build the optimizer from "
+    "this model's parameters (e.g. torch.optim.SGD(model.parameters(), lr=...)) before wrapping it or "
+    "passing it to setOptimizer().")
+
+
+def check_parameters_belong(optimizer, model: torch.nn.Module) -> None:
+    """Raise ``poptorch.Error`` naming every tensor ``optimizer`` would update that is not one
+    of ``model``'s parameters (PopTorch fails to compile such a model)."""
+    own = {id(p) for p in model.parameters()}
+    foreign = []
+    for g, group in enumerate(optimizer.param_groups):
+        names = group.get("param_names")
+        for i, param in enumerate(group["params"]):
+            if id(param) in own:
+                continue
+            where = f"param_groups[{g}]['params'][{i}]"
+            if names is not None and i < len(names):
+                where = f"{names[i]!r} ({where})"
+            foreign.append(f"{where} of shape {list(param.shape)}")
+    if foreign:
+        shown = "; ".join(foreign[:5]) + ("; ..." if len(foreign) > 5 else "")
+        raise createPoptorchError(FOREIGN_PARAMETERS.format(count=len(foreign), names=shown))
+
+
+def optimizer_method(optimizer, name: str):
+    """``optimizer.<name>`` as a callable: the instance's own callable (a wrapper an LR
+    scheduler or the user installed), else the class's method — an optimizer may carry a plain
+    attribute of that name (``optimizer.step = 0`` used as a counter) and must still be stepped."""
+    own = vars(optimizer).get(name)
+    if callable(own):
+        return own
+    return getattr(type(optimizer), name).__get__(optimizer, type(optimizer))
 
 
 _GROUP_KEYS_CACHE: Dict[type, List[str]] = {}

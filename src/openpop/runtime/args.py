@@ -29,7 +29,7 @@ class BoundInputs:
                     raise errors.createPoptorchError(f"Mandatory parameter {missing} missing") from None
                 raise errors.createPoptorchError(str(exc)) from None
             bound.apply_defaults()  # as PopTorch: an omitted default and the same value given compile alike
-            self.arguments = dict(bound.arguments)  # name -> value, in signature order
+            self.arguments = _named_arguments(signature, bound.arguments)
             self.args = bound.args
             self.kwargs = bound.kwargs
         # Common case, kept cheap: every argument is a tensor given positionally.
@@ -46,6 +46,18 @@ class BoundInputs:
         if self.simple:
             return tuple(leaves), {}
         return pytree.tree_unflatten(leaves, self.spec)
+
+
+def _named_arguments(signature: inspect.Signature, arguments) -> dict:
+    """name -> value in signature order; the entries of a ``**kwargs`` parameter are arguments of
+    their own name, as PopTorch names them (``u``, not ``kwargs['u']``; not a dict input)."""
+    named = {}
+    for name, value in arguments.items():
+        if signature.parameters[name].kind is inspect.Parameter.VAR_KEYWORD:
+            named.update(value)
+        else:
+            named[name] = value
+    return named
 
 
 @functools.lru_cache(maxsize=256)
@@ -71,31 +83,87 @@ def _missing_parameter(signature, args, kwargs):
     return None
 
 
-def prepare_tensors(inputs: BoundInputs, warned: set):
-    """Detach inputs that require grad and make non-contiguous ones contiguous, warning once each.
+def prepare_tensors(inputs: BoundInputs, warned: set) -> "CallerTensors":
+    """Refuse zero-sized inputs; detach inputs that require grad and make non-contiguous ones
+    contiguous, warning once each.
 
-    Returns ``[(position, original)]`` for the inputs that were copied, so in-place changes made by
-    the model can be written back to the caller's tensors after the run.
+    Returns the ``CallerTensors`` that writes in-place changes the model makes to a copied input
+    back to the caller's tensor after the run.
     """
-    copied = []
+    callers = CallerTensors(warned)
     for pos in inputs.tensor_positions:
         tensor = inputs.leaves[pos]
+        if tensor.numel() == 0:  # (the copies made so far are the executor's own: nothing changed)
+            raise errors.createPoptorchError(errors.ZERO_SIZED.format(shape=list(tensor.shape)))
         if tensor.requires_grad:
             if "requires_grad" not in warned:
                 logger.warning(errors.INPUT_REQUIRES_GRAD)
                 warned.add("requires_grad")
-            tensor = tensor.detach()
+            tensor = tensor.detach()  # same memory and version counter: nothing to write back
         if not tensor.is_contiguous():
             if "contiguous" not in warned:
                 logger.warning(errors.INPUT_NOT_CONTIGUOUS)
                 warned.add("contiguous")
-            copied.append((pos, inputs.leaves[pos]))
-            tensor = tensor.contiguous()
+            contiguous = tensor.contiguous()
+            callers.replaced(pos, tensor, contiguous)
+            tensor = contiguous
         inputs.leaves[pos] = tensor
     if any(isinstance(v, dict) for v in inputs.arguments.values()) and "dict" not in warned:
         logger.warning(errors.DICT_INPUTS)
         warned.add("dict")
-    return copied
+    return callers
+
+
+class CallerTensors:
+    """The caller's tensors behind inputs the executor gave the model as copies (made contiguous,
+    moved to a device). As on PopTorch, an input the model changes in place is changed for the
+    caller too: after the run each copy the model wrote to is copied back, and only those - an
+    input the model did not write is never written (it may be an expanded view, whose elements
+    share memory, or a tensor the caller reads elsewhere)."""
+
+    def __init__(self, warned: set):
+        self._warned = warned
+        self._copies = {}  # leaf position -> (caller's tensor, copy the model sees, copy's version)
+
+    def replaced(self, pos: int, tensor: torch.Tensor, copy: torch.Tensor) -> None:
+        """``copy`` replaces ``tensor`` at ``pos`` (itself a copy when converted twice)."""
+        earlier = self._copies.get(pos)
+        caller = earlier[0] if earlier is not None else tensor
+        self._copies[pos] = (caller, copy, _version_of(copy))
+
+    def write_back(self) -> None:
+        if not self._copies:
+            return
+        with torch.no_grad():
+            for caller, copy, version in self._copies.values():
+                if not _written(copy, version, caller):
+                    continue
+                problem = _unwritable(caller)
+                if problem is None:
+                    caller.copy_(copy)
+                elif "write_back" not in self._warned:
+                    self._warned.add("write_back")
+                    logger.warning(errors.INPUT_NOT_WRITTEN_BACK.format(problem=problem))
+
+
+def _version_of(tensor: torch.Tensor):
+    """The version counter, or None for an inference tensor (it has none)."""
+    return None if tensor.is_inference() else tensor._version
+
+
+def _written(copy: torch.Tensor, version, caller: torch.Tensor) -> bool:
+    if version is not None:
+        return copy._version != version
+    return not torch.equal(copy, caller.to(copy.device))
+
+
+def _unwritable(tensor: torch.Tensor):
+    """Why ``tensor`` cannot take a copy, or None."""
+    if tensor.is_inference() and not torch.is_inference_mode_enabled():
+        return "it is an inference tensor (made under torch.inference_mode())"
+    if torch._debug_has_internal_overlap(tensor) == 1:  # 1: some elements share memory
+        return "several of its elements share memory (an expanded or broadcast view)"
+    return None
 
 
 class InputSignature:

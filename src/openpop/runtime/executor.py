@@ -12,7 +12,6 @@ import copy
 import datetime
 import inspect
 import time
-import weakref
 
 import torch
 
@@ -22,7 +21,7 @@ from ..enums import ConnectionType, MeanReductionStrategy, OutputMode
 from ..log import logger
 from . import context
 from .anchors import AnchoredTensors
-from .args import BoundInputs, InputSignature, prepare_tensors
+from .args import BoundInputs, CallerTensors, InputSignature, prepare_tensors
 from .geometry import BatchGeometry
 from .gradients import GradientReduction
 from .devices import DevicePlacement, SameDeviceOps, reset_boundary_frames, resolve_device_map
@@ -33,18 +32,9 @@ from .pipeline import (ConcurrentMicroBatches, DeviceLocks, Recomputation, concu
 from .replicas import ReplicaModels
 from .plan import BlockRecorder, build_plan
 from .outputs import OutputCollector, flatten_output
-from .weights import (BufferSnapshot, CopiedWeights, ReplicaBuffers, SharedWeights, bump_weights_version,
-                      registered_tensors, weights_version)
-
-# User model -> weak reference to the live training executor wrapping it (weak both ways, so
-# dropping the executor and the model frees them).
-_training_wrappers = weakref.WeakKeyDictionary()
-
-
-def training_wrapper_of(model):
-    """The live training executor wrapping ``model``, or None."""
-    ref = _training_wrappers.get(model)
-    return ref() if ref is not None else None
+from .weights import (BufferSnapshot, CopiedWeights, NormStatistics, ReplicaBuffers, SharedWeights,
+                      bump_weights_version, registered_tensors, weights_version)
+from .wrapping import training_wrapper_of, unwrap, wrap
 
 
 def _optim():
@@ -95,6 +85,7 @@ class PoplarExecutor:
             if optimizer is None:
                 optimizer = _optim().SGD(model.parameters(), lr=0.01)
             _optim().validate_optimizer(optimizer, _relaxed_checks(run_options))
+            _optim().checks.check_parameters_belong(optimizer, model)
             if (_optim().uses_float16_accumulators(optimizer)
                     and run_options.Training.meanAccumulationAndReplicationReductionStrategy
                     != MeanReductionStrategy.Running):
@@ -127,7 +118,7 @@ class PoplarExecutor:
         self._precision = RunPrecision(run_options)
         self._last_run_seconds = None
         if training:
-            _training_wrappers[self._user_model] = weakref.ref(self)
+            wrap(self._user_model, self)
 
     # ------------------------------------------------------------------ properties
     @property
@@ -167,6 +158,8 @@ class PoplarExecutor:
     def _compile(self, inputs: BoundInputs) -> None:
         from ..ops import run_post_compile_hooks, run_pre_compile_hooks
         self._check_batch_dims(inputs)
+        if self._training:
+            self._claim_model()
         started = time.perf_counter()
         run_pre_compile_hooks()
         bar = self._progress_bar()
@@ -194,6 +187,15 @@ class PoplarExecutor:
         compiled.compile_seconds = time.perf_counter() - started
         self._compiled = compiled
         self._attached = True
+
+    def _claim_model(self) -> None:
+        """A destroyed training executor that runs again wraps its model again, unless another
+        training executor has wrapped it meanwhile."""
+        wrapper = training_wrapper_of(self._user_model)
+        if wrapper is None:
+            wrap(self._user_model, self)
+        elif wrapper is not self:
+            raise RuntimeError(errors.ALREADY_WRAPPED)
 
     def _progress_bar(self):
         if not self._options.show_compilation_progress_bar:
@@ -223,9 +225,10 @@ class PoplarExecutor:
             params_before, buffers_before = registered_tensors(self._model)
             tracker = LossTracker() if self._training else None
             recorder = BlockRecorder(self._model)
+            statistics = NormStatistics()
             try:
                 with context.running(self._training, tracing=True) as ctx, \
-                        torch.set_grad_enabled(self._training):
+                        torch.set_grad_enabled(self._training), statistics:
                     ctx.block_recorder = recorder
                     ctx.checkpoints = recorder.checkpoints
                     with self._precision.forward(self._model, tracing=True):
@@ -236,7 +239,9 @@ class PoplarExecutor:
                         else:
                             output = self._model(*args, **kwargs)
                 params_after, buffers_after = registered_tensors(self._model)
-                buffers_mutated = snapshot.mutated()
+                # Normalisation kernels do not bump their statistics' versions: the record tells.
+                norm_statistics = {id(b) for b in statistics.of(self._model)}
+                other_buffers_mutated = any(id(b) not in norm_statistics for b in snapshot.mutated())
             finally:
                 recorder.close()
                 snapshot.restore()
@@ -244,8 +249,9 @@ class PoplarExecutor:
         compiled.plan = build_plan(recorder, self._options._execution_strategy, self._options, self._training)
         _check_registered_unchanged(params_before, params_after, "Parameter")
         _check_registered_unchanged(buffers_before, buffers_after, "Buffer")
-        if buffers_mutated and geometry.replication_factor > 1:
-            if self._options.broadcast_buffers:
+        if (norm_statistics or other_buffers_mutated) and geometry.replication_factor > 1:
+            # Normalisation statistics may always differ between replicas, as on PopTorch.
+            if self._options.broadcast_buffers and other_buffers_mutated:
                 raise errors.createPoptorchError(errors.BROADCAST_BUFFERS)
             compiled.replica_buffers = ReplicaBuffers(compiled.weights.buffers(),
                                                       geometry.replication_factor)
@@ -306,7 +312,7 @@ class PoplarExecutor:
         if self._options.connection_type == ConnectionType.Never:
             raise AssertionError(errors.OFFLINE_CALL)
         inputs = BoundInputs(self._signature, args, kwargs)
-        copied = prepare_tensors(inputs, self._warned)
+        callers = prepare_tensors(inputs, self._warned)
         if self._compiled is None:
             self._compile(inputs)
         else:
@@ -314,10 +320,9 @@ class PoplarExecutor:
         if not self._attached:
             self.attachToDevice()
         compiled = self._compiled
-        moved = []
         if compiled.placement is not None and compiled.replicas is None:
             # (With replicas apart, each micro-batch goes to its replica's device as it enters.)
-            moved = self._move_inputs_to_first_device(inputs, compiled.placement.device_of_module(""))
+            self._move_inputs_to_first_device(inputs, compiled.placement.device_of_module(""), callers)
         if not self._training and weights_version(self._user_model) != compiled.uploaded_version:
             self._upload_weights()
         # The model runs in the train/eval mode it was compiled in, as a compiled graph would.
@@ -353,12 +358,7 @@ class PoplarExecutor:
                 # Even a failed call may have stepped the optimizer: sharing models must re-sync.
                 bump_weights_version(self._user_model)
         self._last_run_seconds = time.perf_counter() - started
-        with torch.no_grad():
-            for pos, original in copied:
-                original.copy_(inputs.leaves[pos])
-            for pos, original, version in moved:
-                if inputs.leaves[pos]._version != version:  # the model changed its input in place
-                    original.copy_(inputs.leaves[pos])
+        callers.write_back()
         return result
 
     def _recomputation(self, compiled: _Compiled):
@@ -376,17 +376,14 @@ class PoplarExecutor:
         return self._model if compiled.replicas is None else compiled.replicas.model(replica)
 
     @staticmethod
-    def _move_inputs_to_first_device(inputs: BoundInputs, device):
-        """One host-to-device copy of the combined batch per call, not one per micro-batch.
-        Returns ``[(position, caller's tensor, version)]`` to write in-place changes back."""
-        moved = []
+    def _move_inputs_to_first_device(inputs: BoundInputs, device, callers: CallerTensors):
+        """One host-to-device copy of the combined batch per call, not one per micro-batch."""
         for pos in inputs.tensor_positions:
             tensor = inputs.leaves[pos]
             if tensor.device != device:
                 on_device = tensor.to(device, non_blocking=device.type == "cuda")
-                moved.append((pos, tensor, on_device._version))
+                callers.replaced(pos, tensor, on_device)
                 inputs.leaves[pos] = on_device
-        return moved
 
     def _micro_batches(self, inputs: BoundInputs):
         """Per input leaf, a ``[DI, GA, R_in, micro, ...]`` view (or the 0-d value itself)."""
@@ -570,6 +567,11 @@ class PoplarExecutor:
         if not names:
             raise errors.createPoptorchError(errors.NO_UPDATABLE_BUFFERS)
         self._require_compiled()
+        buffers = dict(self._model.named_buffers(remove_duplicate=False))
+        unknown = [name for name in names if name not in buffers]
+        if unknown:
+            raise errors.createPoptorchError(errors.UNKNOWN_UPDATABLE_BUFFERS.format(
+                unknown=", ".join(unknown), buffers=", ".join(buffers) or "none"))
         weights = self._compiled.weights
         if not weights.shares_host_tensors:
             weights.upload_buffers(names)
@@ -588,6 +590,7 @@ class PoplarExecutor:
         assert self._training, "setOptimizer is only available on a training model"
         optim = _optim()
         optim.validate_optimizer(optimizer, _relaxed_checks(self._options))
+        optim.checks.check_parameters_belong(optimizer, self._model)
         if (self._compiled is not None and optim.uses_float16_accumulators(optimizer)
                 and self._options.Training.meanAccumulationAndReplicationReductionStrategy
                 != MeanReductionStrategy.Running):
@@ -650,8 +653,8 @@ class PoplarExecutor:
             self._compiled.thread_pool.shutdown()
         self._compiled = None
         self._attached = False
-        if self._training and training_wrapper_of(self._user_model) is self:
-            del _training_wrappers[self._user_model]
+        if self._training:
+            unwrap(self._user_model, self)
 
     # ------------------------------------------------------------------ export
     def compileAndExport(self, filename: str, *args, export_model: bool = True, **kwargs) -> None:

@@ -24,7 +24,7 @@ wrapped:
   ``allow_bf16_reduced_precision_reduction``, ``allow_fp16_accumulation``); the previous values
   are restored afterwards.
 * ``loss_scaler(optimizer)`` — automatic loss scaling (``loss_scaling.py``).
-* ``optimizer_step(optimizer)`` — ``optimizer.step()``; with
+* ``optimizer_step(optimizer)`` — the optimizer's ``step()`` (``optim.checks.optimizer_method``); with
   ``Precision.enableStochasticRounding(True)``, float16/bfloat16 parameters are updated in
   float32 (the optimizer sees float32 copies of them and of their gradients) and the result is
   rounded stochastically back to the parameter's dtype: up or down with probabilities given by
@@ -41,6 +41,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from .. import errors
+from ..log import logger
+from ..optim.checks import optimizer_method
 from .half_compute import LOW_PRECISION, HalfComputePolicy, LowPrecisionOps, op_name
 from .loss_scaling import DynamicLossScaling
 
@@ -112,13 +114,14 @@ class RunPrecision:
         return None if self.dynamic is None else self.dynamic.bind(optimizer)
 
     def optimizer_step(self, optimizer) -> None:
+        step = optimizer_method(optimizer, "step")
         if not self.stochastic_rounding:
-            optimizer.step()
+            step()
             return
         low = [(p, p.data, p.grad) for group in optimizer.param_groups for p in group["params"]
                if p.grad is not None and p.dtype in LOW_PRECISION]
         if not low:
-            optimizer.step()
+            step()
             return
         masters = []
         try:
@@ -126,7 +129,7 @@ class RunPrecision:
                 p.data = data.float()
                 p.grad = grad.float()
                 masters.append(p.data)
-            optimizer.step()
+            step()
         finally:
             for p, data, grad in low:
                 p.data = data

@@ -41,6 +41,7 @@ from typing import Callable, Dict, List
 import torch
 
 from .devices import DevicePlacement
+from .wrapping import original_class
 
 
 class ReplicaModels:
@@ -181,7 +182,8 @@ def _replicate(module: torch.nn.Module, modules: dict, tensors: dict) -> torch.n
     ``modules``/``tensors``), all other attributes shared."""
     if module in modules:
         return modules[module]
-    replica = module.__new__(type(module))
+    cls = original_class(type(module))  # a replica is not the user's wrapped model: no destroy()
+    replica = module.__new__(cls)
     replica.__dict__ = {key: _replica_value(key, value, module, replica) for key, value in module.__dict__.items()}
     modules[module] = replica
     replica._parameters = {name: _copied(p, tensors) for name, p in module._parameters.items()}

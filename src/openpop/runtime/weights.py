@@ -12,6 +12,8 @@ import contextlib
 import weakref
 
 import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 _versions = weakref.WeakKeyDictionary()
 
@@ -120,20 +122,72 @@ class BufferSnapshot:
         self._saved = [(b, b.detach().clone()) for b in buffers]
         self._versions = [None if b.is_inference() else b._version for b in buffers]
 
-    def mutated(self) -> bool:
-        """Whether any buffer changed (by version counter; by value for inference tensors)."""
+    def mutated(self) -> list:
+        """The buffers that changed (by version counter; by value for inference tensors)."""
+        changed = []
         for (buffer, saved), version in zip(self._saved, self._versions):
-            if version is None:
-                if not torch.equal(buffer, saved):
-                    return True
-            elif buffer._version != version:
-                return True
-        return False
+            if (not torch.equal(buffer, saved)) if version is None else buffer._version != version:
+                changed.append(buffer)
+        return changed
 
     def restore(self) -> None:
         with torch.no_grad():
             for buf, value in self._saved:
                 buf.copy_(value)
+
+
+class NormStatistics(TorchFunctionMode):
+    """Records, while the compile trace runs, the buffers batch and instance normalisation
+    update as their running statistics (``nn.BatchNorm*``, ``SyncBatchNorm``, ``InstanceNorm*``
+    with ``track_running_stats``, and ``F.batch_norm`` on a model's own buffers).
+
+    PopTorch lets these change on every replica - each keeps its own, as ``broadcastBuffers(False)``
+    allows for any buffer - because the normalisation op itself updates them; a buffer changed
+    in place by any other code needs ``broadcastBuffers(False)`` with replicas. The kernels update
+    running statistics without bumping their version counters, so this record is also how a
+    trace knows they changed."""
+
+    # function -> (running_mean, running_var, the flag that makes the call update them, its
+    # default), each argument as (position, name)
+    _ARGUMENTS = {
+        F.batch_norm: ((1, "running_mean"), (2, "running_var"), (5, "training"), False),
+        F.instance_norm: ((1, "running_mean"), (2, "running_var"), (5, "use_input_stats"), True),
+        torch.batch_norm: ((3, "running_mean"), (4, "running_var"), (5, "training"), None),
+        torch.instance_norm: ((3, "running_mean"), (4, "running_var"), (5, "use_input_stats"), None),
+    }
+
+    def __init__(self):
+        super().__init__()
+        self._updated = {}  # id -> tensor updated as a running statistic
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        arguments = self._ARGUMENTS.get(func)
+        if arguments is not None:
+            mean, var, flag, default = arguments
+            if _argument(args, kwargs, flag, default):
+                for position in (mean, var):
+                    value = _argument(args, kwargs, position, None)
+                    if isinstance(value, torch.Tensor):
+                        self._updated[id(value)] = value
+        return func(*args, **kwargs)
+
+    def of(self, model: torch.nn.Module) -> list:
+        """The buffers of ``model`` updated as statistics, with the ``num_batches_tracked``
+        counter of each module holding one (BatchNorm counts its updates there)."""
+        statistics = []
+        for module in model.modules():
+            own = [b for b in module._buffers.values() if b is not None and id(b) in self._updated]
+            counter = module._buffers.get("num_batches_tracked")
+            if own and counter is not None:
+                own.append(counter)
+            statistics.extend(own)
+        return statistics
+
+
+def _argument(args, kwargs, where, default):
+    position, name = where
+    return kwargs.get(name, args[position] if position < len(args) else default)
 
 
 def registered_tensors(model: torch.nn.Module):
@@ -144,9 +198,9 @@ def registered_tensors(model: torch.nn.Module):
 
 
 class ReplicaBuffers:
-    """Per-replica buffer values for models whose forward mutates buffers (BatchNorm) when
-    replicas do not broadcast buffers: each replica keeps its own running statistics, and the
-    host sees replica 0's, as on IPUs."""
+    """Per-replica buffer values for models whose forward mutates buffers (BatchNorm statistics;
+    any buffer with ``broadcastBuffers(False)``) when replicas share weights: each replica keeps
+    its own values, and the host sees replica 0's, as on IPUs."""
 
     def __init__(self, buffers, replicas: int):
         self.buffers = buffers
