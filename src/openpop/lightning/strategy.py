@@ -62,7 +62,7 @@ from openpop.strategies import ShardedExecution
 from . import lockstep, run_options
 from ._framework import module, pl
 from .accelerator import DEVICE_TYPE
-from .data import to_openpop_loader
+from .data import micro_batch_size, to_openpop_loader
 from .logs import StepLogs
 from .optimizer_steps import PerStepHooks
 from .precision import LBFGS_AUTOMATIC, IPUPrecision
@@ -100,6 +100,9 @@ MAX_STEPS_ROUNDED = ("Trainer(max_steps={max_steps}) is not a multiple of device
 _STAGE_NAMES = {RunningStage.TRAINING: "training", RunningStage.VALIDATING: "validation",
                 RunningStage.SANITY_CHECKING: "validation", RunningStage.TESTING: "test",
                 RunningStage.PREDICTING: "predict"}
+_LOADER_HOOKS = {RunningStage.TRAINING: "train_dataloader", RunningStage.VALIDATING: "val_dataloader",
+                 RunningStage.SANITY_CHECKING: "val_dataloader", RunningStage.TESTING: "test_dataloader",
+                 RunningStage.PREDICTING: "predict_dataloader"}
 _STEP_METHODS = {RunningStage.VALIDATING: "validation_step", RunningStage.SANITY_CHECKING: "validation_step",
                  RunningStage.TESTING: "test_step", RunningStage.PREDICTING: "predict_step"}
 
@@ -319,14 +322,15 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
 
     # ------------------------------------------------------------------ data
     def process_dataloader(self, dataloader):
-        trainer = self.lightning_module.trainer
-        training = trainer.state.stage == RunningStage.TRAINING
+        stage = self.lightning_module.trainer.state.stage
+        training = stage == RunningStage.TRAINING
         options = self._training_opts if training else self._inference_opts
         if options is None:
             options = self._stage_options(training=training, in_place=False)
-        if not training and getattr(dataloader, "batch_size", None):
-            self._eval_micro = dataloader.batch_size
-        return to_openpop_loader(dataloader, options, training)
+        converted = to_openpop_loader(dataloader, options, training, _LOADER_HOOKS.get(stage, "train_dataloader"))
+        if not training:
+            self._eval_micro = micro_batch_size(converted) or getattr(dataloader, "batch_size", None)
+        return converted
 
     # ------------------------------------------------------------------ stage hooks
     def on_train_start(self) -> None:
