@@ -588,12 +588,14 @@ def test_misleading_step_settings_are_warned_about(caplog):
 
 def test_user_options_set_to_defaults_still_win():
     import poptorch
-    from openpop.lightning.run_options import derive
+    from openpop.lightning.run_options import stage_options
+    settings = dict(training=True, device_iterations=4, replicas=2, accumulation=2, loss_scaling=False)
     user = poptorch.Options().deviceIterations(1).replicationFactor(1)
     user.Training.gradientAccumulation(1)
-    options = derive(user, training=True, device_iterations=4, replicas=2, accumulation=2)
+    options, _ = stage_options(user, in_place=True, **settings)
+    assert options is user
     assert (options.device_iterations, options.replication_factor, options.Training.gradient_accumulation) == (1, 1, 1)
-    derived = derive(None, training=True, device_iterations=4, replicas=2, accumulation=2)
+    derived, _ = stage_options(None, in_place=True, **settings)
     assert (derived.device_iterations, derived.replication_factor, derived.Training.gradient_accumulation) == (4, 2, 2)
 
 

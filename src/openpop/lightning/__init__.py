@@ -24,7 +24,7 @@ One concept per module:
 import sys
 
 from ._framework import CLASSIC
-from .accelerator import IPUAccelerator
+from .accelerator import IPU_AVAILABLE, POPTORCH_AVAILABLE, IPUAccelerator
 from .integration import integrate
 from .precision import IPUPrecision
 from .strategy import IPUStrategy

@@ -13,6 +13,12 @@ import torch
 from ._framework import pl
 
 DEVICE_TYPE = "ipu"
+# What Lightning 2.0's ``accelerators/ipu.py`` exported as ``_POPTORCH_AVAILABLE`` and
+# ``_IPU_AVAILABLE`` (scripts branch on them): openpop's ``poptorch`` is always importable, and
+# virtual IPUs run wherever torch runs. (``poptorch.ipuHardwareIsAvailable()`` still answers
+# whether Graphcore hardware is present: it is not.)
+POPTORCH_AVAILABLE = True
+IPU_AVAILABLE = True
 AUTO_DEVICE_COUNT = 4  # IPUs shipped in units of four; `devices="auto"` means 4 replicas, as before
 
 DEVICES_NOT_INT = ("`Trainer(accelerator='ipu', devices={devices!r})`: `devices` is the number of model replicas "
@@ -64,7 +70,7 @@ class IPUAccelerator(pl.accelerators.Accelerator):
 
     @staticmethod
     def is_available() -> bool:
-        return True  # virtual IPUs run wherever torch runs
+        return IPU_AVAILABLE
 
     @staticmethod
     def name() -> str:

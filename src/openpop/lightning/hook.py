@@ -11,8 +11,9 @@ two things, both lazily:
   ``IPUPrecisionPlugin``, ``IPUPlugin``) to ``strategies`` / ``accelerators`` / ``plugins``,
   registers ``"ipu"`` and ``"ipu_strategy"`` and teaches the Trainer to pick them.
 * It serves the old submodules ``<pl>.strategies.ipu``, ``<pl>.accelerators.ipu``,
-  ``<pl>.plugins.precision.ipu`` and, when the real package is not installed,
-  ``lightning_graphcore``, as aliases of openpop's classes.
+  ``<pl>.plugins.precision.ipu`` (with the names Lightning 2.0's modules had, e.g.
+  ``_IPU_AVAILABLE``) and, when the real package is not installed, ``lightning_graphcore`` and
+  its ``accelerator`` / ``strategy`` / ``precision`` modules, as aliases of openpop's classes.
 
 So ``from lightning.pytorch.strategies import IPUStrategy`` works in a fresh interpreter. Where
 no ``.pth`` file can be installed, ``import openpop.lightning`` (before or after importing
@@ -35,15 +36,27 @@ DISABLE_ENV = "OPENPOP_LIGHTNING_HOOK"
 FLAVOURS = {"lightning.pytorch": "openpop.lightning", "pytorch_lightning": "openpop._pytorch_lightning"}
 
 # Modules served as aliases: name -> (Lightning package it belongs to, {attribute: openpop name}).
+# An openpop name is an attribute of the bound openpop.lightning copy, or "module:<name>" for a
+# module. Each alias carries what its original module offered users: Lightning 2.0's
+# ``accelerators/ipu.py`` defined ``_POPTORCH_AVAILABLE``, ``_IPU_AVAILABLE`` and ``poptorch``
+# next to the class, and ``strategies/ipu.py`` imported them.
+_AVAILABILITY = {"_IPU_AVAILABLE": "IPU_AVAILABLE", "_POPTORCH_AVAILABLE": "POPTORCH_AVAILABLE",
+                 "poptorch": "module:poptorch"}
 _CLASSES = {"IPUStrategy": "IPUStrategy", "IPUAccelerator": "IPUAccelerator", "IPUPrecision": "IPUPrecision",
             "IPUPrecisionPlugin": "IPUPrecision"}
 ALIASES = {}
 for _pl in FLAVOURS:
-    ALIASES[f"{_pl}.strategies.ipu"] = (_pl, {"IPUStrategy": "IPUStrategy"})
-    ALIASES[f"{_pl}.accelerators.ipu"] = (_pl, {"IPUAccelerator": "IPUAccelerator"})
+    ALIASES[f"{_pl}.strategies.ipu"] = (_pl, {"IPUStrategy": "IPUStrategy", **_AVAILABILITY})
+    ALIASES[f"{_pl}.accelerators.ipu"] = (_pl, {"IPUAccelerator": "IPUAccelerator", **_AVAILABILITY})
     ALIASES[f"{_pl}.plugins.precision.ipu"] = (_pl, {"IPUPrecision": "IPUPrecision",
                                                      "IPUPrecisionPlugin": "IPUPrecision"})
-FALLBACK_ALIASES = {"lightning_graphcore": ("lightning.pytorch", _CLASSES)}
+# lightning-graphcore (for Lightning 2.1/2.2, never importable on 2.6): the package and its modules.
+FALLBACK_ALIASES = {
+    "lightning_graphcore": ("lightning.pytorch", _CLASSES),
+    "lightning_graphcore.accelerator": ("lightning.pytorch", {"IPUAccelerator": "IPUAccelerator", **_AVAILABILITY}),
+    "lightning_graphcore.strategy": ("lightning.pytorch", {"IPUStrategy": "IPUStrategy", **_AVAILABILITY}),
+    "lightning_graphcore.precision": ("lightning.pytorch", {"IPUPrecision": "IPUPrecision"}),
+}
 
 
 def flavour_package(pl_name: str):
@@ -106,9 +119,15 @@ class _AliasLoader(importlib.abc.Loader):
         importlib.import_module(self._pl_name)  # integrates, if not done yet
         package = flavour_package(self._pl_name)
         for alias, name in self._names.items():
-            setattr(module, alias, getattr(package, name))
-        module.__all__ = list(self._names)
+            if name.startswith("module:"):
+                value = importlib.import_module(name[len("module:"):])
+            else:
+                value = getattr(package, name)
+            setattr(module, alias, value)
+        module.__all__ = [alias for alias in self._names if not alias.startswith("_") and alias != "poptorch"]
         module.__doc__ = f"Alias served by openpop: the IPU classes of {package.__name__}."
+        if module.__name__ == "lightning_graphcore":
+            module.__path__ = []  # a package: its submodules are aliases too
 
 
 class LightningFinder(importlib.abc.MetaPathFinder):
@@ -124,10 +143,17 @@ class LightningFinder(importlib.abc.MetaPathFinder):
         if fullname in ALIASES:
             pl_name, names = ALIASES[fullname]
             return importlib.machinery.ModuleSpec(fullname, _AliasLoader(pl_name, names))
-        if fullname in FALLBACK_ALIASES and _find_elsewhere(self, fullname, path, target) is None:
+        if fullname in FALLBACK_ALIASES and _serves_fallback(fullname) \
+                and _find_elsewhere(self, fullname, path, target) is None:
             pl_name, names = FALLBACK_ALIASES[fullname]
             return importlib.machinery.ModuleSpec(fullname, _AliasLoader(pl_name, names))
         return None
+
+
+def _serves_fallback(fullname: str) -> bool:
+    """A submodule of ``lightning_graphcore`` is served only under openpop's alias of the package."""
+    parent = fullname.rpartition(".")[0]
+    return not parent or isinstance(getattr(sys.modules.get(parent), "__loader__", None), _AliasLoader)
 
 
 def _find_elsewhere(finder, fullname, path, target):

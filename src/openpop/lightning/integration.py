@@ -9,6 +9,9 @@
 2. Registries: ``"ipu"`` in ``AcceleratorRegistry``, ``"ipu_strategy"`` in ``StrategyRegistry``.
 3. ``trainer.estimated_stepping_batches`` with an ``IPUStrategy`` counts optimizer steps
    (``device_iterations`` per batch), e.g. for ``OneCycleLR(total_steps=...)``.
+3b. A ``poptorch.DataLoader`` the user returns reaches ``IPUStrategy.process_dataloader`` as it
+   is: Lightning's predict-time re-instantiation (to record batch indices) would rebuild it
+   with its batch size as the micro-batch size; the strategy records them itself (``data.py``).
 4. The Trainer's choices. Lightning 2.6 has no extension point for them, so three methods of
    its ``_AcceleratorConnector`` are wrapped; each defers to Lightning for anything not IPU:
 
@@ -122,6 +125,24 @@ def _patch_estimated_stepping_batches() -> None:
     trainer_class.estimated_stepping_batches = patched
 
 
+def _patch_data_connector() -> None:
+    """User ``poptorch.DataLoader``s skip Lightning's re-instantiation under an ``IPUStrategy``."""
+    from openpop.data import DataLoader as PoptorchDataLoader
+
+    connector = module("trainer.connectors.data_connector")._DataConnector
+    original = connector._prepare_dataloader
+    if getattr(original, "_openpop_ipu", False):
+        return
+
+    def _prepare_dataloader(self, dataloader, shuffle, mode):
+        if isinstance(dataloader, PoptorchDataLoader) and isinstance(self.trainer.strategy, IPUStrategy):
+            return dataloader
+        return original(self, dataloader, shuffle, mode)
+
+    _prepare_dataloader._openpop_ipu = True
+    connector._prepare_dataloader = _prepare_dataloader
+
+
 def integrate() -> None:
     """Add the names, register, patch the connector (idempotent)."""
     global _done
@@ -139,4 +160,5 @@ def integrate() -> None:
     IPUStrategy.register_strategies(strategies.StrategyRegistry)
     _patch_connector()
     _patch_estimated_stepping_batches()
+    _patch_data_connector()
     _done = True

@@ -11,6 +11,14 @@
 ``"bf16-true"`` the same with bfloat16.
 ==============  ==============================================================================
 
+``"16-mixed"`` with a model the user cast to float16 (``model.half()``, any float16 parameter)
+trains it in pure float16, as Lightning 2.0 did: the parameters stay float16 (nothing converts
+them), float inputs are cast to float16, no autocast, and no automatic loss scaling unless
+``training_opts`` set it (2.0 had none; a static ``loss_scaling`` of a poptorch optimizer
+applies as usual). Mixed precision's float32 master weights would need a copy of the user's
+model, and ``torch.amp``-style loss scaling of float16 gradients skips the first steps, so
+neither matches what such a script did on IPUs.
+
 With automatic optimization the executor does backward and the optimizer steps, so this
 plugin's ``backward`` and ``optimizer_step`` only hand over to it; with manual optimization they
 behave as Lightning's (the steps run on the host, see ``strategy.py``).
@@ -54,24 +62,37 @@ class IPUPrecision(pl.plugins.precision.Precision):
             raise ValueError(UNSUPPORTED.format(precision=precision, supported=SUPPORTED))
         self.precision = name
         self.dtype = _DTYPES.get(name, torch.float32)
+        self.half_model = False  # "16-mixed" on a model holding float16 parameters: pure float16
         self._warned_backward = False
 
     @property
     def mixed(self) -> bool:
-        return self.precision.endswith("-mixed")
+        """Autocast over float32 weights."""
+        return self.precision.endswith("-mixed") and not self.half_model
+
+    @property
+    def wants_loss_scaling(self) -> bool:
+        return self.precision == "16-mixed" and not self.half_model
+
+    def adapt_to_module(self, module_: torch.nn.Module) -> None:
+        """Decide pure float16 for ``"16-mixed"`` from the parameters ``module_`` holds."""
+        self.half_model = self.precision == "16-mixed" and any(p.dtype == torch.float16
+                                                               for p in module_.parameters())
+
+    @property
+    def casts_inputs(self) -> bool:
+        return self.true_low_precision or self.half_model
 
     @property
     def true_low_precision(self) -> bool:
         return self.precision in ("16-true", "bf16-true")
 
     # ------------------------------------------------------------------ options
-    def configure_training_options(self, options, user_set_loss_scaling: bool) -> None:
-        """fp16 mixed precision trains with dynamic loss scaling unless the user chose otherwise."""
-        if self.precision == "16-mixed" and not user_set_loss_scaling:
-            options.Training.setAutomaticLossScaling(True)
-
-    def prepare_optimizer(self, optimizer) -> None:
-        if self.precision == "16-mixed" and getattr(optimizer, "loss_scaling", None) is None:
+    def prepare_optimizer(self, optimizer, options) -> None:
+        """fp16 mixed precision's dynamic loss scaling (set in the options, ``run_options.py``)
+        starts from ``torch.amp.GradScaler``'s scale."""
+        if self.wants_loss_scaling and options.Training.automaticLossScalingSettings.get("enabled") \
+                and getattr(optimizer, "loss_scaling", None) is None:
             optimizer.loss_scaling = FP16_INITIAL_LOSS_SCALE
 
     # ------------------------------------------------------------------ modules and data
@@ -81,7 +102,7 @@ class IPUPrecision(pl.plugins.precision.Precision):
         return module_
 
     def convert_input(self, data: Any) -> Any:
-        if not self.true_low_precision:
+        if not self.casts_inputs:
             return data
         return apply_to_collection(data, torch.Tensor,
                                    lambda t: t.to(self.dtype) if torch.is_floating_point(t) else t)

@@ -1,53 +1,108 @@
 """The ``poptorch.Options`` each Lightning stage runs with.
 
-Derived from the Trainer and the strategy:
+What the Trainer and the strategy give a stage's options, for every setting they leave unset:
 
 * ``device_iterations``      <- ``IPUStrategy(device_iterations=...)`` (training and inference)
 * ``replication_factor``     <- ``Trainer(devices=...)``
 * gradient accumulation      <- ``Trainer(accumulate_grad_batches=...)`` (training only; Lightning
   itself then does not accumulate: the strategy ``handles_gradient_accumulation``)
-* ``random_seed``            <- ``seed_everything`` (``PL_GLOBAL_SEED``), recorded without
-  re-seeding torch
-* ``broadcastBuffers(False)`` so BatchNorm-like models run with several replicas (each replica
+* automatic loss scaling     <- ``precision="16-mixed"`` (training only, see ``precision.py``)
+* ``broadcastBuffers(False)`` with several replicas, so BatchNorm-like models run (each replica
   keeps its own running statistics and the host sees replica 0's, as with DDP)
+* ``random_seed``            <- ``seed_everything`` (``PL_GLOBAL_SEED``), recorded without
+  re-seeding torch; the compilation progress bar off (Lightning has its own progress display)
 
 User ``training_opts`` / ``inference_opts`` win: every setting they set through a setter (even
-to its default value) or changed from the default ``poptorch.Options()`` is kept as given. Inference never accumulates gradients, so a shared
-options object with ``gradientAccumulation(k)`` is used with 1 for inference.
+to its default value) or changed from the default ``poptorch.Options()`` is kept as given.
+
+Which object runs. As in Lightning 2.0, the strategy runs with the user's own ``Options``
+object (``trainer.strategy.training_opts is training_opts``): the settings above are filled in
+place, before anything freezes it. Two cases run a copy instead: the object is already frozen
+(a ``poptorch.DataLoader`` or an earlier model uses it) and the run needs one of the settings
+above that it lacks (one warning names them); or one object is given as both ``training_opts``
+and ``inference_opts`` with gradient accumulation, which inference runs with 1 (silently: an
+inference model never accumulates).
 """
 import os
-from typing import Optional
+from typing import List, Optional
 
 from openpop.enums import AutoStage
 from openpop.options import Options
 from openpop.strategies import PipelinedExecution
 
 
-def derive(user: Optional[Options], *, training: bool, device_iterations: int, replicas: int,
-           accumulation: int) -> Options:
+def is_frozen(options: Options) -> bool:
+    return bool(options.__dict__.get("_is_frozen", False))
+
+
+def _unset(group, default_group, name: str) -> bool:
+    return not group.explicitlySet(name) and getattr(group, name) == getattr(default_group, name)
+
+
+def fill_in(options: Options, *, training: bool, device_iterations: int, replicas: int, accumulation: int,
+            loss_scaling: bool) -> List[str]:
+    """Give ``options`` (not frozen) the settings it leaves unset, in place.
+
+    Returns the changes that alter the run, as the setter calls that made them (for messages)."""
     defaults = Options()
-    options = user.clone() if user is not None else Options()
+    changes = []
 
-    def unset(group, default_group, name):
-        return not group.explicitlySet(name) and getattr(group, name) == getattr(default_group, name)
+    def change(label: str, setter, value) -> None:
+        setter(value)
+        changes.append(f"{label}({value!r})")
 
-    if unset(options, defaults, "device_iterations"):
-        options.deviceIterations(device_iterations)
-    if unset(options, defaults, "replication_factor"):
-        options.replicationFactor(replicas)
+    if _unset(options, defaults, "device_iterations") and options.device_iterations != device_iterations:
+        change("deviceIterations", options.deviceIterations, device_iterations)
+    if _unset(options, defaults, "replication_factor") and options.replication_factor != replicas:
+        change("replicationFactor", options.replicationFactor, replicas)
+    training_group = options.Training
     if training:
-        if unset(options.Training, defaults.Training, "gradient_accumulation"):
-            options.Training.gradientAccumulation(accumulation)
-    elif options.Training.gradient_accumulation != 1:
-        options.Training.gradientAccumulation(1)
-    if unset(options, defaults, "broadcast_buffers"):
-        options.broadcastBuffers(False)
+        if _unset(training_group, defaults.Training, "gradient_accumulation") \
+                and training_group.gradient_accumulation != accumulation:
+            change("Training.gradientAccumulation", training_group.gradientAccumulation, accumulation)
+        if loss_scaling and not user_set_loss_scaling(options):
+            change("Training.setAutomaticLossScaling", training_group.setAutomaticLossScaling, True)
+    elif training_group.gradient_accumulation != 1:
+        change("Training.gradientAccumulation", training_group.gradientAccumulation, 1)
+    if options.replication_factor > 1 and _unset(options, defaults, "broadcast_buffers") \
+            and options.broadcast_buffers:
+        change("broadcastBuffers", options.broadcastBuffers, False)
+    return changes
+
+
+def fill_in_records(options: Options) -> None:
+    """Settings that do not change results: the seed, recorded only, and the progress bar."""
     seed = os.environ.get("PL_GLOBAL_SEED")
     if seed is not None and not options.exists("random_seed"):
         options.createOrSet(random_seed=int(seed))  # not randomSeed(): it would re-seed torch mid-run
-    if user is None or options.show_compilation_progress_bar == defaults.show_compilation_progress_bar:
-        options.showCompilationProgressBar(False)  # Lightning has its own progress display
-    return options
+    if _unset(options, Options(), "show_compilation_progress_bar"):
+        options.showCompilationProgressBar(False)
+
+
+def stage_options(user: Optional[Options], *, training: bool, device_iterations: int, replicas: int,
+                  accumulation: int, loss_scaling: bool, in_place: bool, shared: bool = False):
+    """``(options, changes)``: what a stage runs with (see the module docstring).
+
+    ``in_place=False`` never modifies ``user`` (the answer before the run starts); ``shared``:
+    ``user`` is also the other stage's options. ``changes`` is non-empty when a frozen user
+    object could not take settings the run needs, so a copy with them runs."""
+    settings = dict(training=training, device_iterations=device_iterations, replicas=replicas,
+                    accumulation=accumulation, loss_scaling=loss_scaling)
+    if user is None:
+        options = Options()
+        fill_in(options, **settings)
+        fill_in_records(options)
+        return options, []
+    if in_place and not shared and not is_frozen(user):
+        fill_in(user, **settings)
+        fill_in_records(user)
+        return user, []
+    copy = user.clone()
+    changes = fill_in(copy, **settings)
+    if not changes:
+        return user, []
+    fill_in_records(copy)
+    return copy, ([] if shared or not in_place else changes)
 
 
 def user_chose_execution_strategy(options: Options) -> bool:
@@ -60,4 +115,6 @@ def user_chose_execution_strategy(options: Options) -> bool:
 def user_set_loss_scaling(options: Optional[Options]) -> bool:
     if options is None:
         return False
-    return options.Training.automaticLossScalingSettings != Options().Training.automaticLossScalingSettings
+    training = options.Training
+    return training.explicitlySet("automaticLossScalingSettings") or \
+        training.automaticLossScalingSettings != Options().Training.automaticLossScalingSettings

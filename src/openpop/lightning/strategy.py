@@ -62,7 +62,7 @@ from openpop.strategies import ShardedExecution
 from . import lockstep, run_options
 from ._framework import module, pl
 from .accelerator import DEVICE_TYPE
-from .data import to_openpop_loader
+from .data import micro_batch_size, to_openpop_loader
 from .logs import StepLogs
 from .optimizer_steps import PerStepHooks
 from .precision import LBFGS_AUTOMATIC, IPUPrecision
@@ -91,11 +91,18 @@ SHARDED_FALLBACK_INFERENCE = (
 CHECKPOINT_EVERY_ROUNDED = (
     "ModelCheckpoint(every_n_train_steps={every}) is not a multiple of device_iterations={di}: global_step "
     "advances by {di} per host call, so only steps that are multiples of both are saved. Use a multiple of {di}.")
+USER_OPTIONS_FROZEN = (
+    "IPUStrategy({name}=...) is frozen (a poptorch.DataLoader or a model already uses it), so openpop cannot "
+    "configure it in place: the run uses a copy with {changes}. Set these on your options before building a "
+    "DataLoader with them, and the run uses your object itself.")
 MAX_STEPS_ROUNDED = ("Trainer(max_steps={max_steps}) is not a multiple of device_iterations={di}: every host call "
                      "runs {di} optimizer steps, so training stops after {rounded} steps.")
 _STAGE_NAMES = {RunningStage.TRAINING: "training", RunningStage.VALIDATING: "validation",
                 RunningStage.SANITY_CHECKING: "validation", RunningStage.TESTING: "test",
                 RunningStage.PREDICTING: "predict"}
+_LOADER_HOOKS = {RunningStage.TRAINING: "train_dataloader", RunningStage.VALIDATING: "val_dataloader",
+                 RunningStage.SANITY_CHECKING: "val_dataloader", RunningStage.TESTING: "test_dataloader",
+                 RunningStage.PREDICTING: "predict_dataloader"}
 _STEP_METHODS = {RunningStage.VALIDATING: "validation_step", RunningStage.SANITY_CHECKING: "validation_step",
                  RunningStage.TESTING: "test_step", RunningStage.PREDICTING: "predict_step"}
 
@@ -139,7 +146,6 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
         self.poptorch_models: Dict[Any, Any] = {}
         self._step_module: Optional[StepModule] = None
         self._per_step: Optional[PerStepHooks] = None
-        self._accumulation = 1
         self._restore_accumulation: Optional[int] = None
         self._signatures: Dict[int, Any] = {}
         self._micro_sizes: Dict[int, int] = {}
@@ -190,62 +196,78 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
     # ------------------------------------------------------------------ options
     @property
     def replication_factor(self) -> int:
-        if self._training_opts is not None:
-            return self._training_opts.replication_factor
-        for user in (self._user_training_opts, self._user_inference_opts):
-            if user is not None and user.replication_factor != 1:
-                return user.replication_factor
-        return len(self.parallel_devices) if self.parallel_devices else 1
+        """The replicas of the current stage (training or inference options), as in Lightning 2.0;
+        before the run, what the options will say."""
+        options = self._current_options()
+        if options is None:  # before the run: the training options it will have
+            options = self.training_opts
+        return options.replication_factor
+
+    def _current_options(self) -> Optional[Options]:
+        trainer = getattr(self.lightning_module, "_trainer", None) if self.lightning_module is not None else None
+        stage = trainer.state.stage if trainer is not None else None
+        inference = stage is not None and stage != RunningStage.TRAINING
+        first, second = ((self._inference_opts, self._training_opts) if inference
+                         else (self._training_opts, self._inference_opts))
+        return first if first is not None else second
 
     @property
     def training_opts(self) -> Options:
-        """The options training runs with (derived, user settings kept; see ``run_options.py``)."""
+        """The options training runs with: the user's ``training_opts`` object, configured in
+        place (see ``run_options.py``), or openpop's."""
         if self._training_opts is None:
-            return self._derive(training=True)
+            return self._stage_options(training=True, in_place=False)
         return self._training_opts
 
     @property
     def inference_opts(self) -> Options:
+        """The options validation, test and predict run with (see ``training_opts``)."""
         if self._inference_opts is None:
-            return self._derive(training=False)
+            return self._stage_options(training=False, in_place=False)
         return self._inference_opts
 
-    def _derive(self, training: bool) -> Options:
-        trainer = self.lightning_module.trainer if self.lightning_module is not None else None
+    def _stage_options(self, training: bool, in_place: bool) -> Options:
+        trainer = getattr(self.lightning_module, "_trainer", None) if self.lightning_module is not None else None
         accumulation = trainer.accumulate_grad_batches if trainer is not None else 1
-        if self._restore_accumulation is not None:
+        if self._restore_accumulation is not None:  # during the run the Trainer reads 1
             accumulation = self._restore_accumulation
         user = self._user_training_opts if training else self._user_inference_opts
-        options = run_options.derive(user, training=training, device_iterations=self.device_iterations,
-                                     replicas=len(self.parallel_devices) if self.parallel_devices else 1,
-                                     accumulation=accumulation)
-        if training and isinstance(self.precision_plugin, IPUPrecision):
-            self.precision_plugin.configure_training_options(options, run_options.user_set_loss_scaling(user))
+        plugin = self.precision_plugin
+        options, changes = run_options.stage_options(
+            user, training=training, device_iterations=self.device_iterations,
+            replicas=len(self.parallel_devices) if self.parallel_devices else 1, accumulation=accumulation,
+            loss_scaling=isinstance(plugin, IPUPrecision) and plugin.wants_loss_scaling, in_place=in_place,
+            shared=not training and user is not None and user is self._user_training_opts)
+        if changes:
+            _rank_zero.rank_zero_warn(USER_OPTIONS_FROZEN.format(
+                name="training_opts" if training else "inference_opts", changes=", ".join(changes)))
         return options
 
     # ------------------------------------------------------------------ setup / teardown
     def setup(self, trainer) -> None:
         lightning_module = self.lightning_module
         self._check_configuration(trainer)
-        super().setup(trainer)
-        self._accumulation = trainer.accumulate_grad_batches
+        if isinstance(self.precision_plugin, IPUPrecision):
+            self.precision_plugin.adapt_to_module(lightning_module)
+        super().setup(trainer)  # configure_optimizers may read training_opts: they answer without change
+        fn = trainer.state.fn
+        automatic_training = fn == TrainerFn.FITTING and lightning_module.automatic_optimization
+        if automatic_training and isinstance(self.optimizers[0], torch.optim.LBFGS):
+            raise MisconfigurationException(LBFGS_AUTOMATIC)
         # From here the executor accumulates; Lightning must see every batch as a full step.
-        self._restore_accumulation = self._accumulation
+        self._restore_accumulation = trainer.accumulate_grad_batches
         trainer.accumulate_grad_batches = 1
-        self._training_opts = self._derive(training=True)
-        self._inference_opts = self._derive(training=False)
+        self._training_opts = self._stage_options(training=True, in_place=True)
+        self._inference_opts = self._stage_options(training=False, in_place=True)
         self._step_module = StepModule(lightning_module)
         self.poptorch_models = {}
         self._signatures, self._micro_sizes, self._combined_sizes, self._profiles = {}, {}, {}, {}
         self._takes_batch_idx = {}
-        fn = trainer.state.fn
         if fn == TrainerFn.FITTING:
-            if lightning_module.automatic_optimization:
+            if automatic_training:
                 optimizer = self.optimizers[0]
-                if isinstance(optimizer, torch.optim.LBFGS):
-                    raise MisconfigurationException(LBFGS_AUTOMATIC)
                 if isinstance(self.precision_plugin, IPUPrecision):
-                    self.precision_plugin.prepare_optimizer(optimizer)
+                    self.precision_plugin.prepare_optimizer(optimizer, self._training_opts)
                 self.poptorch_models[RunningStage.TRAINING] = trainingModel(
                     self._step_module, self._training_opts, optimizer)
                 self._per_step = PerStepHooks(trainer, optimizer, self.precision_plugin,
@@ -300,14 +322,15 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
 
     # ------------------------------------------------------------------ data
     def process_dataloader(self, dataloader):
-        trainer = self.lightning_module.trainer
-        training = trainer.state.stage == RunningStage.TRAINING
+        stage = self.lightning_module.trainer.state.stage
+        training = stage == RunningStage.TRAINING
         options = self._training_opts if training else self._inference_opts
         if options is None:
-            options = self._derive(training=training)
-        if not training and getattr(dataloader, "batch_size", None):
-            self._eval_micro = dataloader.batch_size
-        return to_openpop_loader(dataloader, options, training)
+            options = self._stage_options(training=training, in_place=False)
+        converted = to_openpop_loader(dataloader, options, training, _LOADER_HOOKS.get(stage, "train_dataloader"))
+        if not training:
+            self._eval_micro = micro_batch_size(converted) or getattr(dataloader, "batch_size", None)
+        return converted
 
     # ------------------------------------------------------------------ stage hooks
     def on_train_start(self) -> None:
