@@ -405,20 +405,21 @@ def _version_text(fmt: str) -> str:
 
 def _import_config(parser, argv):
     """Options read from ``--import-config FILE`` become defaults; the command line wins."""
-    probe = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    probe.add_argument("--import-config")
-    known, _ = probe.parse_known_args([a for a in argv if a.startswith("--import-config")])
-    if not known.import_config:
+    options = normalise_argv(argv, parser)
+    options = options[:options.index("--")] if "--" in options else options
+    paths = [a.split("=", 1)[1] for a in options if a.startswith("--import-config=")]
+    if not paths:
         return
+    path = paths[-1]
     try:
-        with open(known.import_config) as stream:
+        with open(path) as stream:
             values = json.load(stream)
     except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot read the configuration {known.import_config}: {exc}")
+        raise UsageError(f"cannot read the configuration {path}: {exc}")
     dests = {action.dest for action in parser._actions}
     unknown = sorted(set(values) - dests)
     if unknown:
-        raise UsageError(f"the configuration {known.import_config} has unknown options: {', '.join(unknown)}")
+        raise UsageError(f"the configuration {path} has unknown options: {', '.join(unknown)}")
     parser.set_defaults(**values)
 
 
