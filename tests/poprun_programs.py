@@ -6,6 +6,7 @@ Commands:
   fail-after SECONDS RANK  instance RANK raises after SECONDS; the others sleep
   sleep SECONDS            print the pid, then sleep (Ctrl-C / kill -9 tests)
   stuck-collective         instance 1 never joins the all-reduce instance 0 waits in
+  mismatch                 instance 1 builds a wider model than instance 0
 """
 import os
 import sys
@@ -164,6 +165,27 @@ def stuck_collective():
     GlobalReplication(dist.get_world_size(), dist.get_rank(), mean=True).all_reduce([parameter])
 
 
+def mismatch():
+    import popdist
+    import popdist.poptorch
+    import poptorch
+    popdist.init()
+    rank = popdist.getInstanceIndex()
+    class Wider(torch.nn.Sequential):
+        def forward(self, x):
+            return poptorch.identity_loss(super().forward(x).sum(), reduction="sum")
+
+    model = Wider(torch.nn.Linear(4, 3 + rank), torch.nn.Linear(3 + rank, 1))
+    training = poptorch.trainingModel(model, popdist.poptorch.Options(),
+                                      poptorch.optim.SGD(model.parameters(), lr=0.1))
+    before = [p.detach().clone() for p in model.parameters()]
+    try:
+        training(torch.ones(2, 4))
+    finally:
+        assert all(torch.equal(a, b) for a, b in zip(before, model.parameters())), "weights changed"
+        print(f"instance {rank}: weights unchanged", flush=True)
+
+
 if __name__ == "__main__":
     command, arguments = sys.argv[1], sys.argv[2:]
     if command == "train":
@@ -174,5 +196,7 @@ if __name__ == "__main__":
         sleep(float(arguments[0]))
     elif command == "stuck-collective":
         stuck_collective()
+    elif command == "mismatch":
+        mismatch()
     else:
         raise SystemExit(f"unknown command {command}")

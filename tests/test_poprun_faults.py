@@ -79,3 +79,12 @@ def test_a_collective_that_never_completes_times_out_with_its_name():
     assert ("the all-reduce of step 1's gradients across the 2 poprun instances failed on instance 0 "
             "(timeout 3 s): another instance is stuck or has stopped") in result.stderr
     assert "instance 0 (rank 0, pid" in result.stderr and "exited with status 1" in result.stderr
+
+
+def test_instances_whose_models_differ_fail_before_training():
+    result = run_poprun("--num-instances", "2", "--num-replicas", "2", "python", PROGRAMS, "mismatch")
+    assert result.returncode == 1
+    assert ("Instance 1's model differs from instance 0's: parameter 0.weight is [4, 4] torch.float32 instead "
+            "of [3, 4] torch.float32. Every instance must build the same model") in result.stderr
+    lines = result.stdout.splitlines()
+    assert "[1,0]<stdout>:instance 0: weights unchanged" in lines or "[1,1]<stdout>:instance 1: weights unchanged" in lines
