@@ -7,6 +7,7 @@ Commands:
   sleep SECONDS            print the pid, then sleep (Ctrl-C / kill -9 tests)
   stuck-collective         instance 1 never joins the all-reduce instance 0 waits in
   mismatch                 instance 1 builds a wider model than instance 0
+  lightning OUTDIR         Trainer(accelerator="ipu") in every instance, with a checkpoint callback
 """
 import os
 import sys
@@ -186,6 +187,54 @@ def mismatch():
         print(f"instance {rank}: weights unchanged", flush=True)
 
 
+LIGHTNING_SAMPLES, LIGHTNING_BATCH, LIGHTNING_STEPS = 32, 4, 3
+
+
+def lightning_data():
+    generator = torch.Generator().manual_seed(5)
+    return torch.randn(LIGHTNING_SAMPLES, 8, generator=generator), torch.randint(0, 4, (LIGHTNING_SAMPLES,),
+                                                                                generator=generator)
+
+
+def lightning_module():
+    import lightning.pytorch as pl
+
+    class Classifier(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 4)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = torch.nn.functional.cross_entropy(self.fc(x), y)
+            self.log("loss", loss, sync_dist=True)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    return Classifier()
+
+
+def lightning(outdir):
+    import lightning.pytorch as pl
+    rank = int(os.environ["RANK"])
+    torch.manual_seed(100 + rank)  # different initial weights: instance 0's must win
+    model = lightning_module()
+    x, y = lightning_data()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=LIGHTNING_BATCH)
+    checkpoints = pl.callbacks.ModelCheckpoint(dirpath=os.path.join(outdir, "checkpoints"), every_n_train_steps=1,
+                                               save_top_k=-1)
+    trainer = pl.Trainer(accelerator="ipu", devices=1, max_steps=LIGHTNING_STEPS, logger=False,
+                         enable_progress_bar=False, enable_model_summary=False, callbacks=[checkpoints])
+    trainer.fit(model, loader)
+    torch.save({"world_size": trainer.world_size, "global_rank": trainer.global_rank,
+                "is_global_zero": trainer.is_global_zero, "num_devices": trainer.num_devices,
+                "weights": {k: v.detach().clone() for k, v in model.state_dict().items()},
+                "logged_loss": float(trainer.callback_metrics["loss"])},
+               os.path.join(outdir, f"rank{rank}.pt"))
+
+
 if __name__ == "__main__":
     command, arguments = sys.argv[1], sys.argv[2:]
     if command == "train":
@@ -198,5 +247,7 @@ if __name__ == "__main__":
         stuck_collective()
     elif command == "mismatch":
         mismatch()
+    elif command == "lightning":
+        lightning(arguments[0])
     else:
         raise SystemExit(f"unknown command {command}")
