@@ -104,7 +104,8 @@ def train(outdir, names):
             out, loss = training(local_part(x, offset, local), local_part(y, offset, local))
             losses.append(loss.detach().clone())
         results[name] = {"weights": {k: v.detach().clone() for k, v in model.state_dict().items()},
-                         "losses": losses, "loss_scaling": getattr(optimizer, "loss_scaling", None)}
+                         "losses": losses, "loss_scaling": getattr(optimizer, "loss_scaling", None),
+                         "overlapped_buckets": training._compiled.global_replication.overlapped_buckets}
         training.destroy()
     results["shards"] = shards(rank)
     results["execute_on_instances"] = popdist.execute_on_instances({0}, lambda value: value + rank, 10)

@@ -12,8 +12,10 @@ ALL_CONFIGS = list(programs.CONFIGS)
 @pytest.fixture(scope="module")
 def two_instances(tmp_path_factory):
     out = tmp_path_factory.mktemp("two")
+    # Buckets of 500 bytes: the small model's gradients go in two buckets, the first (last layer)
+    # all-reduced while the backward of the first layer goes on.
     result = run_poprun("--num-instances", "2", "--num-replicas", "2", "--mpi-global-args", "--tag-output",
-                        "python", PROGRAMS, "train", str(out), *ALL_CONFIGS)
+                        "python", PROGRAMS, "train", str(out), *ALL_CONFIGS, OPENPOP_ALLREDUCE_BUCKET_MB="0.0005")
     assert result.returncode == 0, result.stdout + result.stderr
     return result, load_results(out, 2)
 
@@ -22,6 +24,15 @@ def two_instances(tmp_path_factory):
 def test_two_instances_equal_one_process_with_all_replicas(two_instances, name):
     _, results = two_instances
     assert_matches_oracle(results, name, total_replicas=2, local_replicas=1)
+
+
+def test_buckets_are_all_reduced_during_the_last_backward(two_instances):
+    _, results = two_instances
+    for r in results:
+        # 2 buckets per step, 3 host calls x device iterations steps; the second bucket holds fc1.weight,
+        # the last gradient of the backward, so it too starts from the hook.
+        assert r["sgd_momentum_mean"]["overlapped_buckets"] == 2 * programs.STEPS * 2
+        assert r["pipelined"]["overlapped_buckets"] == 2 * programs.STEPS
 
 
 def test_automatic_loss_scaling_skips_the_same_step_everywhere(two_instances):

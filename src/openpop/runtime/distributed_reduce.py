@@ -16,8 +16,15 @@ torch.distributed (the group ``popdist.init()`` / ``openpop.distributed.process_
   elsewhere). The optimizer then steps in every process on identical gradients and weights:
   the same weights as one process running all replicas, up to float summation order.
 * **how**: gradients are flattened into buckets of at most ``OPENPOP_ALLREDUCE_BUCKET_MB``
-  (25, as DDP's default) per device and dtype; all buckets' ``all_reduce`` are issued
-  asynchronously and awaited together. They are not overlapped with the backward pass.
+  (25, as DDP's default) per device and dtype, each reduced by an asynchronous ``all_reduce``.
+  When the step's micro-batches run one after another in the calling thread (``start_step``
+  with ``overlap``), the buckets are reduced *during* the last micro-batch's backward, as DDP
+  does: a post-accumulate-grad hook counts each parameter's gradient accumulations, and once
+  every parameter of a bucket has received its last one the bucket's all-reduce starts while
+  autograd goes on with earlier layers. Buckets start in a fixed order (bucket ``i`` after
+  ``0..i-1``), so every process issues the same collectives in the same order; a bucket whose
+  parameters did not all take part in the last micro-batch starts in ``all_reduce`` instead.
+  ``OPENPOP_ALLREDUCE_OVERLAP=0`` turns the overlap off.
 * **first run** (``join``): every process checks that all have the same parameters and buffers
   (names, shapes, dtypes), then instance 0's weights, buffers and optimizer state are broadcast,
   so every process starts from instance 0's model.
@@ -27,6 +34,7 @@ A collective that does not complete within the process group's timeout
 naming the collective, the step and the instance.
 """
 import os
+import weakref
 from typing import List, Optional
 
 import torch
@@ -36,6 +44,7 @@ from ..enums import ReductionType
 
 BUCKET_MB_ENV = "OPENPOP_ALLREDUCE_BUCKET_MB"
 DEFAULT_BUCKET_MB = 25.0
+OVERLAP_ENV = "OPENPOP_ALLREDUCE_OVERLAP"
 
 
 class CollectiveTimeout(RuntimeError):
@@ -47,10 +56,12 @@ def _bucket_bytes() -> int:
 
 
 def buckets_of(tensors: List[torch.Tensor], cap_bytes: int) -> List[List[int]]:
-    """Indices of ``tensors`` grouped by device and dtype, in order, each group cut into
-    buckets of at most ``cap_bytes`` (a larger tensor gets a bucket of its own)."""
+    """Indices of ``tensors`` grouped by device and dtype, last tensor first (the last layers'
+    gradients are ready first, as in DDP), each group cut into buckets of at most ``cap_bytes``
+    (a larger tensor gets a bucket of its own)."""
     groups = {}
-    for index, tensor in enumerate(tensors):
+    for index in reversed(range(len(tensors))):
+        tensor = tensors[index]
         groups.setdefault((tensor.device, tensor.dtype), []).append(index)
     buckets = []
     for indices in groups.values():
@@ -75,8 +86,18 @@ class GlobalReplication:
         self.process_id = process_id
         self.mean = mean
         self.steps = 0
+        self.overlap_enabled = os.environ.get(OVERLAP_ENV, "1") != "0"
+        self._params = None
         self._buckets = None
         self._bucket_key = None
+        self._bucket_of = []      # parameter index -> bucket index
+        self._hooks = []
+        self._armed = False       # counting accumulations for this step's overlap
+        self._counts = []
+        self._waiting = []        # per bucket: parameters still to receive their last gradient
+        self._target = 0          # gradient accumulations per parameter in a step
+        self._launched = []       # (flat, work) per bucket started so far, in bucket order
+        self.overlapped_buckets = 0  # buckets started during a backward (for tests and benchmarks)
 
     @classmethod
     def from_options(cls, options) -> Optional["GlobalReplication"]:
@@ -147,29 +168,80 @@ class GlobalReplication:
                 optimizer.loss_scaling = payload[1]
 
     # ------------------------------------------------------------------ every step
-    def all_reduce(self, params: List[torch.nn.Parameter]) -> None:
-        """Replace every parameter's gradient by its all-reduce over the processes."""
+    def _layout(self, params) -> None:
+        key = tuple(id(p) for p in params)
+        if key == self._bucket_key:
+            return
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        self._params = list(params)
+        self._buckets = buckets_of(self._params, _bucket_bytes())
+        self._bucket_key = key
+        self._bucket_of = [0] * len(self._params)
+        for b, bucket in enumerate(self._buckets):
+            for i in bucket:
+                self._bucket_of[i] = b
+
+    def start_step(self, params: List[torch.nn.Parameter], micro_batches: int, overlap: bool) -> None:
+        """Before a step's micro-batches. ``overlap``: they run one after another in this thread,
+        each back-propagating once into every parameter it uses."""
+        self._layout(params)
+        self._launched = []
+        self._armed = overlap and self.overlap_enabled
+        if not self._armed:
+            return
+        if not self._hooks:
+            owner = weakref.ref(self)  # the parameters' hooks must not keep this object alive
+            self._hooks = [p.register_post_accumulate_grad_hook(_accumulation_hook(owner, index))
+                           for index, p in enumerate(self._params) if p.requires_grad]
+        self._target = micro_batches
+        self._counts = [0] * len(self._params)
+        self._waiting = [len(bucket) for bucket in self._buckets]
+
+    def _accumulated(self, index: int) -> None:
+        """A gradient accumulation into parameter ``index`` (post-accumulate-grad hook)."""
+        if not self._armed:
+            return
+        self._counts[index] += 1
+        if self._counts[index] != self._target:
+            return
+        self._waiting[self._bucket_of[index]] -= 1
+        while len(self._launched) < len(self._buckets) and self._waiting[len(self._launched)] == 0:
+            self._launch(len(self._launched))
+            self.overlapped_buckets += 1
+
+    def _launch(self, b: int) -> None:
         import torch.distributed as dist
         from ..distributed import process_group
-        group = process_group.current_group()
-        self.steps += 1
-        key = tuple(id(p) for p in params)
-        if key != self._bucket_key:
-            self._buckets = buckets_of(list(params), _bucket_bytes())
-            self._bucket_key = key
+        members = [self._params[i] for i in self._buckets[b]]
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1)
+                          for p in members])
+        if self.mean:
+            flat.div_(self.num_processes)
+        work = self._collective(f"the all-reduce of step {self.steps + 1}'s gradients",
+                                lambda: dist.all_reduce(flat, group=process_group.current_group(), async_op=True))
+        self._launched.append((flat, work))
+
+    def all_reduce(self, params: List[torch.nn.Parameter]) -> None:
+        """Replace every parameter's gradient by its all-reduce over the processes (finishing the
+        buckets ``start_step`` let the backward start)."""
+        import torch.distributed as dist
+        from ..distributed import process_group
+        self._layout(params)
+        self._armed = False
         present = torch.tensor([p.grad is not None for p in params], dtype=torch.int32)
-        flats, works = [], []
-        for bucket in self._buckets:
-            members = [params[i] for i in bucket]
-            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in members])
-            if self.mean:
-                flat.div_(self.num_processes)
-            flats.append(flat)
-            works.append(dist.all_reduce(flat, group=group, async_op=True))
-        works.append(dist.all_reduce(present, group=group, async_op=True))
+        while len(self._launched) < len(self._buckets):
+            self._launch(len(self._launched))
+        self.steps += 1
         what = f"the all-reduce of step {self.steps}'s gradients"
+        works = [work for _, work in self._launched]
+        works.append(self._collective(what, lambda: dist.all_reduce(present, group=process_group.current_group(),
+                                                                    async_op=True)))
         for work in works:
             self._collective(what, work.wait)
+        flats = [flat for flat, _ in self._launched]
+        self._launched = []
         for bucket, flat in zip(self._buckets, flats):
             offset = 0
             for i in bucket:
@@ -193,6 +265,14 @@ class GlobalReplication:
                 f"{self.process_id} (timeout {process_group.collective_timeout():g} s): another instance is "
                 f"stuck or has stopped. Set OPENPOP_COLLECTIVE_TIMEOUT or poprun --collective-timeout to "
                 f"change the timeout. ({exc})") from exc
+
+
+def _accumulation_hook(owner: "weakref.ref", index: int):
+    def hook(_parameter):
+        replication = owner()
+        if replication is not None:
+            replication._accumulated(index)
+    return hook
 
 
 def _named_state(model):

@@ -457,6 +457,9 @@ class PoplarExecutor:
             for p in trainable:
                 p.grad = None
             gradients.start_step()
+            if compiled.global_replication is not None:  # may overlap the all-reduce with the last backward
+                compiled.global_replication.start_step(trainable, geometry.micro_batches_per_step, overlap=(
+                    compiled.replicas is None and not (compiled.concurrent and compiled.replica_buffers is None)))
             if compiled.replicas is not None:
                 compiled.replicas.broadcast()  # replica 0's weights as they are now, host edits included
                 compiled.replicas.zero_grad()
