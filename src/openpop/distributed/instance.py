@@ -25,7 +25,8 @@ Variables this file adds per instance (``instance_environment``):
 * ``OPENPOP_DIST_BACKEND``: ``cpu:gloo,cuda:nccl`` when every instance has GPUs of its own
   (NCCL cannot put two ranks on one GPU), else ``gloo``;
 * ``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS``: the host's cores divided between its instances
-  (at least 1), unless the user set them;
+  (at least 1); a variable the user set is kept, and a user's ``OMP_NUM_THREADS`` also sets
+  ``MKL_NUM_THREADS`` (torch reads both);
 * ``PYTHONUNBUFFERED=1``: output is tagged line by line as it comes.
 """
 import os
@@ -86,7 +87,9 @@ def instance_environment(env: dict, cpu_count: int) -> dict:
         added[DIST_BACKEND] = "gloo" if shared else "cpu:gloo,cuda:nccl"
     else:
         added[DIST_BACKEND] = "gloo"
-    threads = str(max(1, cpu_count // local_size))
+    # torch takes its thread count from either variable: give both the user's OMP_NUM_THREADS,
+    # else the instance's share of the cores.
+    threads = env.get("OMP_NUM_THREADS") or str(max(1, cpu_count // local_size))
     for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         if not env.get(name):
             added[name] = threads
