@@ -404,15 +404,18 @@ class StepSampler(torch.utils.data.Sampler):
     """
 
     def __init__(self, dataset_length: int, samples_per_step: int, start_step: int, total_steps: int,
-                 shuffle: bool, seed: int):
+                 shuffle: bool, seed: int, instance: int = 0, instances: int = 1):
         self.length = dataset_length
         self.per_step = samples_per_step
         self.steps_per_epoch = dataset_length // samples_per_step
         self.start, self.total = start_step, total_steps
         self.shuffle, self.seed = shuffle, seed
+        # Under poprun ``samples_per_step`` is the whole job's; this instance reads its contiguous part.
+        self.part = samples_per_step // instances
+        self.first = instance * self.part
 
     def __len__(self):
-        return max(0, self.total - self.start) * self.per_step
+        return max(0, self.total - self.start) * self.part
 
     def _epoch_order(self, epoch):
         if not self.shuffle:
@@ -425,34 +428,42 @@ class StepSampler(torch.utils.data.Sampler):
             step_epoch, index = divmod(step, self.steps_per_epoch)
             if step_epoch != epoch:
                 epoch, order = step_epoch, self._epoch_order(step_epoch)
-            yield from order[index * self.per_step:(index + 1) * self.per_step].tolist()
+            begin = index * self.per_step + self.first
+            yield from order[begin:begin + self.part].tolist()
 
 
-def check_dataset_size(dataset, config: BertRunConfig) -> None:
-    if len(dataset) < config.samples_per_step:
+def check_dataset_size(dataset, config: BertRunConfig, instances: int = 1) -> None:
+    if len(dataset) < config.samples_per_step * instances:
+        per_instance = "" if instances == 1 else f" x {instances} poprun instances"
         raise DataError(
             f"Not enough data in input_files for current configuration: the dataset has {len(dataset)} examples "
             f"but one step needs samples_per_step = micro_batch_size x device_iterations x gradient_accumulation "
             f"x replication_factor = {config.micro_batch_size} x {config.device_iterations} x "
-            f"{config.gradient_accumulation} x {config.replication_factor} = {config.samples_per_step}. Add input "
-            f"files, raise --duplication-factor, or lower those batch settings.")
+            f"{config.gradient_accumulation} x {config.replication_factor}{per_instance} = "
+            f"{config.samples_per_step * instances}. Add input files, raise --duplication-factor, or lower those "
+            f"batch settings.")
 
 
-def get_dataset(config: BertRunConfig, log=None):
+def get_dataset(config: BertRunConfig, log=None, instances: int = 1):
+    """The dataset of the whole job (``instances`` poprun instances share it)."""
     if config.dataset == "generated":
         return GeneratedPretrainingDataset(config.vocab_size, config.sequence_length, config.mask_tokens,
-                                           length=config.samples_per_step, seed=config.random_seed)
+                                           length=config.samples_per_step * instances, seed=config.random_seed)
     dataset = build_pretraining_dataset(config, log)
-    check_dataset_size(dataset, config)
+    check_dataset_size(dataset, config, instances)
     return dataset
 
 
-def get_dataloader(config: BertRunConfig, opts: "poptorch.Options", dataset, start_step: int = 0):
-    """A ``poptorch.DataLoader`` yielding one combined batch per step from ``start_step`` on."""
-    check_dataset_size(dataset, config)
-    sampler = StepSampler(len(dataset), config.samples_per_step, start_step, config.training_steps,
-                          shuffle=config.dataset != "generated", seed=config.random_seed)
+def get_dataloader(config: BertRunConfig, opts: "poptorch.Options", dataset, start_step: int = 0,
+                   instance: int = 0, instances: int = 1):
+    """A ``poptorch.DataLoader`` yielding one combined batch per step from ``start_step`` on: under
+    poprun, instance ``instance``'s part of each step of the whole job."""
+    check_dataset_size(dataset, config, instances)
+    sampler = StepSampler(len(dataset), config.samples_per_step * instances, start_step, config.training_steps,
+                          shuffle=config.dataset != "generated", seed=config.random_seed,
+                          instance=instance, instances=instances)
     workers = min(config.dataloader_workers, os.cpu_count() or 1)
     mode = poptorch.DataLoaderMode.AsyncRebatched if config.async_dataloader else poptorch.DataLoaderMode.Sync
+    # The sampler already gives each instance its part.
     return poptorch.DataLoader(opts, dataset, batch_size=config.micro_batch_size, sampler=sampler,
-                               num_workers=workers, drop_last=True, mode=mode)
+                               num_workers=workers, drop_last=True, mode=mode, auto_distributed_partitioning=False)

@@ -23,6 +23,7 @@ from ..runtime.half_compute import low_precision_is_faster
 from . import checkpoint as ckpt
 from .config import ConfigError, BertRunConfig, _ListConfigs, available_configs, build_parser, parse_args
 from .data import DataError, get_dataloader, get_dataset
+from .instances import Instances
 from .metrics import StepMetrics, reduce_outputs, step_description, throughput_text
 from .model import PipelinedBertForPretraining
 from .optimization import get_lr_scheduler, get_optimizer
@@ -51,9 +52,10 @@ class TrainingResult:
 class _Console:
     """Log lines on a stream; a tqdm bar for the steps when asked."""
 
-    def __init__(self, stream, progress_bar: bool):
+    def __init__(self, stream, progress_bar: bool, quiet: bool = False):
         self._stream = stream
-        self.progress_bar = progress_bar
+        self.progress_bar = progress_bar and not quiet
+        self.quiet = quiet  # poprun instances other than 0
         self.bar = None
 
     @property
@@ -61,6 +63,8 @@ class _Console:
         return self._stream if self._stream is not None else sys.stderr
 
     def log(self, text: str = "") -> None:
+        if self.quiet:
+            return
         if self.bar is not None:
             self.bar.write(text, file=self.stream)
         else:
@@ -85,12 +89,11 @@ class _Console:
             self.bar = None
 
 
-def get_options(config: BertRunConfig) -> "poptorch.Options":
+def get_options(config: BertRunConfig, instances: Optional[Instances] = None) -> "poptorch.Options":
     """PopTorch options as the recipe sets them (IPU-only tuning omitted)."""
-    opts = poptorch.Options()
+    opts = (instances or Instances()).new_options(config)  # replication: local replicas under poprun
     opts.autoRoundNumIPUs(True)
     opts.deviceIterations(config.device_iterations)
-    opts.replicationFactor(config.replication_factor)
     opts.Training.gradientAccumulation(config.gradient_accumulation)
     opts.Training.accumulationAndReplicationReductionType(poptorch.ReductionType.Mean)
     if config.auto_loss_scaling:
@@ -143,12 +146,15 @@ def run(config: BertRunConfig, stream=None) -> TrainingResult:
 def _run(config: BertRunConfig, stream) -> TrainingResult:
     progress_bar = config.disable_progress_bar is False or (
         config.disable_progress_bar is None and (stream or sys.stderr).isatty())
-    console = _Console(stream, progress_bar)
+    instances = Instances.join(config)
+    console = _Console(stream, progress_bar, quiet=not instances.logs)
     log = console.log
     result = TrainingResult(config)
     log(f"Using config: {config.config}")
     if config.precision == "auto":
         log(f"Precision: {'bf16 autocast' if uses_bf16(config) else 'fp32'} (auto: bf16 only where it is faster)")
+    if instances.note:
+        log(instances.note)
     if config.wandb:
         log("[warning] --wandb: Weights & Biases logging needs a network connection; not logging")
     _seed_everything(config.random_seed)
@@ -165,11 +171,11 @@ def _run(config: BertRunConfig, stream) -> TrainingResult:
                 f"{config.training_steps}: nothing left to train. Raise --training-steps.")
     result.start_step = start_step
 
-    opts = get_options(config)
+    opts = get_options(config, instances)
     log(HEADERS["data"])
     started = time.perf_counter()
-    dataset = get_dataset(config, log)
-    loader = get_dataloader(config, opts, dataset, start_step)
+    dataset = get_dataset(config, log, instances.count)
+    loader = get_dataloader(config, opts, dataset, start_step, instances.index, instances.count)
     result.data_seconds = time.perf_counter() - started
     log(f"Data loaded in {result.data_seconds} secs")
     log(RULE)
@@ -219,9 +225,9 @@ def _run(config: BertRunConfig, stream) -> TrainingResult:
             scheduler.step()
             poptorch_model.setOptimizer(optimizer)
             seconds = time.perf_counter() - step_started
-            values = reduce_outputs(outputs, config)
+            seconds, *values = instances.average([seconds] + reduce_outputs(outputs, config))
             metrics = StepMetrics(step, scheduler.get_last_lr()[0], *values,
-                                  throughput=config.samples_per_step / seconds, seconds=seconds)
+                                  throughput=config.samples_per_step * instances.count / seconds, seconds=seconds)
             result.steps.append(metrics)
             console.step(step_description(metrics, config), throughput_text(metrics))
             done = step + 1
@@ -229,8 +235,10 @@ def _run(config: BertRunConfig, stream) -> TrainingResult:
                     (config.checkpoint_steps and done % config.checkpoint_steps == 0)
                     or done == config.training_steps):
                 poptorch_model.copyWeightsToHost()
-                path = ckpt.save_checkpoint(config.checkpoint_output_dir, done, config, model, optimizer, scheduler)
-                result.checkpoints.append(path)
+                path = instances.on_first(ckpt.save_checkpoint, config.checkpoint_output_dir, done, config, model,
+                                          optimizer, scheduler)
+                if path is not None:
+                    result.checkpoints.append(path)
     finally:
         console.end_steps()
         if hasattr(loader, "terminate"):
@@ -240,7 +248,7 @@ def _run(config: BertRunConfig, stream) -> TrainingResult:
         log(f"Saved checkpoint {path}")
     log(RULE)
     log(HEADERS["metrics"])
-    log(f"global_batch_size: {config.global_batch_size}")
+    log(f"global_batch_size: {config.global_batch_size * instances.count}")
     log(f"device_iterations: {config.device_iterations}")
     log(f"training_steps: {config.training_steps}")
     log(f"Training time: {result.training_seconds:.3f} secs")

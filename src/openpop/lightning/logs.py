@@ -24,6 +24,7 @@ from typing import Any, Dict, List
 
 import torch
 
+from . import instances
 from ._framework import module, pl
 
 _LOG_PARAMETERS = list(inspect.signature(pl.LightningModule.log).parameters.values())[3:]  # after self, name, value
@@ -124,8 +125,12 @@ class StepLogs:
         return result
 
     def flush(self) -> None:
-        """Log the reduced values through Lightning (in the step's hook context)."""
+        """Log the reduced values through Lightning (in the step's hook context). ``sync_dist``
+        values are reduced over poprun's instances first (Lightning itself syncs only for its
+        distributed strategies)."""
         for name, (value, options) in self.reduced().items():
+            if options.get("sync_dist") and not _is_metric(value):
+                value = instances.reduce(value, _sync_op(options.get("reduce_fx", "mean")))
             type(self.module).log(self.module, name, value, **options)
 
     def flush_to_loggers(self, step: int) -> None:
@@ -150,6 +155,16 @@ class _MicroBatch:
 
     def __exit__(self, *exc_info):
         self.local.state = self.previous
+
+
+def _sync_op(fx) -> str:
+    if fx in _SUM:
+        return "sum"
+    if fx in _MAX:
+        return "max"
+    if fx in _MIN:
+        return "min"
+    return "mean"
 
 
 def _is_metric(value) -> bool:

@@ -59,7 +59,7 @@ from openpop.runtime.outputs import OutputCollector
 from openpop.runtime.plan import PIPELINE_DI, PIPELINE_GA
 from openpop.strategies import ShardedExecution
 
-from . import lockstep, run_options
+from . import instances, lockstep, run_options
 from ._framework import module, pl
 from .accelerator import DEVICE_TYPE
 from .data import micro_batch_size, to_openpop_loader
@@ -169,21 +169,29 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
         if self.lightning_module is not None:
             self.lightning_module.to(self.root_device)
 
+    # Under poprun (or torchrun) each instance is one Lightning process: world_size = instances,
+    # global_rank = instance index (Lightning's TorchElasticEnvironment reads them from torchrun's
+    # variables); a process's replicas are reduced inside the executor, processes through
+    # torch.distributed (instances.py). Alone, these are the one-process answers.
     @property
     def is_global_zero(self) -> bool:
-        return True
+        return self.global_rank == 0
+
+    def setup_environment(self) -> None:
+        super().setup_environment()
+        instances.join(self.world_size)
 
     def reduce(self, tensor, group=None, reduce_op="mean"):
-        return tensor  # one process: replicas already reduced inside the executor
+        return instances.reduce(tensor, reduce_op)
 
     def barrier(self, name: Optional[str] = None) -> None:
-        pass
+        instances.barrier()
 
     def broadcast(self, obj, src: int = 0):
-        return obj
+        return instances.broadcast(obj, src)
 
     def all_gather(self, tensor, group=None, sync_grads: bool = False):
-        return tensor
+        return instances.all_gather(tensor)
 
     @property
     def handles_gradient_accumulation(self) -> bool:

@@ -25,6 +25,7 @@ from .args import BoundInputs, CallerTensors, InputSignature, prepare_tensors
 from .geometry import BatchGeometry
 from .gradients import GradientReduction
 from .devices import DevicePlacement, SameDeviceOps, reset_boundary_frames, resolve_device_map
+from .distributed_reduce import GlobalReplication
 from .losses import LossTracker
 from .precision import RunPrecision
 from .pipeline import (ConcurrentMicroBatches, DeviceLocks, Recomputation, concurrency_wanted,
@@ -65,6 +66,7 @@ class _Compiled:
         self.multi_device = False       # the plan spans several torch devices
         self.trainable = []             # parameters that receive gradients
         self.recompute = False          # checkpoint BeginBlock modules in backward
+        self.global_replication = None  # distributed_reduce.GlobalReplication with several processes
 
 
 class PoplarExecutor:
@@ -180,6 +182,10 @@ class PoplarExecutor:
         compiled.trainable = [p for p in self._model.parameters() if p.requires_grad]
         if self._training:
             compiled.optimizer_snapshot = _optim().snapshot(self._optimizer, **self._snapshot_options())
+            # Global replication (distributed_reduce.py): same model everywhere, instance 0's weights.
+            compiled.global_replication = GlobalReplication.from_options(self._options)
+            if compiled.global_replication is not None:
+                compiled.global_replication.join(self._model, self._optimizer)
         if bar is not None:
             bar.update(100)
             bar.close()
@@ -448,6 +454,9 @@ class PoplarExecutor:
             for p in trainable:
                 p.grad = None
             gradients.start_step()
+            if compiled.global_replication is not None:  # may overlap the all-reduce with the last backward
+                compiled.global_replication.start_step(trainable, geometry.micro_batches_per_step, overlap=(
+                    compiled.replicas is None and not (compiled.concurrent and compiled.replica_buffers is None)))
             if compiled.replicas is not None:
                 compiled.replicas.broadcast()  # replica 0's weights as they are now, host edits included
                 compiled.replicas.zero_grad()
@@ -470,6 +479,8 @@ class PoplarExecutor:
                             collector.add(r, output)
             if compiled.replicas is not None:
                 compiled.replicas.reduce_gradients()
+            if compiled.global_replication is not None:  # all-reduce with the other processes' replicas
+                compiled.global_replication.all_reduce(trainable)
             if gradients.finish_step():
                 self._precision.optimizer_step(optimizer)
             if anchors:

@@ -1,0 +1,470 @@
+"""``poprun``: Graphcore's launcher, on torchrun's elastic agent.
+
+``poprun [options] PROGRAM [ARGS...]`` starts ``--num-instances`` copies of PROGRAM that together
+hold ``--num-replicas`` replicas. Instances are started and supervised by
+``torch.distributed.launcher.api.elastic_launch`` (the agent behind ``torchrun``); hosts meet
+through its c10d rendezvous. Each instance runs ``instance.py``, which sets its ``POPDIST_*``
+environment and then execs PROGRAM. Every output line is tagged with its instance as mpirun's
+``--tag-output`` did (``[1,<instance>]<stdout>:``).
+
+What differs from Graphcore's poprun (also in the README):
+
+* no V-IPU server, partitions or IPU-Link domains: those flags are accepted and reported as
+  having no effect; the virtual IPUs of each instance are its share of the host's GPUs (or CPU);
+* no mpirun: ``--mpi-global-args`` / ``--mpi-local-args`` honour ``-x NAME[=VALUE]`` and report
+  every other mpirun argument as ignored;
+* multi-host: run the same poprun command on every host of ``--host`` (there is no ssh launch);
+  the instances of node ``k`` of the rendezvous are ``k * instances_per_host ...``; c10d orders
+  the nodes by address, which need not be the order of ``--host``.
+* inside a Kubeflow PyTorchJob pod (no ``--host``; ``PET_NNODES`` > 1 in the environment) the
+  pods meet at ``PET_MASTER_ADDR:PET_MASTER_PORT`` (or ``MASTER_ADDR:MASTER_PORT``) and each pod
+  runs ``--num-instances / PET_NNODES`` instances.
+
+openpop options: ``--collective-timeout SECONDS`` (default 600; also ``OPENPOP_COLLECTIVE_TIMEOUT``),
+``--rendezvous-port`` (multi-host, default 29400), ``--rendezvous-timeout`` (seconds, default 300).
+"""
+import argparse
+import datetime
+import json
+import os
+import re
+import shlex
+import signal
+import socket
+import sys
+import tempfile
+
+from . import instance as instance_env
+from .topology import topology_table
+
+USAGE_ERROR = 2
+
+# Options of Graphcore's poprun that have no counterpart here: accepted, reported once.
+_NO_EFFECT = {
+    "num_ilds": "openpop has no IPU-Link domains",
+    "vipu_server_host": "openpop has no V-IPU server",
+    "vipu_server_port": "openpop has no V-IPU server",
+    "vipu_server_timeout": "openpop has no V-IPU server",
+    "vipu_partition": "openpop has no V-IPU partitions",
+    "vipu_partition_attempts": "openpop has no V-IPU partitions",
+    "update_partition": "openpop has no V-IPU partitions",
+    "reset_partition": "openpop has no V-IPU partitions",
+    "remove_partition": "openpop has no V-IPU partitions",
+    "vipu_cluster": "openpop has no V-IPU clusters",
+    "vipu_allocation": "openpop has no V-IPU allocations",
+    "numa_aware": "instances are not bound to NUMA nodes; the host's cores are split between them",
+    "offline_mode": "there are no IPUs to attach to",
+    "sync_type": "openpop has no IPU sync types",
+    "host_subnet": "the rendezvous uses the --host names",
+    "allow_run_as_root": "there is no mpirun root check",
+}
+
+# mpirun arguments that poprun itself passes or that change nothing here.
+_MPI_ACCEPTED = {"--tag-output", "--allow-run-as-root"}
+_MPI_ACCEPTED_WITH_VALUE = {"--bind-to": "none"}
+
+
+class UsageError(Exception):
+    """A bad command line: reported as ``poprun: error: ...``, exit status 2."""
+
+
+def _bool(text: str) -> bool:
+    value = str(text).strip().lower()
+    if value in ("1", "yes", "true", "on"):
+        return True
+    if value in ("0", "no", "false", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected yes/no or 1/0, got {text!r}")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}")
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+class _ErrorRaisingParser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _ErrorRaisingParser(
+        prog="poprun", allow_abbrev=False,
+        usage="poprun [options] program [program args]",
+        description="Launch a program as several instances holding data-parallel replicas "
+                    "(openpop: on torchrun's elastic agent and torch.distributed).")
+    add = parser.add_argument
+    add("--version", action="store_true", help="print the version and exit")
+    add("--version-format", choices=["text", "full-json", "full-text"], default="text")
+    add("--import-config", metavar="FILE", help="read options from FILE (JSON); the command line wins")
+    add("--export-config", metavar="FILE", help="write the options to FILE (JSON)")
+    add("--overwrite-config", type=_bool, default=False, help="let --export-config replace FILE")
+    add("-H", "--host", help="hosts to run instances on: host0,host1 or host[0-2,4]")
+    add("--hostfile", "--host-file", dest="hostfile", metavar="FILE",
+        help="file with one host per line (excludes --host)")
+    add("--num-replicas", type=_positive, default=1, help="total number of replicas (default 1)")
+    add("--ipus-per-replica", type=_positive, default=1, help="IPUs per replica (default 1)")
+    add("--num-instances", type=_positive, default=1,
+        help="number of instances; the replicas are divided evenly among them (default 1)")
+    add("--num-ilds", type=_positive)
+    add("--vipu-server-host")
+    add("--vipu-server-port", type=int)
+    add("--vipu-server-timeout", type=int)
+    add("--vipu-partition")
+    add("--vipu-partition-attempts", type=int)
+    add("--update-partition", type=_bool)
+    add("--reset-partition", type=_bool)
+    add("--remove-partition", type=_bool)
+    add("--vipu-cluster")
+    add("--vipu-allocation")
+    add("--executable-cache-path", metavar="DIR", help="cache directory of every instance (POPTORCH_CACHE_DIR)")
+    add("--mpi-global-args", default="", help="mpirun arguments: -x NAME[=VALUE] sets the instances' environment")
+    add("--mpi-local-args", default="", help="per-instance mpirun arguments: -x NAME[=VALUE] as above")
+    add("--numa-aware", type=_bool)
+    add("--print-topology", type=_bool, default=False, help="print the topology table (yes/no)")
+    add("--only-output-from-instance", type=_non_negative, metavar="N",
+        help="suppress the output of every other instance")
+    add("--offline-mode", type=_bool)
+    add("--sync-type")
+    add("--host-subnet")
+    add("--allow-run-as-root", type=_bool)
+    add("-v", "--verbose", action="store_true", help="verbose")
+    add("--vv", action="store_true", help="very verbose (prints the topology too)")
+    add("--collective-timeout", type=_seconds, default=None,
+        help="openpop: seconds before a collective that some instance never joins fails "
+             f"(default ${instance_env.COLLECTIVE_TIMEOUT} or {instance_env.DEFAULT_COLLECTIVE_TIMEOUT:g})")
+    add("--rendezvous-port", type=_positive, default=29400,
+        help="openpop: port of the c10d rendezvous on the first host (multi-host; default 29400)")
+    add("--rendezvous-timeout", type=_seconds, default=300.0,
+        help="openpop: seconds to wait for every host to join (default 300)")
+    add("program", nargs="?")
+    add("program_args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def _value_options(parser) -> set:
+    """Option strings that take a value."""
+    names = set()
+    for action in parser._actions:
+        if action.option_strings and action.nargs != 0:
+            names.update(action.option_strings)
+    return names
+
+
+def normalise_argv(argv, parser) -> list:
+    """``--opt VALUE`` becomes ``--opt=VALUE`` so that a value may start with ``--``
+    (``--mpi-global-args --tag-output``); everything from the program on is left as it is."""
+    takes_value = _value_options(parser)
+    out, i = [], 0
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            out.extend(argv[i:])
+            break
+        if not token.startswith("-") or token == "-":
+            out.append("--")
+            out.extend(argv[i:])
+            break
+        if "=" not in token and token in takes_value and i + 1 < len(argv):
+            out.append(f"{token}={argv[i + 1]}")
+            i += 2
+            continue
+        out.append(token)
+        i += 1
+    return out
+
+
+def expand_hosts(spec: str) -> list:
+    """``host0,host1`` or ``host[0-2,4]`` (zero padding kept: ``node[01-02]``)."""
+    hosts = []
+    for part in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,]*", spec):
+        match = re.fullmatch(r"(.*)\[([^\]]*)\](.*)", part)
+        if not match:
+            hosts.append(part.strip())
+            continue
+        prefix, ranges, suffix = match.groups()
+        for item in ranges.split(","):
+            if "-" in item:
+                first, last = item.split("-", 1)
+                width = len(first)
+                for n in range(int(first), int(last) + 1):
+                    hosts.append(f"{prefix}{str(n).zfill(width)}{suffix}")
+            else:
+                hosts.append(f"{prefix}{item}{suffix}")
+    hosts = [h for h in hosts if h]
+    if not hosts:
+        raise UsageError(f"--host {spec!r} names no host")
+    return hosts
+
+
+def read_hostfile(path: str) -> list:
+    try:
+        with open(path) as stream:
+            lines = [line.split("#", 1)[0].strip() for line in stream]
+    except OSError as exc:
+        raise UsageError(f"cannot read the hostfile {path}: {exc.strerror}")
+    hosts = [line for line in lines if line]
+    if not hosts:
+        raise UsageError(f"the hostfile {path} names no host")
+    return hosts
+
+
+def is_this_machine(host: str) -> bool:
+    """Whether ``host`` names an address of this machine (a socket can bind to it)."""
+    try:
+        infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except socket.gaierror:
+        return False
+    for family, _, _, _, address in infos:
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as probe:
+                probe.bind((address[0], 0))
+            return True
+        except OSError:
+            continue
+    return False
+
+
+def check_resolvable(host: str) -> None:
+    try:
+        socket.getaddrinfo(host, None)
+    except socket.gaierror as exc:
+        raise UsageError(f"host {host!r} is unreachable: its name does not resolve ({exc.strerror}); "
+                         "check --host / the hostfile")
+
+
+def parse_mpi_args(text: str, option: str):
+    """``(environment, ignored tokens)`` from mpirun arguments."""
+    try:
+        tokens = shlex.split(text)
+    except ValueError as exc:
+        raise UsageError(f"{option}: {exc}")
+    env, ignored, i = {}, [], 0
+    while i < len(tokens):
+        token = tokens[i]
+        if token == "-x":
+            if i + 1 >= len(tokens):
+                raise UsageError(f"{option}: -x needs NAME or NAME=VALUE")
+            name, sep, value = tokens[i + 1].partition("=")
+            if sep:
+                env[name] = value
+            elif name in os.environ:
+                env[name] = os.environ[name]
+            i += 2
+        elif token in _MPI_ACCEPTED:
+            i += 1
+        elif token in _MPI_ACCEPTED_WITH_VALUE and i + 1 < len(tokens) \
+                and tokens[i + 1] == _MPI_ACCEPTED_WITH_VALUE[token]:
+            i += 2
+        else:
+            ignored.append(token)
+            i += 1
+    return env, ignored
+
+
+class Log:
+    """poprun's own lines: ``HH:MM:SS.mmm PID POPRUN [I|W|E|D] message`` on stderr."""
+
+    def __init__(self, verbosity: int):
+        self.verbosity = verbosity
+
+    def _write(self, level: str, message: str) -> None:
+        now = datetime.datetime.now().strftime("%H:%M:%S.%f")[:-3]
+        sys.stderr.write(f"{now} {os.getpid()} POPRUN [{level}] {message}\n")
+        sys.stderr.flush()
+
+    def info(self, message):
+        if self.verbosity >= 1:
+            self._write("I", message)
+
+    def debug(self, message):
+        if self.verbosity >= 2:
+            self._write("D", message)
+
+    def warning(self, message):
+        self._write("W", message)
+
+    def error(self, message):
+        self._write("E", message)
+
+
+class Plan:
+    """The launch, decided from the command line and the environment."""
+
+    def __init__(self, args, environ):
+        self.args = args
+        if args.num_replicas % args.num_instances:
+            raise UsageError(f"--num-replicas ({args.num_replicas}) must be divisible by --num-instances "
+                             f"({args.num_instances}): the replicas are divided evenly among the instances")
+        if args.host and args.hostfile:
+            raise UsageError("--host and --hostfile are mutually exclusive: give one of them")
+        if args.program is None:
+            raise UsageError("no program given: poprun [options] program [program args]")
+        hosts = expand_hosts(args.host) if args.host else read_hostfile(args.hostfile) if args.hostfile else None
+        self.kubeflow = False
+        if hosts is not None:
+            for host in hosts:
+                check_resolvable(host)
+            if not any(is_this_machine(h) for h in hosts):
+                raise UsageError(f"this machine ({socket.gethostname()}) is not among the hosts {','.join(hosts)}: "
+                                 "run poprun on each of them")
+            self.hosts = hosts
+            self.endpoint = f"{hosts[0]}:{args.rendezvous_port}" if len(hosts) > 1 else "localhost:0"
+            self.local_addr = next(h for h in hosts if is_this_machine(h)) if len(hosts) > 1 else None
+        elif _kubeflow_nodes(environ) > 1:
+            self.kubeflow = True
+            nodes = _kubeflow_nodes(environ)
+            master = environ.get("PET_MASTER_ADDR") or environ.get("MASTER_ADDR")
+            port = environ.get("PET_MASTER_PORT") or environ.get("MASTER_PORT")
+            if not master or not port:
+                raise UsageError("PET_NNODES > 1 but no PET_MASTER_ADDR/PET_MASTER_PORT (or MASTER_ADDR/"
+                                 "MASTER_PORT) in the environment: the pods cannot meet")
+            self.hosts = [master] + [f"node{i}" for i in range(1, nodes)]
+            self.endpoint = f"{master}:{port}"
+            self.local_addr = None
+        else:
+            self.hosts = ["localhost"]
+            self.endpoint = "localhost:0"
+            self.local_addr = None
+        if args.num_instances % len(self.hosts):
+            raise UsageError(f"--num-instances ({args.num_instances}) must be divisible by the number of hosts "
+                             f"({len(self.hosts)}): the instances are divided evenly among the hosts")
+        self.instances_per_host = args.num_instances // len(self.hosts)
+        declared = environ.get("PET_NPROC_PER_NODE", "")
+        if self.kubeflow and declared.isdigit() and int(declared) != self.instances_per_host:
+            raise UsageError(f"the pod runs {self.instances_per_host} instances (--num-instances "
+                             f"{args.num_instances} over PET_NNODES={len(self.hosts)} pods) but its "
+                             f"PET_NPROC_PER_NODE is {declared}: make nprocPerNode match")
+        if args.only_output_from_instance is not None and args.only_output_from_instance >= args.num_instances:
+            raise UsageError(f"--only-output-from-instance {args.only_output_from_instance} is not an instance: "
+                             f"instances are 0 to {args.num_instances - 1}")
+        self.timeout = args.collective_timeout or float(
+            environ.get(instance_env.COLLECTIVE_TIMEOUT, instance_env.DEFAULT_COLLECTIVE_TIMEOUT))
+        self.mpi_env, self.mpi_ignored = {}, []
+        for option in ("mpi_global_args", "mpi_local_args"):
+            env, ignored = parse_mpi_args(getattr(args, option), "--" + option.replace("_", "-"))
+            self.mpi_env.update(env)
+            self.mpi_ignored.extend(ignored)
+        self.run_id = environ.get("PET_RDZV_ID") or environ.get("TORCHELASTIC_RUN_ID") or "poprun"
+
+    @property
+    def multi_node(self) -> bool:
+        return len(self.hosts) > 1
+
+    def topology(self) -> str:
+        return topology_table(self.hosts, self.args.num_instances, self.args.num_replicas,
+                              self.args.num_ilds or 1)
+
+
+def _kubeflow_nodes(environ) -> int:
+    """Pods of a Kubeflow PyTorchJob (``PET_NNODES``; ``min:max`` counts ``max``), or 0."""
+    value = environ.get("PET_NNODES", "")
+    if not value:
+        return 0
+    try:
+        return int(value.split(":")[-1])
+    except ValueError:
+        raise UsageError(f"PET_NNODES={value!r} is not a number of nodes")
+
+
+def _version_text(fmt: str) -> str:
+    from .._version import openpop_version
+    if fmt == "full-json":
+        return json.dumps({"name": "poprun", "implementation": "openpop", "version": openpop_version,
+                           "launcher": "torch.distributed.launcher (torchrun elastic agent)"})
+    if fmt == "full-text":
+        return (f"poprun (openpop {openpop_version})\n"
+                "launcher: torch.distributed elastic agent; transport: torch.distributed (gloo/NCCL)")
+    return f"poprun (openpop {openpop_version})"
+
+
+def _import_config(parser, argv):
+    """Options read from ``--import-config FILE`` become defaults; the command line wins."""
+    options = normalise_argv(argv, parser)
+    options = options[:options.index("--")] if "--" in options else options
+    paths = [a.split("=", 1)[1] for a in options if a.startswith("--import-config=")]
+    if not paths:
+        return
+    path = paths[-1]
+    try:
+        with open(path) as stream:
+            values = json.load(stream)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read the configuration {path}: {exc}")
+    dests = {action.dest for action in parser._actions}
+    unknown = sorted(set(values) - dests)
+    if unknown:
+        raise UsageError(f"the configuration {path} has unknown options: {', '.join(unknown)}")
+    parser.set_defaults(**values)
+
+
+def _export_config(args) -> None:
+    path = args.export_config
+    if os.path.exists(path) and not args.overwrite_config:
+        raise UsageError(f"the configuration file {path} exists: pass --overwrite-config=yes to replace it")
+    skip = {"program", "program_args", "export_config", "import_config", "overwrite_config", "version",
+            "version_format"}
+    values = {key: value for key, value in vars(args).items() if key not in skip}
+    with open(path, "w") as stream:
+        json.dump(values, stream, indent=2, sort_keys=True)
+        stream.write("\n")
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    try:
+        _import_config(parser, argv)
+        args = parser.parse_args(normalise_argv(argv, parser))
+        if args.version:
+            print(_version_text(args.version_format))
+            return 0
+        if args.export_config:
+            _export_config(args)
+            if args.program is None:
+                return 0
+        plan = Plan(args, os.environ)
+    except UsageError as exc:
+        sys.stderr.write(f"poprun: error: {exc}\n")
+        return USAGE_ERROR
+    log = Log(2 if args.vv else 1 if args.verbose else 0)
+    for dest, reason in _NO_EFFECT.items():
+        if getattr(args, dest) is not None:
+            log.warning(f"--{dest.replace('_', '-')} has no effect: {reason}")
+    if plan.mpi_ignored:
+        log.warning("mpirun arguments ignored (instances are started by torchrun's agent and talk through "
+                    "torch.distributed, not MPI): " + " ".join(plan.mpi_ignored))
+    if args.print_topology or args.vv:
+        sys.stdout.write(plan.topology())
+        sys.stdout.flush()
+    from .launch import launch
+    return launch(plan, log)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

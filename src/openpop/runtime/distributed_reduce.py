@@ -1,0 +1,305 @@
+"""Global replication: the replicas of every process form one data-parallel group.
+
+With ``Options.Distributed.numProcesses > 1`` (``popdist.poptorch.Options`` under ``poprun``, or
+``OMPI_COMM_WORLD_*`` / ``configureProcessId``) each process runs its local replicas and, once
+per optimizer step, its gradients are all-reduced with the other processes' through
+torch.distributed (the group ``popdist.init()`` / ``openpop.distributed.process_group`` joins):
+
+* **where**: after the local reduction of the step's micro-batches (and of local replicas on
+  their own devices), before ``GradientReduction.finish_step`` unscales them. The all-reduce
+  works on loss-scaled gradients, so every process unscales, checks for inf/NaN and updates the
+  automatic loss scale from the *same* reduced values: all processes skip the same steps and
+  keep the same scale.
+* **what**: ``Mean`` averages the processes' local means (each process has ``GA x R_local``
+  micro-batches, so this is the mean over all ``GA x R_total``), ``Sum`` sums; a parameter whose
+  gradient is ``None`` in every process stays ``None`` (one present anywhere counts as zero
+  elsewhere). The optimizer then steps in every process on identical gradients and weights:
+  the same weights as one process running all replicas, up to float summation order.
+* **how**: gradients are flattened into buckets of at most ``OPENPOP_ALLREDUCE_BUCKET_MB``
+  (25, as DDP's default) per device and dtype, each reduced by an asynchronous ``all_reduce``.
+  When the step's micro-batches run one after another in the calling thread (``start_step``
+  with ``overlap``), the buckets are reduced *during* the last micro-batch's backward, as DDP
+  does: a post-accumulate-grad hook counts each parameter's gradient accumulations, and once
+  every parameter of a bucket has received its last one the bucket's all-reduce starts while
+  autograd goes on with earlier layers. Buckets start in a fixed order (bucket ``i`` after
+  ``0..i-1``), so every process issues the same collectives in the same order; a bucket whose
+  parameters did not all take part in the last micro-batch starts in ``all_reduce`` instead.
+  ``OPENPOP_ALLREDUCE_OVERLAP=0`` turns the overlap off.
+* **first run** (``join``): every process checks that all have the same parameters and buffers
+  (names, shapes, dtypes), then instance 0's weights, buffers and optimizer state are broadcast,
+  so every process starts from instance 0's model.
+
+A collective that does not complete within the process group's timeout
+(``OPENPOP_COLLECTIVE_TIMEOUT``, poprun ``--collective-timeout``) raises ``CollectiveTimeout``
+naming the collective, the step and the instance.
+"""
+import os
+import weakref
+from typing import List, Optional
+
+import torch
+
+from .. import errors
+from ..enums import ReductionType
+
+BUCKET_MB_ENV = "OPENPOP_ALLREDUCE_BUCKET_MB"
+DEFAULT_BUCKET_MB = 25.0
+OVERLAP_ENV = "OPENPOP_ALLREDUCE_OVERLAP"
+
+
+class CollectiveTimeout(RuntimeError):
+    """A collective across processes failed or did not complete in time."""
+
+
+def _bucket_bytes() -> int:
+    return int(float(os.environ.get(BUCKET_MB_ENV, DEFAULT_BUCKET_MB)) * 1024 * 1024)
+
+
+def buckets_of(tensors: List[torch.Tensor], cap_bytes: int) -> List[List[int]]:
+    """Indices of ``tensors`` grouped by device and dtype, last tensor first (the last layers'
+    gradients are ready first, as in DDP), each group cut into buckets of at most ``cap_bytes``
+    (a larger tensor gets a bucket of its own)."""
+    groups = {}
+    for index in reversed(range(len(tensors))):
+        tensor = tensors[index]
+        groups.setdefault((tensor.device, tensor.dtype), []).append(index)
+    buckets = []
+    for indices in groups.values():
+        current, size = [], 0
+        for index in indices:
+            nbytes = tensors[index].numel() * tensors[index].element_size()
+            if current and size + nbytes > cap_bytes:
+                buckets.append(current)
+                current, size = [], 0
+            current.append(index)
+            size += nbytes
+        if current:
+            buckets.append(current)
+    return buckets
+
+
+class GlobalReplication:
+    """The processes' side of one training model's data-parallel group."""
+
+    def __init__(self, num_processes: int, process_id: int, mean: bool):
+        self.num_processes = num_processes
+        self.process_id = process_id
+        self.mean = mean
+        self.steps = 0
+        self.overlap_enabled = os.environ.get(OVERLAP_ENV, "1") != "0"
+        self._params = None
+        self._buckets = None
+        self._bucket_key = None
+        self._bucket_of = []      # parameter index -> bucket index
+        self._hooks = []
+        self._armed = False       # counting accumulations for this step's overlap
+        self._counts = []
+        self._waiting = []        # per bucket: parameters still to receive their last gradient
+        self._target = 0          # gradient accumulations per parameter in a step
+        self._launched = []       # (flat, work) per bucket started so far, in bucket order
+        self.overlapped_buckets = 0  # buckets started during a backward (for tests and benchmarks)
+
+    @classmethod
+    def from_options(cls, options) -> Optional["GlobalReplication"]:
+        """None for one process; else checks that this process is in a matching group."""
+        num_processes = options.Distributed.numProcesses
+        if num_processes <= 1:
+            return None
+        from ..distributed import process_group
+        process_id = options.Distributed.processId
+        if not process_group.initialize():
+            raise errors.createPoptorchError(
+                f"Options.Distributed.numProcesses is {num_processes} but this process was not started by "
+                f"poprun (or torchrun): launch it with `poprun --num-instances {num_processes} ...`, "
+                "or call Options.Distributed.disable() to train in this process alone.")
+        import torch.distributed as dist
+        if dist.get_world_size() != num_processes or dist.get_rank() != process_id:
+            raise errors.createPoptorchError(
+                f"Options.Distributed says process {process_id} of {num_processes} but torch.distributed "
+                f"says rank {dist.get_rank()} of {dist.get_world_size()}: use popdist.poptorch.Options() "
+                "(or leave Options.Distributed to read poprun's environment).")
+        mean = options.Training.accumulation_and_replication_reduction_type == ReductionType.Mean
+        return cls(num_processes, process_id, mean)
+
+    # ------------------------------------------------------------------ first run
+    def join(self, model: torch.nn.Module, optimizer) -> None:
+        """Check every process has the same model, then take instance 0's weights, buffers and
+        optimizer state."""
+        import torch.distributed as dist
+        layout = [(kind, name, tuple(t.shape), str(t.dtype)) for kind, name, t in _named_state(model)]
+        gathered = [None] * self.num_processes
+        self._collective("the check that every instance has the same model",
+                         lambda: dist.all_gather_object(gathered, layout))
+        for process, other in enumerate(gathered):
+            difference = _first_difference(gathered[0], other)
+            if difference is not None:  # every process sees it and raises: none waits in a collective
+                raise errors.createPoptorchError(
+                    f"Instance {process}'s model differs from instance 0's: {difference}. Every "
+                    "instance must build the same model (same parameters and buffers, same shapes).")
+        tensors = [t for _, _, t in _named_state(model)]
+        with torch.no_grad():
+            self._broadcast_tensors(tensors, "the broadcast of instance 0's weights")
+        self._broadcast_optimizer(optimizer)
+
+    def _broadcast_tensors(self, tensors, what: str) -> None:
+        import torch.distributed as dist
+        for bucket in buckets_of(tensors, _bucket_bytes()):
+            members = [tensors[i] for i in bucket]
+            flat = torch.cat([t.reshape(-1) for t in members])
+            self._collective(what, lambda: dist.broadcast(flat, src=0))
+            _copy_back(flat, members)
+
+    def _broadcast_optimizer(self, optimizer) -> None:
+        import torch.distributed as dist
+        if optimizer is None:
+            return
+        payload = [optimizer.state_dict() if self.process_id == 0 else None,
+                   getattr(optimizer, "loss_scaling", None)]
+        has_state = [bool(optimizer.state)]
+        everyone = [None] * self.num_processes
+        self._collective("the check of the optimizers' state", lambda: dist.all_gather_object(everyone, has_state))
+        if not any(flag[0] for flag in everyone):
+            return
+        self._collective("the broadcast of instance 0's optimizer state",
+                         lambda: dist.broadcast_object_list(payload, src=0))
+        if self.process_id != 0:
+            optimizer.load_state_dict(payload[0])
+            if payload[1] is not None:
+                optimizer.loss_scaling = payload[1]
+
+    # ------------------------------------------------------------------ every step
+    def _layout(self, params) -> None:
+        key = tuple(id(p) for p in params)
+        if key == self._bucket_key:
+            return
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        self._params = list(params)
+        self._buckets = buckets_of(self._params, _bucket_bytes())
+        self._bucket_key = key
+        self._bucket_of = [0] * len(self._params)
+        for b, bucket in enumerate(self._buckets):
+            for i in bucket:
+                self._bucket_of[i] = b
+
+    def start_step(self, params: List[torch.nn.Parameter], micro_batches: int, overlap: bool) -> None:
+        """Before a step's micro-batches. ``overlap``: they run one after another in this thread,
+        each back-propagating once into every parameter it uses."""
+        self._layout(params)
+        self._launched = []
+        self._armed = overlap and self.overlap_enabled
+        if not self._armed:
+            return
+        if not self._hooks:
+            owner = weakref.ref(self)  # the parameters' hooks must not keep this object alive
+            self._hooks = [p.register_post_accumulate_grad_hook(_accumulation_hook(owner, index))
+                           for index, p in enumerate(self._params) if p.requires_grad]
+        self._target = micro_batches
+        self._counts = [0] * len(self._params)
+        self._waiting = [len(bucket) for bucket in self._buckets]
+
+    def _accumulated(self, index: int) -> None:
+        """A gradient accumulation into parameter ``index`` (post-accumulate-grad hook)."""
+        if not self._armed:
+            return
+        self._counts[index] += 1
+        if self._counts[index] != self._target:
+            return
+        self._waiting[self._bucket_of[index]] -= 1
+        while len(self._launched) < len(self._buckets) and self._waiting[len(self._launched)] == 0:
+            self._launch(len(self._launched))
+            self.overlapped_buckets += 1
+
+    def _launch(self, b: int) -> None:
+        import torch.distributed as dist
+        from ..distributed import process_group
+        members = [self._params[i] for i in self._buckets[b]]
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1)
+                          for p in members])
+        if self.mean:
+            flat.div_(self.num_processes)
+        work = self._collective(f"the all-reduce of step {self.steps + 1}'s gradients",
+                                lambda: dist.all_reduce(flat, group=process_group.current_group(), async_op=True))
+        self._launched.append((flat, work))
+
+    def all_reduce(self, params: List[torch.nn.Parameter]) -> None:
+        """Replace every parameter's gradient by its all-reduce over the processes (finishing the
+        buckets ``start_step`` let the backward start)."""
+        import torch.distributed as dist
+        from ..distributed import process_group
+        self._layout(params)
+        self._armed = False
+        present = torch.tensor([p.grad is not None for p in params], dtype=torch.int32)
+        while len(self._launched) < len(self._buckets):
+            self._launch(len(self._launched))
+        self.steps += 1
+        what = f"the all-reduce of step {self.steps}'s gradients"
+        works = [work for _, work in self._launched]
+        works.append(self._collective(what, lambda: dist.all_reduce(present, group=process_group.current_group(),
+                                                                    async_op=True)))
+        for work in works:
+            self._collective(what, work.wait)
+        flats = [flat for flat, _ in self._launched]
+        self._launched = []
+        for bucket, flat in zip(self._buckets, flats):
+            offset = 0
+            for i in bucket:
+                p = params[i]
+                n = p.numel()
+                if int(present[i]) == 0:
+                    p.grad = None
+                elif p.grad is None:
+                    p.grad = flat[offset:offset + n].view_as(p).clone()
+                else:
+                    p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
+                offset += n
+
+    def _collective(self, what: str, call):
+        from ..distributed import process_group
+        try:
+            return call()
+        except RuntimeError as exc:  # gloo/NCCL timeouts and closed connections
+            raise CollectiveTimeout(
+                f"{what} across the {self.num_processes} poprun instances failed on instance "
+                f"{self.process_id} (timeout {process_group.collective_timeout():g} s): another instance is "
+                f"stuck or has stopped. Set OPENPOP_COLLECTIVE_TIMEOUT or poprun --collective-timeout to "
+                f"change the timeout. ({exc})") from exc
+
+
+def _accumulation_hook(owner: "weakref.ref", index: int):
+    def hook(_parameter):
+        replication = owner()
+        if replication is not None:
+            replication._accumulated(index)
+    return hook
+
+
+def _named_state(model):
+    for name, param in model.named_parameters():
+        yield "parameter", name, param
+    for name, buffer in model.named_buffers():
+        yield "buffer", name, buffer
+
+
+def _first_difference(reference, other) -> Optional[str]:
+    ours = {(kind, name): (shape, dtype) for kind, name, shape, dtype in reference}
+    theirs = {(kind, name): (shape, dtype) for kind, name, shape, dtype in other}
+    for key in ours:
+        if key not in theirs:
+            return f"{key[0]} {key[1]} is missing"
+        if ours[key] != theirs[key]:
+            (s0, d0), (s1, d1) = ours[key], theirs[key]
+            return f"{key[0]} {key[1]} is {list(s1)} {d1} instead of {list(s0)} {d0}"
+    for key in theirs:
+        if key not in ours:
+            return f"it has an extra {key[0]} {key[1]}"
+    return None
+
+
+def _copy_back(flat: torch.Tensor, tensors) -> None:
+    offset = 0
+    for t in tensors:
+        n = t.numel()
+        t.copy_(flat[offset:offset + n].view_as(t))
+        offset += n

@@ -1,0 +1,90 @@
+"""Faults under poprun: an instance killed or raising ends the job with a line naming it, Ctrl-C
+stops everything, a collective one instance never joins times out; no process is left behind."""
+import os
+import re
+import signal
+import subprocess
+import time
+
+from poprun_helpers import PROGRAMS, environment, poprun_command, run_poprun
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _wait_gone(pids, seconds=15.0) -> list:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+        time.sleep(0.1)
+    return [p for p in pids if _alive(p)]
+
+
+class Job:
+    """poprun running ``poprun_programs.py ARGS`` with two instances; knows their pids."""
+
+    def __init__(self, *program_args):
+        self.process = subprocess.Popen(
+            poprun_command("--num-instances", "2", "--num-replicas", "2", "python", PROGRAMS, *program_args),
+            env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.pids = {}
+        while len(self.pids) < 2:
+            line = self.process.stdout.readline()
+            assert line, "poprun ended before its instances started: " + self.process.stderr.read()
+            match = re.match(r"\[1,(\d)\]<stdout>:pid (\d+)", line)
+            if match:
+                self.pids[int(match.group(1))] = int(match.group(2))
+
+    def finish(self, seconds=60):
+        started = time.monotonic()
+        out, err = self.process.communicate(timeout=seconds)
+        return self.process.returncode, err, time.monotonic() - started
+
+
+def test_kill_9_of_one_instance_ends_the_job():
+    job = Job("sleep", "300")
+    os.kill(job.pids[1], signal.SIGKILL)
+    code, err, _ = job.finish()
+    assert code == 128 + 9
+    assert f"instance 1 (rank 1, pid {job.pids[1]}) was killed by SIGKILL (exit status -9)" in err
+    assert _wait_gone(job.pids.values()) == []
+
+
+def test_an_exception_in_one_instance_ends_the_job():
+    job = Job("fail-after", "0.5", "1")
+    code, err, seconds = job.finish()
+    assert code == 1
+    assert f"instance 1 (rank 1, pid {job.pids[1]}) exited with status 1" in err
+    assert "[1,1]<stderr>:ValueError: instance 1 gives up" in err.splitlines()
+    assert _wait_gone(job.pids.values()) == []
+
+
+def test_ctrl_c_stops_every_instance():
+    job = Job("sleep", "300")
+    job.process.send_signal(signal.SIGINT)
+    code, err, _ = job.finish()
+    assert code == 128 + signal.SIGINT
+    assert "poprun received SIGINT: every instance was stopped" in err
+    assert _wait_gone(job.pids.values()) == []
+
+
+def test_a_collective_that_never_completes_times_out_with_its_name():
+    result = run_poprun("--num-instances", "2", "--num-replicas", "2", "--collective-timeout", "3",
+                        "python", PROGRAMS, "stuck-collective")
+    assert result.returncode == 1
+    assert ("the all-reduce of step 1's gradients across the 2 poprun instances failed on instance 0 "
+            "(timeout 3 s): another instance is stuck or has stopped") in result.stderr
+    assert "instance 0 (rank 0, pid" in result.stderr and "exited with status 1" in result.stderr
+
+
+def test_instances_whose_models_differ_fail_before_training():
+    result = run_poprun("--num-instances", "2", "--num-replicas", "2", "python", PROGRAMS, "mismatch")
+    assert result.returncode == 1
+    assert ("Instance 1's model differs from instance 0's: parameter 0.weight is [4, 4] torch.float32 instead "
+            "of [3, 4] torch.float32. Every instance must build the same model") in result.stderr
+    lines = result.stdout.splitlines()
+    assert "[1,0]<stdout>:instance 0: weights unchanged" in lines or "[1,1]<stdout>:instance 1: weights unchanged" in lines
