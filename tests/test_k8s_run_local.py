@@ -221,7 +221,7 @@ def test_seed_single_worker_manifest_trains_with_run_local(tmp_path, capsys):
 
 
 def _poprun_module():
-    for name in ("openpop.poprun", "poprun"):
+    for name in ("openpop.distributed.poprun", "openpop.poprun", "poprun"):
         try:
             if importlib.util.find_spec(name) is not None:
                 return name
