@@ -276,7 +276,10 @@ class OnnxGraphModule(torch.nn.Module):
         for segment in self.segments:
             outputs = segment(*[env[name] for name in segment.live_in])
             env.update(zip(segment.live_out, outputs))
-        fetched = tuple(env[name].unsqueeze(0) for name in self.fetch)
+        # Weights are updated in place later in the call: anchor a copy of their current value.
+        initializers = self._program.initializers
+        fetched = tuple(env[name].detach().clone().unsqueeze(0) if name in initializers else env[name].unsqueeze(0)
+                        for name in self.fetch)
         if self.loss is None:
             return fetched
         from .. import identity_loss  # openpop's loss marker
