@@ -176,7 +176,7 @@ def test_virtual_graphs_and_pipelining_equal_plain_run(pipelining):
         results.append((arrays, _weights_of(session, ids)))
         if placed:
             plan = session.executor.executionPlan()
-            assert plan is not None
+            assert plan.pipelined == pipelining and plan.ipus_per_replica == 2 and len(plan.blocks) == 2
     (plain, plain_w), (placed_a, placed_w) = results
     for key in plain:
         np.testing.assert_allclose(placed_a[key], plain[key], rtol=1e-6, atol=1e-7)

@@ -671,8 +671,8 @@ class _Opset:
         return op
 
     def constant(self, value, debugContext="") -> str:
-        array = np.asarray(value)
-        return self._builder._add_node("Constant", self._domain, [], {"value": np.ascontiguousarray(array)}, 1,
+        array = np.array(value, copy=True, order="C")  # keeps 0-d arrays 0-d (ascontiguousarray would not)
+        return self._builder._add_node("Constant", self._domain, [], {"value": array}, 1,
                                        debugContext)[0]
 
     def call(self, args, num_outputs: int, callee: Builder, debugContext=""):
@@ -719,13 +719,17 @@ def _build_op(self, op_type, domain, args, pos, positional, attrs, debugContext)
             raise TypeError(f"{op_type}: too many positional arguments ({len(pos)}); "
                             f"expected {list(positional)} then debugContext")
     values.update(attrs)
-    num_outputs = int(values.pop("num_outputs", 1))
+    num_outputs = int(values.pop("num_outputs", _FIXED_OUTPUTS.get(op_type, 1)))
     if "lambda" in values:
         values["lambda"] = float(values["lambda"])
     if domain == registry.GRAPHCORE_DOMAIN:
         _graphcore_defaults(op_type, values)
     outs = self._add_node(op_type, domain, list(args), values, num_outputs, debugContext)
     return outs[0] if num_outputs == 1 else outs
+
+
+# Ops whose PopART binding always returns several outputs (no num_outputs argument).
+_FIXED_OUTPUTS = {"TopK": 2, "GroupNormalization": 3}
 
 
 def _graphcore_defaults(op_type: str, values: dict) -> None:
