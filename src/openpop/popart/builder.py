@@ -9,7 +9,7 @@ names (``__ipu_number``, ``__pipeline_stage``, ...), set either on the node prod
 (``with builder.virtualGraph(1):``).
 """
 import contextlib
-from typing import Dict, Iterable, List, Optional, Union
+from typing import Dict, Iterable, List, Optional
 
 import numpy as np
 import onnx
@@ -19,7 +19,7 @@ from . import tensorinfo
 from .enums import RecomputeType, ReductionType
 from .errors import popart_exception
 from .ops import registry
-from .shapes import ShapeInference, info_of, type_of
+from .shapes import ShapeInference, info_of
 
 DEFAULT_AI_ONNX_OPSET = 10
 DEFAULT_AI_GRAPHCORE_OPSET = 1

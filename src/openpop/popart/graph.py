@@ -182,6 +182,14 @@ class Segment(torch.nn.Module):
         self._program = program
         self._state = state
         self._owned = []  # (tensor id, attribute name)
+        # Resolved once: (node, implementation, context, attributes) per node.
+        self._steps = []
+        for i in self.node_indices:
+            node = program.nodes[i]
+            entry = registry.lookup(node.domain, node.op_type)
+            ctx = registry.OpContext(opset=program.opset_of(node), training=False, node_name=node.name or node.output[0],
+                                     op_type=node.op_type, graph=state, node=node)
+            self._steps.append((node.input, node.output, entry.fn, ctx, program.attrs[i]))
         for k, name in enumerate(owned):
             value = torch.from_numpy(np.array(program.initializers[name], copy=True))
             if name in trainable and not constant_weights:
@@ -200,16 +208,16 @@ class Segment(torch.nn.Module):
         state = self._state
         for name, attr in self._owned:
             env[name] = state.tap(name, getattr(self, attr))
-        program = self._program
         training = self.training
-        for i in self.node_indices:
-            node = program.nodes[i]
-            inputs = [env[name] if name else None for name in node.input]
-            outputs = run_node(node, inputs, program.opset_of(node), training=training, graph=state,
-                               attrs=program.attrs[i])
-            for name, value in zip(node.output, outputs):
+        tapped = state.tapped
+        for input_names, output_names, fn, ctx, attrs in self._steps:
+            ctx.training = training
+            outputs = fn(ctx, [env[name] if name else None for name in input_names], attrs)
+            if isinstance(outputs, torch.Tensor):
+                outputs = (outputs,)
+            for name, value in zip(output_names, outputs):
                 if name:
-                    env[name] = state.tap(name, value)
+                    env[name] = state.tap(name, value) if name in tapped else value
         return tuple(env[name] for name in self.live_out)
 
 

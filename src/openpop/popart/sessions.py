@@ -29,8 +29,6 @@ step's micro-batches. With pipelining but no gradient accumulation PopART update
 micro-batch with stale weights; openpop runs such a model sharded (same stages, no staleness).
 """
 import logging
-import math
-import time
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -130,11 +128,9 @@ class _Session:
         # ---- the torch module and the executor
         fetch = [a for a in dataFlow.anchors() if not a.startswith((GRADIENT_PREFIX, UPDATED_VAR_PREFIX))]
         tapped = {a[len(GRADIENT_PREFIX):] for a in dataFlow.anchors() if a.startswith(GRADIENT_PREFIX)}
-        constant = (not training) and bool(options.constantWeights)
         self._module = OnnxGraphModule(self._program, [s.nodes for s in self._plan.segments], fetch=fetch,
                                        loss=self._loss, tapped=tapped, constant_weights=False)
         self._module.state.replication_factor = self.replicationFactor
-        self._constant_weights = constant
         self._fetch = fetch
         self._weights = self._module.weights()
         self._host_weights = {k: v.detach().cpu().numpy().copy() for k, v in self._weights.items()}
@@ -457,7 +453,6 @@ class _Session:
             dtype = self._anchor_dtype(anchor)
             array = value.detach().cpu().numpy().astype(dtype, copy=False)
             if isinstance(stepio, PyStepIOCallback):
-                art = self.dataFlow.art(anchor)
                 per = self._anchor_info(anchor).nelms()
                 rows = array.reshape(-1, per) if per else array.reshape(-1, 0)
                 for row in rows:
@@ -503,7 +498,6 @@ class _Session:
     def getSummaryReport(self, resetProfile: bool = True) -> str:
         lines = [f"openpop PopART session '{self.name}': {len(self._program.nodes)} ops, "
                  f"{len(self._plan.segments)} segment(s), pipelined={self._plan.pipelined}"]
-        plan = getattr(self._executor, "executionPlan", None)
         return "\n".join(lines)
 
     def getReport(self) -> str:
@@ -518,7 +512,8 @@ class _Session:
             with torch.no_grad():
                 for tensor in self._weights.values():
                     torch.distributed.broadcast(tensor.data, src=rootRank)
-            self.weightsToHost() if self._prepared else None
+            if self._prepared:
+                self.weightsToHost()
 
     def updateEngineCache(self) -> None:
         pass

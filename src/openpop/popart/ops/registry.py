@@ -5,7 +5,7 @@ holds one torch tensor per node input (``None`` for an omitted optional input), 
 node's ONNX attributes as Python values and ``ctx`` an ``OpContext`` (the opset the node was
 built for, whether the graph trains, the node's name for error messages).
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Dict, Tuple
 
 ONNX_DOMAIN = "ai.onnx"
