@@ -1,0 +1,93 @@
+"""PopART's Python API on openpop: ``import popart`` builds an ONNX model with ``Builder`` and runs
+it with ``InferenceSession`` / ``TrainingSession`` on openpop's runtime (the same plan, devices
+and schedules as PopTorch). See the README's PopART section."""
+import logging
+
+from . import enums as _enums
+from .builder import Builder, DebugContext, InputSettings, VariableSettings
+from .builder import DEFAULT_AI_GRAPHCORE_OPSET as defaultAiGraphcoreOpset
+from .builder import DEFAULT_AI_ONNX_OPSET as defaultAiOnnxOpset
+from .dataflow import AnchorReturnType, DataFlow
+from .devices import DeviceInfo, DeviceManager
+from .enums import *  # noqa: F401,F403
+from .errors import OutOfMemoryException, popart_exception, popart_internal_exception, poplar_exception
+from .optimizers import Adam, Adaptive, ClipNormSettings, ConstSGD, OptimizerValue, SGD
+from .options import (AccumulateOuterFragmentSettings, AutomaticLossScalingSettings, BatchSerializationSettings,
+                      ExecutionPhaseSettings, SessionOptions, TensorLocationSettings)
+from .patterns import Patterns
+from .sessions import GRADIENT_PREFIX, UPDATED_VAR_PREFIX, InferenceSession, InputShapeInfo, TrainingSession
+from .stepio import PyStepIO, PyStepIOCallback, PyWeightsIO
+from .tensorinfo import TensorInfo
+
+__version__ = "3.4.0+openpop"
+
+DataType = None  # PopART exposes data types as strings ("FLOAT", ...); kept for ``hasattr`` checks
+
+
+def reservedGradientPrefix() -> str:
+    return GRADIENT_PREFIX
+
+
+def reservedUpdatedVarPrefix() -> str:
+    return UPDATED_VAR_PREFIX
+
+
+def reservedAccumPrefix() -> str:
+    return "Accum___"
+
+
+def reservedAcclPrefix() -> str:
+    return "Accl___"
+
+
+def reservedStashedPrefix() -> str:
+    return "Stashed___"
+
+
+def reservedRestoredPrefix() -> str:
+    return "Restored___"
+
+
+def reservedLossScalingPrefix() -> str:
+    return "lossScaling_"
+
+
+def reservedDefaultWeightDecayScaleFactor0Prefix() -> str:
+    return "weightDecayScaleFactor0___default___"
+
+
+def getSupportedOperations(includeInternal: bool = False):
+    """``{domain: [op types]}`` of the operators this implementation runs."""
+    from .ops import supported_operations
+    return supported_operations(includeInternal)
+
+
+def getSupportedOperationsDefinition(includeInternal: bool = False):
+    return getSupportedOperations(includeInternal)
+
+
+def getLogger(name: str = "all"):
+    """PopART's logger: a ``logging.Logger`` with PopART's ``setLevel("TRACE"|"DEBUG"|"INFO"|...)``."""
+    logger = logging.getLogger("popart" if name == "all" else f"popart.{name}")
+    if not hasattr(logger, "_popart_levels"):
+        plain = logger.setLevel
+        levels = {"TRACE": logging.DEBUG, "DEBUG": logging.DEBUG, "INFO": logging.INFO, "WARN": logging.WARNING,
+                  "ERR": logging.ERROR, "CRITICAL": logging.CRITICAL, "OFF": logging.CRITICAL + 10}
+
+        def set_level(level):
+            plain(levels.get(str(level).upper(), level) if isinstance(level, str) else level)
+        logger.setLevel = set_level
+        logger._popart_levels = levels
+    return logger
+
+
+def versionString() -> str:
+    return __version__
+
+
+def versionNumber():
+    return (3, 4, 0)
+
+
+def packageHash() -> str:
+    return "openpop"

@@ -1,0 +1,747 @@
+"""``popart.Builder``: builds a real ONNX ``ModelProto`` with PopART's tensor ids and annotations.
+
+Tensor ids follow PopART's scheme: an op's output is named after its ``debugContext`` if given
+(``name:i`` when the op has several outputs), else ``<OpType>:<i>``; a repeated id gets ``/1``,
+``/2``, ...; ``nameScope("s")`` prefixes ``s/``. Unnamed inputs are ``input``, initializers
+``init_input``. Placement and recomputation annotations are node attributes with PopART's
+names (``__ipu_number``, ``__pipeline_stage``, ...), set either on the node producing a tensor
+(``builder.virtualGraph(t, 1)``) or on every node built inside a context manager
+(``with builder.virtualGraph(1):``).
+"""
+import contextlib
+from typing import Dict, Iterable, List, Optional
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from . import tensorinfo
+from .enums import RecomputeType, ReductionType
+from .errors import popart_exception
+from .ops import registry
+from .shapes import ShapeInference, info_of
+
+DEFAULT_AI_ONNX_OPSET = 10
+DEFAULT_AI_GRAPHCORE_OPSET = 1
+MAX_AI_ONNX_OPSET = 13  # highest aiOnnxOpsetN attribute offered
+
+VIRTUAL_GRAPH_ATTR = "__ipu_number"
+PIPELINE_STAGE_ATTR = "__pipeline_stage"
+EXECUTION_PHASE_ATTR = "__execution_phase"
+RECOMPUTE_ATTR = "__recompute_output_in_backward_pass"
+SCHEDULE_PRIORITY_ATTR = "__schedule_priority"
+AVAILABLE_MEMORY_ATTR = "__available_memory_proportion"
+PARTIALS_TYPE_ATTR = "__partials_type"
+SERIALIZE_MATMUL_ATTR = "__serialize_matmul_mode"
+OUTLINE_ATTR_PREFIX = "__outline_"
+
+
+def _debug_name(debugContext) -> str:
+    if debugContext is None:
+        return ""
+    if isinstance(debugContext, str):
+        return debugContext
+    return str(getattr(debugContext, "name", "") or "")
+
+
+class DebugContext:
+    """``popart.DebugContext(name)``: only its name is used (for tensor ids)."""
+
+    def __init__(self, name: str = "", parent=None):
+        self.name = name
+        self.parent = parent
+
+
+class InputSettings:
+    """Accepted for compatibility (tile set, exchange strategy, replicated stream mode)."""
+
+    def __init__(self, *args, **kwargs):
+        self.args = args
+        self.kwargs = kwargs
+
+
+class VariableSettings:
+    """Replica grouping of a variable; accepted (every replica holds the same value here)."""
+
+    def __init__(self, *args, **kwargs):
+        self.args = args
+        self.kwargs = kwargs
+
+
+class _ScopedAnnotation:
+    """What ``builder.virtualGraph(1)`` returns: a context manager pushing one attribute."""
+
+    def __init__(self, builder: "Builder", attr: str, value):
+        self._builder = builder
+        self._attr = attr
+        self._value = value
+
+    def __enter__(self):
+        self._builder._scopes.append((self._attr, self._value))
+        return self
+
+    def __exit__(self, *exc):
+        self._builder._scopes.pop()
+        return False
+
+
+class Builder:
+    """``popart.Builder(modelProtoOrFilename=None, opsets=None, builderCore=None)``."""
+
+    def __init__(self, modelProtoOrFilename=None, opsets: Optional[Dict[str, int]] = None, builderCore=None,
+                 _parent: "Builder" = None):
+        self._parent = _parent
+        self._graph = onnx.GraphProto(name="BuilderGraph")
+        self._used_ids = set() if _parent is None else _parent._used_ids
+        self._ids_counter: Dict[str, int] = {}
+        self._scopes: List = []          # (attribute, value) from context managers, outer first
+        self._name_scopes: List[str] = []
+        self._initializers: Dict[str, onnx.TensorProto] = {}
+        self._producers: Dict[str, onnx.NodeProto] = {}
+        self._opsets: Dict[str, int] = {}
+        self._requested = dict(opsets or {})
+        self._subgraphs: List["Builder"] = []
+        self._replication_factor = 1
+        if modelProtoOrFilename is not None:
+            self._load(modelProtoOrFilename)
+        self._inference = ShapeInference(self._effective_opsets())
+        self._prime_inference()
+
+    # ------------------------------------------------------------------ loading
+    def _load(self, model) -> None:
+        proto = load_model(model)
+        self._graph.CopyFrom(proto.graph)
+        for opset in proto.opset_import:
+            self._opsets[registry._canon(opset.domain)] = opset.version
+        for init in self._graph.initializer:
+            self._initializers[init.name] = init
+        for node in self._graph.node:
+            for out in node.output:
+                self._producers[out] = node
+        self._used_ids.update(v.name for v in self._graph.input)
+        self._used_ids.update(self._producers)
+        self._used_ids.update(self._initializers)
+
+    def _effective_opsets(self) -> Dict[str, int]:
+        opsets = {registry.ONNX_DOMAIN: DEFAULT_AI_ONNX_OPSET, registry.GRAPHCORE_DOMAIN: DEFAULT_AI_GRAPHCORE_OPSET}
+        for domain, version in self._requested.items():
+            opsets[registry._canon(domain)] = version
+        opsets.update(self._root()._opsets)
+        return opsets
+
+    def _prime_inference(self) -> None:
+        self._inference = ShapeInference(self._effective_opsets())
+        self._inference.opsets[""] = self._inference.opsets[registry.ONNX_DOMAIN]
+        for value in self._graph.input:
+            if value.name in self._initializers:
+                init = self._initializers[value.name]
+                self._inference.add_value(value.name, _type_of_initializer(init), init)
+            elif value.type.tensor_type.elem_type:
+                self._inference.add_value(value.name, value.type)
+        for init in self._graph.initializer:
+            if init.name not in self._inference.types:
+                self._inference.add_value(init.name, _type_of_initializer(init), init)
+
+    def _root(self) -> "Builder":
+        return self if self._parent is None else self._parent._root()
+
+    # ------------------------------------------------------------------ opsets
+    def _select_opset(self, domain: str, version: int):
+        root = self._root()
+        current = root._opsets.get(domain)
+        if current is not None and current != version:
+            label = "aiOnnxOpset" if domain == registry.ONNX_DOMAIN else "aiGraphcoreOpset"
+            raise popart_exception(f"Invalid opset '{label}{version}' selected. Opset for domain "
+                                   f"{domain} already defined as {current}")
+        if current is None:
+            root._opsets[domain] = version
+            self._inference.opsets[domain] = version
+            if domain == registry.ONNX_DOMAIN:
+                self._inference.opsets[""] = version
+        return _Opset(self, domain, version)
+
+    @property
+    def aiOnnx(self):
+        root = self._root()
+        version = root._opsets.get(registry.ONNX_DOMAIN,
+                                   registry_version(root._requested, registry.ONNX_DOMAIN, DEFAULT_AI_ONNX_OPSET))
+        return self._select_opset(registry.ONNX_DOMAIN, version)
+
+    @property
+    def aiGraphcore(self):
+        return self._select_opset(registry.GRAPHCORE_DOMAIN, DEFAULT_AI_GRAPHCORE_OPSET)
+
+    @property
+    def aiGraphcoreOpset1(self):
+        return self._select_opset(registry.GRAPHCORE_DOMAIN, 1)
+
+    def __getattr__(self, name: str):
+        if name.startswith("aiOnnxOpset"):
+            try:
+                version = int(name[len("aiOnnxOpset"):])
+            except ValueError:
+                raise AttributeError(name) from None
+            if 6 <= version <= MAX_AI_ONNX_OPSET:
+                return self._select_opset(registry.ONNX_DOMAIN, version)
+        raise AttributeError(f"'Builder' object has no attribute '{name}'")
+
+    # ------------------------------------------------------------------ ids
+    def _unique_id(self, base: str) -> str:
+        if base not in self._used_ids:
+            self._used_ids.add(base)
+            return base
+        n = self._ids_counter.get(base, 0)
+        while True:
+            n += 1
+            candidate = f"{base}/{n}"
+            if candidate not in self._used_ids:
+                self._ids_counter[base] = n
+                self._used_ids.add(candidate)
+                return candidate
+
+    def _scoped(self, name: str) -> str:
+        return "".join(s + "/" for s in self._name_scopes) + name
+
+    # ------------------------------------------------------------------ tensors
+    def addInputTensor(self, *args, debugContext="", **kwargs) -> str:
+        """``addInputTensor(TensorInfo[, InputSettings], debugContext="")`` or
+        ``addInputTensor(dtype, shape[, InputSettings], debugContext="")``."""
+        args = list(args)
+        if "settings" in kwargs:
+            kwargs.pop("settings")
+        if "tensorInfo" in kwargs:
+            args.insert(0, kwargs.pop("tensorInfo"))
+        if kwargs:
+            raise TypeError(f"addInputTensor(): unexpected arguments {sorted(kwargs)}")
+        if not args:
+            raise TypeError("addInputTensor() needs a TensorInfo or a data type and a shape")
+        if isinstance(args[0], tensorinfo.TensorInfo):
+            info, rest = args[0], args[1:]
+        else:
+            if len(args) < 2:
+                raise TypeError("addInputTensor(dtype, shape): the shape is missing")
+            info, rest = tensorinfo.TensorInfo(args[0], args[1]), args[2:]
+        for extra in rest:
+            if isinstance(extra, (str, DebugContext)):
+                debugContext = extra
+            elif not isinstance(extra, InputSettings):
+                raise TypeError(f"addInputTensor(): unexpected argument {extra!r}")
+        name = _debug_name(debugContext)
+        tensor_id = self._unique_id(self._scoped(name or "input"))
+        value = helper.make_tensor_value_info(tensor_id, tensorinfo.onnx_type(info.data_type()), info.shape())
+        self._graph.input.append(value)
+        self._inference.add_value(tensor_id, value.type)
+        return tensor_id
+
+    def addUntypedInputTensor(self, debugContext="") -> str:
+        """A subgraph input whose type comes from the caller (``aiGraphcore.call``)."""
+        tensor_id = self._unique_id(self._scoped(_debug_name(debugContext) or "input"))
+        self._graph.input.append(onnx.ValueInfoProto(name=tensor_id))
+        return tensor_id
+
+    def addInitializedInputTensor(self, initVal, *args, debugContext="") -> str:
+        """A variable (trainable weight) initialised to ``initVal``."""
+        for extra in args:
+            if isinstance(extra, (str, DebugContext)):
+                debugContext = extra
+            elif not isinstance(extra, VariableSettings):
+                raise TypeError(f"addInitializedInputTensor(): unexpected argument {extra!r}")
+        array = np.asarray(initVal)
+        tensorinfo.popart_name(array.dtype)  # rejects dtypes PopART has no name for
+        tensor_id = self._unique_id(self._scoped(_debug_name(debugContext) or "init_input"))
+        init = numpy_helper.from_array(np.ascontiguousarray(array), tensor_id)
+        self._graph.initializer.append(init)
+        self._initializers[tensor_id] = init
+        self._graph.input.append(helper.make_tensor_value_info(tensor_id, init.data_type, list(array.shape)))
+        self._inference.add_value(tensor_id, _type_of_initializer(init), init)
+        return tensor_id
+
+    def addOutputTensor(self, outputName: str) -> None:
+        self._require(outputName)
+        if any(o.name == outputName for o in self._graph.output):
+            return
+        self._graph.output.append(onnx.ValueInfoProto(name=outputName))
+
+    def _require(self, tensor_id: str) -> None:
+        if tensor_id not in self._inference.types and tensor_id not in self._producers \
+                and not any(v.name == tensor_id for v in self._graph.input):
+            raise popart_exception(f"Tensor '{tensor_id}' is not known to this builder")
+
+    # ------------------------------------------------------------------ nodes
+    def _add_node(self, op_type: str, domain: str, inputs: List[str], attributes: dict, num_outputs: int,
+                  debugContext, node_attributes: Iterable = ()) -> List[str]:
+        inputs = list(inputs)
+        for name in inputs:
+            if name:
+                self._require(name)
+        name = _debug_name(debugContext)
+        outputs = []
+        for i in range(num_outputs):
+            if name:
+                base = name if num_outputs == 1 else f"{name}:{i}"
+            else:
+                base = f"{op_type}:{i}"
+            outputs.append(self._unique_id(self._scoped(base)))
+        node = helper.make_node(op_type, inputs, outputs, name=self._scoped(name or op_type),
+                                domain="" if domain == registry.ONNX_DOMAIN else domain)
+        for key, value in attributes.items():
+            if value is None or (isinstance(value, (list, tuple)) and len(value) == 0):
+                continue  # PopART's "not set": ONNX's default applies
+            node.attribute.append(_make_attribute(key, value))
+        node.attribute.extend(node_attributes)
+        for attr, value in self._effective_scopes().items():
+            node.attribute.append(_make_attribute(attr, value))
+        self._graph.node.append(node)
+        node = self._graph.node[-1]  # protobuf appends a copy: annotate the stored node
+        for out in outputs:
+            self._producers[out] = node
+        return outputs
+
+    def _effective_scopes(self) -> dict:
+        scopes = {}
+        builder = self
+        chain = []
+        while builder is not None:
+            chain.append(builder)
+            builder = builder._parent
+        for b in reversed(chain):
+            for attr, value in b._scopes:
+                scopes[attr] = value
+        return scopes
+
+    def customOp(self, opName: str, opVersion: int, domain: str, inputs: List[str], attributes: dict,
+                 numOutputs: int = 1, name: str = ""):
+        outs = self._add_node(opName, domain, inputs, attributes, numOutputs, name)
+        return outs[0] if numOutputs == 1 else outs
+
+    def reshape_const(self, aiOnnx, args: List[str], shape: List[int], debugContext="") -> str:
+        shape_id = aiOnnx.constant(np.asarray(shape, dtype=np.int64), _debug_name(debugContext) + "_const"
+                                   if _debug_name(debugContext) else "")
+        return aiOnnx.reshape([args[0], shape_id], debugContext=debugContext)
+
+    def createSubgraphBuilder(self) -> "Builder":
+        sub = Builder(_parent=self)
+        self._subgraphs.append(sub)
+        return sub
+
+    def setGraphName(self, name: str) -> None:
+        self._graph.name = name
+
+    def embedReplicationFactor(self, replicationFactor: int) -> None:
+        self._replication_factor = int(replicationFactor)
+
+    # ------------------------------------------------------------------ model
+    def _model(self) -> onnx.ModelProto:
+        self.getTensorShapesKnown()
+        graph = onnx.GraphProto()
+        graph.CopyFrom(self._graph)
+        del graph.value_info[:]
+        outputs = {o.name for o in graph.output}
+        del graph.output[:]
+        for o in self._graph.output:
+            graph.output.append(self._value_info(o.name))
+        for node in graph.node:
+            for out in node.output:
+                if out not in outputs and out in self._inference.types:
+                    graph.value_info.append(self._value_info(out))
+        opsets = self._effective_opsets()
+        used_graphcore = any(n.domain == registry.GRAPHCORE_DOMAIN for n in _all_nodes(graph))
+        imports = [helper.make_opsetid("", opsets[registry.ONNX_DOMAIN])]
+        if used_graphcore:
+            imports.append(helper.make_opsetid(registry.GRAPHCORE_DOMAIN, opsets[registry.GRAPHCORE_DOMAIN]))
+        model = helper.make_model(graph, opset_imports=imports, producer_name="popart (openpop)")
+        model.ir_version = 8
+        if self._replication_factor > 1:
+            helper.set_model_props(model, {"replicationFactor": str(self._replication_factor)})
+        return model
+
+    def _value_info(self, name: str) -> onnx.ValueInfoProto:
+        type_proto = self._inference.types.get(name)
+        value = onnx.ValueInfoProto(name=name)
+        if type_proto is not None:
+            value.type.CopyFrom(type_proto)
+        return value
+
+    def getModelProto(self, human_readable: bool = False):
+        model = self._model()
+        if human_readable:
+            return str(model)
+        return model.SerializeToString()
+
+    def saveModelProto(self, filename: str) -> None:
+        with open(filename, "wb") as f:
+            f.write(self.getModelProto())
+
+    def _subgraph(self) -> onnx.GraphProto:
+        """This (subgraph) builder's graph, typed as far as its inputs' types are known."""
+        try:
+            self._inference.run(self._graph)
+        except popart_exception:
+            pass  # untyped inputs: the caller's tensors type them at run time
+        graph = onnx.GraphProto()
+        graph.CopyFrom(self._graph)
+        return graph
+
+    def getTensorShapesKnown(self) -> None:
+        self._inference.run(self._graph)
+
+    def _info(self, tensor_id: str) -> tensorinfo.TensorInfo:
+        self._require(tensor_id)
+        self.getTensorShapesKnown()
+        type_proto = self._inference.types.get(tensor_id)
+        info = info_of(type_proto) if type_proto is not None else None
+        if info is None:
+            raise popart_exception(f"Shape of tensor '{tensor_id}' could not be inferred")
+        return info
+
+    def getTensorShape(self, tensorId: str) -> List[int]:
+        return self._info(tensorId).shape()
+
+    def getTensorDtypeString(self, tensorId: str) -> str:
+        return self._info(tensorId).data_type_lcase()
+
+    def getTensorInfo(self, tensorId: str) -> tensorinfo.TensorInfo:
+        return self._info(tensorId)
+
+    def isInitializer(self, tensorId: str) -> bool:
+        return tensorId in self._initializers
+
+    def getInputTensorIds(self) -> List[str]:
+        return [v.name for v in self._graph.input]
+
+    def getOutputTensorIds(self) -> List[str]:
+        return [v.name for v in self._graph.output]
+
+    def getValueTensorIds(self) -> List[str]:
+        return [out for node in self._graph.node for out in node.output]
+
+    def getTrainableTensorIds(self) -> List[str]:
+        return [name for name, init in self._initializers.items()
+                if init.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)]
+
+    def hasValueInfo(self, tensorId: str) -> bool:
+        return tensorId in self._inference.types
+
+    # ------------------------------------------------------------------ annotations
+    def _annotate(self, tensor_ids, attr: str, value) -> None:
+        if isinstance(tensor_ids, str):
+            tensor_ids = [tensor_ids]
+        for tensor_id in tensor_ids:
+            node = self._producers.get(tensor_id)
+            if node is None:
+                raise popart_exception(f"Could not find a node that produces tensor '{tensor_id}' "
+                                       f"to set {attr} on")
+            _set_attribute(node, attr, value)
+
+    def _setter_or_scope(self, attr: str, arg, value, convert=int):
+        if isinstance(arg, (str, list, set, tuple)):
+            self._annotate(arg, attr, convert(value))
+            return None
+        return _ScopedAnnotation(self, attr, convert(arg))
+
+    def virtualGraph(self, arg, value: int = 0):
+        """``virtualGraph(tensorId(s), value)`` sets it; ``with virtualGraph(value):`` scopes it."""
+        return self._setter_or_scope(VIRTUAL_GRAPH_ATTR, arg, value)
+
+    def pipelineStage(self, arg, value: int = 0):
+        return self._setter_or_scope(PIPELINE_STAGE_ATTR, arg, value)
+
+    def executionPhase(self, arg, value: int = 0):
+        return self._setter_or_scope(EXECUTION_PHASE_ATTR, arg, value)
+
+    def schedulePriority(self, priority: float):
+        return _ScopedAnnotation(self, SCHEDULE_PRIORITY_ATTR, float(priority))
+
+    def recomputeOutputInBackwardPass(self, arg, value=RecomputeType.Recompute):
+        """Ask for the node(s) producing ``arg`` to be recomputed in the backward pass."""
+        if isinstance(arg, (RecomputeType, int)) and not isinstance(arg, bool):
+            return _ScopedAnnotation(self, RECOMPUTE_ATTR, int(arg))
+        return self._setter_or_scope(RECOMPUTE_ATTR, arg, value)
+
+    def checkpointOutput(self, nodeOutputNames: List[str]) -> List[str]:
+        """Mark outputs as checkpoints (stashed, never recomputed): returns identity outputs."""
+        outs = []
+        for name in nodeOutputNames:
+            out = self._add_node("Identity", registry.ONNX_DOMAIN, [name], {}, 1, "",
+                                 [_make_attribute(RECOMPUTE_ATTR, int(RecomputeType.Checkpoint))])[0]
+            outs.append(out)
+        return outs
+
+    def getRecomputeOutputInBackwardPass(self, tensorId) -> bool:
+        return self._node_attribute(tensorId, RECOMPUTE_ATTR, 0) == int(RecomputeType.Recompute)
+
+    def outlineAttributes(self, attributes: Dict[str, str]):
+        builder = self
+
+        @contextlib.contextmanager
+        def scope():
+            for key, value in attributes.items():
+                builder._scopes.append((OUTLINE_ATTR_PREFIX + key, str(value)))
+            try:
+                yield
+            finally:
+                for _ in attributes:
+                    builder._scopes.pop()
+        return scope()
+
+    def nameScope(self, name: str):
+        builder = self
+
+        @contextlib.contextmanager
+        def scope():
+            builder._name_scopes.append(name)
+            try:
+                yield
+            finally:
+                builder._name_scopes.pop()
+        return scope()
+
+    def getNameScope(self, name: str = "") -> str:
+        return self._scoped(name)
+
+    def setAvailableMemoryProportion(self, nodeOutputNames, availableMemoryProportion: float) -> None:
+        self._annotate(nodeOutputNames, AVAILABLE_MEMORY_ATTR, float(availableMemoryProportion))
+
+    def setSerializeMatMul(self, nodeOutputNames, mode, factor: int = 0, keep_precision: bool = False) -> None:
+        self._annotate(list(nodeOutputNames), SERIALIZE_MATMUL_ATTR, str(getattr(mode, "value", mode)))
+
+    def setPartialsType(self, nodeOutputName: str, partialsType: str) -> None:
+        self._annotate(nodeOutputName, PARTIALS_TYPE_ATTR, str(partialsType))
+
+    def setInplacePreferences(self, nodeOutputName: str, prefs: dict) -> None:
+        self._require(nodeOutputName)  # an IPU memory hint: nothing to do on CPUs/GPUs
+
+    def _node_attribute(self, tensor_id: str, attr: str, default=None):
+        node = self._producers.get(tensor_id)
+        if node is None:
+            raise popart_exception(f"Could not find a node that produces tensor '{tensor_id}'")
+        for a in node.attribute:
+            if a.name == attr:
+                return helper.get_attribute_value(a)
+        return default
+
+    def _current_scope(self, attr: str):
+        return self._effective_scopes().get(attr)
+
+    def getVirtualGraph(self, tensorId: str = None) -> int:
+        if tensorId is None:
+            value = self._current_scope(VIRTUAL_GRAPH_ATTR)
+        else:
+            value = self._node_attribute(tensorId, VIRTUAL_GRAPH_ATTR)
+        if value is None:
+            raise popart_exception("Virtual graph not set")
+        return value
+
+    def hasVirtualGraph(self, tensorId: str = None) -> bool:
+        if tensorId is None:
+            return self._current_scope(VIRTUAL_GRAPH_ATTR) is not None
+        return self._node_attribute(tensorId, VIRTUAL_GRAPH_ATTR) is not None
+
+    def getPipelineStage(self, tensorId: str = None) -> int:
+        if tensorId is None:
+            value = self._current_scope(PIPELINE_STAGE_ATTR)
+        else:
+            value = self._node_attribute(tensorId, PIPELINE_STAGE_ATTR)
+        if value is None:
+            raise popart_exception("Pipeline stage not set")
+        return value
+
+    def hasPipelineStage(self, tensorId: str = None) -> bool:
+        if tensorId is None:
+            return self._current_scope(PIPELINE_STAGE_ATTR) is not None
+        return self._node_attribute(tensorId, PIPELINE_STAGE_ATTR) is not None
+
+    def getExecutionPhase(self, tensorId: str = None) -> int:
+        if tensorId is None:
+            value = self._current_scope(EXECUTION_PHASE_ATTR)
+        else:
+            value = self._node_attribute(tensorId, EXECUTION_PHASE_ATTR)
+        if value is None:
+            raise popart_exception("Execution phase not set")
+        return value
+
+    def addNodeAttribute(self, attributeName: str, attributeValue, nodeOutputNames) -> None:
+        self._annotate(list(nodeOutputNames), attributeName, attributeValue)
+
+    def nodeHasAttribute(self, attributeName: str, nodeOutputNames) -> bool:
+        return self._node_attribute(list(nodeOutputNames)[0], attributeName) is not None
+
+    def getNodeAttribute(self, attributeName: str, nodeOutputNames):
+        value = self._node_attribute(list(nodeOutputNames)[0], attributeName)
+        if value is None:
+            raise popart_exception(f"Node has no attribute '{attributeName}'")
+        return value
+
+    def getAllNodeAttributeNames(self, nodeOutputNames) -> List[str]:
+        node = self._producers[list(nodeOutputNames)[0]]
+        return [a.name for a in node.attribute]
+
+    def removeNodeAttribute(self, attributeName: str, nodeOutputNames) -> None:
+        node = self._producers[list(nodeOutputNames)[0]]
+        kept = [a for a in node.attribute if a.name != attributeName]
+        del node.attribute[:]
+        node.attribute.extend(kept)
+
+
+def registry_version(requested: dict, domain: str, default: int) -> int:
+    for key, value in requested.items():
+        if registry._canon(key) == domain:
+            return int(value)
+    return default
+
+
+def _all_nodes(graph):
+    for node in graph.node:
+        yield node
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _all_nodes(attr.g)
+
+
+def _type_of_initializer(init: onnx.TensorProto) -> onnx.TypeProto:
+    return helper.make_tensor_type_proto(init.data_type, list(init.dims))
+
+
+def _make_attribute(key: str, value):
+    if isinstance(value, np.ndarray):
+        return helper.make_attribute(key, numpy_helper.from_array(value))
+    if isinstance(value, Builder):
+        return helper.make_attribute(key, value._subgraph())
+    if hasattr(value, "value") and isinstance(getattr(value, "value"), int):  # enums
+        return helper.make_attribute(key, int(value))
+    if isinstance(value, (list, tuple)) and value and hasattr(value[0], "value") and not isinstance(value[0], str):
+        value = [int(v) for v in value]
+    return helper.make_attribute(key, value)
+
+
+def _set_attribute(node, attr: str, value) -> None:
+    kept = [a for a in node.attribute if a.name != attr]
+    del node.attribute[:]
+    node.attribute.extend(kept)
+    node.attribute.append(_make_attribute(attr, value))
+
+
+def load_model(model) -> onnx.ModelProto:
+    """A ``ModelProto`` from serialized bytes, a file name or a ModelProto."""
+    if isinstance(model, onnx.ModelProto):
+        return model
+    if isinstance(model, (bytes, bytearray)):
+        proto = onnx.ModelProto()
+        try:
+            proto.ParseFromString(bytes(model))
+        except Exception as exc:
+            raise popart_exception(f"Failed to parse the ONNX model: {exc}") from None
+        return proto
+    if isinstance(model, str):
+        try:
+            return onnx.load(model)
+        except FileNotFoundError:
+            raise popart_exception(f"Failed to load an ONNX model from '{model}': no such file") from None
+        except Exception as exc:
+            raise popart_exception(f"Failed to load an ONNX model from '{model}': {exc}") from None
+    raise popart_exception(f"Expected an ONNX model (bytes, a file name or a ModelProto), got {type(model).__name__}")
+
+
+class _Opset:
+    """``builder.aiOnnx`` / ``builder.aiGraphcore``: every op of the domain as a method returning its
+    output id (a list of ids for several outputs)."""
+
+    def __init__(self, builder: Builder, domain: str, version: int):
+        self._builder = builder
+        self._domain = domain
+        self._version = version
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def __getattr__(self, name: str):
+        op_type = _op_type_for(self._domain, name, self._version)
+        if op_type is None:
+            label = "ai.onnx" if self._domain == registry.ONNX_DOMAIN else self._domain
+            raise AttributeError(f"'{label}' opset {self._version} has no operator '{name}'")
+        entry = registry.lookup(self._domain, op_type)
+        positional = entry.positional if entry is not None else ()
+        builder = self._builder
+        domain = self._domain
+
+        def op(args, *pos, debugContext="", **attrs):
+            return builder._build_op(op_type, domain, args, pos, positional, attrs, debugContext)
+        op.__name__ = name
+        return op
+
+    def constant(self, value, debugContext="") -> str:
+        array = np.array(value, copy=True, order="C")  # keeps 0-d arrays 0-d (ascontiguousarray would not)
+        return self._builder._add_node("Constant", self._domain, [], {"value": array}, 1,
+                                       debugContext)[0]
+
+    def call(self, args, num_outputs: int, callee: Builder, debugContext=""):
+        if self._domain != registry.GRAPHCORE_DOMAIN:
+            raise AttributeError("call is an ai.graphcore operator")
+        outs = self._builder._add_node("Call", self._domain, list(args), {"callee": callee}, int(num_outputs),
+                                       debugContext)
+        return outs
+
+
+def _op_type_for(domain: str, name: str, version: int):
+    if domain == registry.GRAPHCORE_DOMAIN:
+        return registry.graphcore_method(name)
+    op_type = _onnx_op_names().get(name.lower())
+    if op_type is None:
+        return None
+    try:
+        onnx.defs.get_schema(op_type, version, "")
+    except Exception:
+        return None
+    return op_type
+
+
+_ONNX_NAMES = {}
+
+
+def _onnx_op_names():
+    if not _ONNX_NAMES:
+        for schema in onnx.defs.get_all_schemas_with_history():
+            if schema.domain == "":
+                _ONNX_NAMES[schema.name.lower()] = schema.name
+    return _ONNX_NAMES
+
+
+def _build_op(self, op_type, domain, args, pos, positional, attrs, debugContext):
+    if isinstance(args, str):
+        args = [args]
+    values = dict(zip(positional, pos))
+    if len(pos) > len(positional):
+        # A trailing positional argument beyond the known ones is PopART's debugContext.
+        if len(pos) == len(positional) + 1 and isinstance(pos[-1], (str, DebugContext)):
+            debugContext = pos[-1]
+        else:
+            raise TypeError(f"{op_type}: too many positional arguments ({len(pos)}); "
+                            f"expected {list(positional)} then debugContext")
+    values.update(attrs)
+    num_outputs = int(values.pop("num_outputs", _FIXED_OUTPUTS.get(op_type, 1)))
+    if "lambda" in values:
+        values["lambda"] = float(values["lambda"])
+    if domain == registry.GRAPHCORE_DOMAIN:
+        _graphcore_defaults(op_type, values)
+    outs = self._add_node(op_type, domain, list(args), values, num_outputs, debugContext)
+    return outs[0] if num_outputs == 1 else outs
+
+
+# Ops whose PopART binding always returns several outputs (no num_outputs argument).
+_FIXED_OUTPUTS = {"TopK": 2, "GroupNormalization": 3}
+
+
+def _graphcore_defaults(op_type: str, values: dict) -> None:
+    if "reduction" in values:
+        values["reduction"] = int(values["reduction"])
+    elif op_type in ("L1Loss", "Nll", "IdentityLoss"):
+        values["reduction"] = int(ReductionType.Mean)
+    if op_type == "Nll":
+        if values.get("ignoreIndex") is None:
+            values.pop("ignoreIndex", None)
+        if "inputIsLogProbability" in values:
+            values["inputIsLogProbability"] = int(bool(values["inputIsLogProbability"]))
+
+
+Builder._build_op = _build_op

@@ -1,0 +1,101 @@
+"""``popart.DataFlow`` and ``popart.AnchorReturnType``: what a ``run`` returns, and how often."""
+from typing import Dict, Iterable, Union
+
+from .enums import AnchorReturnTypeId, ExchangeStrategy, TileSet
+from .errors import popart_exception
+
+_BY_NAME = {"final": AnchorReturnTypeId.Final, "everyn": AnchorReturnTypeId.EveryN,
+            "all": AnchorReturnTypeId.All, "sum": AnchorReturnTypeId.Sum}
+
+
+class AnchorReturnType:
+    """``AnchorReturnType("All" | "Final" | "Sum")`` or ``AnchorReturnType("EveryN", N)``
+    (names are case-insensitive)."""
+
+    def __init__(self, artString: str, returnPeriod: int = None, tileSet=TileSet.Compute,
+                 exchangeStrategy=ExchangeStrategy.JustInTime):
+        key = str(artString).lower()
+        if key not in _BY_NAME:
+            raise popart_exception(f"Invalid anchor return type ID supplied: {artString}")
+        self._id = _BY_NAME[key]
+        if self._id == AnchorReturnTypeId.EveryN:
+            if returnPeriod is None:
+                raise popart_exception("Must specify return period with option 'EVERYN'")
+            if int(returnPeriod) <= 0:
+                raise popart_exception("Anchor return period must be greater than zero")
+            self._period = int(returnPeriod)
+        else:
+            if returnPeriod is not None:
+                raise popart_exception(f"A return period should not be supplied for this anchor return type "
+                                       f"({artString})")
+            self._period = 0
+        self.tileSet = tileSet
+        self.exchangeStrategy = exchangeStrategy
+
+    def id(self) -> AnchorReturnTypeId:
+        return self._id
+
+    def rp(self) -> int:
+        return self._period
+
+    def str(self) -> str:
+        return {AnchorReturnTypeId.Final: "FINAL", AnchorReturnTypeId.EveryN: "EVERYN",
+                AnchorReturnTypeId.All: "ALL", AnchorReturnTypeId.Sum: "SUM"}[self._id]
+
+    def __repr__(self):
+        return f"AnchorReturnType({self.str()}" + (f", {self._period})" if self._period else ")")
+
+
+class DataFlow:
+    """``DataFlow(batchesPerStep, {id: AnchorReturnType})`` or ``DataFlow(batchesPerStep, [ids],
+    anchorReturnType=AnchorReturnType("All"))``."""
+
+    def __init__(self, batchesPerStep: int, anchorTensors: Union[Dict[str, AnchorReturnType], Iterable[str]] = None,
+                 anchorReturnType: AnchorReturnType = None):
+        if int(batchesPerStep) < 1:
+            raise popart_exception(f"batchesPerStep must be at least 1, got {batchesPerStep}")
+        self._bps = int(batchesPerStep)
+        anchors = anchorTensors if anchorTensors is not None else {}
+        if isinstance(anchors, dict):
+            if anchorReturnType is not None:
+                raise popart_exception("DataFlow: give either a dict of return types or a list of ids with "
+                                       "anchorReturnType")
+            self._anchors = dict(anchors)
+        else:
+            art = anchorReturnType if anchorReturnType is not None else AnchorReturnType("All")
+            self._anchors = {tensor_id: art for tensor_id in anchors}
+        for tensor_id, art in self._anchors.items():
+            if not isinstance(art, AnchorReturnType):
+                raise popart_exception(f"Anchor '{tensor_id}': expected a popart.AnchorReturnType, got {art!r}")
+
+    def batchesPerStep(self) -> int:
+        return self._bps
+
+    def anchors(self):
+        return list(self._anchors)
+
+    def nAnchors(self) -> int:
+        return len(self._anchors)
+
+    def isAnchored(self, tensorId: str) -> bool:
+        return tensorId in self._anchors
+
+    def art(self, anchorId: str) -> AnchorReturnType:
+        if anchorId not in self._anchors:
+            raise popart_exception(f"Tensor '{anchorId}' is not anchored")
+        return self._anchors[anchorId]
+
+    def isBatchCountingRequired(self) -> bool:
+        return any(a.id() == AnchorReturnTypeId.EveryN for a in self._anchors.values())
+
+    def validate(self) -> None:
+        """PopART's check: an EveryN period must divide batchesPerStep."""
+        for tensor_id, art in self._anchors.items():
+            if art.id() == AnchorReturnTypeId.EveryN:
+                if art.rp() > self._bps:
+                    raise popart_exception(f"Return period must be less than or equal to batches per step. "
+                                           f"Anchor '{tensor_id}': return period {art.rp()}, batches per step "
+                                           f"{self._bps}")
+                if self._bps % art.rp() != 0:
+                    raise popart_exception(f"Batches per step must be a multiple of return period. Anchor "
+                                           f"'{tensor_id}': return period {art.rp()}, batches per step {self._bps}")

@@ -1,0 +1,169 @@
+"""PopART's enumerations, with the numbering of PopART's Python bindings."""
+import enum
+
+# The same enumerations as PopTorch's (one definition, same numbering as PopART's).
+from ..enums import MeanReductionStrategy, ReductionType  # noqa: F401
+
+
+class AnchorReturnTypeId(enum.IntEnum):
+    Final = 0
+    EveryN = 1
+    All = 2
+    Sum = 3
+
+
+class VirtualGraphMode(enum.IntEnum):
+    Off = 0
+    Manual = 1
+    Auto = 2
+    ExecutionPhases = 3
+
+
+class RecomputationType(enum.IntEnum):
+    NoRecompute = 0
+    Standard = 1
+    NormOnly = 2
+    RecomputeAll = 3
+    Pipeline = 4
+
+
+class RecomputeType(enum.IntEnum):
+    Undefined = 0
+    Checkpoint = 1
+    Recompute = 2
+    Recomputed = 3
+
+
+class SyncPattern(enum.IntEnum):
+    """How IPUs synchronise with each other and the host. Accepted for compatibility; CPUs and
+    GPUs have no such pattern, so it changes nothing here."""
+    Full = 0
+    SinglePipeline = 1
+    ReplicaAndLadder = 2
+
+
+class DeviceConnectionType(enum.IntEnum):
+    Always = 0
+    OnDemand = 1
+    Never = 2
+
+
+class DeviceSelectionCriterion(enum.IntEnum):
+    First = 0
+    Random = 1
+
+
+class DeviceType(enum.IntEnum):
+    IpuModel = 0
+    Cpu = 1
+    Ipu = 2
+    OfflineIpu = 3
+    Sim = 4
+
+
+class SyntheticDataMode(enum.IntEnum):
+    Off = 0
+    Zeros = 1
+    RandomNormal = 2
+    RandomUniform = 3
+
+
+class AdamMode(enum.IntEnum):
+    Adam = 0
+    AdamNoBias = 1
+    AdaMax = 2
+    Lamb = 3
+    LambNoBias = 4
+
+
+class WeightDecayMode(enum.IntEnum):
+    Decay = 0
+    L2Regularization = 1
+
+
+class SGDAccumulatorAndMomentum(enum.IntEnum):
+    Combined = 0
+    Separate = 1
+
+
+class AdaptiveMode(enum.IntEnum):
+    AdaGrad = 0
+    RMSProp = 1
+    CenteredRMSProp = 2
+    AdaDelta = 3
+
+
+class InitType(enum.IntEnum):
+    NoInit = 0
+    Zero = 1
+
+
+class ReplicatedStreamMode(enum.IntEnum):
+    Replicate = 0
+    Broadcast = 1
+
+
+class ExecutionPhaseSchedule(enum.IntEnum):
+    Interleaving = 0
+    Batch = 1
+    BatchClusteredIO = 2
+
+
+class CollectiveOperator(enum.IntEnum):
+    Add = 0
+    Mean = 1
+    Mul = 2
+    Min = 3
+    Max = 4
+    LogicalAnd = 5
+    LogicalOr = 6
+    SquareAdd = 7
+    Local = 8
+
+
+class CommGroupType(enum.IntEnum):
+    All = 0
+    Consecutive = 1
+    Orthogonal = 2
+    Ungrouped = 3
+
+
+class MergeVarUpdateType(enum.IntEnum):
+    Off = 0
+    All = 1
+    AutoLoose = 2
+    AutoTight = 3
+
+
+class TileSet(enum.IntEnum):
+    Compute = 0
+    IO = 1
+
+
+class ExchangeStrategy(enum.IntEnum):
+    JustInTime = 0
+    OverlapInnerLoop = 1
+    OverlapLoops = 2
+    OverlapStep = 3
+
+
+class PatternsLevel(enum.IntEnum):
+    NoPatterns = 0
+    Minimal = 1
+    Default = 2
+    All = 3
+
+
+class DotCheck(enum.IntEnum):
+    Fwd0 = 0
+    Fwd1 = 1
+    Bwd0 = 2
+    PreAlias = 3
+    Final = 4
+
+
+class MatMulSerialisationMode(str, enum.Enum):
+    NoSerialisation = "none"
+    InputChannels = "input_channels"
+    ReducingDim = "reducing_dim"
+    OutputChannels = "output_channels"

@@ -1,0 +1,318 @@
+"""The ONNX ``ModelProto`` as a ``torch.nn.Module``: initializers become Parameters (trainable
+float weights) or buffers (integer constants, BatchNorm statistics), nodes run in topological
+order through the op table.
+
+The nodes are cut into *segments*, one per pipeline stage / virtual graph run (see
+``placement.py``); each segment is a sub-module that the session turns into an openpop block
+(``poptorch.BeginBlock``), so PopTorch's plan places and schedules it.
+
+The root ``forward(micro_batch_index, inputs)`` receives one micro-batch per call (the runtime
+splits the host buffers), returns the loss marked with ``identity_loss`` (training) followed by
+the activations anchored in the ``DataFlow``, each with a leading dimension of 1 so the runtime
+stacks them in ``[batchesPerStep, accumulation, replica]`` order. Gradients of anchored tensors
+are caught by ``GradientTap`` nodes in backward and recorded per micro-batch index.
+"""
+from collections import defaultdict
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import onnx
+import torch
+from onnx import numpy_helper
+
+from . import tensorinfo
+from .errors import popart_exception
+from .ops import node_attributes, registry, run_node, unsupported_message
+from .shapes import info_of, node_label
+
+
+class GraphProgram:
+    """What the interpreter needs from a ``ModelProto``, checked once: supported ops, topological
+    order, tensor types."""
+
+    def __init__(self, model: onnx.ModelProto):
+        self.model = model
+        graph = model.graph
+        self.opsets = {registry._canon(o.domain): o.version for o in model.opset_import}
+        self.opsets.setdefault(registry.ONNX_DOMAIN, 10)
+        self.opsets.setdefault(registry.GRAPHCORE_DOMAIN, 1)
+        self.initializers: Dict[str, np.ndarray] = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+        self.input_ids: List[str] = [v.name for v in graph.input if v.name not in self.initializers]
+        self.output_ids: List[str] = [v.name for v in graph.output]
+        self.nodes = _topological(graph)
+        self.producer = {out: node for node in self.nodes for out in node.output if out}
+        self.attrs = [node_attributes(node) for node in self.nodes]
+        self.input_types = {v.name: v.type for v in graph.input}
+
+    def check_supported(self) -> None:
+        for node in self.nodes:
+            entry = registry.lookup(node.domain, node.op_type)
+            if entry is None:
+                raise popart_exception(unsupported_message(node, self.opset_of(node)))
+
+    def opset_of(self, node) -> int:
+        return self.opsets.get(registry._canon(node.domain), 1)
+
+    def tensor_ids(self) -> set:
+        ids = set(self.initializers) | set(self.input_ids)
+        ids.update(out for node in self.nodes for out in node.output if out)
+        return ids
+
+    def consumers(self) -> Dict[str, List[tuple]]:
+        users = defaultdict(list)
+        for node in self.nodes:
+            for index, name in enumerate(node.input):
+                if name:
+                    users[name].append((node, index))
+        return users
+
+    def trainable_initializers(self) -> List[str]:
+        """Float initializers a gradient can reach: not BatchNorm statistics, not only shapes."""
+        users = self.consumers()
+        trainable = []
+        for name, value in self.initializers.items():
+            if value.dtype not in (np.float32, np.float16, np.float64):
+                continue
+            uses = users.get(name, [])
+            differentiable = False
+            for node, index in uses:
+                entry = registry.lookup(node.domain, node.op_type)
+                if entry is None:
+                    continue
+                if index in entry.updated_inputs:
+                    differentiable = False
+                    break
+                if entry.differentiable and index not in entry.non_differentiable_inputs:
+                    differentiable = True
+            if differentiable:
+                trainable.append(name)
+        return trainable
+
+    def input_info(self, tensor_id: str) -> tensorinfo.TensorInfo:
+        info = info_of(self.input_types[tensor_id])
+        if info is None:
+            raise popart_exception(f"Input tensor '{tensor_id}' has no complete shape in the model; "
+                                   f"give its shape with popart.InputShapeInfo")
+        return info
+
+
+def _topological(graph) -> List[onnx.NodeProto]:
+    """The nodes in an order where every input is produced before it is used (ONNX requires
+    sorted graphs; exported files sometimes are not)."""
+    available = {v.name for v in graph.input} | {i.name for i in graph.initializer} | {""}
+    pending = list(graph.node)
+    ordered = []
+    while pending:
+        rest = []
+        for node in pending:
+            if all(i in available for i in node.input):
+                ordered.append(node)
+                available.update(node.output)
+            else:
+                rest.append(node)
+        if len(rest) == len(pending):
+            node = rest[0]
+            missing = [i for i in node.input if i not in available]
+            raise popart_exception(f"{node_label(node)}: input tensor '{missing[0]}' is produced by no node, "
+                                   f"input or initializer of the model (or the graph has a cycle)")
+        pending = rest
+    return ordered
+
+
+class RunState:
+    """Shared by the graph's modules during a host call: the current micro-batch and what the
+    gradient taps recorded."""
+
+    def __init__(self, opsets: Dict[str, int]):
+        self.opsets = opsets
+        self.micro_batch = 0
+        self.replication_factor = 1
+        self.gradients: Dict[str, Dict[int, torch.Tensor]] = defaultdict(dict)
+        self.seeds: Dict[int, torch.Tensor] = {}
+        self.tapped = set()
+        self.fetched_index: Dict[str, int] = {}
+
+    def reset(self) -> None:
+        self.gradients = defaultdict(dict)
+        self.seeds = {}
+
+    def tap(self, tensor_id: str, value: torch.Tensor) -> torch.Tensor:
+        if tensor_id not in self.tapped or not torch.is_grad_enabled() or not value.requires_grad:
+            return value
+        return GradientTap.apply(value, self, tensor_id, self.micro_batch)
+
+    def seed_tap(self, loss: torch.Tensor) -> torch.Tensor:
+        if not self.tapped or not loss.requires_grad:
+            return loss
+        return GradientTap.apply(loss, self, None, self.micro_batch)
+
+    def record(self, tensor_id: Optional[str], index: int, grad: torch.Tensor) -> None:
+        grad = grad.detach().to("cpu", copy=True)
+        if tensor_id is None:
+            self.seeds[index] = grad
+        else:
+            # A recomputed segment replays its taps: the last backward's value is the one.
+            self.gradients[tensor_id][index] = grad
+
+
+class GradientTap(torch.autograd.Function):
+    """Identity in forward; in backward, hands the incoming gradient to the ``RunState``."""
+
+    @staticmethod
+    def forward(ctx, x, state, tensor_id, index):
+        ctx.state, ctx.tensor_id, ctx.index = state, tensor_id, index
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        ctx.state.record(ctx.tensor_id, ctx.index, grad)
+        return grad, None, None, None
+
+
+class Segment(torch.nn.Module):
+    """Consecutive nodes of one pipeline stage / virtual graph. Owns the initializers first used
+    here; takes ``live_in`` tensors, returns ``live_out``."""
+
+    def __init__(self, program: GraphProgram, node_indices: Sequence[int], live_in: List[str],
+                 live_out: List[str], owned: List[str], trainable: set, state: RunState, constant_weights=False):
+        super().__init__()
+        self.node_indices = list(node_indices)
+        self.live_in = list(live_in)
+        self.live_out = list(live_out)
+        self._program = program
+        self._state = state
+        self._owned = []  # (tensor id, attribute name)
+        # Resolved once: (node, implementation, context, attributes) per node.
+        self._steps = []
+        for i in self.node_indices:
+            node = program.nodes[i]
+            entry = registry.lookup(node.domain, node.op_type)
+            ctx = registry.OpContext(opset=program.opset_of(node), training=False, node_name=node.name or node.output[0],
+                                     op_type=node.op_type, graph=state, node=node)
+            self._steps.append((node.input, node.output, entry.fn, ctx, program.attrs[i]))
+        for k, name in enumerate(owned):
+            value = torch.from_numpy(np.array(program.initializers[name], copy=True))
+            if name in trainable and not constant_weights:
+                attr = f"weight_{k}"
+                self.register_parameter(attr, torch.nn.Parameter(value))
+            else:
+                attr = f"constant_{k}"
+                self.register_buffer(attr, value)
+            self._owned.append((name, attr))
+
+    def owned(self):
+        return [(name, getattr(self, attr)) for name, attr in self._owned]
+
+    def forward(self, *values):
+        env = dict(zip(self.live_in, values))
+        state = self._state
+        for name, attr in self._owned:
+            env[name] = state.tap(name, getattr(self, attr))
+        training = self.training
+        tapped = state.tapped
+        for input_names, output_names, fn, ctx, attrs in self._steps:
+            ctx.training = training
+            outputs = fn(ctx, [env[name] if name else None for name in input_names], attrs)
+            if isinstance(outputs, torch.Tensor):
+                outputs = (outputs,)
+            for name, value in zip(output_names, outputs):
+                if name:
+                    env[name] = state.tap(name, value) if name in tapped else value
+        return tuple(env[name] for name in self.live_out)
+
+
+class OnnxGraphModule(torch.nn.Module):
+    """The whole graph: segments in order, plus the loss and the anchored activations."""
+
+    def __init__(self, program: GraphProgram, segments: List[List[int]], *, fetch: List[str],
+                 loss: Optional[str], tapped: set, constant_weights: bool = False):
+        super().__init__()
+        self._program = program
+        self.state = RunState(program.opsets)
+        self.state.tapped = set(tapped)
+        self.input_ids = list(program.input_ids)
+        self.input_infos = [program.input_info(i) for i in self.input_ids]
+        self.fetch = list(fetch)
+        self.loss = loss
+        trainable = set(program.trainable_initializers())
+        self.trainable_ids = [t for t in program.initializers if t in trainable]
+        produced = [set(out for i in seg for out in program.nodes[i].output if out) for seg in segments]
+        used = [set(name for i in seg for name in program.nodes[i].input if name) for seg in segments]
+        owner = {}
+        for k, names in enumerate(used):
+            for name in sorted(names):
+                if name in program.initializers and name not in owner:
+                    owner[name] = k
+        for name in program.initializers:  # unused initializers still belong to the model
+            owner.setdefault(name, 0)
+        needed_at_end = set(fetch) | ({loss} if loss else set())
+        available = set(self.input_ids)
+        modules = []
+        for k, seg in enumerate(segments):
+            owned = [name for name in program.initializers if owner[name] == k]
+            later = set().union(*used[k + 1:]) | needed_at_end
+            live_in = sorted(n for n in used[k] if n not in produced[k] and n not in owned and n in available)
+            missing = [n for n in used[k] if n not in produced[k] and n not in owned and n not in available]
+            if missing:
+                raise popart_exception(f"Tensor '{missing[0]}' is used by a pipeline stage / virtual graph "
+                                       f"before the stage that produces it")
+            here = produced[k] | set(owned)
+            live_out = sorted(n for n in here if n in later)
+            modules.append(Segment(program, seg, live_in, live_out, owned, trainable, self.state, constant_weights))
+            available |= here
+        self.segments = torch.nn.ModuleList(modules)
+        missing = [t for t in needed_at_end if t not in available]
+        if missing:
+            raise popart_exception(f"Tensor '{missing[0]}' is not produced by the model")
+
+    def weights(self) -> Dict[str, torch.Tensor]:
+        """Every initializer by its ONNX name (Parameters and constants)."""
+        found = {}
+        for segment in self.segments:
+            found.update(dict(segment.owned()))
+        return found
+
+    def forward(self, micro_batch_index, inputs):
+        state = self.state
+        state.micro_batch = int(micro_batch_index.reshape(-1)[0])
+        env = {}
+        for tensor_id, value, info in zip(self.input_ids, inputs, self.input_infos):
+            value = value.reshape(info.shape())
+            if tensor_id in state.tapped and torch.is_grad_enabled():
+                value = state.tap(tensor_id, value.detach().requires_grad_(True))
+            env[tensor_id] = value
+        for segment in self.segments:
+            outputs = segment(*[env[name] for name in segment.live_in])
+            env.update(zip(segment.live_out, outputs))
+        # Weights are updated in place later in the call: anchor a copy of their current value.
+        initializers = self._program.initializers
+        fetched = tuple(env[name].detach().clone().unsqueeze(0) if name in initializers else env[name].unsqueeze(0)
+                        for name in self.fetch)
+        if self.loss is None:
+            return fetched
+        from .. import identity_loss  # openpop's loss marker
+        loss = env[self.loss]
+        loss = state.seed_tap(loss if loss.dim() == 0 else loss.sum())
+        return (identity_loss(loss, reduction="none"),) + fetched
+
+
+def run_subgraph(ctx, graph_proto: onnx.GraphProto, inputs):
+    """``aiGraphcore.call``: run the callee graph on ``inputs``."""
+    state = ctx.graph
+    opsets = state.opsets if state is not None else {registry.ONNX_DOMAIN: 10, registry.GRAPHCORE_DOMAIN: 1}
+    initializers = {i.name for i in graph_proto.initializer}
+    env = {i.name: torch.from_numpy(numpy_helper.to_array(i).copy()) for i in graph_proto.initializer}
+    names = [v.name for v in graph_proto.input if v.name not in initializers]
+    if len(names) != len(inputs):
+        raise popart_exception(f"call node '{ctx.node_name}': the callee takes {len(names)} inputs, "
+                               f"got {len(inputs)}")
+    env.update(zip(names, inputs))
+    for node in graph_proto.node:
+        entry = registry.lookup(node.domain, node.op_type)
+        opset = opsets.get(registry._canon(node.domain), 1)
+        if entry is None:
+            raise popart_exception(unsupported_message(node, opset))
+        outputs = run_node(node, [env[n] if n else None for n in node.input], opset, training=ctx.training,
+                           graph=state)
+        env.update((n, v) for n, v in zip(node.output, outputs) if n)
+    return [env[v.name] for v in graph_proto.output]

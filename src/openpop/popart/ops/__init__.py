@@ -1,0 +1,53 @@
+"""ONNX node -> torch op table. One module per op family registers its ops in ``registry``."""
+from typing import List, Optional
+
+import torch
+from onnx import helper
+
+from ..errors import popart_exception
+from . import registry
+from .registry import OpContext, lookup
+from . import (activations, elementwise, graphcore, linalg, nn, reductions, rnn, shape)  # noqa: F401  (register)
+
+
+def node_attributes(node) -> dict:
+    """ONNX attributes of ``node`` as Python values, PopART's ``__`` annotations left out."""
+    attrs = {}
+    for attr in node.attribute:
+        if attr.name.startswith("__"):
+            continue
+        value = helper.get_attribute_value(attr)
+        if isinstance(value, bytes):
+            value = value.decode()
+        elif isinstance(value, list) and value and isinstance(value[0], bytes):
+            value = [v.decode() for v in value]
+        attrs[attr.name] = value
+    return attrs
+
+
+def run_node(node, inputs: List[Optional[torch.Tensor]], opset: int, *, training: bool, graph,
+             attrs: dict = None) -> List[torch.Tensor]:
+    entry = lookup(node.domain, node.op_type)
+    if entry is None:
+        raise popart_exception(unsupported_message(node, opset))
+    ctx = OpContext(opset=opset, training=training, node_name=node.name or node.output[0], op_type=node.op_type,
+                    graph=graph, node=node)
+    result = entry.fn(ctx, inputs, node_attributes(node) if attrs is None else attrs)
+    if isinstance(result, torch.Tensor):
+        return [result]
+    return list(result)
+
+
+def unsupported_message(node, opset: int) -> str:
+    domain = node.domain or registry.ONNX_DOMAIN
+    return (f"Op '{node.op_type}' (domain {domain}, opset {opset}) of node '{node.name or node.output[0]}' "
+            f"(outputs: {', '.join(node.output)}) is not supported: no implementation for "
+            f"{domain}.{node.op_type}. popart.getSupportedOperations() lists the supported operations.")
+
+
+def supported_operations(include_internal: bool = False):
+    """``{domain: [op types]}`` as ``popart.getSupportedOperations`` reports them."""
+    table = {}
+    for (domain, op_type), entry in registry.entries().items():
+        table.setdefault(domain, []).append(op_type)
+    return {domain: sorted(ops) for domain, ops in table.items()}

@@ -1,0 +1,36 @@
+"""Helpers shared by the op families."""
+from typing import List, Sequence
+
+import torch
+
+from ..errors import popart_exception
+
+# ONNX TensorProto data type -> torch dtype
+ONNX_TO_TORCH = {1: torch.float32, 2: torch.uint8, 3: torch.int8, 4: torch.uint16, 5: torch.int16, 6: torch.int32,
+                 7: torch.int64, 9: torch.bool, 10: torch.float16, 11: torch.float64, 12: torch.uint32,
+                 13: torch.uint64, 16: torch.bfloat16}
+
+
+def ints(t) -> List[int]:
+    """A 1-D int tensor (a shape, axes...) as a list of Python ints."""
+    if t is None:
+        return []
+    if t.device.type == "meta":
+        raise popart_exception("a shape-like input is not a constant")
+    return [int(v) for v in t.reshape(-1).tolist()]
+
+
+def norm_axis(axis: int, rank: int) -> int:
+    return axis + rank if axis < 0 else axis
+
+
+def norm_axes(axes: Sequence[int], rank: int) -> List[int]:
+    return [norm_axis(int(a), rank) for a in axes]
+
+
+def fail(ctx, message: str):
+    raise popart_exception(f"{ctx.op_type} node '{ctx.node_name}': {message}")
+
+
+def int_index(t: torch.Tensor) -> torch.Tensor:
+    return t.long() if t.dtype != torch.int64 else t

@@ -1,0 +1,259 @@
+"""PopART's optimizers (``SGD``, ``ConstSGD``, ``Adam``, ``Adaptive``) as descriptions that become
+openpop optimizers over the session's weights.
+
+Hyper-parameters are ``(value, isConst)`` pairs (a bare number counts as non-constant); per-weight
+values come from ``insertSpecific``. A constant value cannot be changed later by
+``updateOptimizerFromHost`` (PopART bakes it into the program). Mapping:
+
+* ``SGD`` -> ``openpop.optim.SGD``: torch's update, ``v = mm*v + (1-dm)*(g + wd*w)``, ``w -= lr*v``
+  (momentum buffer initialised with the first step's term, as torch and PopTorch), Nesterov,
+  velocity scaling, ``Combined``/``Separate`` accumulators, loss scaling.
+* ``Adam`` -> ``AdamW`` (``WeightDecayMode.Decay``), ``Adam`` (``L2Regularization``), ``bias_correction=False``
+  for ``AdamNoBias``; ``LAMB`` for ``Lamb``/``LambNoBias`` (with ``maxWeightNorm``); torch's ``Adamax``
+  for ``AdaMax``.
+* ``Adaptive`` -> torch's ``Adagrad`` / openpop's ``RMSprop`` (centered or not) / torch's ``Adadelta``.
+"""
+import math
+from typing import Dict, List
+
+import torch
+
+from .enums import AdamMode, AdaptiveMode, SGDAccumulatorAndMomentum, WeightDecayMode
+from .errors import popart_exception
+
+
+class ClipNormSettings:
+    """Clip the global norm of ``weightIds``' gradients to ``maxNorm``."""
+
+    def __init__(self, weightIds: List[str], maxNorm: float):
+        self.weightIds = list(weightIds)
+        self.maxNorm = float(maxNorm)
+        self.all_weights = False
+
+    @staticmethod
+    def clipWeights(weightIds, maxNorm):
+        return ClipNormSettings(weightIds, maxNorm)
+
+    @staticmethod
+    def clipAllWeights(maxNorm):
+        settings = ClipNormSettings([], maxNorm)
+        settings.all_weights = True
+        return settings
+
+
+class OptimizerValue:
+    def __init__(self, val: float = 0.0, isConst: bool = True):
+        self._val = float(val)
+        self._const = bool(isConst)
+
+    def val(self) -> float:
+        return self._val
+
+    def isConst(self) -> bool:
+        return self._const
+
+    def __repr__(self):
+        return f"OptimizerValue({self._val}, isConst={self._const})"
+
+
+def _value(v):
+    if isinstance(v, OptimizerValue):
+        return v.val(), v.isConst()
+    if isinstance(v, (tuple, list)):
+        if len(v) != 2:
+            raise popart_exception(f"Optimizer values are (value, isConst) pairs, got {v!r}")
+        return float(v[0]), bool(v[1])
+    if isinstance(v, bool):
+        return v, True
+    return float(v), False
+
+
+class Optimizer:
+    """Common part: default values, per-weight values, constness."""
+
+    _keys: Dict[str, float] = {}
+    _global = ("lossScaling", "nesterov")
+
+    def __init__(self, values: dict, clip_norm_settings=(), debugContext=""):
+        unknown = [k for k in values if k not in self._keys]
+        if unknown:
+            raise popart_exception(f"Unknown optimizer parameter '{unknown[0]}' for {type(self).__name__}; valid: "
+                                   f"{', '.join(self._keys)}")
+        self._defaults = {k: (v, True) for k, v in self._keys.items()}
+        for k, v in values.items():
+            self._defaults[k] = _value(v)
+        self._specific: Dict[str, dict] = {}
+        self._clip = list(clip_norm_settings or [])
+        for s in self._clip:
+            if not isinstance(s, ClipNormSettings):
+                raise popart_exception("clip_norm_settings must be popart.ClipNormSettings objects")
+
+    def insertSpecific(self, weightId: str, values: dict) -> None:
+        specific = {}
+        for k, v in values.items():
+            key = k if k in self._keys else "default" + k[0].upper() + k[1:]
+            if key not in self._keys or key in self._global:
+                raise popart_exception(f"Invalid weight-specific optimizer parameter '{k}' for {weightId}")
+            specific[key] = _value(v)
+        self._specific[weightId] = specific
+
+    def hasSpecific(self, weightId: str = None) -> bool:
+        return bool(self._specific) if weightId is None else weightId in self._specific
+
+    def getLossScalingVal(self) -> float:
+        return float(self._defaults["lossScaling"][0])
+
+    def value(self, key: str, weight_id: str = None):
+        if weight_id is not None and key in self._specific.get(weight_id, {}):
+            return self._specific[weight_id][key][0]
+        return self._defaults[key][0]
+
+    def constants(self) -> Dict[tuple, float]:
+        consts = {(None, k): v for k, (v, c) in self._defaults.items() if c}
+        for w, values in self._specific.items():
+            consts.update({(w, k): v for k, (v, c) in values.items() if c})
+        return consts
+
+    def _max_grad_norm(self, weight_ids) -> float:
+        if not self._clip:
+            return math.inf
+        if len(self._clip) == 1 and (self._clip[0].all_weights or set(self._clip[0].weightIds) >= set(weight_ids)):
+            return self._clip[0].maxNorm
+        raise popart_exception("Gradient clipping of a subset of the weights is not supported by openpop; "
+                               "use ClipNormSettings.clipAllWeights")
+
+    def _groups(self, params: Dict[str, torch.nn.Parameter], keys: List[str]):
+        """One parameter group for the weights on defaults, one per weight with specific values."""
+        groups = []
+        plain = [p for w, p in params.items() if w not in self._specific]
+        if plain:
+            groups.append({"params": plain})
+        for w, p in params.items():
+            if w in self._specific:
+                groups.append({"params": [p], **{k: self.value(k, w) for k in keys}, "popart_weight": w})
+        unknown = [w for w in self._specific if w not in params]
+        if unknown:
+            raise popart_exception(f"insertSpecific: '{unknown[0]}' is not a trainable weight of the model")
+        return groups
+
+    def check_update(self, new: "Optimizer") -> None:
+        """``updateOptimizerFromHost``: same type, constants unchanged."""
+        if type(new) is not type(self) or getattr(new, "mode", None) != getattr(self, "mode", None):
+            raise popart_exception(f"updateOptimizerFromHost: the new optimizer ({type(new).__name__}) must be of "
+                                   f"the type the session was built with ({type(self).__name__})")
+        old, fresh = self.constants(), new.constants()
+        for key, value in old.items():
+            if key in fresh and fresh[key] != value or key not in fresh:
+                raise popart_exception(f"updateOptimizerFromHost: '{key[1]}'"
+                                       + (f" of {key[0]}" if key[0] else "")
+                                       + f" is constant ({value}) and cannot be changed")
+
+
+class SGD(Optimizer):
+    _keys = {"defaultLearningRate": 0.1, "defaultWeightDecay": 0.0, "defaultMomentum": 0.0,
+             "defaultDampening": 0.0, "defaultVelocityScaling": 1.0, "lossScaling": 1.0, "nesterov": False}
+    _per_group = {"lr": "defaultLearningRate", "weight_decay": "defaultWeightDecay", "momentum": "defaultMomentum",
+                  "dampening": "defaultDampening", "velocity_scaling": "defaultVelocityScaling"}
+
+    def __init__(self, pyd: dict = None, clip_norm_settings=(), accumulatorAndMomentum=SGDAccumulatorAndMomentum.Combined,
+                 accumType=None, accl1Type=None, debugContext="sgd"):
+        super().__init__(dict(pyd or {}), clip_norm_settings, debugContext)
+        self.accumulatorAndMomentum = SGDAccumulatorAndMomentum(int(accumulatorAndMomentum))
+
+    def learningRates(self):
+        return self.value("defaultLearningRate")
+
+    def to_torch(self, params: Dict[str, torch.nn.Parameter]):
+        from ..optim import SGD as OpenpopSGD
+        groups = self._groups(params, list(self._per_group.values()))
+        for g in groups:
+            for torch_key, key in self._per_group.items():
+                if key in g:
+                    g[torch_key] = g.pop(key)
+            g.pop("popart_weight", None)
+        return OpenpopSGD(groups, lr=self.value("defaultLearningRate"), momentum=self.value("defaultMomentum"),
+                          dampening=self.value("defaultDampening"), weight_decay=self.value("defaultWeightDecay"),
+                          nesterov=bool(self.value("nesterov")), loss_scaling=self.value("lossScaling"),
+                          velocity_scaling=self.value("defaultVelocityScaling"),
+                          use_combined_accum=self.accumulatorAndMomentum == SGDAccumulatorAndMomentum.Combined,
+                          max_grad_norm=self._max_grad_norm(list(params)))
+
+
+class ConstSGD(SGD):
+    """SGD whose learning rate, weight decay and loss scaling are constants."""
+
+    def __init__(self, learning_rate: float, weight_decay: float = 0.0, loss_scaling: float = 1.0,
+                 clip_norm_settings=()):
+        super().__init__({"defaultLearningRate": (learning_rate, True), "defaultWeightDecay": (weight_decay, True),
+                          "lossScaling": (loss_scaling, True)}, clip_norm_settings)
+
+
+class Adam(Optimizer):
+    _keys = {"defaultLearningRate": 0.1, "defaultWeightDecay": 0.0, "defaultBeta1": 0.9, "defaultBeta2": 0.999,
+             "defaultEps": 1e-6, "lossScaling": 1.0, "maxWeightNorm": math.inf}
+    _global = ("lossScaling", "maxWeightNorm")
+
+    def __init__(self, values: dict = None, mode=AdamMode.Adam, weight_decay_mode=WeightDecayMode.Decay,
+                 accum_type=None, accl1_type=None, accl2_type=None, clip_norm_settings=(),
+                 scaled_optimizer_state=False, debugContext="adam"):
+        super().__init__(dict(values or {}), clip_norm_settings, debugContext)
+        self.mode = AdamMode(int(mode))
+        self.weight_decay_mode = WeightDecayMode(int(weight_decay_mode))
+
+    def to_torch(self, params: Dict[str, torch.nn.Parameter]):
+        from .. import optim
+        groups = self._groups(params, ["defaultLearningRate", "defaultWeightDecay", "defaultBeta1", "defaultBeta2",
+                                       "defaultEps"])
+        for g in groups:
+            if "defaultLearningRate" in g:
+                g["lr"] = g.pop("defaultLearningRate")
+                g["weight_decay"] = g.pop("defaultWeightDecay")
+                g["betas"] = (g.pop("defaultBeta1"), g.pop("defaultBeta2"))
+                g["eps"] = g.pop("defaultEps")
+            g.pop("popart_weight", None)
+        common = dict(lr=self.value("defaultLearningRate"), betas=(self.value("defaultBeta1"),
+                                                                   self.value("defaultBeta2")),
+                      eps=self.value("defaultEps"), weight_decay=self.value("defaultWeightDecay"))
+        clip = self._max_grad_norm(list(params))
+        scaling = self.value("lossScaling")
+        if self.mode in (AdamMode.Lamb, AdamMode.LambNoBias):
+            if clip != math.inf:
+                raise popart_exception("Gradient clipping is not supported with Lamb by openpop")
+            return optim.LAMB(groups, bias_correction=self.mode == AdamMode.Lamb, loss_scaling=scaling,
+                              max_weight_norm=self.value("maxWeightNorm"), **common)
+        if self.mode == AdamMode.AdaMax:
+            if self.weight_decay_mode == WeightDecayMode.Decay and self.value("defaultWeightDecay"):
+                raise popart_exception("AdaMax with decoupled weight decay is not supported by openpop; use "
+                                       "WeightDecayMode.L2Regularization")
+            return torch.optim.Adamax(groups, **common)
+        bias = self.mode == AdamMode.Adam
+        if self.weight_decay_mode == WeightDecayMode.Decay:
+            return optim.AdamW(groups, loss_scaling=scaling, bias_correction=bias, max_grad_norm=clip, **common)
+        if not bias:
+            raise popart_exception("AdamNoBias with L2Regularization is not supported by openpop")
+        return optim.Adam(groups, loss_scaling=scaling, max_grad_norm=clip, **common)
+
+
+class Adaptive(Optimizer):
+    _keys = {"defaultLearningRate": 0.01, "defaultWeightDecay": 0.0, "defaultAlpha": 0.99, "defaultMomentum": 0.0,
+             "defaultEps": 1e-6, "lossScaling": 1.0}
+
+    def __init__(self, values: dict = None, mode=AdaptiveMode.RMSProp, weight_decay_mode=WeightDecayMode.L2Regularization,
+                 accum_type=None, accl1_type=None, accl2_type=None, accl3_type=None, rmspropTFVariant=False,
+                 debugContext="adaptive"):
+        super().__init__(dict(values or {}), (), debugContext)
+        self.mode = AdaptiveMode(int(mode))
+        if self.hasSpecific():
+            raise popart_exception("Adaptive: per-weight values are not supported by openpop")
+
+    def to_torch(self, params: Dict[str, torch.nn.Parameter]):
+        from .. import optim
+        plist = list(params.values())
+        lr, wd, eps = self.value("defaultLearningRate"), self.value("defaultWeightDecay"), self.value("defaultEps")
+        if self.mode == AdaptiveMode.AdaGrad:
+            return torch.optim.Adagrad(plist, lr=lr, weight_decay=wd, eps=eps)
+        if self.mode == AdaptiveMode.AdaDelta:
+            return torch.optim.Adadelta(plist, lr=lr, rho=self.value("defaultAlpha"), eps=eps, weight_decay=wd)
+        return optim.RMSprop(plist, lr=lr, alpha=self.value("defaultAlpha"), eps=eps, weight_decay=wd,
+                             momentum=self.value("defaultMomentum"), centered=self.mode == AdaptiveMode.CenteredRMSProp,
+                             loss_scaling=self.value("lossScaling"))

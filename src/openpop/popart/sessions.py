@@ -1,0 +1,600 @@
+"""``popart.InferenceSession`` / ``popart.TrainingSession`` on openpop's ``PoplarExecutor``.
+
+A session turns the ONNX model into an ``OnnxGraphModule`` (``graph.py``), its placement into
+openpop blocks (``placement.py``) and its ``SessionOptions`` into ``poptorch.Options``:
+
+====================================================  =============================================
+PopART                                                openpop
+====================================================  =============================================
+``DataFlow.batchesPerStep``                           ``deviceIterations``
+``accumulationFactor`` (if enabled)                   ``Training.gradientAccumulation``
+``replicatedGraphCount`` (if enabled)                 ``replicationFactor``
+``accumulationAndReplicationReductionType`` (Sum)     ``Training.accumulationAndReplicationReductionType``
+``meanAccumulationAndReplicationReductionStrategy``   ``setMeanAccumulationAndReplicationReductionStrategy``
+virtual graphs / pipeline stages                      ``BeginBlock`` per segment, Sharded/Pipelined strategy
+``autoRecomputation`` (pipelined)                     ``_Popart.set("autoRecomputation", ...)``
+``enableStochasticRounding``                          ``Precision.enableStochasticRounding``
+====================================================  =============================================
+
+Host buffers: every input ``x`` of declared shape ``S`` arrives as ``bps*accl*repl*nelms(S)``
+elements (PopART's check) and is given to the executor as ``[bps*accl*repl, *S]``, which the
+runtime splits in PopART's ``[bps, accl, repl]`` order. Anchors come back from the runtime per
+micro-batch (output mode ``All``) and are reduced here to each anchor's return type, then
+shaped as ``initAnchorArrays`` says (§A.4).
+
+Gradient anchors (``popart.reservedGradientPrefix() + id``) hold each micro-batch's gradient of
+the loss (times the optimizer's loss scaling, as PopART's gradient tensors are scaled).
+``UpdatedVar___<weight>`` anchors hold the weight after each step's update, repeated over the
+step's micro-batches. With pipelining but no gradient accumulation PopART updated weights per
+micro-batch with stale weights; openpop runs such a model sharded (same stages, no staleness).
+"""
+import logging
+from typing import Dict, List, Optional
+
+import numpy as np
+import onnx
+import torch
+from onnx import numpy_helper
+
+from .. import annotations, strategies
+from ..enums import MeanReductionStrategy as PoptorchMeanStrategy, OutputMode
+from ..enums import ReductionType as PoptorchReduction
+from ..models import inferenceModel, trainingModel
+from ..options import Options
+from . import placement, tensorinfo
+from .builder import load_model
+from .dataflow import DataFlow
+from .devices import DeviceInfo
+from .enums import AnchorReturnTypeId, RecomputationType, SyntheticDataMode
+from .errors import popart_exception
+from .graph import GraphProgram, OnnxGraphModule
+from .options import SessionOptions
+from .optimizers import Optimizer
+from .shapes import ShapeInference, info_of, type_of
+from .stepio import OUTPUT_SIZE_ERROR, PyStepIO, PyStepIOCallback, PyWeightsIO, check_input_size
+
+GRADIENT_PREFIX = "Gradient___"
+UPDATED_VAR_PREFIX = "UpdatedVar___"
+NOT_PREPARED = "Devicex::prepare() must be called before Devicex::{what} is called."
+
+logger = logging.getLogger("popart")
+
+
+class InputShapeInfo:
+    """Shapes for model inputs that the ONNX file leaves open."""
+
+    def __init__(self):
+        self._infos: Dict[str, tensorinfo.TensorInfo] = {}
+
+    def add(self, tensorId: str, info: tensorinfo.TensorInfo) -> None:
+        self._infos[tensorId] = info
+
+    def get(self, tensorId: str) -> tensorinfo.TensorInfo:
+        return self._infos[tensorId]
+
+    def has(self, tensorId: str) -> bool:
+        return tensorId in self._infos
+
+    def infos(self):
+        return dict(self._infos)
+
+
+class _Session:
+    def __init__(self, fnModel, dataFlow: DataFlow, deviceInfo: DeviceInfo, inputShapeInfo=None, patterns=None,
+                 userOptions: SessionOptions = None, name: str = "", *, training: bool, loss=None, optimizer=None):
+        if not isinstance(dataFlow, DataFlow):
+            raise popart_exception(f"dataFlow must be a popart.DataFlow, got {type(dataFlow).__name__}")
+        if deviceInfo is None:
+            raise popart_exception("No device given (deviceInfo is None): acquire one with popart.DeviceManager()")
+        if not isinstance(deviceInfo, DeviceInfo):
+            raise popart_exception(f"deviceInfo must be a popart.DeviceInfo, got {type(deviceInfo).__name__}")
+        options = userOptions if userOptions is not None else SessionOptions()
+        if not isinstance(options, SessionOptions):
+            raise popart_exception(f"userOptions must be a popart.SessionOptions, got {type(options).__name__}")
+        self.name = name
+        self._training = training
+        self._device = deviceInfo
+        self._options = options
+        self.dataFlow = dataFlow
+        self._patterns = patterns
+        model = load_model(fnModel)
+        if inputShapeInfo is not None:
+            _apply_input_shapes(model, inputShapeInfo)
+        self._program = GraphProgram(model)
+        self._program.check_supported()
+        self._infos = _infer_all(self._program)
+        # ---- options
+        if int(options.replicatedGraphCount) < 1:
+            raise popart_exception("replicatedGraphCount must be at least 1")
+        self.accumulationFactor = options.getAccumulationFactor()
+        self.replicationFactor = options.local_replicas()
+        if not training and self.accumulationFactor > 1:
+            raise popart_exception("Gradient accumulation is only available in training sessions")
+        dataFlow.validate()
+        self._bps = dataFlow.batchesPerStep()
+        # ---- loss and anchors
+        self._loss = None
+        if training:
+            if not isinstance(loss, str):
+                raise popart_exception(f"loss must be a tensor id (str), got {type(loss).__name__}")
+            if loss not in self._infos:
+                raise popart_exception(f"The loss tensor '{loss}' is not a tensor of the model")
+            self._loss = loss
+        self._trainable = self._program.trainable_initializers()
+        self._check_anchors()
+        self._plan = placement.plan(self._program, options, training=training, batches_per_step=self._bps,
+                                    accumulation=self.accumulationFactor, ipus_available=deviceInfo.numIpus)
+        self._check_device()
+        # ---- the torch module and the executor
+        fetch = [a for a in dataFlow.anchors() if not a.startswith((GRADIENT_PREFIX, UPDATED_VAR_PREFIX))]
+        tapped = {a[len(GRADIENT_PREFIX):] for a in dataFlow.anchors() if a.startswith(GRADIENT_PREFIX)}
+        self._module = OnnxGraphModule(self._program, [s.nodes for s in self._plan.segments], fetch=fetch,
+                                       loss=self._loss, tapped=tapped, constant_weights=False)
+        self._module.state.replication_factor = self.replicationFactor
+        self._fetch = fetch
+        self._weights = self._module.weights()
+        self._host_weights = {k: v.detach().cpu().numpy().copy() for k, v in self._weights.items()}
+        self._annotate_blocks()
+        self._optimizer_desc = None
+        self._torch_optimizer = None
+        self._updated: List[Dict[str, torch.Tensor]] = []
+        if training:
+            if not isinstance(optimizer, Optimizer):
+                raise popart_exception(f"optimizer must be a popart optimizer (SGD, ConstSGD, Adam, Adaptive), got "
+                                       f"{type(optimizer).__name__}")
+            self._optimizer_desc = optimizer
+            params = {k: v for k, v in self._weights.items() if isinstance(v, torch.nn.Parameter)}
+            self._torch_optimizer = optimizer.to_torch(params)
+            if any(a.startswith(UPDATED_VAR_PREFIX) for a in dataFlow.anchors()):
+                self._torch_optimizer.register_step_post_hook(self._record_updated)
+        self._poptorch_options = self._make_options()
+        self._module.train(training)
+        if training:
+            self._executor = trainingModel(self._module, self._poptorch_options, self._torch_optimizer)
+        else:
+            self._executor = inferenceModel(self._module, self._poptorch_options)
+        self._prepared = False
+        self._random_seed = None
+        self._steps_run = 0
+
+    # ------------------------------------------------------------------ construction checks
+    def _check_anchors(self) -> None:
+        known = self._infos
+        for anchor in self.dataFlow.anchors():
+            if anchor.startswith(GRADIENT_PREFIX):
+                base = anchor[len(GRADIENT_PREFIX):]
+                if not self._training:
+                    raise popart_exception(f"Anchor tensor '{anchor}' is a gradient: gradients exist in training "
+                                           f"sessions only")
+                if base not in known:
+                    raise popart_exception(f"Anchor tensor '{anchor}' not in Ir Tensors: '{base}' is not a tensor of "
+                                           f"the model")
+            elif anchor.startswith(UPDATED_VAR_PREFIX):
+                base = anchor[len(UPDATED_VAR_PREFIX):]
+                if not self._training or base not in self._trainable:
+                    raise popart_exception(f"Anchor tensor '{anchor}' not in Ir Tensors: '{base}' is not a weight "
+                                           f"updated by this session")
+            elif anchor not in known:
+                raise popart_exception(f"Anchor tensor '{anchor}' not in Ir Tensors: no tensor of the model has "
+                                       f"this id")
+
+    def _check_device(self) -> None:
+        needed = self._plan.ipus_per_replica * self.replicationFactor
+        if self._device.numIpus > 1 or self._device.type.name == "Ipu":
+            if self._device.numIpus % self.replicationFactor != 0:
+                raise popart_exception(f"The number of IPUs requested ({self._device.numIpus}) must be a multiple "
+                                       f"of replicatedGraphCount ({self.replicationFactor})")
+            if needed > self._device.numIpus:
+                raise popart_exception(f"The model needs {needed} IPUs ({self._plan.ipus_per_replica} virtual "
+                                       f"graphs x {self.replicationFactor} replicas) but the device has "
+                                       f"{self._device.numIpus}")
+
+    def _annotate_blocks(self) -> None:
+        if all(s.ipu is None for s in self._plan.segments):
+            return
+        for k, (segment, module) in enumerate(zip(self._plan.segments, self._module.segments)):
+            annotations.BeginBlock(module, f"segment{k}", ipu_id=segment.ipu)
+
+    def _make_options(self) -> Options:
+        o = self._options
+        opts = Options()
+        opts.deviceIterations(self._bps)
+        if self.replicationFactor > 1:
+            opts.replicationFactor(self.replicationFactor)
+        opts.outputMode(OutputMode.All)
+        opts.autoRoundNumIPUs(True)
+        if self._training:
+            opts.Training.gradientAccumulation(self.accumulationFactor)
+            opts.Training.accumulationAndReplicationReductionType(
+                PoptorchReduction(int(o.accumulationAndReplicationReductionType)))
+            strategy = int(o.meanAccumulationAndReplicationReductionStrategy)
+            opts.Training.setMeanAccumulationAndReplicationReductionStrategy(
+                PoptorchMeanStrategy(min(strategy, 1)))  # PostAndLoss: the same numbers as Post
+        if o.enableStochasticRounding:
+            opts.Precision.enableStochasticRounding(True)
+        recompute = RecomputationType(int(o.autoRecomputation))
+        opts._Popart.set("autoRecomputation", int(recompute))
+        segments = self._plan.segments
+        if any(s.ipu is not None for s in segments):
+            stages = [strategies.Stage(f"segment{k}").ipu(s.ipu) for k, s in enumerate(segments)]
+            pipelined = self._plan.pipelined and (not self._training or self.accumulationFactor > 1)
+            opts.setExecutionStrategy(strategies.PipelinedExecution(*stages) if pipelined
+                                      else strategies.ShardedExecution(*stages))
+        return opts
+
+    # ------------------------------------------------------------------ device
+    def prepareDevice(self, loadEngine: bool = True) -> None:
+        """Compile: one traced micro-batch on zeros (weights, RNG and data untouched)."""
+        if self._device.type.name == "OfflineIpu":
+            raise popart_exception("Cannot run on an offline IPU device: it only compiles")
+        if not self._prepared:
+            self._executor.compile(*self._example_inputs())
+            self._prepared = True
+
+    def loadEngineAndConnectStreams(self) -> None:
+        self._require_prepared("loadEngineAndConnectStreams()")
+
+    def compileAndExport(self, filename: str) -> None:
+        """Compile, and save the model with its current weights (ONNX) to ``filename``."""
+        self.prepareDevice()
+        self.modelToHost(filename)
+
+    def _example_inputs(self):
+        n = self._micro_batches_per_run()
+        inputs = tuple(torch.zeros([n] + info.shape(), dtype=tensorinfo.torch_dtype(info.data_type()))
+                       for info in self._module.input_infos)
+        return torch.arange(n, dtype=torch.int64), inputs
+
+    def _micro_batches_per_run(self) -> int:
+        return self._bps * self.accumulationFactor * self.replicationFactor
+
+    def _require_prepared(self, what: str) -> None:
+        if not self._prepared:
+            raise popart_exception(NOT_PREPARED.format(what=what))
+
+    # ------------------------------------------------------------------ weights
+    def weightsFromHost(self) -> None:
+        self._require_prepared("weightsFromHost()")
+        with torch.no_grad():
+            for name, tensor in self._weights.items():
+                tensor.copy_(torch.from_numpy(self._host_weights[name]).to(tensor.device))
+        if not self._training:
+            self._executor.copyWeightsToDevice()
+
+    def weightsToHost(self) -> None:
+        self._require_prepared("weightsToHost()")
+        if self._training:
+            self._executor.copyWeightsToHost()
+        for name, tensor in self._weights.items():
+            self._host_weights[name] = tensor.detach().cpu().numpy().copy()
+
+    def readWeights(self, weightsIo: PyWeightsIO) -> None:
+        for name, array in weightsIo.weights.items():
+            if name not in self._host_weights:
+                raise popart_exception(f"readWeights: '{name}' is not a weight of the model")
+            _copy_into(array, self._host_weights[name], name)
+
+    def writeWeights(self, weightsIo: PyWeightsIO) -> None:
+        for name, array in weightsIo.weights.items():
+            if name not in self._host_weights:
+                raise popart_exception(f"writeWeights: '{name}' is not a weight of the model")
+            if np.asarray(array).size != self._host_weights[name].size:
+                raise popart_exception(f"writeWeights: '{name}' has {self._host_weights[name].size} elements, got "
+                                       f"{np.asarray(array).size}")
+        for name, array in weightsIo.weights.items():
+            self._host_weights[name] = np.asarray(array, self._host_weights[name].dtype).reshape(
+                self._host_weights[name].shape).copy()
+
+    def modelToHost(self, fn: str) -> None:
+        """Write the model with the device's current weights to the ONNX file ``fn``."""
+        if self._prepared:
+            self.weightsToHost()
+        proto = onnx.ModelProto()
+        proto.CopyFrom(self._program.model)
+        for init in proto.graph.initializer:
+            if init.name in self._host_weights:
+                init.CopyFrom(numpy_helper.from_array(self._host_weights[init.name], init.name))
+        onnx.save(proto, fn)
+
+    def resetHostWeights(self, modelProtoOrFilename, ignoreWeightsInModelWithoutCorrespondingHostWeight=False):
+        """Replace the host weights by the initializers of another copy of the model (then call
+        ``weightsFromHost``)."""
+        if not self._training and self._options.constantWeights:
+            raise popart_exception("Cannot call resetHostWeights when constantWeights is set: set "
+                                   "SessionOptions.constantWeights = False")
+        proto = load_model(modelProtoOrFilename)
+        found = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
+        for name, value in found.items():
+            if name not in self._host_weights:
+                if ignoreWeightsInModelWithoutCorrespondingHostWeight:
+                    continue
+                raise popart_exception(f"resetHostWeights: the model has a weight '{name}' this session does not")
+            if value.shape != self._host_weights[name].shape:
+                raise popart_exception(f"resetHostWeights: '{name}' has shape {list(value.shape)}, expected "
+                                       f"{list(self._host_weights[name].shape)}")
+        for name, value in found.items():
+            if name in self._host_weights:
+                self._host_weights[name] = np.array(value, copy=True)
+
+    # ------------------------------------------------------------------ run
+    def initAnchorArrays(self) -> Dict[str, np.ndarray]:
+        return {anchor: np.zeros(self._anchor_shape(anchor), dtype=self._anchor_dtype(anchor))
+                for anchor in self.dataFlow.anchors()}
+
+    def _anchor_info(self, anchor: str) -> tensorinfo.TensorInfo:
+        for prefix in (GRADIENT_PREFIX, UPDATED_VAR_PREFIX):
+            if anchor.startswith(prefix):
+                return self._infos[anchor[len(prefix):]]
+        return self._infos[anchor]
+
+    def _anchor_dtype(self, anchor):
+        return tensorinfo.numpy_dtype(self._anchor_info(anchor).data_type())
+
+    def _anchor_shape(self, anchor: str) -> List[int]:
+        art = self.dataFlow.art(anchor)
+        prefix = [self.replicationFactor]
+        if art.id() == AnchorReturnTypeId.All:
+            prefix = [self._bps, self.accumulationFactor] + prefix
+        elif art.id() == AnchorReturnTypeId.EveryN:
+            prefix = [self._bps // art.rp(), self.accumulationFactor] + prefix
+        return [d for d in prefix if d != 1] + self._anchor_info(anchor).shape()
+
+    def run(self, stepio, debugName: str = "") -> None:
+        """One step: ``batchesPerStep`` batches (training: weight updates)."""
+        if not isinstance(stepio, (PyStepIO, PyStepIOCallback)):
+            if isinstance(stepio, str) and debugName is not None and isinstance(debugName, (PyStepIO, PyStepIOCallback)):
+                stepio = debugName  # run(programHandle, stepio)
+            else:
+                raise popart_exception(f"run() needs a popart.PyStepIO or PyStepIOCallback, got {type(stepio).__name__}")
+        self._require_prepared("run()")
+        inputs = self._gather_inputs(stepio)
+        n = self._micro_batches_per_run()
+        self._module.state.reset()
+        self._updated = []
+        result = self._executor(torch.arange(n, dtype=torch.int64), inputs)
+        self._steps_run += 1
+        outputs = self._anchor_values(result)
+        self._deliver(stepio, outputs)
+
+    def _gather_inputs(self, stepio):
+        o = self._options
+        n = self._micro_batches_per_run()
+        synthetic = SyntheticDataMode(int(o.syntheticDataMode))
+        tensors = []
+        for tensor_id, info in zip(self._module.input_ids, self._module.input_infos):
+            dtype = tensorinfo.numpy_dtype(info.data_type())
+            if synthetic != SyntheticDataMode.Off:
+                tensors.append(_synthetic([n] + info.shape(), dtype, synthetic))
+                continue
+            if isinstance(stepio, PyStepIOCallback):
+                chunks = []
+                for _ in range(n):
+                    chunk = np.asarray(stepio.input_callback(tensor_id, False))
+                    if stepio.runtimeAssertsEnabled() and chunk.size != info.nelms():
+                        raise popart_exception(f"Unexpected number of input elements for Tensor {tensor_id}. "
+                                               f"Expected {info.nelms()}, but received {chunk.size}.")
+                    chunks.append(np.asarray(chunk, dtype).reshape(info.shape()))
+                    stepio.input_complete_callback(tensor_id)
+                tensors.append(torch.from_numpy(np.stack(chunks)))
+                continue
+            if tensor_id not in stepio.inputs:
+                raise popart_exception(f"No stepio input was given for tensor '{tensor_id}' (the model's inputs: "
+                                       f"{', '.join(self._module.input_ids)})")
+            array = np.asarray(stepio.inputs[tensor_id])
+            if stepio.runtimeAssertsEnabled():
+                check_input_size(tensor_id, array, info.nelms(), int(o.replicatedGraphCount),
+                                 int(o.accumulationFactor), self._bps)
+            if array.size != n * info.nelms():
+                raise popart_exception(f"Unexpected number of input elements for Tensor {tensor_id}. Expected "
+                                       f"{n * info.nelms()}, but received {array.size}.")
+            if array.dtype != dtype:
+                if not np.can_cast(array.dtype, dtype, casting="same_kind"):
+                    raise popart_exception(f"Input tensor '{tensor_id}' has data type {array.dtype}; the model "
+                                           f"expects {info.data_type()}")
+                array = array.astype(dtype)
+            tensors.append(torch.from_numpy(np.ascontiguousarray(array).reshape([n] + info.shape()).copy()))
+        return tuple(tensors)
+
+    def _per_micro_batch(self, values: torch.Tensor) -> torch.Tensor:
+        """``[N, *S]`` in run order -> ``[bps, accl, repl, *S]``."""
+        return values.reshape(self._bps, self.accumulationFactor, self.replicationFactor, *values.shape[1:])
+
+    def _anchor_values(self, result) -> Dict[str, torch.Tensor]:
+        if result is None:
+            result = ()
+        if isinstance(result, torch.Tensor):
+            result = (result,)
+        offset = 1 if self._training else 0
+        values = {}
+        for k, anchor in enumerate(self._fetch):
+            raw = result[offset + k]
+            values[anchor] = self._per_micro_batch(raw)
+        state = self._module.state
+        n = self._micro_batches_per_run()
+        scaling = self._optimizer_desc.getLossScalingVal() if self._optimizer_desc is not None else 1.0
+        for anchor in self.dataFlow.anchors():
+            if anchor.startswith(GRADIENT_PREFIX):
+                base = anchor[len(GRADIENT_PREFIX):]
+                recorded = state.gradients.get(base, {})
+                shape = self._infos[base].shape()
+                rows = []
+                for i in range(n):
+                    grad = recorded.get(i)
+                    seed = state.seeds.get(i)
+                    if grad is None or seed is None:
+                        rows.append(torch.zeros(shape))
+                    else:
+                        rows.append(grad.float() / seed.float() * scaling)
+                values[anchor] = self._per_micro_batch(torch.stack(rows).reshape([n] + shape))
+            elif anchor.startswith(UPDATED_VAR_PREFIX):
+                base = anchor[len(UPDATED_VAR_PREFIX):]
+                steps = [u[base] for u in self._updated]
+                if len(steps) < self._bps:  # a skipped update (non-finite gradients): the weight is unchanged
+                    steps += [self._weights[base].detach().cpu().clone()] * (self._bps - len(steps))
+                stacked = torch.stack(steps)
+                values[anchor] = stacked.reshape(self._bps, 1, 1, *stacked.shape[1:]).expand(
+                    self._bps, self.accumulationFactor, self.replicationFactor, *stacked.shape[1:])
+        reduced = {}
+        for anchor, value in values.items():
+            art = self.dataFlow.art(anchor)
+            if art.id() == AnchorReturnTypeId.All:
+                out = value
+            elif art.id() == AnchorReturnTypeId.EveryN:
+                out = value[art.rp() - 1::art.rp()]
+            elif art.id() == AnchorReturnTypeId.Final:
+                out = value[-1, -1]
+            else:
+                out = value.sum(dim=(0, 1))
+            reduced[anchor] = out
+        return reduced
+
+    def _deliver(self, stepio, outputs: Dict[str, torch.Tensor]) -> None:
+        for anchor, value in outputs.items():
+            dtype = self._anchor_dtype(anchor)
+            array = value.detach().cpu().numpy().astype(dtype, copy=False)
+            if isinstance(stepio, PyStepIOCallback):
+                per = self._anchor_info(anchor).nelms()
+                rows = array.reshape(-1, per) if per else array.reshape(-1, 0)
+                for row in rows:
+                    target = stepio.output_callback(anchor)
+                    _copy_into(target, row, anchor)
+                    stepio.output_complete_callback(anchor)
+                continue
+            if anchor not in stepio.outputs:
+                continue
+            target = stepio.outputs[anchor]
+            if stepio.runtimeAssertsEnabled() and np.asarray(target).size != array.size:
+                raise popart_exception(OUTPUT_SIZE_ERROR.format(id=anchor, expected=array.size,
+                                                                got=np.asarray(target).size))
+            _copy_into(target, array, anchor)
+
+    def _record_updated(self, optimizer, args, kwargs) -> None:
+        self._updated.append({name: p.detach().cpu().clone() for name, p in self._weights.items()
+                              if isinstance(p, torch.nn.Parameter)})
+
+    # ------------------------------------------------------------------ misc
+    def setRandomSeed(self, seedValue: int) -> None:
+        """Seeds the random number generator used by dropout and random ops."""
+        self._random_seed = int(seedValue)
+        torch.manual_seed(int(seedValue))
+
+    def getRandomSeed(self) -> Optional[int]:
+        return self._random_seed
+
+    def getInfo(self, id: str) -> tensorinfo.TensorInfo:
+        if id not in self._infos:
+            raise popart_exception(f"No tensor '{id}' in the model")
+        return self._infos[id]
+
+    def hasInfo(self, id: str) -> bool:
+        return id in self._infos
+
+    def getAllTensorIds(self):
+        return set(self._infos)
+
+    def getCycleCount(self, id: str = "") -> int:
+        return 0
+
+    def getSummaryReport(self, resetProfile: bool = True) -> str:
+        lines = [f"openpop PopART session '{self.name}': {len(self._program.nodes)} ops, "
+                 f"{len(self._plan.segments)} segment(s), pipelined={self._plan.pipelined}"]
+        return "\n".join(lines)
+
+    def getReport(self) -> str:
+        return self.getSummaryReport()
+
+    def getSerializedGraph(self) -> bytes:
+        return self._program.model.SerializeToString()
+
+    def broadcastWeights(self, rootRank: int = 0) -> None:
+        """Make every process's weights equal rank ``rootRank``'s (distributed replication)."""
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            with torch.no_grad():
+                for tensor in self._weights.values():
+                    torch.distributed.broadcast(tensor.data, src=rootRank)
+            if self._prepared:
+                self.weightsToHost()
+
+    def updateEngineCache(self) -> None:
+        pass
+
+    def getExecutionReport(self, *args, **kwargs) -> str:
+        return self.getSummaryReport()
+
+    @property
+    def executor(self):
+        """The openpop ``PoplarExecutor`` running this session (openpop extension)."""
+        return self._executor
+
+
+class InferenceSession(_Session):
+    def __init__(self, fnModel, dataFlow, deviceInfo, inputShapeInfo=None, patterns=None, userOptions=None,
+                 name: str = "inference"):
+        super().__init__(fnModel, dataFlow, deviceInfo, inputShapeInfo, patterns, userOptions, name, training=False)
+
+
+class TrainingSession(_Session):
+    def __init__(self, fnModel, dataFlow, loss, optimizer, deviceInfo, inputShapeInfo=None, patterns=None,
+                 userOptions=None, name: str = "training"):
+        super().__init__(fnModel, dataFlow, deviceInfo, inputShapeInfo, patterns, userOptions, name, training=True,
+                         loss=loss, optimizer=optimizer)
+
+    def updateOptimizerFromHost(self, optimizer: Optimizer) -> None:
+        self._optimizer_desc.check_update(optimizer)
+        params = {k: v for k, v in self._weights.items() if isinstance(v, torch.nn.Parameter)}
+        new = optimizer.to_torch(params)
+        self._executor.setOptimizer(new)
+        self._optimizer_desc = optimizer
+
+    def connectStreamToCallback(self, *args, **kwargs):
+        raise popart_exception("connectStreamToCallback is not supported by openpop; use PyStepIOCallback")
+
+
+def _copy_into(target, values: np.ndarray, name: str) -> None:
+    target_array = np.asarray(target)
+    if target_array.size != np.asarray(values).size:
+        raise popart_exception(f"Buffer for '{name}' has {target_array.size} elements, expected "
+                               f"{np.asarray(values).size}")
+    np.copyto(target_array, np.asarray(values).reshape(target_array.shape), casting="unsafe")
+
+
+def _synthetic(shape, dtype, mode):
+    if mode == SyntheticDataMode.Zeros:
+        return torch.zeros(shape, dtype=tensorinfo.torch_dtype(tensorinfo.popart_name(dtype)))
+    generator = np.random.default_rng(0)
+    if mode == SyntheticDataMode.RandomNormal:
+        data = generator.standard_normal(shape)
+    else:
+        data = generator.uniform(-1, 1, shape)
+    return torch.from_numpy(np.asarray(data).astype(dtype))
+
+
+def _apply_input_shapes(model, shape_info: InputShapeInfo) -> None:
+    for value in model.graph.input:
+        if shape_info.has(value.name):
+            info = shape_info.get(value.name)
+            value.type.CopyFrom(type_of(info.data_type(), info.shape()))
+
+
+def _infer_all(program: GraphProgram) -> Dict[str, tensorinfo.TensorInfo]:
+    """Type every tensor of the model, naming the node on failure (PopART checks shapes when it
+    builds its IR)."""
+    inference = ShapeInference(dict(program.opsets, **{"": program.opsets["ai.onnx"]}))
+    for name, value in program.initializers.items():
+        inference.add_value(name, type_of(tensorinfo.popart_name(value.dtype), value.shape),
+                            numpy_helper.from_array(value, name))
+    for name in program.input_ids:
+        type_proto = program.input_types[name]
+        if info_of(type_proto) is None:
+            raise popart_exception(f"Input tensor '{name}' has no complete shape in the model; give its shape with "
+                                   f"popart.InputShapeInfo")
+        inference.add_value(name, type_proto)
+    graph = onnx.GraphProto()
+    graph.node.extend(program.nodes)
+    inference.run(graph)
+    infos = {}
+    for name, type_proto in inference.types.items():
+        info = info_of(type_proto)
+        if info is not None:
+            infos[name] = info
+    return infos
