@@ -159,8 +159,9 @@ def fork_torch_workers_here(source) -> None:
     by ``forkserver`` would start a fork server of its own for the torch workers (a fresh
     interpreter importing ``__main__`` and torch: seconds, for every accessor), and one started by
     ``spawn`` would spawn each torch worker. This process is a clean single-purpose one that has
-    torch imported and the dataset in memory: forking it gives ready workers at once. A context
-    the user chose is kept.
+    torch imported and the dataset in memory: forking it gives ready workers at once (its only
+    other thread feeds the parent's queue, which the workers never use). A context the user chose
+    is kept.
     """
     if (isinstance(source, torch.utils.data.DataLoader) and source.num_workers > 0
             and source.multiprocessing_context is None and sys.platform.startswith("linux")):
