@@ -83,7 +83,7 @@ EXAMPLES = [
             ("popdist_training.py", "--epochs", "1", "--batch-size", "4", "--num-replicas", "2",
              "--dataloader-workers", "2"), "Validation accuracy", needs="popdist"),
     Example("custom_op", "examples", f"{FEATURES}/custom_op", ("poptorch_custom_op.py",), "",
-            needs="custom_op.so compiled against Poplar/PopART (make in cube_op_example)"),
+            needs="leaky_relu_example/build/custom_ops.so, compiled against the Poplar SDK (make)"),
     Example("shakespeare_rnn", "examples", f"{APPS}/pytorch_lightning/shakespeare-rnn",
             ("train.py", "--ipus", "1", "--epochs", "1", "--text-file", "shakespeare.txt"), "",
             needs="Lightning < 2.0 (training_epoch_end)"),
