@@ -17,8 +17,11 @@ the worker goes on filling the next epoch while the current one is consumed.
 ``sharing_strategy`` picks how the worker process is started (the data itself always travels
 through shared memory): ``Fork`` and ``SharedMemory`` fork the current process (the dataset is
 shared copy-on-write, nothing is pickled), ``ForkServer`` forks from a server process with
-torch preloaded (the dataset must be picklable and importable), ``FileSystem`` spawns a fresh
-interpreter (the dataset is pickled).
+torch and openpop imported (the dataset must be picklable and importable; the server starts
+with the first such accessor of the process and serves all later ones), ``FileSystem`` spawns a
+fresh interpreter (the dataset is pickled). Whatever the strategy, the torch workers of a
+wrapped ``DataLoader`` are forked from the worker process, unless the loader names a
+``multiprocessing_context`` (see ``async_worker.fork_torch_workers_here``).
 
 The worker never outlives its parent's interest: it stops on ``terminate()``, on garbage
 collection, at interpreter exit (``atexit``), when the parent dies, and after reporting an
@@ -294,16 +297,25 @@ def _context(sharing_strategy: SharingStrategy):
     method = _START_METHODS[SharingStrategy(sharing_strategy)]
     context = multiprocessing.get_context(method)
     if method == "forkserver":
-        _preload_torch_in_forkserver(context)
+        _preload_in_forkserver(context)
     return context
 
 
-def _preload_torch_in_forkserver(context) -> None:
-    """Import torch once in the fork server rather than in every worker (no effect once it runs)."""
+_FORKSERVER_PRELOAD = ("torch", "openpop", "poptorch")
+
+
+def _preload_in_forkserver(context) -> None:
+    """Import torch and openpop once, in the fork server, rather than in every worker it forks.
+
+    Only has an effect before the fork server starts (at the first ``ForkServer`` accessor of the
+    process). A forked worker still re-runs the top level of the main script (Python 3.11's fork
+    server never preloads ``__main__``), but finds these modules imported.
+    """
     from multiprocessing import forkserver
     preload = list(getattr(forkserver._forkserver, "_preload_modules", ["__main__"]))
-    if "torch" not in preload:
-        context.set_forkserver_preload(preload + ["torch"])
+    missing = [name for name in _FORKSERVER_PRELOAD if name not in preload]
+    if missing:
+        context.set_forkserver_preload(preload + missing)
 
 
 _live_accessors = weakref.WeakSet()

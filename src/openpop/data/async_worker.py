@@ -14,6 +14,7 @@ import multiprocessing
 import pickle
 import queue
 import signal
+import sys
 import traceback
 from dataclasses import dataclass
 from multiprocessing.reduction import ForkingPickler
@@ -150,9 +151,27 @@ class SlotLoader:
             raise _Stop
 
 
+def fork_torch_workers_here(source) -> None:
+    """Make a torch ``DataLoader`` that names no ``multiprocessing_context`` fork its workers from
+    this process.
+
+    A child process inherits the start method that created it, so without this a worker started
+    by ``forkserver`` would start a fork server of its own for the torch workers (a fresh
+    interpreter importing ``__main__`` and torch: seconds, for every accessor), and one started by
+    ``spawn`` would spawn each torch worker. This process is a clean single-purpose one that has
+    torch imported and the dataset in memory: forking it gives ready workers at once (its only
+    other thread feeds the parent's queue, which the workers never use). A context the user chose
+    is kept.
+    """
+    if (isinstance(source, torch.utils.data.DataLoader) and source.num_workers > 0
+            and source.multiprocessing_context is None and sys.platform.startswith("linux")):
+        source.multiprocessing_context = "fork"
+
+
 def worker_main(source, settings: WorkerSettings, channels: Channels, rng_state: torch.Tensor) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     torch.set_num_threads(1)
+    fork_torch_workers_here(source)
     torch.set_rng_state(rng_state)  # shuffling starts where the parent's generator was
     loader = SlotLoader(source, settings, channels)
     loader.send("ready")
