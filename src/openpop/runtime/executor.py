@@ -28,6 +28,7 @@ from .gradients import GradientReduction
 from .devices import DevicePlacement, SameDeviceOps, reset_boundary_frames, resolve_device_map
 from .losses import LossTracker
 from .precision import RunPrecision
+from .progress import CompilationProgress
 from .pipeline import (ConcurrentMicroBatches, DeviceLocks, Recomputation, concurrency_wanted,
                        recomputation_enabled)
 from .replicas import ReplicaModels
@@ -188,19 +189,14 @@ class PoplarExecutor:
         if self._training:
             compiled.optimizer_snapshot = _optim().snapshot(self._optimizer, **self._snapshot_options())
         if bar is not None:
-            bar.update(100)
-            bar.close()
+            bar.finish()
         run_post_compile_hooks()
         compiled.compile_seconds = time.perf_counter() - started
         self._compiled = compiled
         self._attached = True
 
     def _progress_bar(self):
-        if not self._options.show_compilation_progress_bar:
-            return None
-        from tqdm import tqdm
-        return tqdm(total=100, desc="Graph compilation", disable=None, leave=True,
-                    bar_format="{desc}: {percentage:3.0f}%|{bar}| {n}/{total} [{elapsed}<{remaining}]")
+        return CompilationProgress() if self._options.show_compilation_progress_bar else None
 
     def _check_batch_dims(self, inputs: BoundInputs) -> None:
         for name, value in inputs.arguments.items():
