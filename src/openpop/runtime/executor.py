@@ -492,6 +492,8 @@ class PoplarExecutor:
         locks = compiled.device_locks
         visits = [compiled.plan.device_visits(r) for r in range(geometry.replication_factor)]
         locks.start_step([visits[r] for _, r in order])
+        own_weights = compiled.replicas is not None
+        trained = gradients.leaves_of(compiled.replicas.models if own_weights else [self._model])
 
         def task(index):
             g, r = order[index]
@@ -504,11 +506,12 @@ class PoplarExecutor:
                 with context.running(self._training), same_device:
                     output, loss = self._forward_with_loss(compiled, args, kwargs, self._replica_model(compiled, r))
                     locks.end_micro_batch()  # the forward is done: later micro-batches may pass
-                    gradients.backward_unordered(loss)
+                    gradients.backward_in_order(loss, index, trained[r if own_weights else 0], own_weights)
             finally:
                 # A forward abandoned part-way (its hooks removed under it) must not keep a lock.
                 locks.release_all()
                 reset_boundary_frames()
+                gradients.release_turn(index)
             return output
 
         if compiled.thread_pool is None:
