@@ -23,7 +23,14 @@ Keys the runtime reads (all exist from construction unless marked "createOrSet")
 * ``Training``: ``gradient_accumulation``, ``accumulation_and_replication_reduction_type``
   (``ReductionType``), ``meanAccumulationAndReplicationReductionStrategy``
   (``MeanReductionStrategy``), ``automaticLossScalingSettings`` (``{"enabled": bool}``, plus
-  ``growth_factor`` / ``backoff_factor`` / ``growth_interval`` when given).
+  ``growth_factor`` / ``backoff_factor`` / ``growth_interval`` when given),
+  ``rollback_failed_calls`` (bool, openpop: ``runtime/transaction.py``).
+
+Integer counts (``device_iterations``, ``replication_factor``, ``gradient_accumulation``,
+``input_group_size``, ``output_return_period``, process count and id, ``ipu_id``) are checked
+by ``set()``/``createOrSet()`` whichever setter, assignment or file sets them: an int, not a
+bool, of at least 1 (0 for ids). PopTorch leaves that to the backend; openpop's first call
+would otherwise fail far from the cause.
 * ``Precision`` (read-only views of the PopART keys they set): ``partials_type``
   ("float" | "half"), ``floating_point_exceptions``, ``stochastic_rounding``; own keys
   ``autocast_enabled`` (bool), ``autocast_dtype`` (``torch.bfloat16`` | ``torch.float16``).
@@ -325,6 +332,7 @@ class _TrainingOptions(OptionsDict):
             accumulation_and_replication_reduction_type=ReductionType.Mean,
             meanAccumulationAndReplicationReductionStrategy=enums.MeanReductionStrategy.Post,
             automaticLossScalingSettings={"enabled": False},
+            rollback_failed_calls=True,
         )
 
     def gradientAccumulation(self, gradient_accumulation: int) -> "_TrainingOptions":
@@ -372,6 +380,17 @@ class _TrainingOptions(OptionsDict):
             extras["growth_interval"] = growth_interval
         self.set(automaticLossScalingSettings={**self.automaticLossScalingSettings, "enabled": enabled,
                                                **extras})
+        return self
+
+    def rollbackFailedCalls(self, enabled: bool = True) -> "_TrainingOptions":
+        """openpop extension. True (default): a training host call that raises is rolled back -
+        parameters, buffers, optimizer state, loss scale and random generators are as before it.
+        With ``deviceIterations`` > 1 that keeps one extra copy of the parameters and optimizer
+        state. False: no copy; a failed call keeps the updates of the steps it completed and its
+        error says how many (``openpop.runtime.transaction``)."""
+        if not isinstance(enabled, bool):
+            raise ValueError(f"Training.rollbackFailedCalls needs a bool, not {enabled!r}")
+        self.set(rollback_failed_calls=enabled)
         return self
 
     def setConvolutionDithering(self, enabled: bool) -> "_TrainingOptions":

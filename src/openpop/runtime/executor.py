@@ -32,6 +32,7 @@ from .progress import CompilationProgress
 from .pipeline import (ConcurrentMicroBatches, DeviceLocks, Recomputation, concurrency_wanted,
                        recomputation_enabled)
 from .replicas import ReplicaModels
+from .transaction import HostCallRollback
 from .plan import BlockRecorder, build_plan
 from .outputs import OutputCollector, flatten_output
 from .weights import (BufferSnapshot, CopiedWeights, ReplicaBuffers, SharedWeights, bump_weights_version,
@@ -76,6 +77,7 @@ class _Compiled:
         self.multi_device = False       # the plan spans several torch devices
         self.trainable = []             # parameters that receive gradients
         self.recompute = False          # checkpoint BeginBlock modules in backward
+        self.rollback = None            # transaction.HostCallRollback (training)
 
 
 class PoplarExecutor:
@@ -325,15 +327,16 @@ class PoplarExecutor:
             compiled.replicas.sync_attributes()
         started = time.perf_counter()
         same_device = SameDeviceOps() if compiled.multi_device else contextlib.nullcontext()
+        host_call = self._host_call(compiled) if self._training else contextlib.nullcontext()
         try:
             if compiled.placement is not None:
                 compiled.placement.install_hooks(compiled.device_locks)
             if compiled.replicas is not None:
                 compiled.replicas.install_hooks(compiled.device_locks)
-            with compiled.weights.active(), context.running(self._training), self._recomputation(compiled), \
-                    same_device, self._precision.running(self._model):
+            with host_call, compiled.weights.active(), context.running(self._training), \
+                    self._recomputation(compiled), same_device, self._precision.running(self._model):
                 if self._training:
-                    result = self._run_training(inputs, compiled)
+                    result = self._run_training(inputs, compiled, host_call)
                 else:
                     with torch.no_grad():
                         result = self._run_inference(inputs, compiled)
@@ -356,6 +359,17 @@ class PoplarExecutor:
                 if inputs.leaves[pos]._version != version:  # the model changed its input in place
                     original.copy_(inputs.leaves[pos])
         return result
+
+    def _host_call(self, compiled: _Compiled):
+        """A training call is all or nothing: rolled back if it raises (transaction.py)."""
+        if compiled.rollback is None:
+            compiled.rollback = HostCallRollback(
+                self._options.Training.rollback_failed_calls, steps=self._geometry.device_iterations,
+                models=compiled.replicas.models if compiled.replicas is not None else [self._model],
+                trainable=compiled.trainable, replica_buffers=compiled.replica_buffers,
+                loss_scaler=self._precision.dynamic, generators=self._precision.generators,
+                devices=compiled.plan.device_map.all_devices())
+        return compiled.rollback.call(self._optimizer)
 
     def _recomputation(self, compiled: _Compiled):
         """Checkpointing of every replica's recomputation units for one host call."""
@@ -428,7 +442,7 @@ class PoplarExecutor:
         self._perf = perf.finish()
         return result
 
-    def _run_training(self, inputs: BoundInputs, compiled: _Compiled):
+    def _run_training(self, inputs: BoundInputs, compiled: _Compiled, host_call):
         geometry = self._geometry
         optimizer = self._optimizer
         collector = OutputCollector(self._options.output_mode, self._options.output_return_period, geometry)
@@ -470,7 +484,7 @@ class PoplarExecutor:
             if compiled.replicas is not None:
                 compiled.replicas.reduce_gradients()
             if gradients.finish_step():
-                self._precision.optimizer_step(optimizer)
+                host_call.update(d, self._precision.optimizer_step, optimizer)
             if anchors:
                 self._record_anchors(compiled, d)
             perf.computed()
