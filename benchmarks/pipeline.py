@@ -1,13 +1,17 @@
 """Pipelined execution overhead: a 4-block MLP trained with plain gradient accumulation vs
 ``PipelinedExecution`` over 4 virtual IPUs (recomputation off: the schedule's own cost; and on:
 PopTorch's default, which re-runs each block's forward in backward), side by side in this run.
-With CUDA GPUs present it also compares 1 device with N devices.
+``pipelined_concurrent`` runs the several-device schedule (micro-batches on threads,
+``OPENPOP_CONCURRENT_STAGES=on``) on the CPU: its ratio to ``pipelined_no_recompute`` is the
+price of the threads and of summing gradients in micro-batch order. With CUDA GPUs present it
+also compares 1 device with N devices.
 
     python benchmarks/pipeline.py [--steps 40]
 """
 import argparse
 import copy
 import json
+import os
 import time
 
 import torch
@@ -31,7 +35,17 @@ class FourBlockMLP(torch.nn.Module):
         return x, F.mse_loss(x, y)
 
 
-def run(base, annotate, recompute, steps, ga, micro, width, device_map=None):
+def run(base, annotate, recompute, steps, ga, micro, width, device_map=None, concurrent=None):
+    if concurrent is not None:
+        previous = os.environ.get("OPENPOP_CONCURRENT_STAGES")
+        os.environ["OPENPOP_CONCURRENT_STAGES"] = "on" if concurrent else "off"
+        try:
+            return run(base, annotate, recompute, steps, ga, micro, width, device_map)
+        finally:
+            if previous is None:
+                del os.environ["OPENPOP_CONCURRENT_STAGES"]
+            else:
+                os.environ["OPENPOP_CONCURRENT_STAGES"] = previous
     model = FourBlockMLP(width, annotate)
     model.load_state_dict(base.state_dict())
     opts = poptorch.Options().deviceIterations(1).showCompilationProgressBar(False)
@@ -64,8 +78,9 @@ def main():
     common = dict(steps=args.steps, ga=args.gradient_accumulation, micro=args.micro_batch, width=args.width)
     variants = {
         "plain_accumulation": dict(annotate=False, recompute=False),
-        "pipelined_no_recompute": dict(annotate=True, recompute=False),
+        "pipelined_no_recompute": dict(annotate=True, recompute=False, concurrent=False),
         "pipelined_recompute": dict(annotate=True, recompute=True),
+        "pipelined_concurrent": dict(annotate=True, recompute=False, concurrent=True),
     }
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if gpus >= 2:
@@ -82,6 +97,7 @@ def main():
         print(f"{name:<26}{rate:>12.0f}{plain / rate:>14.3f}x")
     result = {"benchmark": "pipeline", "samples_per_s": best,
               "overhead_vs_plain": {name: plain / rate for name, rate in best.items()}}
+    result["concurrent_vs_serial_time"] = best["pipelined_no_recompute"] / best["pipelined_concurrent"]
     if gpus >= 2:
         result["gpu_speedup_n_vs_1"] = best["gpu_n_devices"] / best["gpu_1_device"]
     print(json.dumps(result))

@@ -136,13 +136,6 @@ def test_set_is_all_or_nothing():
     assert opts.device_iterations == 1
 
 
-def test_bool_passes_an_int_check_and_zero_is_not_rejected():
-    opts = Options()
-    opts.deviceIterations(True)
-    opts.replicationFactor(0)
-    assert opts.replication_factor == 0
-
-
 def test_create_or_set_and_exists():
     opts = Options()
     opts.createOrSet(model_name="m")

@@ -26,6 +26,7 @@ import torch
 
 from .errors import NO_ACTIVE_BLOCK, Error, createPoptorchError
 from .runtime import context
+from .strategies import check_ipu_index
 
 __all__ = ["BeginBlock", "Block", "BlockFunction", "LegacyBeginBlockFn", "removeBlocks",
            "block_annotation", "current_block", "assert_active_block"]
@@ -151,6 +152,8 @@ def BeginBlock(layer_to_call, user_id: Optional[str] = None,
 
     Ops stay in that block until another block starts. Returns the same module.
     """
+    if ipu_id is not None:
+        check_ipu_index(ipu_id, "BeginBlock")
     if not isinstance(layer_to_call, torch.nn.Module):
         if callable(layer_to_call):
             return LegacyBeginBlockFn(layer_to_call, user_id, ipu_id)
@@ -178,6 +181,8 @@ class Block(torch.nn.Module):
 
     def __init__(self, user_id: Optional[str] = None, ipu_id: Optional[int] = None):
         super().__init__()
+        if ipu_id is not None:
+            check_ipu_index(ipu_id, "Block")
         self._user_id = user_id
         self._ipu_id = ipu_id
 
@@ -191,6 +196,8 @@ class Block(torch.nn.Module):
     @staticmethod
     def start(user_id: Optional[str] = None, ipu_id: Optional[int] = None) -> None:
         """Start a block without a scope, like ``BeginBlock`` does."""
+        if ipu_id is not None:
+            check_ipu_index(ipu_id, "Block.start")
         _begin_block(user_id, ipu_id)
 
     def __enter__(self):
@@ -206,6 +213,8 @@ class Block(torch.nn.Module):
 
 def BlockFunction(user_id: Optional[str] = None, ipu_id: Optional[int] = None):
     """Decorator: every call of the function runs inside ``with Block(user_id, ipu_id)``."""
+    if ipu_id is not None:
+        check_ipu_index(ipu_id, "BlockFunction")
 
     def decorator(func):
         @functools.wraps(func)

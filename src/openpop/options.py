@@ -23,7 +23,14 @@ Keys the runtime reads (all exist from construction unless marked "createOrSet")
 * ``Training``: ``gradient_accumulation``, ``accumulation_and_replication_reduction_type``
   (``ReductionType``), ``meanAccumulationAndReplicationReductionStrategy``
   (``MeanReductionStrategy``), ``automaticLossScalingSettings`` (``{"enabled": bool}``, plus
-  ``growth_factor`` / ``backoff_factor`` / ``growth_interval`` when given).
+  ``growth_factor`` / ``backoff_factor`` / ``growth_interval`` when given),
+  ``rollback_failed_calls`` (bool, openpop: ``runtime/transaction.py``).
+
+Integer counts (``device_iterations``, ``replication_factor``, ``gradient_accumulation``,
+``input_group_size``, ``output_return_period``, process count and id, ``ipu_id``) are checked
+by ``set()``/``createOrSet()`` whichever setter, assignment or file sets them: an int, not a
+bool, of at least 1 (0 for ids). PopTorch leaves that to the backend; openpop's first call
+would otherwise fail far from the cause.
 * ``Precision`` (read-only views of the PopART keys they set): ``partials_type``
   ("float" | "half"), ``floating_point_exceptions``, ``stochastic_rounding``; own keys
   ``autocast_enabled`` (bool), ``autocast_dtype`` (``torch.bfloat16`` | ``torch.float16``).
@@ -39,9 +46,8 @@ import copy
 import json
 import os
 import re
-import types
 import warnings
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
@@ -83,6 +89,10 @@ class OptionsDict:
         if not name.startswith("_"):
             self.set(**{name: value})
             return
+        if name == "__class__":  # popdist swaps a group's class for a subclass of its own
+            self._check_not_frozen()
+            object.__setattr__(self, name, value)
+            return
         if "_values" in self.__dict__:
             if name not in self.__dict__:
                 raise AttributeError(
@@ -90,6 +100,9 @@ class OptionsDict:
                     "__init__ before the options values")
             self._check_not_frozen()
         object.__setattr__(self, name, value)
+
+    # option -> check(option, value) run by set() and createOrSet(), before anything changes.
+    _value_checks: Dict[str, Callable[[str, Any], None]] = {}
 
     def set(self, **kwargs: Any) -> None:
         self._check_not_frozen()
@@ -99,8 +112,14 @@ class OptionsDict:
             expected = type(self._values[option])
             assert isinstance(value, expected), "Unexpected type %s for option %s. Expected %s" % (
                 type(value), option, expected)
+            self._check_value(option, value)
         self._values.update(kwargs)
         self._explicit.update(kwargs)
+
+    def _check_value(self, option: str, value: Any) -> None:
+        check = self._value_checks.get(option)
+        if check is not None:
+            check(option, value)
 
     def explicitlySet(self, option: str) -> bool:
         """openpop extension: whether ``option`` was given a value (even its default) through a
@@ -113,6 +132,7 @@ class OptionsDict:
             if self.exists(option):
                 self.set(**{option: value})
             else:
+                self._check_value(option, value)
                 self._values[option] = value
 
     def exists(self, option: str) -> bool:
@@ -211,6 +231,17 @@ def _is_real(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _count(setter: str, minimum: int = 1) -> Callable[[str, Any], None]:
+    """A value check for an integer count option (set through ``setter``): an int (not a bool)
+    of at least ``minimum``. A 0 or negative count would only fail later, inside a run."""
+
+    def check(option: str, value: Any) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"{setter}: {option} must be an integer >= {minimum}, not {value!r}")
+
+    return check
+
+
 class _PrecisionOptions(OptionsDict):
     """Numerical precision settings (``Options.Precision``).
 
@@ -292,6 +323,8 @@ class _PrecisionOptions(OptionsDict):
 class _TrainingOptions(OptionsDict):
     """Training settings (``Options.Training``)."""
 
+    _value_checks = {"gradient_accumulation": _count("Options.Training.gradientAccumulation")}
+
     def __init__(self, popart_options: _PopartOptions) -> None:
         self._popart_options = popart_options
         super().__init__(
@@ -299,6 +332,7 @@ class _TrainingOptions(OptionsDict):
             accumulation_and_replication_reduction_type=ReductionType.Mean,
             meanAccumulationAndReplicationReductionStrategy=enums.MeanReductionStrategy.Post,
             automaticLossScalingSettings={"enabled": False},
+            rollback_failed_calls=True,
         )
 
     def gradientAccumulation(self, gradient_accumulation: int) -> "_TrainingOptions":
@@ -348,6 +382,17 @@ class _TrainingOptions(OptionsDict):
                                                **extras})
         return self
 
+    def rollbackFailedCalls(self, enabled: bool = True) -> "_TrainingOptions":
+        """openpop extension. True (default): a training host call that raises is rolled back -
+        parameters, buffers, optimizer state, loss scale and random generators are as before it.
+        With ``deviceIterations`` > 1 that keeps one extra copy of the parameters and optimizer
+        state. False: no copy; a failed call keeps the updates of the steps it completed and its
+        error says how many (``openpop.runtime.transaction``)."""
+        if not isinstance(enabled, bool):
+            raise ValueError(f"Training.rollbackFailedCalls needs a bool, not {enabled!r}")
+        self.set(rollback_failed_calls=enabled)
+        return self
+
     def setConvolutionDithering(self, enabled: bool) -> "_TrainingOptions":
         self._popart_options.set("convolutionDithering", enabled)
         return self
@@ -356,6 +401,9 @@ class _TrainingOptions(OptionsDict):
 class _DistributedOptions(OptionsDict):
     """Multi-process settings (``Options.Distributed``); read from
     ``OMPI_COMM_WORLD_SIZE`` / ``OMPI_COMM_WORLD_RANK`` at construction."""
+
+    _value_checks = {"num_distributed_processes": _count("Options.Distributed.configureProcessId"),
+                     "distributed_process_id": _count("Options.Distributed.configureProcessId", minimum=0)}
 
     def __init__(self) -> None:
         super().__init__(num_distributed_processes=1, distributed_process_id=0, ipuof_configs={})
@@ -372,6 +420,11 @@ class _DistributedOptions(OptionsDict):
                                        int(os.environ.get(var_num_processes, "1")))
 
     def configureProcessId(self, process_id: int, num_processes: int) -> "_DistributedOptions":
+        for option, value in (("distributed_process_id", process_id), ("num_distributed_processes", num_processes)):
+            self._check_value(option, value)
+        if process_id >= num_processes:
+            raise ValueError(f"Options.Distributed.configureProcessId: process_id ({process_id}) must be "
+                             f"smaller than num_processes ({num_processes})")
         self.set(distributed_process_id=process_id, num_distributed_processes=num_processes)
         return self
 
@@ -457,6 +510,15 @@ class Options(OptionsDict):
     ``POPTORCH_DEFAULT_OPTIONS`` is a JSON string applied with ``from_json``.
     """
 
+    _value_checks = {
+        "device_iterations": _count("Options.deviceIterations"),
+        "replication_factor": _count("Options.replicationFactor"),
+        "input_group_size": _count("Options.inputReplicaGrouping"),
+        "output_return_period": _count("Options.outputMode"),
+        "max_repeat_logs": _count("Options.maxRepeatLogs", minimum=0),
+        "ipu_id": _count("Options.useIpuId", minimum=0),
+    }
+
     def __init__(self) -> None:
         self._popart = _PopartOptions()
         self._training = _TrainingOptions(self._popart)
@@ -539,6 +601,7 @@ class Options(OptionsDict):
             raise ValueError("input_group_type cannot be All")
         if input_group_type == CommGroupType.NoGrouping:
             input_group_size, input_group_type = 1, CommGroupType.Consecutive
+        self._check_value("input_group_size", input_group_size)
         if input_group_size > self.replication_factor:
             raise ValueError("input_group_size cannot be larger than replication_factor")
         if self.replication_factor % input_group_size != 0:
@@ -696,7 +759,7 @@ class Options(OptionsDict):
         """Temporary-memory proportion per IPU, e.g. ``{"IPU0": 0.5}`` (stored as ``{0: 0.5}``)."""
         per_ipu = {}
         for key, proportion in available_memory_proportion.items():
-            assert key.startswith("IPU"), (
+            assert re.fullmatch(r"IPU\d+", key), (
                 'Available memory proportions are expected to be in a dictionary of {"IPU0": 0.5} '
                 "where the 0 in IPU is the index of the IPU. Invalid key: %s" % key)
             per_ipu[int(key[3:])] = proportion
@@ -740,9 +803,12 @@ class Options(OptionsDict):
     # --- loading ----------------------------------------------------------------------
     def loadFromFile(self, filepath: str) -> "Options":
         """Apply a file of setter calls, one per line, written without ``options.``
-        (``deviceIterations(4)``). Blank lines and lines starting with # are skipped.
+        (``deviceIterations(4)``, ``setExecutionStrategy(poptorch.ShardedExecution())``). Lines
+        may use ``poptorch`` (the whole API), ``torch`` and the enums by name. Blank lines and
+        lines starting with # are skipped.
 
-        Every line is checked before any is applied, so a syntax error changes nothing.
+        All or nothing: every line is checked before any is applied (a syntax error changes
+        nothing), and a line that raises undoes the lines before it; the error names the line.
         """
         with open(filepath) as config:
             lines = [(number, line.strip()) for number, line in enumerate(config, start=1)]
@@ -751,14 +817,38 @@ class Options(OptionsDict):
             if not line or line.startswith("#"):
                 continue
             try:
-                statements.append(compile("options." + line, filepath, "exec"))
+                statements.append((number, line, compile("options." + line, filepath, "exec")))
             except SyntaxError as error:
                 raise ConfigFileError(
                     f"SyntaxError at line {number} of file: {error.msg}\n> {line}") from None
         namespace = _config_namespace(self)
-        for statement in statements:
-            exec(statement, namespace)  # pylint: disable=exec-used
+        saved = self._saved_settings()
+        for number, line, statement in statements:
+            try:
+                exec(statement, namespace)  # pylint: disable=exec-used
+            except Exception as error:
+                self._restore_settings(saved)
+                if hasattr(error, "add_note"):
+                    error.add_note(f"(applying line {number} of {filepath}: {line}; no line of the file "
+                                   "was applied)")
+                raise
         return self
+
+    def _saved_settings(self):
+        """Every group's settings, for ``_restore_settings`` to undo a partly applied change."""
+        holders = [self, self._training, self._precision, self._distributed, self._tensor_locations, self._jit]
+        return ([(holder, holder.__class__, copy.deepcopy(holder._values), set(holder._explicit))
+                 for holder in holders],
+                copy.deepcopy(self._popart.options), self._execution_strategy)
+
+    def _restore_settings(self, saved) -> None:
+        holders, popart_options, strategy = saved
+        for holder, cls, values, explicit in holders:
+            object.__setattr__(holder, "__class__", cls)
+            object.__setattr__(holder, "_values", values)
+            object.__setattr__(holder, "_explicit", explicit)
+        self._popart.options = popart_options
+        object.__setattr__(self, "_execution_strategy", strategy)
 
     def from_json(self, string: str) -> "Options":
         """Apply ``{"path.to.setter": value}``: a list value is passed as the arguments,
@@ -816,11 +906,12 @@ def _from_json_value(value: Any) -> Any:
 
 
 def _config_namespace(options: Options) -> Dict[str, Any]:
-    """Names a config-file line may use: ``options``, ``torch``, the enums, and
-    ``poptorch.<Enum>``."""
+    """Names a config-file line may use: ``options``, ``torch``, ``poptorch`` (openpop's whole
+    public API, as ``import poptorch`` gives it) and the enums by name."""
+    import openpop  # the package that imports this module: complete by the time a file is loaded
     enum_classes = {name: getattr(enums, name) for name in enums.__all__}
     return {"__builtins__": __builtins__, "options": options, "torch": torch,
-            "poptorch": types.SimpleNamespace(**enum_classes), **enum_classes}
+            "poptorch": openpop, **enum_classes}
 
 
 __all__ = ["Options", "TensorLocationSettings", "ConfigFileError"]

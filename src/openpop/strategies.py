@@ -29,7 +29,7 @@ stages -> virtual IPUs with these rules:
 from typing import Dict, List, Optional, Tuple, Union
 
 from . import enums
-from .errors import Error
+from .errors import Error, createPoptorchError
 from .log import logger
 
 BlockId = str
@@ -42,6 +42,13 @@ NO_PHASES = ("There is currently no AutoStage for PhasedExecution, please explic
              "phases")
 PARALLEL_PHASE_PARITY = ("When phases are executed in parallel: even phases must run on even IPUs "
                          "and odd phases on odd IPUs")
+
+
+def check_ipu_index(ipu, where: str, name: str = "ipu_id") -> None:
+    """Raise ``poptorch.Error`` unless ``ipu`` is a virtual IPU index: an int >= 0 (not a bool)."""
+    if isinstance(ipu, bool) or not isinstance(ipu, int) or ipu < 0:
+        raise createPoptorchError(f"{where}: {name} must be an integer >= 0 (the index of an IPU), "
+                                  f"not {ipu!r}")
 
 
 class Stage:
@@ -63,6 +70,7 @@ class Stage:
     def ipu(self, ipu: int) -> "Stage":
         """Run this stage on virtual IPU ``ipu``."""
         assert isinstance(ipu, int)
+        check_ipu_index(ipu, "Stage.ipu", name="ipu")
         self._ipu = ipu
         return self
 

@@ -199,8 +199,8 @@ def _run(config: BertRunConfig, stream) -> TrainingResult:
     started = time.perf_counter()
     poptorch_model.compile(*first_batch)
     result.compile_seconds = time.perf_counter() - started
-    if not (sys.stderr.isatty() and console.stream is sys.stderr):
-        # The executor draws a live bar on a terminal; elsewhere, one plain line.
+    if console.stream is not sys.stderr:
+        # The executor prints the bar on stderr; a log written elsewhere gets its line too.
         from tqdm import tqdm
         log(f"Graph compilation: 100%|{'█' * 10}| 100/100 [{tqdm.format_interval(result.compile_seconds)}<00:00]")
     log(f"Compiled/Loaded model in {result.compile_seconds} secs")

@@ -28,9 +28,11 @@ from .devices import DevicePlacement, SameDeviceOps, reset_boundary_frames, reso
 from .distributed_reduce import GlobalReplication
 from .losses import LossTracker
 from .precision import RunPrecision
+from .progress import CompilationProgress
 from .pipeline import (ConcurrentMicroBatches, DeviceLocks, Recomputation, concurrency_wanted,
                        recomputation_enabled)
 from .replicas import ReplicaModels
+from .transaction import HostCallRollback
 from .plan import BlockRecorder, build_plan
 from .outputs import OutputCollector, flatten_output
 from .weights import (BufferSnapshot, CopiedWeights, NormStatistics, ReplicaBuffers, SharedWeights,
@@ -67,6 +69,7 @@ class _Compiled:
         self.trainable = []             # parameters that receive gradients
         self.recompute = False          # checkpoint BeginBlock modules in backward
         self.global_replication = None  # distributed_reduce.GlobalReplication with several processes
+        self.rollback = None            # transaction.HostCallRollback (training)
 
 
 class PoplarExecutor:
@@ -187,8 +190,7 @@ class PoplarExecutor:
             if compiled.global_replication is not None:
                 compiled.global_replication.join(self._model, self._optimizer)
         if bar is not None:
-            bar.update(100)
-            bar.close()
+            bar.finish()
         run_post_compile_hooks()
         compiled.compile_seconds = time.perf_counter() - started
         self._compiled = compiled
@@ -204,11 +206,7 @@ class PoplarExecutor:
             raise RuntimeError(errors.ALREADY_WRAPPED)
 
     def _progress_bar(self):
-        if not self._options.show_compilation_progress_bar:
-            return None
-        from tqdm import tqdm
-        return tqdm(total=100, desc="Graph compilation", disable=None, leave=True,
-                    bar_format="{desc}: {percentage:3.0f}%|{bar}| {n}/{total} [{elapsed}<{remaining}]")
+        return CompilationProgress() if self._options.show_compilation_progress_bar else None
 
     def _check_batch_dims(self, inputs: BoundInputs) -> None:
         for name, value in inputs.arguments.items():
@@ -340,15 +338,16 @@ class PoplarExecutor:
             compiled.replicas.sync_attributes()
         started = time.perf_counter()
         same_device = SameDeviceOps() if compiled.multi_device else contextlib.nullcontext()
+        host_call = self._host_call(compiled) if self._training else contextlib.nullcontext()
         try:
             if compiled.placement is not None:
                 compiled.placement.install_hooks(compiled.device_locks)
             if compiled.replicas is not None:
                 compiled.replicas.install_hooks(compiled.device_locks)
-            with compiled.weights.active(), context.running(self._training), self._recomputation(compiled), \
-                    same_device, self._precision.running(self._model):
+            with host_call, compiled.weights.active(), context.running(self._training), \
+                    self._recomputation(compiled), same_device, self._precision.running(self._model):
                 if self._training:
-                    result = self._run_training(inputs, compiled)
+                    result = self._run_training(inputs, compiled, host_call)
                 else:
                     with torch.no_grad():
                         result = self._run_inference(inputs, compiled)
@@ -366,6 +365,17 @@ class PoplarExecutor:
         self._last_run_seconds = time.perf_counter() - started
         callers.write_back()
         return result
+
+    def _host_call(self, compiled: _Compiled):
+        """A training call is all or nothing: rolled back if it raises (transaction.py)."""
+        if compiled.rollback is None:
+            compiled.rollback = HostCallRollback(
+                self._options.Training.rollback_failed_calls, steps=self._geometry.device_iterations,
+                models=compiled.replicas.models if compiled.replicas is not None else [self._model],
+                trainable=compiled.trainable, replica_buffers=compiled.replica_buffers,
+                loss_scaler=self._precision.dynamic, generators=self._precision.generators,
+                devices=compiled.plan.device_map.all_devices())
+        return compiled.rollback.call(self._optimizer)
 
     def _recomputation(self, compiled: _Compiled):
         """Checkpointing of every replica's recomputation units for one host call."""
@@ -435,7 +445,7 @@ class PoplarExecutor:
         self._perf = perf.finish()
         return result
 
-    def _run_training(self, inputs: BoundInputs, compiled: _Compiled):
+    def _run_training(self, inputs: BoundInputs, compiled: _Compiled, host_call):
         geometry = self._geometry
         optimizer = self._optimizer
         collector = OutputCollector(self._options.output_mode, self._options.output_return_period, geometry)
@@ -482,7 +492,7 @@ class PoplarExecutor:
             if compiled.global_replication is not None:  # all-reduce with the other processes' replicas
                 compiled.global_replication.all_reduce(trainable)
             if gradients.finish_step():
-                self._precision.optimizer_step(optimizer)
+                host_call.update(d, self._precision.optimizer_step, optimizer)
             if anchors:
                 self._record_anchors(compiled, d)
             perf.computed()
@@ -504,6 +514,8 @@ class PoplarExecutor:
         locks = compiled.device_locks
         visits = [compiled.plan.device_visits(r) for r in range(geometry.replication_factor)]
         locks.start_step([visits[r] for _, r in order])
+        own_weights = compiled.replicas is not None
+        trained = gradients.leaves_of(compiled.replicas.models if own_weights else [self._model])
 
         def task(index):
             g, r = order[index]
@@ -516,11 +528,12 @@ class PoplarExecutor:
                 with context.running(self._training), same_device:
                     output, loss = self._forward_with_loss(compiled, args, kwargs, self._replica_model(compiled, r))
                     locks.end_micro_batch()  # the forward is done: later micro-batches may pass
-                    gradients.backward_unordered(loss)
+                    gradients.backward_in_order(loss, index, trained[r if own_weights else 0], own_weights)
             finally:
                 # A forward abandoned part-way (its hooks removed under it) must not keep a lock.
                 locks.release_all()
                 reset_boundary_frames()
+                gradients.release_turn(index)
             return output
 
         if compiled.thread_pool is None:

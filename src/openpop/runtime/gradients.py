@@ -6,6 +6,15 @@ running mean (``Running``, chosen automatically for float16 accumulators). The l
 multiplied by the optimizer's ``loss_scaling`` before backward and gradients are divided by it
 before the update, so loss scaling is numerically neutral but real.
 
+Micro-batches that run concurrently (several devices, ``pipeline.py``) must not add their
+gradients to ``.grad`` in the order they happen to finish: float addition is not associative, so
+the weights would differ from run to run. Each computes its gradients on its own
+(``torch.autograd.grad``), then waits for its turn and adds them in micro-batch order - exactly
+the additions the serial loop makes, so concurrent and serial runs agree bit for bit (running
+mean included). Only the additions are serialised; forward and backward passes still overlap.
+The price is memory: a micro-batch that finished its backward before the one ahead of it keeps
+its gradients until its turn (at most one gradient set per micro-batch in flight).
+
 For fp32 gradients the ``Post`` mean's ``1/(GA*R)`` is folded into the backward seed instead of
 a pass over every gradient after accumulation: the same values up to float rounding, one fewer
 sweep over the parameters per step (about 1% of a BERT-base step). Half-precision gradients keep
@@ -41,7 +50,7 @@ class GradientReduction:
         self._seed_scale = self._scale_for_backward()
         self._count = 0
         self.unordered = False  # set by backward_unordered: the step's mean is taken post hoc
-        self._lock = threading.Lock()
+        self._turns = _Turns()
 
     def start_step(self) -> None:
         self._count = 0
@@ -49,6 +58,7 @@ class GradientReduction:
             self.loss_scale = self.dynamic.scale
         self._seed_scale = self._scale_for_backward()
         self.unordered = False
+        self._turns.reset()
 
     def _scale_for_backward(self) -> float:
         return self.loss_scale / self.micro_batches if self.fold_mean else self.loss_scale
@@ -67,12 +77,41 @@ class GradientReduction:
         self._count = k + 1
 
     def backward_unordered(self, loss: torch.Tensor) -> None:
-        """``backward`` for micro-batches that run concurrently (several devices): no running
-        mean, so the order in which they finish does not matter."""
+        """``backward`` for micro-batches of replicas that hold their own weights (each adds into
+        its replica's ``.grad``): no running mean over all of them, the step's mean is post hoc."""
         backward(loss, self._seed_scale)
-        with self._lock:
-            self.unordered = True
+        self.unordered = True
+        self._count += 1
+
+    def backward_in_order(self, loss: torch.Tensor, index: int, leaves, own_replica_weights: bool = False) -> None:
+        """``backward`` of micro-batch ``index`` of the step, run concurrently with the others:
+        its gradients for ``leaves`` are added to their ``.grad`` once every earlier micro-batch
+        has added its own (see the module docstring). With ``own_replica_weights`` (``leaves``
+        are a replica's own copies) the mean is post hoc, as in ``backward_unordered``."""
+        running = self.running and not own_replica_weights
+        grads = _gradients_of(loss, self.loss_scale / (index + 1) if running else self._seed_scale, leaves)
+        self._turns.wait(index)
+        try:
+            if running and index > 0:
+                current = self._grads()
+                if current:
+                    torch._foreach_mul_(current, index / (index + 1))
+            with torch.no_grad():
+                for leaf, grad in zip(leaves, grads):
+                    if grad is None:
+                        continue
+                    if leaf.grad is None:
+                        leaf.grad = grad.clone()  # autograd may hand one tensor to several leaves
+                    else:
+                        leaf.grad.add_(grad)
+            self.unordered = self.unordered or own_replica_weights
             self._count += 1
+        finally:
+            self._turns.done(index)
+
+    def release_turn(self, index: int) -> None:
+        """Micro-batch ``index`` will add nothing (it failed): later ones must not wait for it."""
+        self._turns.done(index)
 
     def finish_step(self) -> bool:
         """Turn the accumulated gradients into the step's gradients. Returns whether the
@@ -92,8 +131,51 @@ class GradientReduction:
             torch._foreach_mul_(grads, 1.0 / divisor)
         return True
 
+    def leaves_of(self, models):
+        """Per replica model (replica 0 first), the tensors its micro-batches' backward fills the
+        ``.grad`` of: its parameters that require grad, plus the optimizer's parameters that no
+        module registers (shared by every replica)."""
+        registered = {id(p) for p in models[0].parameters()}
+        extra = [p for p in self.params if p.requires_grad and id(p) not in registered]
+        return [[p for p in model.parameters() if p.requires_grad] + extra for model in models]
+
     def _grads(self):
         return [p.grad for p in self.params if p.grad is not None]
+
+
+def _gradients_of(loss: torch.Tensor, scale: float, leaves):
+    """The gradients ``losses.backward(loss, scale)`` would accumulate into ``leaves``."""
+    if scale != 1.0:
+        loss = loss * scale
+    seed = None if loss.dim() == 0 else torch.ones_like(loss)
+    return torch.autograd.grad(loss, leaves, grad_outputs=seed, allow_unused=True)
+
+
+class _Turns:
+    """Micro-batch ``i`` of a step may go once ``0..i-1`` are done (each exactly once)."""
+
+    def __init__(self):
+        self._condition = threading.Condition()
+        self._next = 0
+        self._done = set()
+
+    def reset(self) -> None:
+        with self._condition:
+            self._next = 0
+            self._done = set()
+
+    def wait(self, index: int) -> None:
+        with self._condition:
+            self._condition.wait_for(lambda: self._next >= index)
+
+    def done(self, index: int) -> None:
+        with self._condition:
+            if index in self._done:
+                return
+            self._done.add(index)
+            while self._next in self._done:
+                self._next += 1
+            self._condition.notify_all()
 
 
 def _unscale_and_check(grads, factor: float) -> bool:

@@ -27,6 +27,9 @@ order, with activations hopping devices at block boundaries.
   micro-batches in order (turns), so the generator is drawn in the serial order and a
   concurrent run gives the masks a serial run gives. A unit replays only its own device's
   generator: CPU randomness drawn inside a unit placed on a GPU is not replayed.
+* Concurrent micro-batches add their gradients to ``.grad`` in micro-batch order, not in the
+  order they finish (``GradientReduction.backward_in_order``): the step's weights are the serial
+  run's, bit for bit.
 """
 import concurrent.futures
 import contextlib

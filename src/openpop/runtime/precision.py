@@ -138,6 +138,11 @@ class RunPrecision:
             for (_, data, _), master in zip(low, masters):
                 data.copy_(stochastic_round(master, data.dtype, self._generator(data.device)))
 
+    @property
+    def generators(self) -> dict:
+        """openpop's stochastic-rounding generators, ``{device: torch.Generator}`` (made on first use)."""
+        return self._generators
+
     def _generator(self, device: torch.device) -> torch.Generator:
         generator = self._generators.get(device)
         if generator is None:
