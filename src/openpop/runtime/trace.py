@@ -1,0 +1,408 @@
+"""Tracing host calls: openpop's spans on ``torch.profiler``, one track per virtual IPU.
+
+A ``TraceSession`` (``openpop.runtime.trace.TraceSession(directory, calls=...)``, or
+``POPLAR_ENGINE_OPTIONS='{"autoReport.all":"true","autoReport.directory":"DIR"}'`` as on IPUs,
+or ``Options.enableProfiling(DIR)``) records a window of host calls with ``torch.profiler`` —
+operator-level events included — plus openpop's own ``record_function`` spans:
+
+* ``openpop:host_call``, ``openpop:input``, ``openpop:forward``, ``openpop:backward``,
+  ``openpop:gradient_reduction``, ``openpop:optimizer_step``, ``openpop:output_collection``
+  (placed by the executor with ``span(name)``);
+* per pipeline stage and micro-batch, ``openpop:ipu<I>:stage<S>:<forward|backward>:mb<M>:step<D>``
+  (forward hooks on each planned block's modules; backward opens when the gradient of the
+  stage's output arrives and closes when the next stage's backward opens or backward ends).
+
+When the window closes the Chrome-trace JSON is rewritten so that stage spans sit on one
+track (``tid``) per virtual IPU, named by metadata events, and ``report.json`` / ``report.html``
+are written next to it (``openpop.report``).
+
+Tracing off costs one global read per span: no profiler is entered and no hooks are installed.
+The window counts host calls of each executor from 0; ``POPLAR_ENGINE_OPTIONS``'s
+``autoReport.executionProfileProgramRunCount`` (Poplar's "how many runs to profile", default
+2 here) sets how many calls the environment-driven session records.
+"""
+import contextlib
+import functools
+import json
+import os
+import time
+import weakref
+
+import torch
+
+from .. import errors
+from ..log import logger
+
+ENGINE_OPTIONS_ENV = "POPLAR_ENGINE_OPTIONS"
+KNOWN_AUTOREPORT_KEYS = (
+    "autoReport.all", "autoReport.directory", "autoReport.outputGraphProfile",
+    "autoReport.outputExecutionProfile", "autoReport.outputLoweredVars", "autoReport.outputDebugInfo",
+    "autoReport.outputSerializedGraph", "autoReport.outputArchive", "autoReport.streamAtEveryRun",
+    "autoReport.executionProfileProgramRunCount", "autoReport.optimizeForLongExecutions")
+DEFAULT_ENV_CALLS = 2
+TRACE_FILE = "trace.json"
+SPAN_PREFIX = "openpop:"
+
+_NO_SPAN = contextlib.nullcontext()
+_session = None          # the active TraceSession, or None
+_env_session = None      # built from POPLAR_ENGINE_OPTIONS on the first host call, or False
+
+
+def span(name: str):
+    """A ``record_function`` span ``openpop:<name>`` while a session records, else a no-op."""
+    session = _session
+    if session is None or not session.recording:
+        return _NO_SPAN
+    return session.span(name)
+
+
+def host_call(run):
+    """Decorates the executor's ``_run_training``/``_run_inference``: one host call."""
+    @functools.wraps(run)
+    def traced(executor, inputs, compiled):
+        session = _session if _session is not None else _session_from_environment(executor)
+        if session is None:
+            return run(executor, inputs, compiled)
+        return session.run_call(run, executor, inputs, compiled)
+    return traced
+
+
+# ---------------------------------------------------------------------- configuration
+def parse_engine_options(text: str, source: str = ENGINE_OPTIONS_ENV) -> dict:
+    """``POPLAR_ENGINE_OPTIONS``'s JSON: a clear error when malformed, a warning per unknown
+    ``autoReport.*`` key."""
+    if not text.strip():
+        return {}
+    try:
+        options = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise errors.createPoptorchError(
+            f"{source} is not valid JSON ({exc.msg} at character {exc.pos}): {text!r}. "
+            f"Expected e.g. '{{\"autoReport.all\":\"true\",\"autoReport.directory\":\"./report\"}}'.") from None
+    if not isinstance(options, dict):
+        raise errors.createPoptorchError(f"{source} must be a JSON object, got {type(options).__name__}: {text!r}")
+    for key in options:
+        if key.startswith("autoReport.") and key not in KNOWN_AUTOREPORT_KEYS:
+            logger.warning("%s: unknown option %r is ignored (known: %s)", source, key, ", ".join(KNOWN_AUTOREPORT_KEYS))
+    return options
+
+
+def _truthy(value) -> bool:
+    return str(value).strip().lower() in ("true", "1", "yes", "on")
+
+
+def session_from_engine_options(options: dict, executor_options=None):
+    """A TraceSession if ``autoReport.all`` (or ``outputExecutionProfile``) is on, else None."""
+    if not (_truthy(options.get("autoReport.all", False))
+            or _truthy(options.get("autoReport.outputExecutionProfile", False))):
+        return None
+    directory = options.get("autoReport.directory", ".")
+    count = options.get("autoReport.executionProfileProgramRunCount", DEFAULT_ENV_CALLS)
+    try:
+        count = int(count)
+    except (TypeError, ValueError):
+        raise errors.createPoptorchError(
+            f"autoReport.executionProfileProgramRunCount must be an integer, got {count!r}") from None
+    return TraceSession(directory, calls=range(count), activate=False)
+
+
+def _session_from_environment(executor):
+    global _env_session
+    if _env_session is None:
+        options = parse_engine_options(os.environ.get(ENGINE_OPTIONS_ENV, ""))
+        if not options:  # Options.enableProfiling(dir) stores the same keys
+            options = dict(executor.options._Popart.options.get("engineOptions", {}) or {})
+        _env_session = session_from_engine_options(options) or False
+    return _env_session or None
+
+
+def reset_environment_session() -> None:
+    """Forget the session built from the environment (tests, or after changing the variable)."""
+    global _env_session
+    if _env_session:
+        _env_session.close()
+    _env_session = None
+
+
+# ---------------------------------------------------------------------- the session
+class TraceSession:
+    """Records host calls ``calls`` (indices per executor, from 0) into ``directory``.
+
+    Use as a context manager, or call ``close()``: the trace and report are written when the
+    last call of the window has run, or at ``close()``."""
+
+    def __init__(self, directory, calls=range(1), activate=True):
+        self.directory = os.fspath(directory)
+        _check_writable(self.directory)
+        self.calls = calls
+        self.recording = False
+        self.profiler = None
+        self.stage_spans = None
+        self.call_counts = weakref.WeakKeyDictionary()
+        self.host_calls = []      # one summary per recorded host call
+        self.plan = None
+        self.options = {}
+        self.written = False
+        self._last_call = max(calls) if len(calls) else -1
+        if activate:
+            self.activate()
+
+    def activate(self):
+        global _session
+        _session = self
+        return self
+
+    def __enter__(self):
+        return self.activate()
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def span(self, name):
+        if name == "backward" and self.stage_spans is not None:
+            return self.stage_spans.backward_span()
+        return torch.profiler.record_function(SPAN_PREFIX + name)
+
+    def run_call(self, run, executor, inputs, compiled):
+        index = self.call_counts.get(executor, 0)
+        self.call_counts[executor] = index + 1
+        if index not in self.calls or self.written:
+            return run(executor, inputs, compiled)
+        if self.profiler is None:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            self.profiler = torch.profiler.profile(activities=activities)
+            self.profiler.start()
+        self.plan = compiled.plan
+        self.options = _options_dict(executor.options)
+        geometry = executor._geometry
+        self.stage_spans = StageSpans(executor._model, compiled.plan, geometry.micro_batches_per_step)
+        self.recording = True
+        started = time.perf_counter()
+        try:
+            with torch.profiler.record_function(f"{SPAN_PREFIX}host_call:{index}"), self.stage_spans:
+                result = run(executor, inputs, compiled)
+        finally:
+            seconds = time.perf_counter() - started
+            self.recording = False
+            self.stage_spans = None
+        self.host_calls.append(_host_call_summary(index, seconds, executor.getPerfCounters(),
+                                                  _samples(inputs), executor.training))
+        if index >= self._last_call:
+            self.close()
+        return result
+
+    def close(self):
+        global _session
+        if _session is self:
+            _session = None
+        if self.profiler is None or self.written:
+            return
+        self.profiler.stop()
+        self.written = True
+        try:
+            self._write()
+        except Exception as exc:  # a failed report never fails training
+            logger.warning("openpop could not write the profile report to %s: %s", self.directory, exc)
+
+    def _write(self):
+        from .. import report
+        os.makedirs(self.directory, exist_ok=True)
+        raw = os.path.join(self.directory, "trace.raw.json")
+        self.profiler.export_chrome_trace(raw)
+        with open(raw) as stream:
+            trace = json.load(stream)
+        os.remove(raw)
+        trace = tracks_per_ipu(trace, self.plan)
+        path = os.path.join(self.directory, TRACE_FILE)
+        with open(path, "w") as stream:
+            json.dump(trace, stream)
+        report.write_report(self.directory, trace, self.plan, self.host_calls, self.options)
+        logger.info("openpop profile: %s", path)
+
+
+def _check_writable(directory: str) -> None:
+    try:
+        os.makedirs(directory, exist_ok=True)
+        probe = os.path.join(directory, ".openpop-write-test")
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as exc:
+        raise errors.createPoptorchError(
+            f"The profile report directory {directory!r} is not writable ({exc.strerror}): "
+            f"choose another autoReport.directory.") from None
+
+
+def _options_dict(options) -> dict:
+    try:
+        return {str(k): repr(v) if not isinstance(v, (str, int, float, bool, type(None))) else v
+                for k, v in options.toDict().items()}
+    except Exception as exc:  # the report shows what it can
+        return {"error": str(exc)}
+
+
+def _samples(inputs):
+    """Rows of the combined batch this call consumed (its first batched input's length)."""
+    for pos in inputs.tensor_positions:
+        tensor = inputs.leaves[pos]
+        if tensor.dim() > 0:
+            return int(tensor.shape[0])
+    return None
+
+
+def _host_call_summary(index, seconds, perf, samples, training) -> dict:
+    """Wall time of one call, and its compute time from the perf counters (the rest is host)."""
+    starts = perf["input_complete"][0] if perf["input_complete"] else []
+    computed = perf["output"][0] if perf["output"] else []
+    steps = [b - a for a, b in zip([starts[0]] + computed[:-1], computed)] if starts else []
+    compute = sum(steps)
+    return {"call": index, "seconds": seconds, "compute_seconds": compute,
+            "host_seconds": max(seconds - compute, 0.0), "steps": len(steps),
+            "step_seconds": steps, "perf_counters": perf, "training": training, "samples": samples}
+
+
+# ---------------------------------------------------------------------- stage spans
+class StageSpans:
+    """Forward/backward spans per pipeline stage and micro-batch (hooks on the plan's blocks)."""
+
+    def __init__(self, model, plan, micro_batches_per_step):
+        self.model = model
+        self.plan = plan
+        self.per_step = max(micro_batches_per_step, 1)
+        self.micro_batch = -1
+        self.forward = None      # (stage, record_function)
+        self.backward = None
+        self.handles = []
+
+    def __enter__(self):
+        from .plan import top_modules
+        modules = dict(self.model.named_modules())
+        self.handles.append(self.model.register_forward_pre_hook(self._root_entered))
+        self.handles.append(self.model.register_forward_hook(self._root_exited))
+        stage_of_ipu = {}
+        for block in self.plan.blocks:
+            for name in top_modules(block.modules):
+                module = modules.get(name)
+                if module is None or module is self.model:
+                    continue
+                stage = self._stage_index(block)
+                stage_of_ipu[stage] = block.ipu
+                self.handles.append(module.register_forward_pre_hook(
+                    functools.partial(self._block_entered, stage, block.ipu)))
+                self.handles.append(module.register_forward_hook(
+                    functools.partial(self._block_exited, stage, block.ipu)))
+        return self
+
+    def _stage_index(self, block):
+        """Pipeline stage = position of the block's IPU run in block order (as the plan counts)."""
+        stage, previous = 0, None
+        for b in self.plan.blocks:
+            if previous is not None and b.ipu != previous:
+                stage += 1
+            previous = b.ipu
+            if b is block:
+                return stage
+        return stage
+
+    def __exit__(self, *exc):
+        self._close("forward")
+        self._close("backward")
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+    def _name(self, stage, ipu, kind, micro_batch):
+        step, mb = divmod(micro_batch, self.per_step)
+        return f"{SPAN_PREFIX}ipu{ipu}:stage{stage}:{kind}:mb{mb}:step{step}"
+
+    def _open(self, kind, stage, ipu, micro_batch):
+        current = getattr(self, kind)
+        if current is not None and current[0] == stage:
+            return
+        self._close(kind)
+        function = torch.profiler.record_function(self._name(stage, ipu, kind, micro_batch))
+        function.__enter__()
+        setattr(self, kind, (stage, function))
+
+    def _close(self, kind):
+        current = getattr(self, kind)
+        if current is not None:
+            current[1].__exit__(None, None, None)
+            setattr(self, kind, None)
+
+    def _root_entered(self, module, inputs):
+        self.micro_batch += 1
+
+    def _root_exited(self, module, inputs, output):
+        self._close("forward")
+
+    def _block_entered(self, stage, ipu, module, inputs):
+        self._open("forward", stage, ipu, self.micro_batch)
+
+    def _block_exited(self, stage, ipu, module, inputs, output):
+        if not torch.is_grad_enabled():
+            return
+        micro_batch = self.micro_batch
+        outputs = output if isinstance(output, (tuple, list)) else (output,)
+        for tensor in outputs:
+            if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
+                tensor.register_hook(functools.partial(self._gradient_arrived, stage, ipu, micro_batch))
+                break
+
+    def _gradient_arrived(self, stage, ipu, micro_batch, grad):
+        self._open("backward", stage, ipu, micro_batch)
+        return None
+
+    @contextlib.contextmanager
+    def backward_span(self):
+        with torch.profiler.record_function(SPAN_PREFIX + "backward"):
+            try:
+                yield
+            finally:
+                self._close("backward")
+
+
+# ---------------------------------------------------------------------- tracks
+def parse_stage_span(name: str):
+    """``openpop:ipu1:stage1:forward:mb0:step0`` -> dict, or None for other names."""
+    if not name.startswith(SPAN_PREFIX + "ipu"):
+        return None
+    parts = name[len(SPAN_PREFIX):].split(":")
+    if len(parts) != 5:
+        return None
+    try:
+        return {"ipu": int(parts[0][3:]), "stage": int(parts[1][5:]), "kind": parts[2],
+                "micro_batch": int(parts[3][2:]), "step": int(parts[4][4:])}
+    except ValueError:
+        return None
+
+
+IPU_TID_BASE = 1_000_000
+
+
+def tracks_per_ipu(trace: dict, plan) -> dict:
+    """Move stage spans to one track per virtual IPU, named by metadata events."""
+    events = trace.get("traceEvents", [])
+    pid = None
+    ipus = set()
+    for event in events:
+        info = parse_stage_span(event.get("name", "")) if event.get("ph") == "X" else None
+        if info is None:
+            continue
+        pid = event.get("pid", pid)
+        ipus.add(info["ipu"])
+        event["tid"] = IPU_TID_BASE + info["ipu"]
+        event["name"] = f"stage{info['stage']} {info['kind']} mb{info['micro_batch']}"
+        event["cat"] = "openpop_stage"
+        event.setdefault("args", {}).update(info)
+    device_map = getattr(plan, "device_map", None)
+    for ipu in sorted(ipus):
+        device = device_map.device(ipu) if device_map is not None else "?"
+        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": IPU_TID_BASE + ipu,
+                       "args": {"name": f"virtual IPU {ipu} ({device})"}})
+        events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": IPU_TID_BASE + ipu,
+                       "args": {"sort_index": ipu}})
+    trace["traceEvents"] = events
+    return trace
