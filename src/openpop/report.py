@@ -67,8 +67,7 @@ def summarise(trace: dict, plan, host_calls, options) -> dict:
         "stages": [stages[k] for k in sorted(stages)],
         "gantt": gantt,
         "bubble_fraction": _bubble_fraction(gantt),
-        "host_calls": [{k: v for k, v in c.items() if k != "perf_counters"} | {"perf_counters": c["perf_counters"]}
-                       for c in host_calls],
+        "host_calls": list(host_calls),
         "throughput_samples_per_second": samples / total_seconds if total_seconds > 0 else None,
         "options": options,
         "trace": TRACE_FILE,
@@ -78,14 +77,14 @@ def summarise(trace: dict, plan, host_calls, options) -> dict:
 def _one_step(spans):
     if not spans:
         return []
-    last_step = min(s["step"] for s in spans)
-    # the last recorded call's first step: spans restart at step 0 on each call
-    starts = [i for i, s in enumerate(spans) if s["step"] == last_step and s["micro_batch"] == 0
+    # The last recorded call's first step: step numbers restart at 0 on each call.
+    step = 0
+    starts = [i for i, s in enumerate(spans) if s["step"] == step and s["micro_batch"] == 0
               and s["stage"] == 0 and s["kind"] == "forward"]
     begin = starts[-1] if starts else 0
     chosen = []
     for s in spans[begin:]:
-        if s["step"] != last_step:
+        if s["step"] != step:
             break
         chosen.append(s)
     origin = chosen[0]["start"] if chosen else 0.0
@@ -220,7 +219,7 @@ def _fmt(value, pattern):
 def terminal_summary(directory: str) -> str:
     path = os.path.join(directory, REPORT_JSON)
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{path} not found: is {directory!r} an openpop profile directory?")
+        raise FileNotFoundError(f"{directory!r} is not an openpop profile directory: {path} not found")
     with open(path) as stream:
         summary = json.load(stream)
     lines = [f"openpop profile report: {directory}", "", "Execution plan:"]

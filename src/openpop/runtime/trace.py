@@ -21,6 +21,7 @@ The window counts host calls of each executor from 0; ``POPLAR_ENGINE_OPTIONS``'
 ``autoReport.executionProfileProgramRunCount`` (Poplar's "how many runs to profile", default
 2 here) sets how many calls the environment-driven session records.
 """
+import atexit
 import contextlib
 import functools
 import json
@@ -44,14 +45,15 @@ TRACE_FILE = "trace.json"
 SPAN_PREFIX = "openpop:"
 
 _NO_SPAN = contextlib.nullcontext()
-_session = None          # the active TraceSession, or None
+_session = None          # the TraceSession activated by the user, or None
+_recording = None        # the session recording the host call running now, or None
 _env_session = None      # built from POPLAR_ENGINE_OPTIONS on the first host call, or False
 
 
 def span(name: str):
     """A ``record_function`` span ``openpop:<name>`` while a session records, else a no-op."""
-    session = _session
-    if session is None or not session.recording:
+    session = _recording
+    if session is None:
         return _NO_SPAN
     return session.span(name)
 
@@ -113,6 +115,8 @@ def _session_from_environment(executor):
         if not options:  # Options.enableProfiling(dir) stores the same keys
             options = dict(executor.options._Popart.options.get("engineOptions", {}) or {})
         _env_session = session_from_engine_options(options) or False
+        if _env_session:  # a run shorter than the window still gets its report
+            atexit.register(_env_session.close)
     return _env_session or None
 
 
@@ -135,7 +139,6 @@ class TraceSession:
         self.directory = os.fspath(directory)
         _check_writable(self.directory)
         self.calls = calls
-        self.recording = False
         self.profiler = None
         self.stage_spans = None
         self.call_counts = weakref.WeakKeyDictionary()
@@ -178,14 +181,15 @@ class TraceSession:
         self.options = _options_dict(executor.options)
         geometry = executor._geometry
         self.stage_spans = StageSpans(executor._model, compiled.plan, geometry.micro_batches_per_step)
-        self.recording = True
+        global _recording
+        _recording = self
         started = time.perf_counter()
         try:
             with torch.profiler.record_function(f"{SPAN_PREFIX}host_call:{index}"), self.stage_spans:
                 result = run(executor, inputs, compiled)
         finally:
             seconds = time.perf_counter() - started
-            self.recording = False
+            _recording = None
             self.stage_spans = None
         self.host_calls.append(_host_call_summary(index, seconds, executor.getPerfCounters(),
                                                   _samples(inputs), executor.training))
