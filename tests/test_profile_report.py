@@ -237,3 +237,26 @@ def test_tracing_off_enters_no_profiler(no_environment_session):
     model(*batch())
     assert seen and set(seen) == {(False, 0)}
     model.destroy()
+
+
+def test_channel_tracepoints_appear_in_the_trace(tmp_path, no_environment_session):
+    channel = poptorch.profiling.Channel("mine")
+
+    class Marked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 8)
+
+        def forward(self, x, target):
+            with channel.tracepoint("body"):
+                out = self.fc(x)
+            return out, F.mse_loss(out, target)
+
+    model = poptorch.trainingModel(Marked())
+    x, target = torch.randn(2, 8), torch.randn(2, 8)
+    with poptorch.profiling.TraceSession(tmp_path, calls=range(1)):
+        model(x, target)
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    assert any(e["name"] == "mine:body" and e["ph"] == "X" for e in events)
+    assert [r[0] for r in channel.records][-1] == "body"
+    model.destroy()

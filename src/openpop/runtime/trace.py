@@ -58,6 +58,14 @@ def span(name: str):
     return session.span(name)
 
 
+def user_span(name: str):
+    """A ``record_function`` span named ``name`` (no prefix) while a session records a host
+    call, else a no-op: ``poptorch.profiling.Channel.tracepoint`` uses it."""
+    if _recording is None:
+        return _NO_SPAN
+    return torch.profiler.record_function(name)
+
+
 def host_call(run):
     """Decorates the executor's ``_run_training``/``_run_inference``: one host call."""
     @functools.wraps(run)
