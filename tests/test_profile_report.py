@@ -1,5 +1,6 @@
 """Profile traces and reports (issue 16): torch.profiler traces with openpop's spans, the HTML
 report, ``python -m openpop.report`` and ``POPLAR_ENGINE_OPTIONS``."""
+import io
 import json
 import logging
 import os
@@ -239,6 +240,16 @@ def test_tracing_off_enters_no_profiler(no_environment_session):
     model.destroy()
 
 
+class OneLayer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x, target):
+        out = self.fc(x)
+        return out, F.mse_loss(out, target)
+
+
 def test_channel_tracepoints_appear_in_the_trace(tmp_path, no_environment_session):
     channel = poptorch.profiling.Channel("mine")
 
@@ -260,3 +271,28 @@ def test_channel_tracepoints_appear_in_the_trace(tmp_path, no_environment_sessio
     assert any(e["name"] == "mine:body" and e["ph"] == "X" for e in events)
     assert [r[0] for r in channel.records][-1] == "body"
     model.destroy()
+
+
+def test_enable_profiling_option_turns_tracing_on(tmp_path, no_environment_session):
+    opts = poptorch.Options().enableProfiling(str(tmp_path / "opt_report"))
+    model = poptorch.trainingModel(OneLayer(), opts)
+    x, target = torch.randn(2, 8), torch.randn(2, 8)
+    for _ in range(3):
+        model(x, target)
+    report = json.loads((tmp_path / "opt_report" / "report.json").read_text())
+    assert [c["call"] for c in report["host_calls"]] == [0, 1]  # the default window: 2 calls
+    model.destroy()
+
+
+def test_bert_profile_dir_writes_a_report(tmp_path, no_environment_session):
+    pytest.importorskip("transformers")
+    from openpop.bert import train
+    from openpop.bert.config import make_config
+    config = make_config("unit_test", dataset="generated", device_iterations=1, gradient_accumulation=2,
+                         training_steps=2, ipus_per_replica=1, layers_per_ipu=[3], disable_progress_bar=True,
+                         data_cache_dir=str(tmp_path / "cache"), profile_dir=str(tmp_path / "bert_report"))
+    train.run(config, stream=io.StringIO())
+    trace_module.reset_environment_session()  # the window (2 calls) is full: already written
+    report = json.loads((tmp_path / "bert_report" / "report.json").read_text())
+    assert [c["call"] for c in report["host_calls"]] == [0, 1]
+    assert (tmp_path / "bert_report" / "report.html").exists()

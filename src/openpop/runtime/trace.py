@@ -47,7 +47,8 @@ SPAN_PREFIX = "openpop:"
 _NO_SPAN = contextlib.nullcontext()
 _session = None          # the TraceSession activated by the user, or None
 _recording = None        # the session recording the host call running now, or None
-_env_session = None      # built from POPLAR_ENGINE_OPTIONS on the first host call, or False
+_configured = weakref.WeakKeyDictionary()  # executor -> its session from engine options, or None
+_by_directory = {}        # directory -> the session engine options chose for it
 
 
 def span(name: str):
@@ -70,7 +71,7 @@ def host_call(run):
     """Decorates the executor's ``_run_training``/``_run_inference``: one host call."""
     @functools.wraps(run)
     def traced(executor, inputs, compiled):
-        session = _session if _session is not None else _session_from_environment(executor)
+        session = _session if _session is not None else _session_from_engine_options(executor)
         if session is None:
             return run(executor, inputs, compiled)
         return session.run_call(run, executor, inputs, compiled)
@@ -116,24 +117,35 @@ def session_from_engine_options(options: dict, executor_options=None):
     return TraceSession(directory, calls=range(count), activate=False)
 
 
-def _session_from_environment(executor):
-    global _env_session
-    if _env_session is None:
-        options = parse_engine_options(os.environ.get(ENGINE_OPTIONS_ENV, ""))
-        if not options:  # Options.enableProfiling(dir) stores the same keys
-            options = dict(executor.options._Popart.options.get("engineOptions", {}) or {})
-        _env_session = session_from_engine_options(options) or False
-        if _env_session:  # a run shorter than the window still gets its report
-            atexit.register(_env_session.close)
-    return _env_session or None
+def _session_from_engine_options(executor):
+    """The session ``POPLAR_ENGINE_OPTIONS`` (which wins, as on IPUs) or the executor's
+    ``Options.enableProfiling`` asks for; decided on the executor's first host call. Executors
+    reporting to one directory share one session (one trace)."""
+    try:
+        return _configured[executor]
+    except KeyError:
+        pass
+    options = parse_engine_options(os.environ.get(ENGINE_OPTIONS_ENV, ""))
+    if not options:
+        options = dict(executor.options._Popart.options.get("engineOptions", {}) or {})
+    wanted = session_from_engine_options(options)
+    session = None
+    if wanted is not None:
+        session = _by_directory.get(wanted.directory)
+        if session is None or session.written:
+            session = _by_directory[wanted.directory] = wanted
+            atexit.register(session.close)  # a run shorter than the window still gets its report
+    _configured[executor] = session
+    return session
 
 
 def reset_environment_session() -> None:
-    """Forget the session built from the environment (tests, or after changing the variable)."""
-    global _env_session
-    if _env_session:
-        _env_session.close()
-    _env_session = None
+    """Close and forget the sessions engine options started (tests, or after changing
+    ``POPLAR_ENGINE_OPTIONS``)."""
+    for session in list(_by_directory.values()):
+        session.close()
+    _by_directory.clear()
+    _configured.clear()
 
 
 # ---------------------------------------------------------------------- the session
