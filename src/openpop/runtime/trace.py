@@ -45,7 +45,7 @@ TRACE_FILE = "trace.json"
 SPAN_PREFIX = "openpop:"
 
 _NO_SPAN = contextlib.nullcontext()
-_session = None          # the TraceSession activated by the user, or None
+_active = []             # TraceSessions activated by the user or a strategy
 _recording = None        # the session recording the host call running now, or None
 _configured = weakref.WeakKeyDictionary()  # executor -> its session from engine options, or None
 _by_directory = {}        # directory -> the session engine options chose for it
@@ -71,7 +71,13 @@ def host_call(run):
     """Decorates the executor's ``_run_training``/``_run_inference``: one host call."""
     @functools.wraps(run)
     def traced(executor, inputs, compiled):
-        session = _session if _session is not None else _session_from_engine_options(executor)
+        session = None
+        for candidate in _active:
+            if candidate.accepts(executor):
+                session = candidate
+                break
+        else:
+            session = _session_from_engine_options(executor)
         if session is None:
             return run(executor, inputs, compiled)
         return session.run_call(run, executor, inputs, compiled)
@@ -153,10 +159,12 @@ class TraceSession:
     """Records host calls ``calls`` (indices per executor, from 0) into ``directory``.
 
     Use as a context manager, or call ``close()``: the trace and report are written when the
-    last call of the window has run, or at ``close()``."""
+    last call of the window has run, or at ``close()``. ``accepts(executor)`` limits it to some
+    executors; several sessions may be active (the latest accepting one records a call)."""
 
-    def __init__(self, directory, calls=range(1), activate=True):
+    def __init__(self, directory, calls=range(1), activate=True, accepts=None):
         self.directory = os.fspath(directory)
+        self._accepts = accepts  # executor -> bool: which executors this session records
         _check_writable(self.directory)
         self.calls = calls
         self.profiler = None
@@ -171,9 +179,12 @@ class TraceSession:
             self.activate()
 
     def activate(self):
-        global _session
-        _session = self
+        if self not in _active:
+            _active.insert(0, self)
         return self
+
+    def accepts(self, executor) -> bool:
+        return self._accepts is None or bool(self._accepts(executor))
 
     def __enter__(self):
         return self.activate()
@@ -218,9 +229,8 @@ class TraceSession:
         return result
 
     def close(self):
-        global _session
-        if _session is self:
-            _session = None
+        if self in _active:
+            _active.remove(self)
         if self.profiler is None or self.written:
             return
         self.profiler.stop()
