@@ -79,11 +79,12 @@ def recorded(tmp_path_factory):
             model(x, target)
     perf = model.getPerfCounters()
     plan = model.executionPlan()
+    options = model.options.toDict()
     with open(directory / "trace.json") as stream:
         trace = json.load(stream)
     with open(directory / "report.json") as stream:
         report = json.load(stream)
-    yield {"dir": directory, "trace": trace, "report": report, "perf": perf, "plan": plan}
+    yield {"dir": directory, "trace": trace, "report": report, "perf": perf, "plan": plan, "options": options}
     model.destroy()
 
 
@@ -155,7 +156,10 @@ def test_report_numbers_equal_perf_counters_and_plan(recorded):
     gantt = report["gantt"]
     assert len(gantt) == GA * STAGES * 2 and {s["step"] for s in gantt} == {0}
     assert 0.0 <= report["bubble_fraction"] < 1.0
-    assert report["options"]["replication_factor"] == 1 or "replication_factor" not in report["options"]
+    assert set(report["options"]) == set(recorded["options"]) and len(report["options"]) > 10
+    layer_bytes = (8 * 8 + 8) * 4
+    assert report["memory"] == [{"ipu": i, "parameter_bytes": layer_bytes, "buffer_bytes": 0,
+                                 "optimizer_state_bytes": 0} for i in range(STAGES)]
 
 
 def test_html_report_is_self_contained(recorded):
@@ -173,6 +177,7 @@ def test_cli_prints_terminal_summary(recorded):
                             capture_output=True, text=True, env=env, timeout=60)
     assert result.returncode == 0, result.stderr
     for expected in ("Execution plan:", "stage 3 (IPU 3): forward", "Bubble fraction", "call 2: wall",
+                     "IPU 3: 288 / 0 / 0",
                      "Throughput:"):
         assert expected in result.stdout
     missing = subprocess.run([sys.executable, "-m", "openpop.report", str(recorded["dir"] / "nope")],

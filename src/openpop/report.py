@@ -38,7 +38,7 @@ def stage_spans(trace: dict):
     return spans
 
 
-def summarise(trace: dict, plan, host_calls, options) -> dict:
+def summarise(trace: dict, plan, host_calls, options, memory=()) -> dict:
     spans = stage_spans(trace)
     stages = {}
     for s in spans:
@@ -70,6 +70,7 @@ def summarise(trace: dict, plan, host_calls, options) -> dict:
         "host_calls": list(host_calls),
         "throughput_samples_per_second": samples / total_seconds if total_seconds > 0 else None,
         "options": options,
+        "memory": list(memory),
         "trace": TRACE_FILE,
     }
 
@@ -102,8 +103,8 @@ def _bubble_fraction(gantt):
     return max(0.0, 1.0 - busy / (length * len(stages)))
 
 
-def write_report(directory, trace, plan, host_calls, options) -> dict:
-    summary = summarise(trace, plan, host_calls, options)
+def write_report(directory, trace, plan, host_calls, options, memory=()) -> dict:
+    summary = summarise(trace, plan, host_calls, options, memory)
     with open(os.path.join(directory, REPORT_JSON), "w") as stream:
         json.dump(summary, stream, indent=1, default=str)
     with open(os.path.join(directory, REPORT_HTML), "w") as stream:
@@ -183,6 +184,9 @@ def render_html(summary: dict) -> str:
     calls = _table(["host call", "wall (ms)", "compute (ms)", "host (ms)", "steps", "samples"],
                    [[c["call"], f'{c["seconds"] * 1000:.3f}', f'{c["compute_seconds"] * 1000:.3f}',
                      f'{c["host_seconds"] * 1000:.3f}', c["steps"], c["samples"]] for c in summary["host_calls"]])
+    memory = _table(["virtual IPU", "parameters (bytes)", "buffers (bytes)", "optimizer state (bytes)"],
+                    [[m["ipu"], m["parameter_bytes"], m["buffer_bytes"], m["optimizer_state_bytes"]]
+                     for m in summary.get("memory", [])])
     options = _table(["option", "value"], sorted([k, v] for k, v in summary["options"].items()))
     throughput = summary["throughput_samples_per_second"]
     bubble = summary["bubble_fraction"]
@@ -205,6 +209,7 @@ h2 {{ margin-top: 28px; }}
 <h2>Execution plan</h2>{allocation}
 <h2>Pipeline timeline (one step)</h2>{_gantt_svg(summary["gantt"])}
 <h2>Time per stage (recorded calls)</h2>{stages}
+<h2>Memory per virtual IPU (weights and optimizer state; activations not measured yet)</h2>{memory}
 <h2>Host calls</h2>{_calls_svg(summary["host_calls"])}{calls}
 <h2>Options</h2>{options}
 </body></html>
@@ -230,6 +235,9 @@ def terminal_summary(directory: str) -> str:
         lines.append(f"  stage {s['stage']} (IPU {s['ipu']}): forward {s['forward_us'] / 1000:9.3f} ms   "
                      f"backward {s['backward_us'] / 1000:9.3f} ms")
     lines.append(f"Bubble fraction (one step): {_fmt(summary['bubble_fraction'], '{:.1%}')}")
+    lines += ["", "Memory per virtual IPU (parameters / buffers / optimizer state, bytes):"]
+    for m in summary.get("memory", []):
+        lines.append(f"  IPU {m['ipu']}: {m['parameter_bytes']} / {m['buffer_bytes']} / {m['optimizer_state_bytes']}")
     lines += ["", "Host calls:"]
     for c in summary["host_calls"]:
         lines.append(f"  call {c['call']}: wall {c['seconds'] * 1000:.3f} ms  compute {c['compute_seconds'] * 1000:.3f} ms"

@@ -173,6 +173,7 @@ class TraceSession:
         self.host_calls = []      # one summary per recorded host call
         self.plan = None
         self.options = {}
+        self.memory = []
         self.written = False
         self._last_call = max(calls) if len(calls) else -1
         if activate:
@@ -211,17 +212,22 @@ class TraceSession:
         self.plan = compiled.plan
         self.options = _options_dict(executor.options)
         geometry = executor._geometry
-        self.stage_spans = StageSpans(executor._model, compiled.plan, geometry.micro_batches_per_step)
+        # Stage spans follow one thread's forward and backward: micro-batches that run
+        # concurrently on several devices get the coarse spans and the operator view only.
+        self.stage_spans = None if compiled.concurrent else StageSpans(
+            executor._model, compiled.plan, geometry.micro_batches_per_step)
         global _recording
         _recording = self
         started = time.perf_counter()
         try:
-            with torch.profiler.record_function(f"{SPAN_PREFIX}host_call:{index}"), self.stage_spans:
+            with torch.profiler.record_function(f"{SPAN_PREFIX}host_call:{index}"), \
+                    self.stage_spans or contextlib.nullcontext():
                 result = run(executor, inputs, compiled)
         finally:
             seconds = time.perf_counter() - started
             _recording = None
             self.stage_spans = None
+        self.memory = memory_per_ipu(executor._model, compiled.plan, getattr(executor, "_optimizer", None))
         self.host_calls.append(_host_call_summary(index, seconds, executor.getPerfCounters(),
                                                   _samples(inputs), executor.training))
         if index >= self._last_call:
@@ -252,7 +258,7 @@ class TraceSession:
         path = os.path.join(self.directory, TRACE_FILE)
         with open(path, "w") as stream:
             json.dump(trace, stream)
-        report.write_report(self.directory, trace, self.plan, self.host_calls, self.options)
+        report.write_report(self.directory, trace, self.plan, self.host_calls, self.options, self.memory)
         logger.info("openpop profile: %s", path)
 
 
@@ -275,6 +281,37 @@ def _options_dict(options) -> dict:
                 for k, v in options.toDict().items()}
     except Exception as exc:  # the report shows what it can
         return {"error": str(exc)}
+
+
+def memory_per_ipu(model, plan, optimizer) -> list:
+    """Bytes of the parameters, buffers and optimizer state held for each virtual IPU, counted
+    from the tensors themselves (a module's tensors belong to the IPU of the block it ran in)."""
+    ipu_of_module = {}
+    for block in plan.blocks if plan is not None else ():
+        for name in block.modules:
+            ipu_of_module.setdefault(name, block.ipu)
+
+    def ipu_of(qualified):
+        name = qualified.rpartition(".")[0]
+        while name and name not in ipu_of_module:
+            name = name.rpartition(".")[0]
+        return ipu_of_module.get(name, 0)
+
+    ipus = plan.ipus_per_replica if plan is not None else 1
+    table = [{"ipu": i, "parameter_bytes": 0, "buffer_bytes": 0, "optimizer_state_bytes": 0} for i in range(ipus)]
+    states = optimizer.state if optimizer is not None else {}
+    seen = set()
+    for kind, items in (("parameter_bytes", model.named_parameters()), ("buffer_bytes", model.named_buffers())):
+        for name, tensor in items:
+            if id(tensor) in seen:
+                continue
+            seen.add(id(tensor))
+            entry = table[min(ipu_of(name), ipus - 1)]
+            entry[kind] += tensor.numel() * tensor.element_size()
+            for value in states.get(tensor, {}).values() if kind == "parameter_bytes" else ():
+                if isinstance(value, torch.Tensor):
+                    entry["optimizer_state_bytes"] += value.numel() * value.element_size()
+    return table
 
 
 def _samples(inputs):
