@@ -257,6 +257,10 @@ def test_tutorial_pipelined_with_autoreport(tmp_path):
     assert sum(m["parameter_bytes"] for m in report["memory"]) == 4 * sum(p.numel() for p in model.parameters())
     assert report["totals"]["samples"] == 3072 // 128 * 128 * 3
     assert (tmp_path / "validation" / "profile.json").exists() is False  # no val loader
+    summary = json.loads((tmp_path / "training" / "report.json").read_text())  # trace + HTML report too
+    assert [c["call"] for c in summary["host_calls"]] == [0, 1]
+    assert {s["stage"] for s in summary["stages"]} == {0, 1}
+    assert (tmp_path / "training" / "trace.json").exists() and (tmp_path / "training" / "report.html").exists()
 
 
 # ---------------------------------------------------------------------- precision

@@ -1,11 +1,15 @@
 """``poptorch.profiling.Channel``: named timing regions, recorded in memory.
 
 PopTorch wrote these to libpvti for PopVision; openpop keeps the records on the channel
-(``channel.records``: ``(name, start, end)`` in seconds) so that reports can read them.
+(``channel.records``: ``(name, start, end)`` in seconds) so that reports can read them, and
+while a host call is traced (``TraceSession``) a tracepoint is also a ``<channel>:<name>`` span
+in the trace.
 """
 import contextlib
 import functools
 import time
+
+from .runtime.trace import TraceSession, user_span  # noqa: F401  (poptorch.profiling.TraceSession)
 
 
 class Channel:
@@ -17,7 +21,8 @@ class Channel:
     def tracepoint(self, name: str):
         start = time.perf_counter()
         try:
-            yield
+            with user_span(f"{self.name}:{name}"):
+                yield
         finally:
             self.records.append((name, start, time.perf_counter()))
 

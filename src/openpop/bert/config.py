@@ -113,8 +113,8 @@ _KEYS: List[Key] = [
         "from the host)"),
     Key("executable_cache_dir", _optional_str, None, "IPU executable cache (accepted, no effect: openpop's "
         "compile is a trace)", flag_only=True),
-    Key("profile_dir", _optional_str, None, "PopVision profile directory (accepted, no effect: use openpop's "
-        "Lightning autoreport or torch.profiler)", flag_only=True),
+    Key("profile_dir", _optional_str, None, "Profile directory: a torch.profiler trace, report.json and "
+        "report.html of the first 2 host calls (python -m openpop.report DIR summarises it)", flag_only=True),
     Key("compile_only", str_to_bool, False, "Compile, then exit without training", flag_only=True),
     Key("recomputation", str_to_bool, False,
         "openpop: recompute each block's activations in the backward pass (saves memory, costs a forward "

@@ -44,6 +44,7 @@ Model parallelism
 """
 import contextlib
 import functools
+import os
 import re
 import time
 from typing import Any, Dict, List, Optional
@@ -57,6 +58,7 @@ from openpop.options import Options
 from openpop.runtime.geometry import BatchGeometry
 from openpop.runtime.outputs import OutputCollector
 from openpop.runtime.plan import PIPELINE_DI, PIPELINE_GA
+from openpop.runtime.trace import TraceSession
 from openpop.strategies import ShardedExecution
 
 from . import instances, lockstep, run_options
@@ -97,6 +99,7 @@ USER_OPTIONS_FROZEN = (
     "DataLoader with them, and the run uses your object itself.")
 MAX_STEPS_ROUNDED = ("Trainer(max_steps={max_steps}) is not a multiple of device_iterations={di}: every host call "
                      "runs {di} optimizer steps, so training stops after {rounded} steps.")
+AUTOREPORT_TRACED_CALLS = 2  # host calls per stage recorded into trace.json / report.html
 _STAGE_NAMES = {RunningStage.TRAINING: "training", RunningStage.VALIDATING: "validation",
                 RunningStage.SANITY_CHECKING: "validation", RunningStage.TESTING: "test",
                 RunningStage.PREDICTING: "predict"}
@@ -153,6 +156,7 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
         self._takes_batch_idx: Dict[str, bool] = {}
         self._eval_micro: Optional[int] = None  # batch_size of the last evaluation loader converted
         self._profiles: Dict[str, StageProfile] = {}
+        self._traces: Dict[str, TraceSession] = {}  # stage name -> torch.profiler trace + HTML report
         self._warned_sharded = False
 
     @classmethod
@@ -317,6 +321,9 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
             self._per_step = None
         for profile in self._profiles.values():
             profile.unhook()
+        for trace in self._traces.values():
+            trace.close()
+        self._traces = {}
         destroyed = set()
         for executor in self.poptorch_models.values():
             if id(executor) not in destroyed:
@@ -597,6 +604,9 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
         if name not in self._profiles:
             directory = self.autoreport_dir or self.lightning_module.trainer.default_root_dir
             self._profiles[name] = StageProfile(name, str(directory))
+            self._traces[name] = TraceSession(  # the stage's first host calls, next to profile.json
+                os.path.join(str(directory), name), calls=range(AUTOREPORT_TRACED_CALLS),
+                accepts=lambda executor, stage=stage: executor is self.poptorch_models.get(stage))
 
     def _record(self, stage, executor, seconds: float, batch) -> None:
         profile = self._profiles.get(_STAGE_NAMES[stage])
@@ -604,6 +614,9 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
             profile.record_call(executor, seconds, leading_size(batch) or 0)
 
     def _write_profile(self, stage) -> None:
+        trace = self._traces.pop(_STAGE_NAMES.get(stage), None)
+        if trace is not None:
+            trace.close()
         profile = self._profiles.get(_STAGE_NAMES.get(stage))
         if profile is None:
             return

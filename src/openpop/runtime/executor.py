@@ -19,7 +19,7 @@ from .. import errors
 from ..atomic_file import atomic_write
 from ..enums import ConnectionType, MeanReductionStrategy, OutputMode
 from ..log import logger
-from . import context
+from . import context, trace
 from .anchors import AnchoredTensors
 from .args import BoundInputs, CallerTensors, InputSignature, prepare_tensors
 from .geometry import BatchGeometry
@@ -414,6 +414,7 @@ class PoplarExecutor:
             leaves[pos] = view if view.dim() == 0 else view[d, g, chunk]
         return inputs.rebuild(leaves)
 
+    @trace.host_call
     def _run_inference(self, inputs: BoundInputs, compiled: _Compiled):
         geometry = self._geometry
         collector = OutputCollector(self._options.output_mode, self._options.output_return_period, geometry)
@@ -431,7 +432,7 @@ class PoplarExecutor:
                     compiled.replica_buffers.switch_to(r)
                 args, kwargs = self._micro_args(inputs, split, leaves, d, 0, geometry.input_chunk_of_replica(r))
                 model = self._replica_model(compiled, r)
-                with self._precision.forward(model):
+                with self._precision.forward(model), trace.span("forward"):
                     output = model(*args, **kwargs)
                 if keep:
                     collector.add(r, output)
@@ -441,10 +442,12 @@ class PoplarExecutor:
         if compiled.replica_buffers is not None:
             compiled.replica_buffers.switch_to(0)
         anchors.finish_call()
-        result = collector.result()
+        with trace.span("output_collection"):
+            result = collector.result()
         self._perf = perf.finish()
         return result
 
+    @trace.host_call
     def _run_training(self, inputs: BoundInputs, compiled: _Compiled, host_call):
         geometry = self._geometry
         optimizer = self._optimizer
@@ -483,16 +486,21 @@ class PoplarExecutor:
                             compiled.replica_buffers.switch_to(r)
                         chunk = geometry.input_chunk_of_replica(r)
                         args, kwargs = self._micro_args(inputs, split, leaves, d, g, chunk)
-                        output, loss = self._forward_with_loss(compiled, args, kwargs, self._replica_model(compiled, r))
-                        backward(loss)
+                        with trace.span("forward"):
+                            output, loss = self._forward_with_loss(compiled, args, kwargs, self._replica_model(compiled, r))
+                        with trace.span("backward"):
+                            backward(loss)
                         if keep:
                             collector.add(r, output)
             if compiled.replicas is not None:
                 compiled.replicas.reduce_gradients()
             if compiled.global_replication is not None:  # all-reduce with the other processes' replicas
                 compiled.global_replication.all_reduce(trainable)
-            if gradients.finish_step():
-                host_call.update(d, self._precision.optimizer_step, optimizer)
+            with trace.span("gradient_reduction"):
+                apply = gradients.finish_step()
+            if apply:
+                with trace.span("optimizer_step"):
+                    host_call.update(d, self._precision.optimizer_step, optimizer)
             if anchors:
                 self._record_anchors(compiled, d)
             perf.computed()
@@ -501,7 +509,8 @@ class PoplarExecutor:
         if compiled.replica_buffers is not None:
             compiled.replica_buffers.switch_to(0)
         anchors.finish_call()
-        result = collector.result()
+        with trace.span("output_collection"):
+            result = collector.result()
         self._perf = perf.finish()
         return result
 

@@ -1,0 +1,479 @@
+"""Tracing host calls: openpop's spans on ``torch.profiler``, one track per virtual IPU.
+
+A ``TraceSession`` (``openpop.runtime.trace.TraceSession(directory, calls=...)``, or
+``POPLAR_ENGINE_OPTIONS='{"autoReport.all":"true","autoReport.directory":"DIR"}'`` as on IPUs,
+or ``Options.enableProfiling(DIR)``) records a window of host calls with ``torch.profiler`` —
+operator-level events included — plus openpop's own ``record_function`` spans:
+
+* ``openpop:host_call``, ``openpop:input``, ``openpop:forward``, ``openpop:backward``,
+  ``openpop:gradient_reduction``, ``openpop:optimizer_step``, ``openpop:output_collection``
+  (placed by the executor with ``span(name)``);
+* per pipeline stage and micro-batch, ``openpop:ipu<I>:stage<S>:<forward|backward>:mb<M>:step<D>``
+  (forward hooks on each planned block's modules; backward opens when the gradient of the
+  stage's output arrives and closes when the next stage's backward opens or backward ends).
+
+When the window closes the Chrome-trace JSON is rewritten so that stage spans sit on one
+track (``tid``) per virtual IPU, named by metadata events, and ``report.json`` / ``report.html``
+are written next to it (``openpop.report``).
+
+Tracing off costs one global read per span: no profiler is entered and no hooks are installed.
+The window counts host calls of each executor from 0; ``POPLAR_ENGINE_OPTIONS``'s
+``autoReport.executionProfileProgramRunCount`` (Poplar's "how many runs to profile", default
+2 here) sets how many calls the environment-driven session records.
+"""
+import atexit
+import contextlib
+import functools
+import json
+import os
+import time
+import weakref
+
+import torch
+
+from .. import errors
+from ..log import logger
+
+ENGINE_OPTIONS_ENV = "POPLAR_ENGINE_OPTIONS"
+KNOWN_AUTOREPORT_KEYS = (
+    "autoReport.all", "autoReport.directory", "autoReport.outputGraphProfile",
+    "autoReport.outputExecutionProfile", "autoReport.outputLoweredVars", "autoReport.outputDebugInfo",
+    "autoReport.outputSerializedGraph", "autoReport.outputArchive", "autoReport.streamAtEveryRun",
+    "autoReport.executionProfileProgramRunCount", "autoReport.optimizeForLongExecutions")
+DEFAULT_ENV_CALLS = 2
+TRACE_FILE = "trace.json"
+SPAN_PREFIX = "openpop:"
+
+_NO_SPAN = contextlib.nullcontext()
+_active = []             # TraceSessions activated by the user or a strategy
+_recording = None        # the session recording the host call running now, or None
+_configured = weakref.WeakKeyDictionary()  # executor -> its session from engine options, or None
+_by_directory = {}        # directory -> the session engine options chose for it
+
+
+def span(name: str):
+    """A ``record_function`` span ``openpop:<name>`` while a session records, else a no-op."""
+    session = _recording
+    if session is None:
+        return _NO_SPAN
+    return session.span(name)
+
+
+def user_span(name: str):
+    """A ``record_function`` span named ``name`` (no prefix) while a session records a host
+    call, else a no-op: ``poptorch.profiling.Channel.tracepoint`` uses it."""
+    if _recording is None:
+        return _NO_SPAN
+    return torch.profiler.record_function(name)
+
+
+def host_call(run):
+    """Decorates the executor's ``_run_training``/``_run_inference``: one host call."""
+    @functools.wraps(run)
+    def traced(executor, inputs, compiled, *rest):
+        session = None
+        for candidate in _active:
+            if candidate.accepts(executor):
+                session = candidate
+                break
+        else:
+            session = _session_from_engine_options(executor)
+        if session is None:
+            return run(executor, inputs, compiled, *rest)
+        return session.run_call(run, executor, inputs, compiled, *rest)
+    return traced
+
+
+# ---------------------------------------------------------------------- configuration
+def parse_engine_options(text: str, source: str = ENGINE_OPTIONS_ENV) -> dict:
+    """``POPLAR_ENGINE_OPTIONS``'s JSON: a clear error when malformed, a warning per unknown
+    ``autoReport.*`` key."""
+    if not text.strip():
+        return {}
+    try:
+        options = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise errors.createPoptorchError(
+            f"{source} is not valid JSON ({exc.msg} at character {exc.pos}): {text!r}. "
+            f"Expected e.g. '{{\"autoReport.all\":\"true\",\"autoReport.directory\":\"./report\"}}'.") from None
+    if not isinstance(options, dict):
+        raise errors.createPoptorchError(f"{source} must be a JSON object, got {type(options).__name__}: {text!r}")
+    for key in options:
+        if key.startswith("autoReport.") and key not in KNOWN_AUTOREPORT_KEYS:
+            logger.warning("%s: unknown option %r is ignored (known: %s)", source, key, ", ".join(KNOWN_AUTOREPORT_KEYS))
+    return options
+
+
+def _truthy(value) -> bool:
+    return str(value).strip().lower() in ("true", "1", "yes", "on")
+
+
+def session_from_engine_options(options: dict, executor_options=None):
+    """A TraceSession if ``autoReport.all`` (or ``outputExecutionProfile``) is on, else None."""
+    if not (_truthy(options.get("autoReport.all", False))
+            or _truthy(options.get("autoReport.outputExecutionProfile", False))):
+        return None
+    directory = options.get("autoReport.directory", ".")
+    count = options.get("autoReport.executionProfileProgramRunCount", DEFAULT_ENV_CALLS)
+    try:
+        count = int(count)
+    except (TypeError, ValueError):
+        raise errors.createPoptorchError(
+            f"autoReport.executionProfileProgramRunCount must be an integer, got {count!r}") from None
+    return TraceSession(directory, calls=range(count), activate=False)
+
+
+def _session_from_engine_options(executor):
+    """The session ``POPLAR_ENGINE_OPTIONS`` (which wins, as on IPUs) or the executor's
+    ``Options.enableProfiling`` asks for; decided on the executor's first host call. Executors
+    reporting to one directory share one session (one trace)."""
+    try:
+        return _configured[executor]
+    except KeyError:
+        pass
+    options = parse_engine_options(os.environ.get(ENGINE_OPTIONS_ENV, ""))
+    if not options:
+        options = dict(executor.options._Popart.options.get("engineOptions", {}) or {})
+    wanted = session_from_engine_options(options)
+    session = None
+    if wanted is not None:
+        session = _by_directory.get(wanted.directory)
+        if session is None or session.written:
+            session = _by_directory[wanted.directory] = wanted
+            atexit.register(session.close)  # a run shorter than the window still gets its report
+    _configured[executor] = session
+    return session
+
+
+def reset_environment_session() -> None:
+    """Close and forget the sessions engine options started (tests, or after changing
+    ``POPLAR_ENGINE_OPTIONS``)."""
+    for session in list(_by_directory.values()):
+        session.close()
+    _by_directory.clear()
+    _configured.clear()
+
+
+# ---------------------------------------------------------------------- the session
+class TraceSession:
+    """Records host calls ``calls`` (indices per executor, from 0) into ``directory``.
+
+    Use as a context manager, or call ``close()``: the trace and report are written when the
+    last call of the window has run, or at ``close()``. ``accepts(executor)`` limits it to some
+    executors; several sessions may be active (the latest accepting one records a call)."""
+
+    def __init__(self, directory, calls=range(1), activate=True, accepts=None):
+        self.directory = os.fspath(directory)
+        self._accepts = accepts  # executor -> bool: which executors this session records
+        _check_writable(self.directory)
+        self.calls = calls
+        self.profiler = None
+        self.stage_spans = None
+        self.call_counts = weakref.WeakKeyDictionary()
+        self.host_calls = []      # one summary per recorded host call
+        self.plan = None
+        self.options = {}
+        self.memory = []
+        self.written = False
+        self._last_call = max(calls) if len(calls) else -1
+        if activate:
+            self.activate()
+
+    def activate(self):
+        if self not in _active:
+            _active.insert(0, self)
+        return self
+
+    def accepts(self, executor) -> bool:
+        return self._accepts is None or bool(self._accepts(executor))
+
+    def __enter__(self):
+        return self.activate()
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def span(self, name):
+        if name == "backward" and self.stage_spans is not None:
+            return self.stage_spans.backward_span()
+        return torch.profiler.record_function(SPAN_PREFIX + name)
+
+    def run_call(self, run, executor, inputs, compiled, *rest):
+        index = self.call_counts.get(executor, 0)
+        self.call_counts[executor] = index + 1
+        if index not in self.calls or self.written:
+            return run(executor, inputs, compiled, *rest)
+        if self.profiler is None:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            self.profiler = torch.profiler.profile(activities=activities)
+            self.profiler.start()
+        self.plan = compiled.plan
+        self.options = _options_dict(executor.options)
+        geometry = executor._geometry
+        # Stage spans follow one thread's forward and backward: micro-batches that run
+        # concurrently on several devices get the coarse spans and the operator view only.
+        self.stage_spans = None if compiled.concurrent else StageSpans(
+            executor._model, compiled.plan, geometry.micro_batches_per_step)
+        global _recording
+        _recording = self
+        started = time.perf_counter()
+        try:
+            with torch.profiler.record_function(f"{SPAN_PREFIX}host_call:{index}"), \
+                    self.stage_spans or contextlib.nullcontext():
+                result = run(executor, inputs, compiled, *rest)
+        finally:
+            seconds = time.perf_counter() - started
+            _recording = None
+            self.stage_spans = None
+        self.memory = memory_per_ipu(executor._model, compiled.plan, getattr(executor, "_optimizer", None))
+        self.host_calls.append(_host_call_summary(index, seconds, executor.getPerfCounters(),
+                                                  _samples(inputs), executor.training))
+        if index >= self._last_call:
+            self.close()
+        return result
+
+    def close(self):
+        if self in _active:
+            _active.remove(self)
+        if self.profiler is None or self.written:
+            return
+        self.profiler.stop()
+        self.written = True
+        try:
+            self._write()
+        except Exception as exc:  # a failed report never fails training
+            logger.warning("openpop could not write the profile report to %s: %s", self.directory, exc)
+
+    def _write(self):
+        from .. import report
+        os.makedirs(self.directory, exist_ok=True)
+        raw = os.path.join(self.directory, "trace.raw.json")
+        self.profiler.export_chrome_trace(raw)
+        with open(raw) as stream:
+            trace = json.load(stream)
+        os.remove(raw)
+        trace = tracks_per_ipu(trace, self.plan)
+        path = os.path.join(self.directory, TRACE_FILE)
+        with open(path, "w") as stream:
+            json.dump(trace, stream)
+        report.write_report(self.directory, trace, self.plan, self.host_calls, self.options, self.memory)
+        logger.info("openpop profile: %s", path)
+
+
+def _check_writable(directory: str) -> None:
+    try:
+        os.makedirs(directory, exist_ok=True)
+        probe = os.path.join(directory, ".openpop-write-test")
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as exc:
+        raise errors.createPoptorchError(
+            f"The profile report directory {directory!r} is not writable ({exc.strerror}): "
+            f"choose another autoReport.directory.") from None
+
+
+def _options_dict(options) -> dict:
+    try:
+        return {str(k): repr(v) if not isinstance(v, (str, int, float, bool, type(None))) else v
+                for k, v in options.toDict().items()}
+    except Exception as exc:  # the report shows what it can
+        return {"error": str(exc)}
+
+
+def memory_per_ipu(model, plan, optimizer) -> list:
+    """Bytes of the parameters, buffers and optimizer state held for each virtual IPU, counted
+    from the tensors themselves (a module's tensors belong to the IPU of the block it ran in)."""
+    ipu_of_module = {}
+    for block in plan.blocks if plan is not None else ():
+        for name in block.modules:
+            ipu_of_module.setdefault(name, block.ipu)
+
+    def ipu_of(qualified):
+        name = qualified.rpartition(".")[0]
+        while name and name not in ipu_of_module:
+            name = name.rpartition(".")[0]
+        return ipu_of_module.get(name, 0)
+
+    ipus = plan.ipus_per_replica if plan is not None else 1
+    table = [{"ipu": i, "parameter_bytes": 0, "buffer_bytes": 0, "optimizer_state_bytes": 0} for i in range(ipus)]
+    states = optimizer.state if optimizer is not None else {}
+    seen = set()
+    for kind, items in (("parameter_bytes", model.named_parameters()), ("buffer_bytes", model.named_buffers())):
+        for name, tensor in items:
+            if id(tensor) in seen:
+                continue
+            seen.add(id(tensor))
+            entry = table[min(ipu_of(name), ipus - 1)]
+            entry[kind] += tensor.numel() * tensor.element_size()
+            for value in states.get(tensor, {}).values() if kind == "parameter_bytes" else ():
+                if isinstance(value, torch.Tensor):
+                    entry["optimizer_state_bytes"] += value.numel() * value.element_size()
+    return table
+
+
+def _samples(inputs):
+    """Rows of the combined batch this call consumed (its first batched input's length)."""
+    for pos in inputs.tensor_positions:
+        tensor = inputs.leaves[pos]
+        if tensor.dim() > 0:
+            return int(tensor.shape[0])
+    return None
+
+
+def _host_call_summary(index, seconds, perf, samples, training) -> dict:
+    """Wall time of one call, and its compute time from the perf counters (the rest is host)."""
+    starts = perf["input_complete"][0] if perf["input_complete"] else []
+    computed = perf["output"][0] if perf["output"] else []
+    steps = [b - a for a, b in zip([starts[0]] + computed[:-1], computed)] if starts else []
+    compute = sum(steps)
+    return {"call": index, "seconds": seconds, "compute_seconds": compute,
+            "host_seconds": max(seconds - compute, 0.0), "steps": len(steps),
+            "step_seconds": steps, "perf_counters": perf, "training": training, "samples": samples}
+
+
+# ---------------------------------------------------------------------- stage spans
+class StageSpans:
+    """Forward/backward spans per pipeline stage and micro-batch (hooks on the plan's blocks)."""
+
+    def __init__(self, model, plan, micro_batches_per_step):
+        self.model = model
+        self.plan = plan
+        self.per_step = max(micro_batches_per_step, 1)
+        self.micro_batch = -1
+        self.forward = None      # (stage, record_function)
+        self.backward = None
+        self.handles = []
+
+    def __enter__(self):
+        from .plan import top_modules
+        modules = dict(self.model.named_modules())
+        self.handles.append(self.model.register_forward_pre_hook(self._root_entered))
+        self.handles.append(self.model.register_forward_hook(self._root_exited))
+        stage_of_ipu = {}
+        for block in self.plan.blocks:
+            for name in top_modules(block.modules):
+                module = modules.get(name)
+                if module is None or module is self.model:
+                    continue
+                stage = self._stage_index(block)
+                stage_of_ipu[stage] = block.ipu
+                self.handles.append(module.register_forward_pre_hook(
+                    functools.partial(self._block_entered, stage, block.ipu)))
+                self.handles.append(module.register_forward_hook(
+                    functools.partial(self._block_exited, stage, block.ipu)))
+        return self
+
+    def _stage_index(self, block):
+        """Pipeline stage = position of the block's IPU run in block order (as the plan counts)."""
+        stage, previous = 0, None
+        for b in self.plan.blocks:
+            if previous is not None and b.ipu != previous:
+                stage += 1
+            previous = b.ipu
+            if b is block:
+                return stage
+        return stage
+
+    def __exit__(self, *exc):
+        self._close("forward")
+        self._close("backward")
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+    def _name(self, stage, ipu, kind, micro_batch):
+        step, mb = divmod(micro_batch, self.per_step)
+        return f"{SPAN_PREFIX}ipu{ipu}:stage{stage}:{kind}:mb{mb}:step{step}"
+
+    def _open(self, kind, stage, ipu, micro_batch):
+        current = getattr(self, kind)
+        if current is not None and current[0] == stage:
+            return
+        self._close(kind)
+        function = torch.profiler.record_function(self._name(stage, ipu, kind, micro_batch))
+        function.__enter__()
+        setattr(self, kind, (stage, function))
+
+    def _close(self, kind):
+        current = getattr(self, kind)
+        if current is not None:
+            current[1].__exit__(None, None, None)
+            setattr(self, kind, None)
+
+    def _root_entered(self, module, inputs):
+        self.micro_batch += 1
+
+    def _root_exited(self, module, inputs, output):
+        self._close("forward")
+
+    def _block_entered(self, stage, ipu, module, inputs):
+        self._open("forward", stage, ipu, self.micro_batch)
+
+    def _block_exited(self, stage, ipu, module, inputs, output):
+        if not torch.is_grad_enabled():
+            return
+        micro_batch = self.micro_batch
+        outputs = output if isinstance(output, (tuple, list)) else (output,)
+        for tensor in outputs:
+            if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
+                tensor.register_hook(functools.partial(self._gradient_arrived, stage, ipu, micro_batch))
+                break
+
+    def _gradient_arrived(self, stage, ipu, micro_batch, grad):
+        self._open("backward", stage, ipu, micro_batch)
+        return None
+
+    @contextlib.contextmanager
+    def backward_span(self):
+        with torch.profiler.record_function(SPAN_PREFIX + "backward"):
+            try:
+                yield
+            finally:
+                self._close("backward")
+
+
+# ---------------------------------------------------------------------- tracks
+def parse_stage_span(name: str):
+    """``openpop:ipu1:stage1:forward:mb0:step0`` -> dict, or None for other names."""
+    if not name.startswith(SPAN_PREFIX + "ipu"):
+        return None
+    parts = name[len(SPAN_PREFIX):].split(":")
+    if len(parts) != 5:
+        return None
+    try:
+        return {"ipu": int(parts[0][3:]), "stage": int(parts[1][5:]), "kind": parts[2],
+                "micro_batch": int(parts[3][2:]), "step": int(parts[4][4:])}
+    except ValueError:
+        return None
+
+
+IPU_TID_BASE = 1_000_000
+
+
+def tracks_per_ipu(trace: dict, plan) -> dict:
+    """Move stage spans to one track per virtual IPU, named by metadata events."""
+    events = trace.get("traceEvents", [])
+    pid = None
+    ipus = set()
+    for event in events:
+        info = parse_stage_span(event.get("name", "")) if event.get("ph") == "X" else None
+        if info is None:
+            continue
+        pid = event.get("pid", pid)
+        ipus.add(info["ipu"])
+        event["tid"] = IPU_TID_BASE + info["ipu"]
+        event["name"] = f"stage{info['stage']} {info['kind']} mb{info['micro_batch']}"
+        event["cat"] = "openpop_stage"
+        event.setdefault("args", {}).update(info)
+    device_map = getattr(plan, "device_map", None)
+    for ipu in sorted(ipus):
+        device = device_map.device(ipu) if device_map is not None else "?"
+        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": IPU_TID_BASE + ipu,
+                       "args": {"name": f"virtual IPU {ipu} ({device})"}})
+        events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": IPU_TID_BASE + ipu,
+                       "args": {"sort_index": ipu}})
+    trace["traceEvents"] = events
+    return trace
