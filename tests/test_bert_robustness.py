@@ -161,6 +161,11 @@ def test_binary_and_unreadable_input_files_are_named(tmp_path, monkeypatch, caps
     with pytest.raises(data.DataError, match=f"input file {nul} is not a text file \\(byte 3 "):
         data.get_dataset(make_config("demo_tiny_128", input_files=[str(nul)], data_cache_dir=cache))
 
+    straddling = tmp_path / "long.txt"   # a broken character across the 1 MiB blocks the check reads
+    straddling.write_bytes(b"a" * ((1 << 20) - 1) + b"\xc3(" + b"more text\n")
+    with pytest.raises(data.DataError, match=f"input file {straddling} is not a text file \\(byte 1048575 "):
+        data.get_dataset(make_config("demo_tiny_128", input_files=[str(straddling)], data_cache_dir=cache))
+
     unreadable = tmp_path / "secret.txt"
     unreadable.write_text("Readable by nobody.\n")
     real_open = builtins.open

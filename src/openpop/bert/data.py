@@ -126,12 +126,13 @@ def _text_file_digest(path: str, role: str = "input file", flag: str = "--input-
         with open(path, "rb") as stream:
             for block in iter(lambda: stream.read(1 << 20), b""):
                 h.update(block)
-                bad = [block.find(b"\0")]  # text has no NUL bytes, though they are valid UTF-8
+                nul = block.find(b"\0")  # text has no NUL bytes, though they are valid UTF-8
+                bad = [nul] if nul >= 0 else []
+                pending = len(decoder.getstate()[0])  # bytes of a character the last block began
                 try:
                     decoder.decode(block)
                 except UnicodeDecodeError as exc:
-                    bad.append(exc.start)
-                bad = [b for b in bad if b >= 0]
+                    bad.append(exc.start - pending)
                 if bad:
                     raise DataError(not_text.format(f"byte {offset + min(bad)} is not UTF-8 text"))
                 offset += len(block)
