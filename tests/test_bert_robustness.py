@@ -2,6 +2,7 @@
 killed writes, unusable input files and numeric flags. Each ends in one line naming the problem."""
 import builtins
 import errno
+import io
 import os
 import signal
 import subprocess
@@ -108,23 +109,13 @@ def test_temporary_files_of_killed_checkpoint_writes_are_removed_at_start(tmp_pa
     others = [output / "notes.txt", output / f".tmp-notes.txt-{NO_SUCH_PID}-abcdefgh"]
     for path in [killed, older, in_flight, *others]:
         path.write_bytes(b"partial")
-    log = []
     config = make_config("unit_test", dataset="generated", training_steps=1, device_iterations=1,
                          gradient_accumulation=2, ipus_per_replica=1, layers_per_ipu=[3],
                          checkpoint_output_dir=str(output), disable_progress_bar=True)
-
-    class Lines:
-        def write(self, text):
-            log.append(text)
-
-        def flush(self):
-            pass
-
-        def isatty(self):
-            return False
-    train.run(config, stream=Lines())
+    log = io.StringIO()
+    train.run(config, stream=log)
     assert sorted(os.listdir(output)) == sorted([in_flight.name, "step_1.pt", *[p.name for p in others]])
-    assert f"Removed 2 temporary file(s) left in {output} by checkpoint writes that were killed" in "".join(log)
+    assert f"Removed 2 temporary file(s) left in {output} by checkpoint writes that were killed" in log.getvalue()
 
 
 def test_atomic_write_raises_the_streams_own_error():
