@@ -6,15 +6,19 @@ data position follows from N (see ``data.StepSampler``), so resuming from step N
 on gives the same weights as an uninterrupted run.
 
 A checkpoint is written to a temporary file in the same directory, then renamed into place:
-a crash never leaves a partial ``step_N.pt``.
+a crash never leaves a partial ``step_N.pt``. A write that fails (full disk, file-size limit)
+raises ``CheckpointError`` naming the file; Ctrl-C during a write raises ``KeyboardInterrupt``.
+Temporary files of writes that were killed are removed when the next run starts
+(``remove_stale_checkpoint_files``).
 """
+import errno
 import os
 import re
 from typing import Optional
 
 import torch
 
-from ..atomic_file import atomic_write
+from ..atomic_file import atomic_write, remove_stale_temporaries
 from .config import BertRunConfig
 
 FORMAT = "openpop-bert-checkpoint-1"
@@ -30,7 +34,6 @@ def checkpoint_path(directory: str, step: int) -> str:
 
 
 def save_checkpoint(directory: str, step: int, config: BertRunConfig, model, optimizer, scheduler) -> str:
-    os.makedirs(directory, exist_ok=True)
     scheduler_state = {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}
     state = {
         "format": FORMAT,
@@ -44,8 +47,26 @@ def save_checkpoint(directory: str, step: int, config: BertRunConfig, model, opt
         "rng_state": torch.get_rng_state(),
     }
     path = checkpoint_path(directory, step)
-    atomic_write(path, lambda stream: torch.save(state, stream))
+    try:
+        os.makedirs(directory, exist_ok=True)
+        atomic_write(path, lambda stream: torch.save(state, stream))
+    except OSError as exc:
+        fix = _WRITE_FIXES.get(exc.errno, "point --checkpoint-output-dir at a directory you can write to")
+        raise CheckpointError(f"could not write checkpoint {path}: {exc.strerror or exc}. Fix: {fix}.") from None
     return path
+
+
+_WRITE_FIXES = {
+    errno.ENOSPC: "free disk space there, or point --checkpoint-output-dir at a disk with room",
+    errno.EDQUOT: "free space in your quota, or point --checkpoint-output-dir at a disk with room",
+    errno.EFBIG: "raise the file-size limit (`ulimit -f`), or point --checkpoint-output-dir at a file system "
+                 "that takes files this large",
+}
+
+
+def remove_stale_checkpoint_files(directory: str) -> list:
+    """Delete the temporary files of checkpoint writes that were killed; returns their paths."""
+    return remove_stale_temporaries(directory, _STEP_FILE)
 
 
 def latest_checkpoint(directory: str) -> Optional[str]:

@@ -261,11 +261,13 @@ def _copy_default(value):
 # --------------------------------------------------------------------------- validation
 def validate(config: BertRunConfig) -> BertRunConfig:
     """Normalise list-valued keys and check the configuration; raise ``ConfigError``."""
+    _coerce_numbers(config)
+
     def positive(*names):
         for name in names:
             value = getattr(config, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+                raise ConfigError(f"{KEYS[name].flag} must be a positive integer, got {value!r}")
 
     positive("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "sequence_length",
              "mask_tokens", "micro_batch_size", "device_iterations", "replication_factor",
@@ -325,23 +327,9 @@ def validate(config: BertRunConfig) -> BertRunConfig:
         raise ConfigError(f"matmul_proportion values must be between 0 and 1, got {proportions}")
     config.matmul_proportion = proportions
 
-    if not 0.0 <= config.lr_warmup <= 1.0:
-        raise ConfigError(f"lr_warmup is a fraction of training_steps in [0, 1], got {config.lr_warmup}")
-    if not config.learning_rate >= 0 or math.isinf(config.learning_rate):
-        raise ConfigError(f"learning_rate must be a non-negative number, got {config.learning_rate}")
-    if not config.loss_scaling > 0:
-        raise ConfigError(f"loss_scaling must be positive, got {config.loss_scaling}")
-    for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
-        if not 0.0 <= getattr(config, name) < 1.0:
-            raise ConfigError(f"{name} must be in [0, 1), got {getattr(config, name)}")
-    if config.threads is not None and config.threads < 1:
-        raise ConfigError(f"threads must be a positive integer, got {config.threads}")
-    if config.dataloader_workers < 0:
-        raise ConfigError(f"dataloader_workers must be >= 0, got {config.dataloader_workers}")
+    _check_numbers(config)
     if isinstance(config.input_files, str):
         config.input_files = [config.input_files]
-    if config.checkpoint_steps is not None and config.checkpoint_steps < 1:
-        raise ConfigError(f"checkpoint_steps must be a positive integer, got {config.checkpoint_steps}")
     if config.checkpoint_steps is not None and not config.checkpoint_output_dir:
         raise ConfigError("--checkpoint-steps needs --checkpoint-output-dir to save checkpoints to")
     if config.resume_training_from_checkpoint and not (config.checkpoint_input_dir or config.checkpoint_output_dir):
@@ -355,6 +343,62 @@ def validate(config: BertRunConfig) -> BertRunConfig:
                           f"got mask_tokens {config.mask_tokens}, sequence_length {config.sequence_length}")
     _check_output_directory(config.checkpoint_output_dir)
     return config
+
+
+def _finite_at_least(low):
+    return lambda v: math.isfinite(v) and v >= low
+
+
+def _finite_above(low):
+    return lambda v: math.isfinite(v) and v > low
+
+
+def _integer_at_least(low, optional=False):
+    return lambda v: (optional and v is None) or (isinstance(v, int) and not isinstance(v, bool) and v >= low)
+
+
+# Numeric keys beyond the positive integers: (test, what the value must be). NaN fails every test.
+_NUMBER_RULES = {
+    "learning_rate": (_finite_at_least(0.0), "a finite number >= 0"),
+    "weight_decay": (_finite_at_least(0.0), "a finite number >= 0"),
+    "loss_scaling": (_finite_above(0.0), "a finite number > 0"),
+    "layer_norm_eps": (_finite_above(0.0), "a finite number > 0"),
+    "lr_warmup": (lambda v: 0.0 <= v <= 1.0, "a fraction of training_steps in [0, 1]"),
+    "hidden_dropout_prob": (lambda v: 0.0 <= v < 1.0, "a probability in [0, 1)"),
+    "attention_probs_dropout_prob": (lambda v: 0.0 <= v < 1.0, "a probability in [0, 1)"),
+    "threads": (_integer_at_least(1, optional=True), "a positive integer"),
+    "dataloader_workers": (_integer_at_least(0), "an integer >= 0"),
+    "checkpoint_steps": (_integer_at_least(1, optional=True), "a positive integer"),
+    "wandb_param_steps": (_integer_at_least(1, optional=True), "a positive integer"),
+}
+
+
+def _coerce_numbers(config: BertRunConfig) -> None:
+    """Scalar number keys from configs.yml or Python callers: ``1e-3`` (which YAML reads as a string)
+    becomes 0.001, an int where a float is expected becomes a float; anything else is an error."""
+    for key in _KEYS:
+        value = getattr(config, key.name)
+        if key.nargs or key.type not in (int, float) or value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ConfigError(f"{key.flag} must be a number, got {value!r}")
+        if key.type is float and not isinstance(value, float):
+            try:
+                setattr(config, key.name, float(value))
+            except ValueError:
+                raise ConfigError(f"{key.flag} must be a number, got {value!r}") from None
+        elif key.type is int and isinstance(value, str):
+            try:
+                setattr(config, key.name, int(value))
+            except ValueError:
+                raise ConfigError(f"{key.flag} must be an integer, got {value!r}") from None
+
+
+def _check_numbers(config: BertRunConfig) -> None:
+    for name, (test, requirement) in _NUMBER_RULES.items():
+        value = getattr(config, name)
+        if not test(value):
+            raise ConfigError(f"{KEYS[name].flag} must be {requirement}, got {value!r}")
 
 
 def _check_output_directory(directory) -> None:

@@ -17,6 +17,7 @@ masks. Corpus, tokenizer and examples are cached on disk under ``data_cache_dir`
 everything they depend on; files are written atomically. Nothing is downloaded.
 """
 import ast
+import codecs
 import glob
 import hashlib
 import json
@@ -33,7 +34,7 @@ import torch
 
 import poptorch
 
-from ..atomic_file import atomic_write
+from ..atomic_file import atomic_write, remove_stale_temporaries
 from .config import BertRunConfig
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -93,10 +94,18 @@ def cache_dir_for(config: BertRunConfig) -> str:
     return os.path.join(root, "bert")
 
 
+# The files of the cache (``remove_stale_temporaries`` deletes only temporaries of these).
+_CACHE_FILE = re.compile(r"stdlib-docstrings-py[\d.]+\.txt|wordpiece-\d+-[0-9a-f]+\.json|examples-[0-9a-f]+\.pt")
+
+
 def _atomic_write(path: str, write) -> None:
     """``atomic_write`` into a cache directory created on demand."""
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    atomic_write(path, write)
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        atomic_write(path, write)
+    except OSError as exc:
+        raise DataError(f"could not write {path} to the data cache: {exc.strerror or exc}. Point --data-cache-dir "
+                        "at a writable directory with free space.") from None
 
 
 def _digest(*parts) -> str:
@@ -107,11 +116,32 @@ def _digest(*parts) -> str:
     return h.hexdigest()[:16]
 
 
-def _file_digest(path: str) -> str:
+def _text_file_digest(path: str, role: str = "input file", flag: str = "--input-files") -> str:
+    """SHA-256 of a file, checking on the way that it is readable UTF-8 text."""
     h = hashlib.sha256()
-    with open(path, "rb") as stream:
-        for block in iter(lambda: stream.read(1 << 20), b""):
-            h.update(block)
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
+    not_text = (f"{role} {path} is not a text file ({{}}): give plain UTF-8 text with {flag}")
+    try:
+        with open(path, "rb") as stream:
+            for block in iter(lambda: stream.read(1 << 20), b""):
+                h.update(block)
+                nul = block.find(b"\0")  # text has no NUL bytes, though they are valid UTF-8
+                bad = [nul] if nul >= 0 else []
+                pending = len(decoder.getstate()[0])  # bytes of a character the last block began
+                try:
+                    decoder.decode(block)
+                except UnicodeDecodeError as exc:
+                    bad.append(exc.start - pending)
+                if bad:
+                    raise DataError(not_text.format(f"byte {offset + min(bad)} is not UTF-8 text"))
+                offset += len(block)
+            decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        raise DataError(not_text.format("it ends inside a UTF-8 character")) from None
+    except OSError as exc:
+        raise DataError(f"cannot read {role} {path}: {exc.strerror or exc}. Give a file you can read with "
+                        f"{flag}.") from None
     return h.hexdigest()
 
 
@@ -218,17 +248,25 @@ def read_documents(files: Sequence[str]) -> List[List[str]]:
 
 
 # --- tokenizer -------------------------------------------------------------------------------
-def get_tokenizer(config: BertRunConfig, files: Sequence[str], cache_dir: str):
+def get_tokenizer(config: BertRunConfig, files: Sequence[str], cache_dir: str, file_digests: Sequence[str] = None):
     """A ``tokenizers.Tokenizer``: from ``vocab_file``, or trained on ``files`` (cached)."""
     from tokenizers import Tokenizer
     from tokenizers.implementations import BertWordPieceTokenizer
 
     if config.vocab_file:
-        if not os.path.exists(config.vocab_file):
-            raise DataError(f"vocab file {config.vocab_file} does not exist")
-        tokenizer = BertWordPieceTokenizer(config.vocab_file, lowercase=True)._tokenizer
+        if not os.path.isfile(config.vocab_file):
+            raise DataError(f"vocab file {config.vocab_file} does not exist: give a WordPiece vocab.txt "
+                            "(one token per line) with --vocab-file")
+        _text_file_digest(config.vocab_file, "vocab file", "--vocab-file")
+        try:
+            tokenizer = BertWordPieceTokenizer(config.vocab_file, lowercase=True)._tokenizer
+        except Exception as exc:
+            raise DataError(f"vocab file {config.vocab_file} is not a WordPiece vocabulary ({exc}): give a "
+                            "vocab.txt with one token per line") from None
     else:
-        key = _digest("wordpiece-1", config.vocab_size, *[_file_digest(f) for f in files])
+        if file_digests is None:
+            file_digests = [_text_file_digest(f) for f in files]
+        key = _digest("wordpiece-1", config.vocab_size, *file_digests)
         path = os.path.join(cache_dir, f"wordpiece-{config.vocab_size}-{key}.json")
         tokenizer = None
         if os.path.exists(path):
@@ -362,11 +400,13 @@ def build_pretraining_dataset(config: BertRunConfig, log=None) -> PretrainingDat
     """Tokenize the input files and make examples, or load them from the cache."""
     log = log or (lambda text: None)
     cache_dir = cache_dir_for(config)
+    remove_stale_temporaries(cache_dir, _CACHE_FILE)
     files = resolve_input_files(config.input_files, cache_dir)
-    tokenizer = get_tokenizer(config, files, cache_dir)
+    file_digests = [_text_file_digest(f) for f in files]
+    tokenizer = get_tokenizer(config, files, cache_dir, file_digests)
     vocab_digest = _digest(json.dumps(tokenizer.get_vocab(), sort_keys=True))
     key = _digest("examples", EXAMPLES_FORMAT, vocab_digest, config.sequence_length, config.mask_tokens,
-                  config.duplication_factor, config.random_seed, *[_file_digest(f) for f in files])
+                  config.duplication_factor, config.random_seed, *file_digests)
     path = os.path.join(cache_dir, f"examples-{key}.pt")
     info = {"files": files, "tokenizer_vocab": tokenizer.get_vocab_size(), "cache": path}
     if os.path.exists(path):

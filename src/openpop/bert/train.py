@@ -170,6 +170,11 @@ def _run(config: BertRunConfig, stream) -> TrainingResult:
                 f"checkpoint {checkpoint_file} is at step {start_step} and training_steps is "
                 f"{config.training_steps}: nothing left to train. Raise --training-steps.")
     result.start_step = start_step
+    if config.checkpoint_output_dir:
+        removed = ckpt.remove_stale_checkpoint_files(config.checkpoint_output_dir)
+        if removed:
+            log(f"Removed {len(removed)} temporary file(s) left in {config.checkpoint_output_dir} by checkpoint "
+                "writes that were killed")
 
     opts = get_options(config, instances)
     log(HEADERS["data"])
