@@ -43,7 +43,9 @@ class Instances:
     def new_options(self, config) -> poptorch.Options:
         if not popdist.isPopdistEnvSet():
             return poptorch.Options().replicationFactor(config.replication_factor)
-        return popdist.poptorch.Options(ipus_per_replica=config.ipus_per_replica)
+        opts = popdist.poptorch.Options(ipus_per_replica=config.ipus_per_replica)
+        # Only the logging instance shows PopTorch's compilation bar, like the rest of the log.
+        return opts.showCompilationProgressBar(self.logs)
 
     def average(self, values):
         """``values`` (floats) averaged over the instances, as the recipe's ``sync_metrics``."""
