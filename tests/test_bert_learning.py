@@ -1,5 +1,5 @@
-"""openpop-bert learns: the README's main command is Graphcore's acceptance run of the recipe, and
-it passes that acceptance."""
+"""openpop-bert learns: the README's main command, demo_tiny_128 on generated data, passes the
+acceptance test of Graphcore's recipe."""
 import re
 import shlex
 from pathlib import Path
@@ -14,8 +14,9 @@ from openpop.bert import train  # noqa: E402
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 # The recipe's acceptance (tests/bert_tiny_test.py): `--config demo_tiny_128 --training-steps 360
-# --disable-progress-bar True --wandb false`, parsed from stderr, must show the loss falling,
-# mlm_acc rising, and a mean mlm_acc above 0.85 over the last 10 steps.
+# --disable-progress-bar True --wandb false` (on the recipe's sample text; here on generated data),
+# parsed from stderr, must show the loss falling, mlm_acc rising, and a mean mlm_acc above 0.85
+# over the last 10 steps.
 # Budget: the suite runs the first 20 of those steps (~15 s of CPU; all 360 take ~4 min on 2 cores).
 # demo_tiny_128's learning rate is constant without warm-up, so these are exactly the first 20
 # steps of the 360-step run. A full run (measured) has mlm_acc 1.000 from step 2 to step 359.
@@ -34,7 +35,7 @@ def step_values(stderr, name):
     return [float(v) for v in re.findall(rf"{name}: *(\d*\.\d*)", stderr)]
 
 
-def test_the_readme_main_command_is_the_recipes_acceptance_run():
+def test_the_readme_main_command_is_demo_tiny_128_on_generated_data():
     argv = readme_main_command()
     assert argv[argv.index("--config") + 1] == "demo_tiny_128"
     assert argv[argv.index("--dataset") + 1] == "generated"

@@ -1,7 +1,7 @@
 """openpop-bert: Graphcore's BERT pretraining recipe (MLM + NSP) on openpop's runtime.
 
 ``openpop-bert --config demo_tiny_128 --dataset generated`` (or ``python -m openpop.bert ...``)
-runs the recipe's acceptance run, ``--config cpu_tiny_128`` trains on real text; ``--help``
+learns one random sample (the recipe's acceptance mark), ``--config cpu_tiny_128`` trains on real text; ``--help``
 lists every flag. Needs the ``bert`` extra: ``pip install "openpop[bert]"``.
 
 Modules: ``config`` (named configs, flags, validation), ``model`` (the split BERT),
