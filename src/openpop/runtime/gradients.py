@@ -9,11 +9,11 @@ before the update, so loss scaling is numerically neutral but real.
 Micro-batches that run concurrently (several devices, ``pipeline.py``) must not add their
 gradients to ``.grad`` in the order they happen to finish: float addition is not associative, so
 the weights would differ from run to run. Each computes its gradients on its own
-(``torch.autograd.grad``), then waits for its turn and adds them in micro-batch order - exactly
-the additions the serial loop makes, so concurrent and serial runs agree bit for bit (running
-mean included). Only the additions are serialised; forward and backward passes still overlap.
-The price is memory: a micro-batch that finished its backward before the one ahead of it keeps
-its gradients until its turn (at most one gradient set per micro-batch in flight).
+(``torch.autograd.grad``), and they are added in micro-batch order - exactly the additions the
+serial loop makes, so concurrent and serial runs agree bit for bit (running mean included). Only
+the additions are serialised: a micro-batch that finishes before the one ahead of it leaves its
+gradients to be added by that one's thread and moves on, so forward and backward passes keep
+overlapping. The price is memory: such gradients wait, one set per micro-batch finished early.
 
 For fp32 gradients the ``Post`` mean's ``1/(GA*R)`` is folded into the backward seed instead of
 a pass over every gradient after accumulation: the same values up to float rounding, one fewer
@@ -50,7 +50,7 @@ class GradientReduction:
         self._seed_scale = self._scale_for_backward()
         self._count = 0
         self.unordered = False  # set by backward_unordered: the step's mean is taken post hoc
-        self._turns = _Turns()
+        self._in_order = _InOrder()
 
     def start_step(self) -> None:
         self._count = 0
@@ -58,7 +58,7 @@ class GradientReduction:
             self.loss_scale = self.dynamic.scale
         self._seed_scale = self._scale_for_backward()
         self.unordered = False
-        self._turns.reset()
+        self._in_order.reset()
 
     def _scale_for_backward(self) -> float:
         return self.loss_scale / self.micro_batches if self.fold_mean else self.loss_scale
@@ -85,13 +85,15 @@ class GradientReduction:
 
     def backward_in_order(self, loss: torch.Tensor, index: int, leaves, own_replica_weights: bool = False) -> None:
         """``backward`` of micro-batch ``index`` of the step, run concurrently with the others:
-        its gradients for ``leaves`` are added to their ``.grad`` once every earlier micro-batch
-        has added its own (see the module docstring). With ``own_replica_weights`` (``leaves``
-        are a replica's own copies) the mean is post hoc, as in ``backward_unordered``."""
+        its gradients for ``leaves`` are added to their ``.grad`` after every earlier micro-batch
+        has added its own (see the module docstring), by this thread or - if an earlier one is
+        not done yet - by the thread that adds the one just before it; nobody waits. With
+        ``own_replica_weights`` (``leaves`` are a replica's own copies) the mean is post hoc, as
+        in ``backward_unordered``."""
         running = self.running and not own_replica_weights
         grads = _gradients_of(loss, self.loss_scale / (index + 1) if running else self._seed_scale, leaves)
-        self._turns.wait(index)
-        try:
+
+        def add():
             if running and index > 0:
                 current = self._grads()
                 if current:
@@ -106,12 +108,12 @@ class GradientReduction:
                         leaf.grad.add_(grad)
             self.unordered = self.unordered or own_replica_weights
             self._count += 1
-        finally:
-            self._turns.done(index)
+
+        self._in_order.submit(index, add)
 
     def release_turn(self, index: int) -> None:
-        """Micro-batch ``index`` will add nothing (it failed): later ones must not wait for it."""
-        self._turns.done(index)
+        """Micro-batch ``index`` will add nothing (it failed): the later ones go on without it."""
+        self._in_order.submit(index, None)
 
     def finish_step(self) -> bool:
         """Turn the accumulated gradients into the step's gradients. Returns whether the
@@ -151,31 +153,40 @@ def _gradients_of(loss: torch.Tensor, scale: float, leaves):
     return torch.autograd.grad(loss, leaves, grad_outputs=seed, allow_unused=True)
 
 
-class _Turns:
-    """Micro-batch ``i`` of a step may go once ``0..i-1`` are done (each exactly once)."""
+class _InOrder:
+    """Runs one piece of work per micro-batch of a step, in micro-batch order, without making a
+    thread wait: work submitted ahead of its turn is queued, and the thread that runs the work
+    before it runs it next. Each index is submitted once (again: ignored); None skips it."""
+
+    _MISSING = object()
 
     def __init__(self):
-        self._condition = threading.Condition()
-        self._next = 0
-        self._done = set()
+        self._lock = threading.Lock()
+        self.reset()
 
     def reset(self) -> None:
-        with self._condition:
+        with self._lock:
             self._next = 0
-            self._done = set()
+            self._queued = {}
+            self._running = False
 
-    def wait(self, index: int) -> None:
-        with self._condition:
-            self._condition.wait_for(lambda: self._next >= index)
-
-    def done(self, index: int) -> None:
-        with self._condition:
-            if index in self._done:
+    def submit(self, index: int, work) -> None:
+        with self._lock:
+            if index < self._next or index in self._queued:
                 return
-            self._done.add(index)
-            while self._next in self._done:
+            self._queued[index] = work
+            if self._running:
+                return  # the running thread takes it when its turn comes
+            self._running = True
+        while True:
+            with self._lock:
+                work = self._queued.pop(self._next, self._MISSING)
+                if work is self._MISSING:
+                    self._running = False
+                    return
                 self._next += 1
-            self._condition.notify_all()
+            if work is not None:
+                work()
 
 
 def _unscale_and_check(grads, factor: float) -> bool:
