@@ -25,6 +25,7 @@ optimizer at the start of every step, ``finish_step`` checks the unscaled gradie
 False for a step with inf/NaN gradients - the executor then skips ``optimizer.step()`` - and the
 new scale is written back to the optimizer's ``loss_scaling``.
 """
+import sys
 import threading
 
 import torch
@@ -99,11 +100,12 @@ class GradientReduction:
                 if current:
                     torch._foreach_mul_(current, index / (index + 1))
             with torch.no_grad():
-                for leaf, grad in zip(leaves, grads):
+                for i in range(len(leaves)):
+                    leaf, grad = leaves[i], grads[i]
                     if grad is None:
                         continue
                     if leaf.grad is None:
-                        leaf.grad = grad.clone()  # autograd may hand one tensor to several leaves
+                        leaf.grad = grad if _ours_alone(grad) else grad.clone()
                     else:
                         leaf.grad.add_(grad)
             self.unordered = self.unordered or own_replica_weights
@@ -143,6 +145,15 @@ class GradientReduction:
 
     def _grads(self):
         return [p.grad for p in self.params if p.grad is not None]
+
+
+def _ours_alone(grad: torch.Tensor) -> bool:
+    """Whether a gradient from ``torch.autograd.grad`` can become a ``.grad`` as it is, as
+    AccumulateGrad would take it: a plain contiguous tensor nothing else refers to (autograd may
+    return one tensor for several leaves, or a view). References: the tuple ``autograd.grad``
+    returned, the caller's local and this argument."""
+    return (grad.layout == torch.strided and grad._base is None and grad.is_contiguous()
+            and sys.getrefcount(grad) <= 4)
 
 
 def _gradients_of(loss: torch.Tensor, scale: float, leaves):
