@@ -13,7 +13,8 @@ the weights would differ from run to run. Each computes its gradients on its own
 serial loop makes, so concurrent and serial runs agree bit for bit (running mean included). Only
 the additions are serialised: a micro-batch that finishes before the one ahead of it leaves its
 gradients to be added by that one's thread and moves on, so forward and backward passes keep
-overlapping. The price is memory: such gradients wait, one set per micro-batch finished early.
+overlapping. The price is memory: a micro-batch's gradients live until its whole backward has
+finished (and, if it finished early, until its turn) instead of being added as they appear.
 
 For fp32 gradients the ``Post`` mean's ``1/(GA*R)`` is folded into the backward seed instead of
 a pass over every gradient after accumulation: the same values up to float rounding, one fewer
@@ -150,8 +151,8 @@ class GradientReduction:
 def _ours_alone(grad: torch.Tensor) -> bool:
     """Whether a gradient from ``torch.autograd.grad`` can become a ``.grad`` as it is, as
     AccumulateGrad would take it: a plain contiguous tensor nothing else refers to (autograd may
-    return one tensor for several leaves, or a view). References: the tuple ``autograd.grad``
-    returned, the caller's local and this argument."""
+    return one tensor for several leaves, or a view; a hook may have kept it). Expected references:
+    the tuple ``autograd.grad`` returned, the caller's local, this argument and getrefcount's."""
     return (grad.layout == torch.strided and grad._base is None and grad.is_contiguous()
             and sys.getrefcount(grad) <= 4)
 
