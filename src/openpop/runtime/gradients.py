@@ -13,7 +13,8 @@ the weights would differ from run to run. Each computes its gradients on its own
 serial loop makes, so concurrent and serial runs agree bit for bit (running mean included). Only
 the additions are serialised: a micro-batch that finishes before the one ahead of it leaves its
 gradients to be added by that one's thread and moves on, so forward and backward passes keep
-overlapping. The price is memory: such gradients wait, one set per micro-batch finished early.
+overlapping. The price is memory: a micro-batch's gradients live until its whole backward has
+finished (and, if it finished early, until its turn) instead of being added as they appear.
 
 For fp32 gradients the ``Post`` mean's ``1/(GA*R)`` is folded into the backward seed instead of
 a pass over every gradient after accumulation: the same values up to float rounding, one fewer
@@ -25,6 +26,7 @@ optimizer at the start of every step, ``finish_step`` checks the unscaled gradie
 False for a step with inf/NaN gradients - the executor then skips ``optimizer.step()`` - and the
 new scale is written back to the optimizer's ``loss_scaling``.
 """
+import sys
 import threading
 
 import torch
@@ -99,11 +101,12 @@ class GradientReduction:
                 if current:
                     torch._foreach_mul_(current, index / (index + 1))
             with torch.no_grad():
-                for leaf, grad in zip(leaves, grads):
+                for i in range(len(leaves)):
+                    leaf, grad = leaves[i], grads[i]
                     if grad is None:
                         continue
                     if leaf.grad is None:
-                        leaf.grad = grad.clone()  # autograd may hand one tensor to several leaves
+                        leaf.grad = grad if _ours_alone(grad) else grad.clone()
                     else:
                         leaf.grad.add_(grad)
             self.unordered = self.unordered or own_replica_weights
@@ -143,6 +146,15 @@ class GradientReduction:
 
     def _grads(self):
         return [p.grad for p in self.params if p.grad is not None]
+
+
+def _ours_alone(grad: torch.Tensor) -> bool:
+    """Whether a gradient from ``torch.autograd.grad`` can become a ``.grad`` as it is, as
+    AccumulateGrad would take it: a plain contiguous tensor nothing else refers to (autograd may
+    return one tensor for several leaves, or a view; a hook may have kept it). Expected references:
+    the tuple ``autograd.grad`` returned, the caller's local, this argument and getrefcount's."""
+    return (grad.layout == torch.strided and grad._base is None and grad.is_contiguous()
+            and sys.getrefcount(grad) <= 4)
 
 
 def _gradients_of(loss: torch.Tensor, scale: float, leaves):

@@ -34,7 +34,10 @@ SIGINT until it is done.
 
 Limits, logged when they happen: an exception raised by the optimizer's own ``step()`` during the
 last update of a call that saved nothing leaves what that ``step()`` already wrote; a call that
-fails after its last update (assembling its outputs) keeps its updates.
+fails after its last update (assembling its outputs) keeps its updates. Not undone: what hooks on
+the optimizer did outside it during the call (under Lightning, ``global_step`` and the step-interval
+LR schedulers' own counters advanced by ``lightning/optimizer_steps.py``; Lightning ends the fit on
+an exception anyway).
 """
 
 import copy
