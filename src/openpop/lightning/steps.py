@@ -151,12 +151,10 @@ def split_on_host(batch, geometry: BatchGeometry):
     leaves, spec = pytree.tree_flatten(batch)
     views = [geometry.split(t) if isinstance(t, torch.Tensor) and t.dim() > 0 else None for t in leaves]
     result = []
-    for d in range(geometry.device_iterations):
-        for g in range(geometry.gradient_accumulation):
-            for r in range(geometry.input_replicas):
-                micro = [v[d, g, r] if v is not None else leaf for v, leaf in zip(views, leaves)]
-                position = (d * geometry.gradient_accumulation + g) * geometry.input_replicas + r
-                result.append((position, pytree.tree_unflatten(micro, spec)))
+    for micro in geometry.micro_batches(replicas=geometry.input_replicas):
+        rows = [v[micro.step, micro.accumulation, micro.chunk] if v is not None else leaf
+                for v, leaf in zip(views, leaves)]
+        result.append((geometry.input_position(micro), pytree.tree_unflatten(rows, spec)))
     return result
 
 

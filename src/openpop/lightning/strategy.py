@@ -488,7 +488,7 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
             scheduler.step = _first_replica_only(scheduler.step)
         try:
             for d in range(geometry.device_iterations):
-                positions = [d * geometry.input_replicas + geometry.input_chunk_of_replica(r) for r in range(replicas)]
+                positions = [geometry.input_position(m) for m in geometry.micro_batches(steps=d, replicas=replicas)]
                 steps = [functools.partial(self._step_module, micro_batches[p], torch.tensor([p], dtype=torch.int32))
                          for p in positions]
                 outputs = lockstep.Lockstep(lightning_module, replicas).run(steps, apply_step)

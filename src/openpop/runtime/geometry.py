@@ -6,11 +6,22 @@ rows laid out in PopART's order ``[DI, GA, R, micro, ...]``. Outputs are assembl
 same order (see ``outputs.py``).
 """
 from dataclasses import dataclass
+from typing import Iterator, NamedTuple
 
 import torch
 
 from .. import errors
 from ..enums import CommGroupType
+
+
+class MicroBatch(NamedTuple):
+    """Where one micro-batch sits in a host call."""
+
+    step: int  # device iteration (optimizer step) it belongs to
+    accumulation: int  # gradient-accumulation index within the step
+    replica: int  # replica that runs it
+    chunk: int  # input chunk that replica reads (replicas of one input group share a chunk)
+    index: int  # order within its step: accumulation * replicas + replica
 
 
 @dataclass(frozen=True)
@@ -57,6 +68,25 @@ class BatchGeometry:
         if self.input_group_type == CommGroupType.Orthogonal:
             return replica % self.input_replicas
         return replica // self.input_group_size
+
+    def micro_batches(self, steps=None, replicas=None) -> Iterator[MicroBatch]:
+        """The micro-batches of a host call in PopART's ``[DI, GA, R]`` order.
+
+        ``steps`` narrows to some device iterations (an ``int`` is one step); ``replicas`` to the
+        replicas actually run (a count, default all)."""
+        if steps is None:
+            steps = range(self.device_iterations)
+        elif isinstance(steps, int):
+            steps = (steps,)
+        replica_count = self.replication_factor if replicas is None else replicas
+        for d in steps:
+            for g in range(self.gradient_accumulation):
+                for r in range(replica_count):
+                    yield MicroBatch(d, g, r, self.input_chunk_of_replica(r), g * replica_count + r)
+
+    def input_position(self, micro: MicroBatch) -> int:
+        """Where ``micro``'s input rows start in the combined batch, counted in micro-batches."""
+        return (micro.step * self.gradient_accumulation + micro.accumulation) * self.input_replicas + micro.chunk
 
     def check_divisible(self, name: str, tensor: torch.Tensor) -> None:
         if tensor.dim() == 0:
