@@ -29,9 +29,9 @@ from .distributed_reduce import GlobalReplication
 from .losses import LossTracker
 from .precision import RunPrecision
 from .progress import CompilationProgress
-from .pipeline import (ConcurrentMicroBatches, DeviceLocks, Recomputation, concurrency_wanted,
-                       recomputation_enabled)
+from .pipeline import ConcurrentMicroBatches, DeviceLocks, Recomputation, concurrency_wanted
 from .replicas import ReplicaModels
+from .settings import RunSettings
 from .transaction import HostCallRollback
 from .plan import BlockRecorder, build_plan
 from .outputs import OutputCollector, flatten_output
@@ -102,7 +102,7 @@ class PoplarExecutor:
                 run_options.outputMode(OutputMode.All)
             if run_options.Training.gradient_accumulation != 1:
                 message = errors.INFERENCE_GRAD_ACCUM
-                if type(run_options._execution_strategy).__name__ == "PipelinedExecution":
+                if RunSettings.from_options(run_options, training).pipelined_strategy:
                     message += errors.INFERENCE_GRAD_ACCUM_PIPELINE
                 raise errors.createPoptorchError(message)
         options._freeze()
@@ -111,6 +111,7 @@ class PoplarExecutor:
         self._user_model = user_model if user_model is not None else model
         self._model = model
         self._options = run_options
+        self._settings = RunSettings.from_options(run_options, training)
         self._training = training
         self._optimizer = optimizer
         self._geometry = BatchGeometry.from_options(run_options)
@@ -250,7 +251,7 @@ class PoplarExecutor:
                 recorder.close()
                 snapshot.restore()
                 torch.random.set_rng_state(rng)
-        compiled.plan = build_plan(recorder, self._options._execution_strategy, self._options, self._training)
+        compiled.plan = build_plan(recorder, self._settings)
         _check_registered_unchanged(params_before, params_after, "Parameter")
         _check_registered_unchanged(buffers_before, buffers_after, "Buffer")
         if (norm_statistics or other_buffers_mutated) and geometry.replication_factor > 1:
@@ -274,7 +275,7 @@ class PoplarExecutor:
         plan.device_map = device_map
         if len(plan.blocks) > 1:
             logger.info("\n%s", plan.allocation_table())
-        compiled.recompute = self._training and plan.pipelined and recomputation_enabled(self._options)
+        compiled.recompute = self._training and plan.pipelined and self._settings.recompute
         replicas = self._geometry.replication_factor
         replicas_apart = replicas > 1 and not device_map.replicas_share_devices()
         compiled.concurrent = ((plan.pipelined or replicas_apart)
@@ -743,7 +744,7 @@ class PoplarExecutor:
 
     def cycleCount(self) -> int:
         """Wall time of the last host call in cycles of a 1.85 GHz IPU clock (there is no IPU)."""
-        if not self._options._Popart.options.get("instrumentWithHardwareCycleCounter", False):
+        if not self._settings.cycle_counter:
             raise errors.createPoptorchError(errors.CYCLE_COUNT_DISABLED)
         if self._last_run_seconds is None:
             raise errors.createPoptorchError(errors.CYCLE_COUNT_NOT_RUN)
