@@ -49,7 +49,7 @@ def run(base, replicas, ga, steps, micro, width, device_map=None, force_copies=F
         rows = replicas * ga * micro
         x, y = torch.randn(rows, width), torch.randn(rows, width)
         training(x, y)  # compile + warm-up
-        assert (training._compiled.replicas is not None) == (force_copies or bool(device_map and replicas > 1))
+        assert training._session.replicas.own_weights == (force_copies or bool(device_map and replicas > 1))
     finally:
         DeviceMap.replicas_share_devices = shares
     if torch.cuda.is_available():

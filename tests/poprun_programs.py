@@ -105,7 +105,7 @@ def train(outdir, names):
             losses.append(loss.detach().clone())
         results[name] = {"weights": {k: v.detach().clone() for k, v in model.state_dict().items()},
                          "losses": losses, "loss_scaling": getattr(optimizer, "loss_scaling", None),
-                         "overlapped_buckets": training._compiled.global_replication.overlapped_buckets}
+                         "overlapped_buckets": training._processes.overlapped_buckets}
         training.destroy()
     results["shards"] = shards(rank)
     results["execute_on_instances"] = popdist.execute_on_instances({0}, lambda value: value + rank, 10)

@@ -48,7 +48,7 @@ def train(monkeypatch, concurrent, *, recompute=True, running_mean=False, replic
         n = di * ga * replicas * 4
         _, loss = pop(torch.randn(n, 16, generator=generator), torch.randn(n, 16, generator=generator))
         losses.append(loss)
-    assert pop._compiled.concurrent == concurrent
+    assert pop._executable.concurrent == concurrent
     return [p.detach().clone() for p in model.parameters()], torch.cat(losses)
 
 

@@ -66,7 +66,7 @@ def test_replicas_sharing_the_cpu_use_one_weight_set():
     model = FourBlocks()
     pop = poptorch.trainingModel(model, replicated_options())
     pop(torch.randn(12, 8), torch.randn(12, 8))
-    assert pop._compiled.replicas is None
+    assert not pop._session.replicas.own_weights
 
 
 # --------------------------------------------------------------------------- training
@@ -81,9 +81,9 @@ def test_replica_copies_train_like_the_oracle(replicas_apart, monkeypatch, reduc
     opts = replicated_options(reduction=reduction)
     pop = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9))
     _, losses = pop(x, t)
-    replicas = pop._compiled.replicas
+    replicas = pop._session.replicas
     assert replicas is not None and len(replicas.models) == 2
-    assert pop._compiled.concurrent == concurrent
+    assert pop._executable.concurrent == concurrent
     replica = replicas.model(1)
     assert all(p is not q for p, q in zip(model.parameters(), replica.parameters()))
     ref_losses = train_loop(reference, torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9), (x, t),
@@ -104,7 +104,7 @@ def test_replica_copies_with_adam_and_pipelined_recomputation(replicas_apart, mo
     x, t = torch.randn(2 * 8 * 2 * 2, 8), torch.randn(2 * 8 * 2 * 2, 8)
     pop = poptorch.trainingModel(model, opts, torch.optim.Adam(model.parameters(), lr=0.01))
     _, losses = pop(x, t)
-    assert pop._compiled.recompute and pop._compiled.concurrent and pop._compiled.replicas is not None
+    assert pop._executable.layout.recompute and pop._executable.concurrent and pop._session.replicas.own_weights
     ref_losses = train_loop(reference, torch.optim.Adam(reference.parameters(), lr=0.01), (x, t), loss_of, 2, 8, 2)
     torch.testing.assert_close(losses.flatten(), ref_losses, rtol=1e-5, atol=1e-6)
     assert_same_parameters(model, reference, tol=1e-5)
@@ -136,15 +136,15 @@ def test_replica_copies_keep_their_own_buffers_like_shared_replicas(monkeypatch)
         return pop, pop(x)
 
     shared_pop, (shared_out, shared_loss) = train(shared)
-    assert shared_pop._compiled.replica_buffers is not None
+    assert shared_pop._executable.replica_buffers.per_replica
     monkeypatch.setattr(DeviceMap, "replicas_share_devices", lambda self: False)
     pop, (out, loss) = train(model)
-    assert pop._compiled.replicas is not None
+    assert pop._session.replicas.own_weights
     torch.testing.assert_close(out, shared_out, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(loss, shared_loss, rtol=1e-6, atol=1e-6)
     for (name, a), b in zip(model.named_buffers(), shared.buffers()):
         torch.testing.assert_close(a, b, msg=name)
-    assert not torch.equal(pop._compiled.replicas.model(1).bn.running_mean, model.bn.running_mean)
+    assert not torch.equal(pop._session.replicas.model(1).bn.running_mean, model.bn.running_mean)
 
 
 def test_host_edits_reach_every_replica_on_attach(replicas_apart):
@@ -162,7 +162,7 @@ def test_host_edits_reach_every_replica_on_attach(replicas_apart):
         for m in (model, reference):
             m.layers[2].weight.mul_(0.5)
     pop.attachToDevice()
-    assert torch.equal(pop._compiled.replicas.model(1).layers[2].weight, model.layers[2].weight)
+    assert torch.equal(pop._session.replicas.model(1).layers[2].weight, model.layers[2].weight)
     _, losses = pop(x, t)
     ref_losses = train_loop(reference, ref_optimizer, (x, t), loss_of, 1, 2, 2)
     torch.testing.assert_close(losses.flatten(), ref_losses, rtol=1e-6, atol=1e-6)
@@ -176,7 +176,7 @@ def test_inference_replica_copies_follow_host_weights(replicas_apart):
     x, t = torch.randn(2 * 2 * 4, 8), torch.randn(2 * 2 * 4, 8)
     inference = poptorch.inferenceModel(model, poptorch.Options().deviceIterations(2).replicationFactor(2))
     out, _ = inference(x, t)
-    assert inference._compiled.replicas is not None
+    assert inference._session.replicas.own_weights
     torch.testing.assert_close(out, model(x, t)[0].detach(), rtol=1e-6, atol=1e-6)
     # Training the same model makes the inference replicas re-upload on the next call.
     training = poptorch.trainingModel(model, replicated_options(di=1, ga=1),
@@ -239,7 +239,7 @@ def check_dropout_masks_replayed():
     x = torch.ones(di * ga * 4, 4096)
     w_before = [stage.w.item() for stage in model.stages]
     first, second, _ = pop(x)
-    assert pop._compiled.concurrent and pop._compiled.recompute
+    assert pop._executable.concurrent and pop._executable.layout.recompute
     # Step 0's gradient of w_i is the sum of that step's outputs of stage i divided by w_i.
     rows = ga * 4
     for i, out in enumerate((first, second)):
@@ -260,7 +260,7 @@ def test_concurrent_dropout_masks_repeat_the_serial_run(monkeypatch):
         opts = strategy_options(poptorch.PipelinedExecution(poptorch.AutoStage.AutoIncrement), ga=8, di=2)
         pop = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=1e-3))
         first, second, _ = pop(torch.ones(2 * 8 * 2, 256))
-        assert pop._compiled.concurrent == (concurrency == "on")
+        assert pop._executable.concurrent == (concurrency == "on")
         return first, second, [p.detach().clone() for p in model.parameters()]
 
     interval = sys.getswitchinterval()
@@ -363,7 +363,7 @@ def test_two_replicas_on_two_gpus_match_the_oracle():
     x, t = torch.randn(24, 8), torch.randn(24, 8)
     pop = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.05))
     _, losses = pop(x, t)
-    assert pop._compiled.replicas.model(1).layers[0].weight.device == torch.device("cuda:1")
+    assert pop._session.replicas.model(1).layers[0].weight.device == torch.device("cuda:1")
     assert model.layers[0].weight.device == torch.device("cuda:0")
     ref_losses = train_loop(reference, torch.optim.SGD(reference.parameters(), lr=0.05), (x, t), loss_of, 2, 3, 2)
     torch.testing.assert_close(losses.flatten().cpu(), ref_losses, rtol=1e-4, atol=1e-5)
@@ -409,7 +409,7 @@ def test_replicas_are_structural_copies(replicas_apart):
                                  torch.optim.SGD(model.parameters(), lr=0.1))
     x, t = torch.randn(16, 4), torch.randn(16, 4)
     _, losses = pop(x, t)
-    replica = pop._compiled.replicas.model(1)
+    replica = pop._session.replicas.model(1)
     assert replica is not model and replica.owner is model.owner  # shared, not copied
     assert replica.head.weight is replica.embed.weight and replica.embed.weight is not model.embed.weight
     assert replica.counter is model.counter and model.counter.rows == 2 + 16  # compile pass (one micro-batch) + both replicas
@@ -511,7 +511,7 @@ def test_a_failing_micro_batch_leaves_no_device_lock_held(monkeypatch):
     pop.compile(x, t)
     with pytest.raises(RuntimeError, match="user error in micro-batch"):
         pop(x, t)
-    locks = pop._compiled.device_locks
+    locks = pop._session.locks
     assert not locks._lock(torch.device("cpu")).locked()
     pop(x, t)  # runs normally afterwards
 

@@ -158,7 +158,7 @@ def test_one_device_iteration_restores_buffers_and_rng_without_copying_weights()
     with pytest.raises(ValueError):
         pop(*batches[2])
     assert_same(before, snapshot(model, optimizer, pop))
-    assert pop._compiled.rollback._copies == []  # the lazy copy is never needed with one step per call
+    assert pop._session._rollback._copies == []  # the lazy copy is never needed with one step per call
     model.fail_on = None
     run_calls(pop, scheduler, batches[2:])
     twin, twin_pop, twin_optimizer, twin_scheduler = build(di=1, ga=3)
@@ -169,14 +169,14 @@ def test_one_device_iteration_restores_buffers_and_rng_without_copying_weights()
 def test_weight_copies_are_taken_once_per_call_into_reused_tensors():
     model, pop, optimizer, scheduler = build()
     pop(*data(seed=1))
-    assert len(pop._compiled.rollback._copies) == len(list(model.parameters()))  # no Adam state yet
+    assert len(pop._session._rollback._copies) == len(list(model.parameters()))  # no Adam state yet
     pop(*data(seed=2))
-    copies = pop._compiled.rollback._copies
+    copies = pop._session._rollback._copies
     state_tensors = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
     assert len(copies) == len(list(model.parameters())) + len(state_tensors)
     addresses = [t.data_ptr() for t in copies]
     pop(*data(seed=3))
-    assert [t.data_ptr() for t in pop._compiled.rollback._copies] == addresses
+    assert [t.data_ptr() for t in pop._session._rollback._copies] == addresses
 
 
 def test_replicas_with_their_own_batchnorm_statistics_are_restored_too():
@@ -186,13 +186,13 @@ def test_replicas_with_their_own_batchnorm_statistics_are_restored_too():
     model, pop, optimizer, scheduler = build(replicas=2)
     run_calls(pop, scheduler, batches[:1])
     before = snapshot(model, optimizer, pop)
-    replica_values = [[t.clone() for t in values] for values in pop._compiled.replica_buffers.values]
+    replica_values = [[t.clone() for t in values] for values in pop._executable.replica_buffers.values]
     model.calls, model.fail_on = 0, 2 * GA * 2  # step 1, last micro-batch of replica 1
     with pytest.raises(ValueError):
         pop(*batches[1])
     assert_same(before, snapshot(model, optimizer, pop))
-    assert pop._compiled.replica_buffers.current == 0
-    assert_same(replica_values[1:], [list(v) for v in pop._compiled.replica_buffers.values[1:]])
+    assert pop._executable.replica_buffers.current == 0
+    assert_same(replica_values[1:], [list(v) for v in pop._executable.replica_buffers.values[1:]])
     model.fail_on = None
     run_calls(pop, scheduler, batches[1:])
     assert_same(snapshot(twin, twin_optimizer, twin_pop), snapshot(model, optimizer, pop))
@@ -265,7 +265,7 @@ def test_without_rollback_a_failed_call_says_how_many_updates_it_applied():
     with pytest.raises(AssertionError):
         assert_same(before["params"], snapshot(model, optimizer, pop)["params"])
     assert all(p.grad is None for p in model.parameters())
-    assert pop._compiled.rollback._copies == []
+    assert pop._session._rollback._copies == []
 
 
 def test_rollback_option():

@@ -73,7 +73,7 @@ def test_strategies_match_plain_accumulation(style, strategy):
         torch.testing.assert_close(losses, ref_losses, rtol=1e-6, atol=1e-6)
     for p, q in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6)
-    plan = pop._compiled.plan
+    plan = pop._executable.plan
     assert [b.ipu for b in plan.blocks] == [0, 1, 2, 3]
     assert plan.pipeline_stages == 4
     assert plan.pipelined == (strategy in (None, "pipelined"))
@@ -120,7 +120,7 @@ class SeedBlockContext(torch.nn.Module):
 
 
 def _allocation(pop):
-    return {m: b.ipu for b in pop._compiled.plan.blocks for m in b.modules}
+    return {m: b.ipu for b in pop._executable.plan.blocks for m in b.modules}
 
 
 def test_seed_begin_block_example_allocation(caplog):
@@ -221,7 +221,7 @@ def test_explicit_stages_place_blocks_on_their_ipus():
                                                         poptorch.Stage("b2", "b3").ipu(0)))
     pop = poptorch.inferenceModel(FourBlocks("begin_block"), opts)
     pop(torch.randn(2, 8), torch.randn(2, 8))
-    assert [b.ipu for b in pop._compiled.plan.blocks] == [1, 1, 0, 0]
+    assert [b.ipu for b in pop._executable.plan.blocks] == [1, 1, 0, 0]
 
 
 def test_no_active_block_between_blocks():
@@ -264,7 +264,7 @@ def test_device_map_option_env_and_errors(monkeypatch):
     opts = strategy_options(None).deviceMap(["cpu", "cpu", "cpu", "cpu"])
     pop = poptorch.trainingModel(FourBlocks("begin_block"), opts)
     pop(torch.randn(32, 8), torch.randn(32, 8))
-    assert [str(d) for d in pop._compiled.plan.device_map.devices] == ["cpu"] * 4
+    assert [str(d) for d in pop._executable.plan.device_map.devices] == ["cpu"] * 4
 
     monkeypatch.setenv("OPENPOP_DEVICE_MAP", "cpu,cuda:7")
     pop = poptorch.inferenceModel(torch.nn.Linear(2, 2))
@@ -298,7 +298,7 @@ def test_concurrent_micro_batches_on_cpu_match_serial(monkeypatch):
     opts._Popart.set("autoRecomputation", 0)  # with recomputation: tests/test_device_replicas.py
     pop = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
     _, losses = pop(x, t)
-    assert pop._compiled.concurrent
+    assert pop._executable.concurrent
     ref_losses = train_loop(reference, torch.optim.SGD(reference.parameters(), lr=0.1), (x, t), loss_of, 2, 8, 1)
     torch.testing.assert_close(losses, ref_losses, rtol=1e-5, atol=1e-6)
     for p, q in zip(model.parameters(), reference.parameters()):
@@ -428,7 +428,7 @@ def test_recomputation_checkpoints_make_each_marked_layer_a_recomputation_unit()
     pop = poptorch.trainingModel(model, strategy_options(None, ga=4, di=1),
                                  torch.optim.SGD(model.parameters(), lr=0.1))
     _, losses = pop(x, t)
-    assert pop._compiled.recompute
+    assert pop._executable.layout.recompute
     assert pop.executionPlan().recomputation_units == ["first.0", "first.1", "second.0", "second.1"]
     ref_losses = train_loop(reference, torch.optim.SGD(reference.parameters(), lr=0.1), (x, t), loss_of, 1, 4, 1)
     torch.testing.assert_close(losses, ref_losses, rtol=1e-6, atol=1e-6)

@@ -8,39 +8,14 @@ keys that have no default (``random_seed``, ``ipu_id``, ...). ``_freeze()`` make
 the object and its groups read-only; ``clone()`` / ``copy.deepcopy`` give an
 unfrozen deep copy.
 
-Keys the runtime reads (all exist from construction unless marked "createOrSet"):
-
-* ``device_iterations``, ``replication_factor`` (per process), ``input_group_size``,
-  ``input_cgt`` (``CommGroupType``), ``broadcast_buffers``, ``output_mode`` (int of
-  ``OutputMode``; ``defaultOutputMode()``), ``output_return_period``,
-  ``connection_type`` (int of ``ConnectionType``), ``sync_pattern``,
-  ``auto_round_num_ipus``, ``anchored_tensors``, ``available_memory_proportion``
-  (``{ipu: float}``), ``log_dir``, ``max_repeat_logs``,
-  ``show_compilation_progress_bar``, ``relax_optimizer_attributes_checks``,
-  ``updatable_named_buffers`` (list), ``module_namescope_enabled``,
-  ``source_location_excludes``; createOrSet: ``random_seed``, ``model_name``,
-  ``use_model``, ``ipu_id``, ``ipu_version``.
-* ``Training``: ``gradient_accumulation``, ``accumulation_and_replication_reduction_type``
-  (``ReductionType``), ``meanAccumulationAndReplicationReductionStrategy``
-  (``MeanReductionStrategy``), ``automaticLossScalingSettings`` (``{"enabled": bool}``, plus
-  ``growth_factor`` / ``backoff_factor`` / ``growth_interval`` when given),
-  ``rollback_failed_calls`` (bool, openpop: ``runtime/transaction.py``).
+The runtime reads them once, through ``runtime.settings.RunSettings.from_options`` (and the
+precision, geometry and distributed groups through their own ``from_options``).
 
 Integer counts (``device_iterations``, ``replication_factor``, ``gradient_accumulation``,
 ``input_group_size``, ``output_return_period``, process count and id, ``ipu_id``) are checked
 by ``set()``/``createOrSet()`` whichever setter, assignment or file sets them: an int, not a
 bool, of at least 1 (0 for ids). PopTorch leaves that to the backend; openpop's first call
 would otherwise fail far from the cause.
-* ``Precision`` (read-only views of the PopART keys they set): ``partials_type``
-  ("float" | "half"), ``floating_point_exceptions``, ``stochastic_rounding``; own keys
-  ``autocast_enabled`` (bool), ``autocast_dtype`` (``torch.bfloat16`` | ``torch.float16``).
-* ``Distributed``: ``numProcesses`` / ``processId`` (keys ``num_distributed_processes``,
-  ``distributed_process_id``).
-* ``TensorLocations``: createOrSet ``numIOTiles``, ``location_activation``,
-  ``location_weight``, ``location_optimizer``, ``location_accumulator``.
-* ``_Popart.options``: a free-form dict of PopART session options (``cachePath``,
-  ``enableEngineCaching``, ``engineOptions``, ``partialsTypeMatMuls``, ...).
-* ``_execution_strategy``: an ``openpop.strategies`` strategy.
 """
 import copy
 import json

@@ -113,6 +113,8 @@ class Phase:
 class _IExecutionStrategy:
     """What every strategy offers: its stages, block lookups and backend options."""
 
+    pipelines = False  # micro-batches flow through the stages concurrently (PipelinedExecution)
+
     def __init__(self, stages: List[Stage], auto_stage: Optional[enums.AutoStage]) -> None:
         self._stages = stages
         self.auto_stage = auto_stage
@@ -160,6 +162,8 @@ class PipelinedExecution(_IExecutionStrategy):
     entry per stage, each a ``Stage``, a block id or a list of block ids.
     """
 
+    pipelines = True
+
     def __init__(self, *args: Union[enums.AutoStage, Stage, BlockId, List[BlockId]]) -> None:
         if not args:
             super().__init__([], enums.AutoStage.SameAsIpu)
@@ -177,6 +181,8 @@ class PipelinedExecution(_IExecutionStrategy):
 
 class ShardedExecution(PipelinedExecution):
     """Run the stages one after the other, without pipelining (same arguments)."""
+
+    pipelines = False
 
     def backendOptions(self) -> Dict[str, Union[int, bool]]:
         return {"execution_mode": 1}

@@ -105,6 +105,27 @@ def _checked_device(name, source) -> torch.device:
     return device
 
 
+class HostPlacement:
+    """The model stays where it is, on the host (``DevicePlacement``'s interface, doing nothing)."""
+
+    on_host = True
+
+    def place(self) -> None:
+        pass
+
+    def install_hooks(self, locks=None) -> None:
+        pass
+
+    def remove_hooks(self) -> None:
+        pass
+
+    def restore(self) -> None:
+        pass
+
+    def move_inputs(self, inputs, callers) -> None:
+        pass
+
+
 class DevicePlacement:
     """Puts each module's parameters and buffers on its block's device, and moves activations
     to a module's device as it is entered (block boundaries are where they change device).
@@ -156,6 +177,17 @@ class DevicePlacement:
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
+
+    def move_inputs(self, inputs, callers) -> None:
+        """One host-to-device copy of the combined batch per call (to the root module's device),
+        not one per micro-batch. ``inputs``: ``args.BoundInputs``; ``callers``: ``args.CallerTensors``."""
+        device = self.device_of_module("")
+        for pos in inputs.tensor_positions:
+            tensor = inputs.leaves[pos]
+            if tensor.device != device:
+                on_device = tensor.to(device, non_blocking=device.type == "cuda")
+                callers.replaced(pos, tensor, on_device)
+                inputs.leaves[pos] = on_device
 
     def restore(self, host=torch.device("cpu")) -> None:
         self.remove_hooks()

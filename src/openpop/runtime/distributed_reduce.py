@@ -78,6 +78,21 @@ def buckets_of(tensors: List[torch.Tensor], cap_bytes: int) -> List[List[int]]:
     return buckets
 
 
+class SingleProcess:
+    """This process trains alone (``GlobalReplication``'s interface, doing nothing)."""
+
+    overlapped_buckets = 0
+
+    def join(self, model: torch.nn.Module, optimizer) -> None:
+        pass
+
+    def start_step(self, params, micro_batches: int, overlap: bool) -> None:
+        pass
+
+    def all_reduce(self, params) -> None:
+        pass
+
+
 class GlobalReplication:
     """The processes' side of one training model's data-parallel group."""
 
@@ -100,11 +115,11 @@ class GlobalReplication:
         self.overlapped_buckets = 0  # buckets started during a backward (for tests and benchmarks)
 
     @classmethod
-    def from_options(cls, options) -> Optional["GlobalReplication"]:
-        """None for one process; else checks that this process is in a matching group."""
+    def from_options(cls, options):
+        """``SingleProcess`` for one process; else checks that this process is in a matching group."""
         num_processes = options.Distributed.numProcesses
         if num_processes <= 1:
-            return None
+            return SingleProcess()
         from ..distributed import process_group
         process_id = options.Distributed.processId
         if not process_group.initialize():

@@ -21,79 +21,141 @@ a pass over every gradient after accumulation: the same values up to float round
 sweep over the parameters per step (about 1% of a BERT-base step). Half-precision gradients keep
 the division after accumulation, which is what protects small values from underflow.
 
-With automatic loss scaling (``dynamic``, see ``loss_scaling.py``) the scale is read from the
-optimizer at the start of every step, ``finish_step`` checks the unscaled gradients and returns
-False for a step with inf/NaN gradients - the executor then skips ``optimizer.step()`` - and the
-new scale is written back to the optimizer's ``loss_scaling``.
+The loss scale comes from a scaler (``loss_scaling.py``) read at the start of every step. With
+automatic loss scaling ``finish_step`` checks the unscaled gradients and returns False for a
+step with inf/NaN gradients - the executor then skips ``optimizer.step()`` - and the new scale
+is written back to the optimizer's ``loss_scaling``.
+
+Replicas held apart (their own weights on other devices, or in other processes) are summed onto
+replica 0's gradients by ``replica_sum`` at the start of ``finish_step``, before unscaling: every
+process then checks the same reduced values. Such replicas accumulate their own gradients, so
+their mean is never a running one.
 """
+import enum
 import sys
 import threading
 
 import torch
 
-from ..enums import MeanReductionStrategy, ReductionType
 from .losses import backward
 
 
-class GradientReduction:
-    """One host call's gradient bookkeeping for ``params`` (the optimizer's parameters)."""
+class MeanPolicy(enum.Enum):
+    """How a step's ``N = GA x R`` micro-batch gradients become its gradient (loss scale ``s``).
 
-    def __init__(self, options, geometry, params, loss_scale: float, *, dynamic=None):
-        training = options.Training
+    ========  ==================================  ====================================
+    policy    seed of micro-batch ``k``'s backward  after the last micro-batch, divide by
+    ========  ==================================  ====================================
+    SUM       ``s``                               ``s``
+    FOLDED    ``s / N``                           ``s`` (``s * n / N`` if only ``n`` ran)
+    RUNNING   ``s / (k + 1)``, ``.grad *= k/(k+1)``  ``s``
+    POST      ``s``                               ``s * n`` (``n`` micro-batches ran)
+    ========  ==================================  ====================================
+    """
+
+    SUM = "sum"
+    FOLDED = "folded"
+    RUNNING = "running"
+    POST = "post"
+
+    @classmethod
+    def choose(cls, settings, params, automatic_loss_scaling: bool, replicas_apart: bool) -> "MeanPolicy":
+        """``Sum``; ``Running``, taken post hoc when replicas hold their own weights (each
+        accumulates its own gradients: there is no running mean over all of them); a ``Post`` mean
+        folded into the seed for fp32 gradients without automatic loss scaling (module docstring)."""
+        if not settings.mean:
+            return cls.SUM
+        if settings.running_mean:
+            return cls.POST if replicas_apart else cls.RUNNING
+        if not automatic_loss_scaling and all(p.dtype == torch.float32 for p in params):
+            return cls.FOLDED
+        return cls.POST
+
+
+class NoReduction:
+    """The replicas' gradient sum when every replica shares replica 0's weights in one process."""
+
+    def start_step(self, overlap: bool) -> None:
+        pass
+
+    def __call__(self) -> None:
+        pass
+
+
+class ReplicaSum:
+    """The replicas' gradient sum: local replicas with their own weights onto replica 0
+    (``replicas.ReplicaModels``), then with the other processes' (``distributed_reduce``)."""
+
+    def __init__(self, replicas, processes, trainable, micro_batches: int):
+        self.replicas = replicas
+        self.processes = processes
+        self.trainable = trainable
+        self.micro_batches = micro_batches
+
+    def start_step(self, overlap: bool) -> None:
+        self.processes.start_step(self.trainable, self.micro_batches, overlap=overlap)
+
+    def __call__(self) -> None:
+        self.replicas.reduce_gradients()
+        self.processes.all_reduce(self.trainable)
+
+
+class GradientReduction:
+    """One host call's gradient bookkeeping for ``params`` (the optimizer's parameters):
+    ``start_step``, a ``backward`` per micro-batch, then ``finish_step``.
+
+    ``scaler``: the call's loss scaling (``loss_scaling.StaticLossScaling`` or the automatic
+    ``BoundLossScaling``); ``trainable``: the parameters whose ``.grad`` a step sets;
+    ``replica_sum``: sums the replicas' gradients held apart (on other devices or in other
+    processes) onto these, first thing in ``finish_step``."""
+
+    def __init__(self, policy: MeanPolicy, micro_batches: int, params, scaler, *, trainable=(),
+                 replica_sum=NoReduction()):
+        self.policy = policy
         self.params = params
-        self.loss_scale = float(loss_scale)
-        self.dynamic = dynamic  # a loss_scaling.BoundLossScaling, or None
-        self.micro_batches = geometry.micro_batches_per_step
-        self.mean = training.accumulation_and_replication_reduction_type == ReductionType.Mean
-        self.running = self.mean and (training.meanAccumulationAndReplicationReductionStrategy
-                                      == MeanReductionStrategy.Running)
-        self.fold_mean = (self.mean and not self.running and dynamic is None
-                          and all(p.dtype == torch.float32 for p in params))
-        self._seed_scale = self._scale_for_backward()
+        self.trainable = trainable
+        self.scaler = scaler
+        self.replica_sum = replica_sum
+        self.micro_batches = micro_batches
+        self.loss_scale = scaler.scale
         self._count = 0
-        self.unordered = False  # set by backward_unordered: the step's mean is taken post hoc
         self._in_order = _InOrder()
 
-    def start_step(self) -> None:
-        self._count = 0
-        if self.dynamic is not None:
-            self.loss_scale = self.dynamic.scale
-        self._seed_scale = self._scale_for_backward()
-        self.unordered = False
-        self._in_order.reset()
+    @property
+    def seed_scale(self) -> float:
+        """What a micro-batch's loss is multiplied by before backward (not ``RUNNING``)."""
+        return self.loss_scale / self.micro_batches if self.policy is MeanPolicy.FOLDED else self.loss_scale
 
-    def _scale_for_backward(self) -> float:
-        return self.loss_scale / self.micro_batches if self.fold_mean else self.loss_scale
+    def start_step(self, overlap_reduction: bool = False) -> None:
+        """``overlap_reduction``: the step's micro-batches run one after another in this thread,
+        so the sum across processes may start during the last backward."""
+        for p in self.trainable:
+            p.grad = None
+        self._count = 0
+        self.loss_scale = self.scaler.scale
+        self._in_order.reset()
+        self.replica_sum.start_step(overlap_reduction)
 
     def backward(self, loss: torch.Tensor) -> None:
         """Back-propagate one micro-batch's loss into the accumulated gradients."""
         k = self._count
-        if self.running:
+        if self.policy is MeanPolicy.RUNNING:
             if k > 0:
                 grads = self._grads()
                 if grads:
                     torch._foreach_mul_(grads, k / (k + 1))
             backward(loss, self.loss_scale / (k + 1))
         else:
-            backward(loss, self._seed_scale)
+            backward(loss, self.seed_scale)
         self._count = k + 1
 
-    def backward_unordered(self, loss: torch.Tensor) -> None:
-        """``backward`` for micro-batches of replicas that hold their own weights (each adds into
-        its replica's ``.grad``): no running mean over all of them, the step's mean is post hoc."""
-        backward(loss, self._seed_scale)
-        self.unordered = True
-        self._count += 1
-
-    def backward_in_order(self, loss: torch.Tensor, index: int, leaves, own_replica_weights: bool = False) -> None:
+    def backward_in_order(self, loss: torch.Tensor, index: int, leaves) -> None:
         """``backward`` of micro-batch ``index`` of the step, run concurrently with the others:
         its gradients for ``leaves`` are added to their ``.grad`` after every earlier micro-batch
         has added its own (see the module docstring), by this thread or - if an earlier one is
-        not done yet - by the thread that adds the one just before it; nobody waits. With
-        ``own_replica_weights`` (``leaves`` are a replica's own copies) the mean is post hoc, as
-        in ``backward_unordered``."""
-        running = self.running and not own_replica_weights
-        grads = _gradients_of(loss, self.loss_scale / (index + 1) if running else self._seed_scale, leaves)
+        not done yet - by the thread that adds the one just before it; nobody waits."""
+        running = self.policy is MeanPolicy.RUNNING
+        grads = _gradients_of(loss, self.loss_scale / (index + 1) if running else self.seed_scale, leaves)
 
         def add():
             if running and index > 0:
@@ -109,7 +171,6 @@ class GradientReduction:
                         leaf.grad = grad if _ours_alone(grad) else grad.clone()
                     else:
                         leaf.grad.add_(grad)
-            self.unordered = self.unordered or own_replica_weights
             self._count += 1
 
         self._in_order.submit(index, add)
@@ -119,22 +180,26 @@ class GradientReduction:
         self._in_order.submit(index, None)
 
     def finish_step(self) -> bool:
-        """Turn the accumulated gradients into the step's gradients. Returns whether the
+        """Sum the replicas' gradients, turn them into the step's gradients. Returns whether the
         optimizer should apply them."""
+        self.replica_sum()
         divisor = self.loss_scale
-        if self.fold_mean:
-            if self._count != self.micro_batches:
-                divisor *= self._count / self.micro_batches
-        elif self.mean and not (self.running and not self.unordered):
+        if self.policy is MeanPolicy.FOLDED and self._count != self.micro_batches:
+            divisor *= self._count / self.micro_batches
+        elif self.policy is MeanPolicy.POST:
             divisor *= self._count
         grads = self._grads()
-        if self.dynamic is not None:
+        if self.scaler.automatic:
             finite = _unscale_and_check(grads, 1.0 / divisor)
-            self.loss_scale = self.dynamic.update(finite)
+            self.loss_scale = self.scaler.update(finite)
             return finite
         if grads and divisor != 1.0:
             torch._foreach_mul_(grads, 1.0 / divisor)
         return True
+
+    def finish_call(self) -> None:
+        for p in self.trainable:
+            p.grad = None
 
     def leaves_of(self, models):
         """Per replica model (replica 0 first), the tensors its micro-batches' backward fills the

@@ -64,8 +64,22 @@ class DynamicLossScaling:
         return scale
 
 
+class StaticLossScaling:
+    """The optimizer's ``loss_scaling`` as it is when a host call starts, never changed."""
+
+    automatic = False
+
+    def __init__(self, optimizer):
+        self.scale = float(getattr(optimizer, "loss_scaling", 1.0))
+
+    def update(self, finite: bool) -> float:
+        return self.scale
+
+
 class BoundLossScaling:
     """``DynamicLossScaling`` applied to one optimizer: reads and writes its ``loss_scaling``."""
+
+    automatic = True
 
     def __init__(self, state: DynamicLossScaling, optimizer):
         self.state = state

@@ -48,11 +48,6 @@ from .half_compute import LowPrecisionOps
 CONCURRENCY_ENV = "OPENPOP_CONCURRENT_STAGES"  # "auto" (default), "on" or "off"
 
 
-def recomputation_enabled(options) -> bool:
-    setting = options._Popart.options.get("autoRecomputation")
-    return setting is None or int(setting) != 0
-
-
 @contextlib.contextmanager
 def Recomputation(model: torch.nn.Module, units=(), locks=None, gpu=False):
     """Checkpoint the recomputation ``units`` (module names) and the ``BeginBlock`` modules

@@ -147,8 +147,11 @@ class ExecutionPlan:
         return "\n".join(lines)
 
 
-def build_plan(recorder: BlockRecorder, strategy, options, training: bool) -> ExecutionPlan:
-    """Assign stages and IPUs to the recorded blocks and check PopTorch's rules."""
+def build_plan(recorder: BlockRecorder, settings) -> ExecutionPlan:
+    """Assign stages and IPUs to the recorded blocks and check PopTorch's rules
+    (``settings``: ``settings.RunSettings``)."""
+    strategy = settings.strategy
+    geometry = settings.geometry
     planned = []
     auto_counter = 0
     for block in recorder.used_blocks():
@@ -184,15 +187,15 @@ def build_plan(recorder: BlockRecorder, strategy, options, training: bool) -> Ex
     fwd_stages = switches + 1
     used_ipus = {b.ipu for b in planned} or {0}
     ipus_per_replica = max(len(used_ipus), max(used_ipus) + 1)
-    pipelined = type(strategy).__name__ == "PipelinedExecution" and fwd_stages > 1
+    pipelined = settings.pipelined_strategy and fwd_stages > 1
     plan = ExecutionPlan(planned, fwd_stages, ipus_per_replica, pipelined,
                          recomputation_units=recorder.recomputation_units())
-    _check_ipu_count(ipus_per_replica * options.replication_factor, options.auto_round_num_ipus)
-    if pipelined and training:
+    _check_ipu_count(ipus_per_replica * geometry.replication_factor, settings.auto_round_num_ipus)
+    if pipelined and settings.training:
         total = 2 * fwd_stages - 1
-        if options.Training.gradient_accumulation < total:
+        if geometry.gradient_accumulation < total:
             raise errors.createPoptorchError(PIPELINE_GA.format(stages=total, fwd=fwd_stages, extra=total - fwd_stages))
-    if pipelined and not training and options.device_iterations < fwd_stages:
+    if pipelined and not settings.training and geometry.device_iterations < fwd_stages:
         raise errors.createPoptorchError(PIPELINE_DI.format(stages=fwd_stages))
     return plan
 

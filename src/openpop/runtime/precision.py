@@ -44,7 +44,7 @@ from .. import errors
 from ..log import logger
 from ..optim.checks import optimizer_method
 from .half_compute import LOW_PRECISION, HalfComputePolicy, LowPrecisionOps, op_name
-from .loss_scaling import DynamicLossScaling
+from .loss_scaling import DynamicLossScaling, StaticLossScaling
 
 _NO_CONTEXT = contextlib.nullcontext()
 
@@ -110,8 +110,9 @@ class RunPrecision:
 
     # ------------------------------------------------------------------ training
     def loss_scaler(self, optimizer):
-        """The automatic loss scaling bound to ``optimizer``, or None when it is off."""
-        return None if self.dynamic is None else self.dynamic.bind(optimizer)
+        """The loss scaling of one host call with ``optimizer``: automatic (bound to it) or static
+        (its ``loss_scaling``)."""
+        return StaticLossScaling(optimizer) if self.dynamic is None else self.dynamic.bind(optimizer)
 
     def optimizer_step(self, optimizer) -> None:
         step = optimizer_method(optimizer, "step")

@@ -44,9 +44,47 @@ from .devices import DevicePlacement
 from .wrapping import original_class
 
 
+class SharedWeightReplicas:
+    """Every replica runs on replica 0's weights (``ReplicaModels``' interface, doing nothing)."""
+
+    own_weights = False
+
+    def __init__(self, model: torch.nn.Module):
+        self.models: List[torch.nn.Module] = [model]
+
+    def model(self, replica: int) -> torch.nn.Module:
+        return self.models[0]
+
+    def sync_attributes(self) -> None:
+        pass
+
+    def start_step(self) -> None:
+        pass
+
+    def reduce_gradients(self) -> None:
+        pass
+
+    def broadcast(self, buffers: bool = False) -> None:
+        pass
+
+    def install_hooks(self, locks=None) -> None:
+        pass
+
+    def remove_hooks(self) -> None:
+        pass
+
+    def place(self) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
+
+
 class ReplicaModels:
     """Structural copies of ``model`` for replicas ``1..replicas-1``, each placed by
     ``device_of_module(replica, module_name)``."""
+
+    own_weights = True
 
     def __init__(self, model: torch.nn.Module, replicas: int,
                  device_of_module: Callable[[int, str], torch.device]):
@@ -87,6 +125,12 @@ class ReplicaModels:
             for master, replica in zip(self._params[0], params):
                 if replica.requires_grad != master.requires_grad:
                     replica.requires_grad_(master.requires_grad)
+
+    def start_step(self) -> None:
+        """Before a step's micro-batches: replica 0's weights as they are now (host edits included),
+        no gradients."""
+        self.broadcast()
+        self.zero_grad()
 
     def zero_grad(self) -> None:
         for params in self._params[1:]:

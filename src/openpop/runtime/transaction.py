@@ -47,6 +47,7 @@ import threading
 import torch
 
 from ..log import logger
+from .weights import SharedBuffers
 
 try:  # the C functions: signal.py's wrappers convert to and from enums, which costs more
     from _signal import getsignal as _get_handler, signal as _set_handler
@@ -65,7 +66,7 @@ class HostCallRollback:
     openpop's own ``{device: torch.Generator}`` (filled as they are needed); ``devices``: the
     torch devices the calls run on."""
 
-    def __init__(self, enabled: bool, *, steps: int, models, trainable=(), replica_buffers=None,
+    def __init__(self, enabled: bool, *, steps: int, models, trainable=(), replica_buffers=SharedBuffers(),
                  loss_scaler=None, generators=None, devices=()):
         self.enabled = enabled
         self.steps = steps
@@ -76,8 +77,7 @@ class HostCallRollback:
         self.cuda_devices = sorted({torch.device(d) for d in devices if torch.device(d).type == "cuda"}, key=str)
         # Modules keep their buffer objects (placement moves them with .data): listed once.
         self.buffers = _unique(b for model in models for b in model.buffers())
-        if replica_buffers is not None:
-            self.buffers += [b for values in replica_buffers.values for b in values]
+        self.buffers += [b for values in replica_buffers.values for b in values]
         self._buffer_copies = []   # reused tensors for the buffers
         self._copies = []          # reused tensors for parameters and optimizer state
 
@@ -98,8 +98,7 @@ class HostCallRollback:
         if self.buffers:
             with torch.no_grad():
                 torch._foreach_copy_(self.buffers, self._buffer_copies)
-        if self.replica_buffers is not None:
-            self.replica_buffers.current = 0  # the live buffers hold replica 0's values again
+        self.replica_buffers.current = 0  # the live buffers hold replica 0's values again
 
     def _save_rng(self):
         return (torch.get_rng_state(), [(d, torch.cuda.get_rng_state(d)) for d in self.cuda_devices],

@@ -197,10 +197,23 @@ def registered_tensors(model: torch.nn.Module):
     return params, buffers
 
 
+class SharedBuffers:
+    """Replicas share the live buffers (``ReplicaBuffers``' interface, doing nothing)."""
+
+    per_replica = False
+    values = ()
+    current = 0
+
+    def switch_to(self, replica: int) -> None:
+        pass
+
+
 class ReplicaBuffers:
     """Per-replica buffer values for models whose forward mutates buffers (BatchNorm statistics;
     any buffer with ``broadcastBuffers(False)``) when replicas share weights: each replica keeps
     its own values, and the host sees replica 0's, as on IPUs."""
+
+    per_replica = True
 
     def __init__(self, buffers, replicas: int):
         self.buffers = buffers

@@ -1,0 +1,122 @@
+"""``Executable``: what compiling a model for its first inputs learnt, fixed until ``destroy()``.
+
+``trace_model`` runs one micro-batch to find the loss among the outputs, record the blocks
+(the plan), check the model (parameters and buffers not replaced, buffers replicas must keep
+apart) and lay the plan out on devices, leaving no trace: weights, buffers, the RNG and the
+caller's tensors are as before.
+"""
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+
+from .. import errors
+from . import context
+from .anchors import AnchoredTensors
+from .args import BoundInputs, InputSignature
+from .losses import LossTracker
+from .outputs import flatten_output
+from .plan import BlockRecorder, ExecutionPlan, build_plan
+from .session import DeviceLayout
+from .weights import BufferSnapshot, NormStatistics, ReplicaBuffers, SharedBuffers, registered_tensors
+
+
+@dataclass(frozen=True)
+class Executable:
+    signature: InputSignature
+    #: Blocks -> stages -> IPUs -> devices (``plan.py``).
+    plan: ExecutionPlan
+    layout: DeviceLayout
+    #: ``SharedWeights`` (training: the host's tensors) or ``CopiedWeights`` (inference).
+    weights: object
+    #: Per-replica values of buffers a forward mutates (``weights.ReplicaBuffers``), or ``SharedBuffers``.
+    replica_buffers: object
+    anchors: AnchoredTensors
+    #: Position of the loss among the flattened outputs (training), None when not returned as-is.
+    loss_index: Optional[int]
+    #: The loss is found on every call by a ``LossTracker`` (training, not returned as-is).
+    track_losses: bool
+    #: ``(module, training)`` as they were when compiled: calls run in these modes.
+    training_flags: Tuple
+    #: Parameters that receive gradients.
+    trainable: Tuple
+
+    @property
+    def concurrent(self) -> bool:
+        return self.layout.concurrent
+
+
+@dataclass(frozen=True)
+class Traced:
+    """What the compile trace found (see ``trace_model``)."""
+
+    plan: ExecutionPlan
+    layout: DeviceLayout
+    replica_buffers: object
+    loss_index: Optional[int]
+    track_losses: bool
+
+
+def trace_model(model, inputs: BoundInputs, settings, precision, weights) -> Traced:
+    """Run one micro-batch of ``inputs`` through ``model`` with its ``weights`` active."""
+    training = settings.training
+    geometry = settings.geometry
+    leaves = list(inputs.leaves)
+    for pos in inputs.tensor_positions:
+        tensor = leaves[pos]
+        micro = tensor if tensor.dim() == 0 else geometry.split(tensor)[0, 0, 0]
+        leaves[pos] = micro.clone()
+    args, kwargs = inputs.rebuild(leaves)
+    rng = torch.random.get_rng_state()
+    with weights.active():
+        snapshot = BufferSnapshot(weights.buffers())
+        params_before, buffers_before = registered_tensors(model)
+        tracker = LossTracker()
+        recorder = BlockRecorder(model)
+        statistics = NormStatistics()
+        try:
+            with context.running(training, tracing=True) as ctx, torch.set_grad_enabled(training), statistics:
+                ctx.block_recorder = recorder
+                ctx.checkpoints = recorder.checkpoints
+                with precision.forward(model, tracing=True):
+                    if training:
+                        ctx.loss_tracker = tracker
+                        with tracker:
+                            output = model(*args, **kwargs)
+                    else:
+                        output = model(*args, **kwargs)
+            params_after, buffers_after = registered_tensors(model)
+            # Normalisation kernels do not bump their statistics' versions: the record tells.
+            norm_statistics = {id(b) for b in statistics.of(model)}
+            other_buffers_mutated = any(id(b) not in norm_statistics for b in snapshot.mutated())
+        finally:
+            recorder.close()
+            snapshot.restore()
+            torch.random.set_rng_state(rng)
+    plan = build_plan(recorder, settings)
+    _check_registered_unchanged(params_before, params_after, "Parameter")
+    _check_registered_unchanged(buffers_before, buffers_after, "Buffer")
+    layout = DeviceLayout.of(plan, settings)
+    replica_buffers = SharedBuffers()
+    if (norm_statistics or other_buffers_mutated) and geometry.replication_factor > 1:
+        # Normalisation statistics may always differ between replicas, as on PopTorch.
+        if settings.broadcast_buffers and other_buffers_mutated:
+            raise errors.createPoptorchError(errors.BROADCAST_BUFFERS)
+        if not layout.replicas_apart:  # replicas apart keep their own buffers
+            replica_buffers = ReplicaBuffers(weights.buffers(), geometry.replication_factor)
+    loss_index = None
+    if training:
+        loss = tracker.final_loss()
+        flat, _ = flatten_output(output)
+        loss_index = next((i for i, leaf in enumerate(flat) if leaf is loss), None)
+    return Traced(plan, layout, replica_buffers, loss_index, training and loss_index is None)
+
+
+def _check_registered_unchanged(before, after, kind):
+    for name, tensor in before.items():
+        if name not in after:
+            text = errors.BUFFER_REMOVED if kind == "Buffer" else errors.PARAMETER_REMOVED
+            raise errors.createPoptorchError(text.format(name=name))
+        if after[name] is not tensor:
+            text = errors.BUFFER_REASSIGNED if kind == "Buffer" else errors.PARAMETER_REASSIGNED
+            raise errors.createPoptorchError(text.format(name=name))

@@ -1,0 +1,87 @@
+"""``RunSettings``: what the runtime needs from ``poptorch.Options``, read once, typed and frozen.
+
+The executor builds it from its own (frozen) copy of the options when it is created; the rest
+of the runtime reads these fields and never the options' private parts (``_Popart``, the
+execution strategy's class).
+"""
+from dataclasses import dataclass
+from typing import Tuple
+
+from ..enums import ConnectionType, MeanReductionStrategy, OutputMode, ReductionType
+from .geometry import BatchGeometry
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    training: bool
+    #: How a host call's combined batch splits into micro-batches.
+    geometry: BatchGeometry
+    #: The execution strategy (``openpop.strategies``): block -> stage lookups for the plan.
+    strategy: object
+    #: The strategy pipelines its stages (``PipelinedExecution``, not ``ShardedExecution`` or phased).
+    pipelined_strategy: bool
+    #: Pipelined training recomputes forward passes in backward (PopART ``autoRecomputation`` != 0).
+    recompute: bool
+    #: ``Mean`` or ``Sum`` over a step's ``GA x R`` micro-batches (and over processes).
+    reduction: ReductionType
+    #: How the mean is taken: ``Post`` (after accumulation) or ``Running``.
+    mean_strategy: MeanReductionStrategy
+    #: Automatic loss scaling (``Training.setAutomaticLossScaling(True)``).
+    automatic_loss_scaling: bool
+    #: A failed training call leaves weights, optimizer and buffers as before (``transaction.py``).
+    rollback_failed_calls: bool
+    #: Which outputs a host call returns, and every how many steps for ``EveryN``.
+    output_mode: OutputMode
+    output_return_period: int
+    #: ``Options.anchorTensor``: ``{short name: [long name, mode, period]}``.
+    anchored_tensors: dict
+    #: Explicit torch devices for the virtual IPUs (``Options.setDeviceMap``); empty: automatic.
+    device_map: Tuple[str, ...]
+    #: Buffers (other than normalisation statistics) must stay equal across replicas.
+    broadcast_buffers: bool
+    #: Round the IPU count up to a power of two instead of refusing it.
+    auto_round_num_ipus: bool
+    connection_type: ConnectionType
+    show_compilation_progress_bar: bool
+    #: Buffers ``copyNamedBuffersToDevice`` may upload.
+    updatable_named_buffers: Tuple[str, ...]
+    #: ``cycleCount()`` is available (PopART ``instrumentWithHardwareCycleCounter``).
+    cycle_counter: bool
+    #: ``Options.relaxOptimizerAttributesChecks``.
+    relax_optimizer_checks: bool
+
+    @classmethod
+    def from_options(cls, options, training: bool) -> "RunSettings":
+        popart = options._Popart.options
+        strategy = options._execution_strategy
+        recompute_setting = popart.get("autoRecomputation")
+        return cls(
+            training=training,
+            geometry=BatchGeometry.from_options(options),
+            strategy=strategy,
+            pipelined_strategy=strategy.pipelines,
+            recompute=recompute_setting is None or int(recompute_setting) != 0,
+            reduction=ReductionType(options.Training.accumulation_and_replication_reduction_type),
+            mean_strategy=MeanReductionStrategy(options.Training.meanAccumulationAndReplicationReductionStrategy),
+            automatic_loss_scaling=bool(options.Training.automaticLossScalingSettings.get("enabled", False)),
+            rollback_failed_calls=bool(options.Training.rollback_failed_calls),
+            output_mode=OutputMode(options.output_mode),
+            output_return_period=options.output_return_period,
+            anchored_tensors=options.anchored_tensors,
+            device_map=tuple(options.device_map),
+            broadcast_buffers=bool(options.broadcast_buffers),
+            auto_round_num_ipus=bool(options.auto_round_num_ipus),
+            connection_type=ConnectionType(options.connection_type),
+            show_compilation_progress_bar=bool(options.show_compilation_progress_bar),
+            updatable_named_buffers=tuple(options.updatable_named_buffers),
+            cycle_counter=bool(popart.get("instrumentWithHardwareCycleCounter", False)),
+            relax_optimizer_checks=bool(options.relax_optimizer_attributes_checks),
+        )
+
+    @property
+    def mean(self) -> bool:
+        return self.reduction == ReductionType.Mean
+
+    @property
+    def running_mean(self) -> bool:
+        return self.mean and self.mean_strategy == MeanReductionStrategy.Running

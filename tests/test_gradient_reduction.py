@@ -1,0 +1,142 @@
+"""MeanPolicy and GradientReduction on their own: every reduction combination against the
+plain sum/mean of the micro-batches' gradients."""
+import pytest
+import torch
+
+import poptorch
+from openpop.runtime.gradients import GradientReduction, MeanPolicy, NoReduction
+from openpop.runtime.loss_scaling import DynamicLossScaling, StaticLossScaling
+from openpop.runtime.settings import RunSettings
+
+
+def settings(reduction=poptorch.ReductionType.Mean, strategy=poptorch.MeanReductionStrategy.Post):
+    opts = poptorch.Options()
+    opts.Training.accumulationAndReplicationReductionType(reduction)
+    opts.Training.setMeanAccumulationAndReplicationReductionStrategy(strategy)
+    return RunSettings.from_options(opts, training=True)
+
+
+FP32 = [torch.nn.Parameter(torch.zeros(3))]
+FP16 = [torch.nn.Parameter(torch.zeros(3, dtype=torch.float16))]
+
+
+@pytest.mark.parametrize("reduction, strategy, params, automatic, apart, expected", [
+    (poptorch.ReductionType.Sum, poptorch.MeanReductionStrategy.Running, FP32, False, False, MeanPolicy.SUM),
+    (poptorch.ReductionType.Mean, poptorch.MeanReductionStrategy.Post, FP32, False, False, MeanPolicy.FOLDED),
+    (poptorch.ReductionType.Mean, poptorch.MeanReductionStrategy.Post, FP32, False, True, MeanPolicy.FOLDED),
+    (poptorch.ReductionType.Mean, poptorch.MeanReductionStrategy.Post, FP32, True, False, MeanPolicy.POST),
+    (poptorch.ReductionType.Mean, poptorch.MeanReductionStrategy.Post, FP16, False, False, MeanPolicy.POST),
+    (poptorch.ReductionType.Mean, poptorch.MeanReductionStrategy.Running, FP32, False, False, MeanPolicy.RUNNING),
+    (poptorch.ReductionType.Mean, poptorch.MeanReductionStrategy.Running, FP32, False, True, MeanPolicy.POST),
+])
+def test_mean_policy_choice(reduction, strategy, params, automatic, apart, expected):
+    assert MeanPolicy.choose(settings(reduction, strategy), params, automatic, apart) is expected
+
+
+class _Optimizer:
+    def __init__(self, loss_scaling):
+        self.loss_scaling = loss_scaling
+
+
+def _losses(weight, xs):
+    return [(weight * x).sum() for x in xs]
+
+
+@pytest.mark.parametrize("policy", list(MeanPolicy))
+@pytest.mark.parametrize("loss_scaling", [1.0, 8.0])
+def test_each_policy_gives_the_sum_or_mean_of_the_micro_batch_gradients(policy, loss_scaling):
+    xs = [torch.randn(3) for _ in range(4)]
+    weight = torch.nn.Parameter(torch.randn(3))
+    reduction = GradientReduction(policy, len(xs), [weight], StaticLossScaling(_Optimizer(loss_scaling)),
+                                  trainable=(weight,))
+    reduction.start_step()
+    for loss in _losses(weight, xs):
+        reduction.backward(loss)
+    assert reduction.finish_step()
+    total = torch.stack(xs).sum(0)
+    expected = total if policy is MeanPolicy.SUM else total / len(xs)
+    torch.testing.assert_close(weight.grad, expected)
+    reduction.finish_call()
+    assert weight.grad is None
+
+
+@pytest.mark.parametrize("policy", [MeanPolicy.FOLDED, MeanPolicy.POST])
+def test_mean_of_a_step_cut_short_divides_by_the_micro_batches_that_ran(policy):
+    xs = [torch.randn(3) for _ in range(4)]
+    weight = torch.nn.Parameter(torch.randn(3))
+    reduction = GradientReduction(policy, len(xs), [weight], StaticLossScaling(_Optimizer(1.0)))
+    reduction.start_step()
+    for loss in _losses(weight, xs[:3]):
+        reduction.backward(loss)
+    reduction.finish_step()
+    torch.testing.assert_close(weight.grad, torch.stack(xs[:3]).mean(0))
+
+
+def test_in_order_backward_matches_serial_running_mean_bit_for_bit():
+    xs = [torch.randn(5) * 10 ** i for i in range(5)]
+
+    def serial():
+        weight = torch.nn.Parameter(torch.ones(5))
+        reduction = GradientReduction(MeanPolicy.RUNNING, len(xs), [weight], StaticLossScaling(_Optimizer(2.0)))
+        reduction.start_step()
+        for loss in _losses(weight, xs):
+            reduction.backward(loss)
+        reduction.finish_step()
+        return weight.grad
+
+    weight = torch.nn.Parameter(torch.ones(5))
+    reduction = GradientReduction(MeanPolicy.RUNNING, len(xs), [weight], StaticLossScaling(_Optimizer(2.0)))
+    reduction.start_step()
+    losses = _losses(weight, xs)
+    for index in [3, 1, 4, 0, 2]:  # finishing out of order: added in micro-batch order
+        reduction.backward_in_order(losses[index], index, [weight])
+    reduction.finish_step()
+    assert torch.equal(weight.grad, serial())
+
+
+class _RecordingSum(NoReduction):
+    def __init__(self, weight):
+        self.weight = weight
+        self.seen = []
+        self.overlap = None
+
+    def start_step(self, overlap):
+        self.overlap = overlap
+
+    def __call__(self):
+        self.seen.append(self.weight.grad.clone())
+        self.weight.grad.mul_(2)  # another replica's identical gradients
+
+
+def test_replica_sum_runs_inside_finish_step_on_scaled_gradients():
+    x = torch.randn(3)
+    weight = torch.nn.Parameter(torch.randn(3))
+    summed = _RecordingSum(weight)
+    reduction = GradientReduction(MeanPolicy.SUM, 1, [weight], StaticLossScaling(_Optimizer(4.0)),
+                                  replica_sum=summed)
+    reduction.start_step(overlap_reduction=True)
+    assert summed.overlap is True
+    reduction.backward((weight * x).sum())
+    assert summed.seen == []
+    reduction.finish_step()
+    torch.testing.assert_close(summed.seen[0], 4.0 * x)  # before unscaling: every process sees the same
+    torch.testing.assert_close(weight.grad, 2 * x)
+
+
+def test_automatic_loss_scaling_skips_non_finite_steps_and_backs_off():
+    optimizer = _Optimizer(16.0)
+    scaler = DynamicLossScaling(growth_interval=2).bind(optimizer)
+    assert scaler.automatic and not StaticLossScaling(optimizer).automatic
+    weight = torch.nn.Parameter(torch.ones(2))
+    reduction = GradientReduction(MeanPolicy.POST, 1, [weight], scaler)
+    reduction.start_step()
+    reduction.backward((weight * torch.tensor([1.0, float("inf")])).sum())
+    assert not reduction.finish_step()
+    assert optimizer.loss_scaling == 8.0
+    for _ in range(2):
+        reduction.start_step()
+        weight.grad = None
+        reduction.backward((weight * torch.tensor([1.0, 3.0])).sum())
+        assert reduction.finish_step()
+    torch.testing.assert_close(weight.grad, torch.tensor([1.0, 3.0]))
+    assert optimizer.loss_scaling == 16.0  # grown after growth_interval finite steps
