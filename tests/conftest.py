@@ -1,11 +1,27 @@
+import os
+import sys
+
 import pytest
 import torch
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+if TESTS not in sys.path:  # ``helpers`` imports whatever pytest's import mode (e.g. importlib)
+    sys.path.insert(0, TESTS)
 
 
 @pytest.fixture(autouse=True)
 def _deterministic_seed():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models run fastest on one thread (and don't fight other processes for the cores)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def pytest_collection_modifyitems(config, items):

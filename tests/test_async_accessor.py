@@ -17,7 +17,7 @@ from openpop.data.async_accessor import WorkerTraceback
 from openpop.enums import DataLoaderMode, SharingStrategy
 from openpop.errors import Error
 
-from data_helpers import indexed_dataset, make_options
+from helpers.data_loading import indexed_dataset, make_options
 
 FORK = {"sharing_strategy": SharingStrategy.Fork}
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")

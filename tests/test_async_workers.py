@@ -12,7 +12,7 @@ from openpop.data.async_accessor import _context
 from openpop.data.async_worker import fork_torch_workers_here
 from openpop.enums import DataLoaderMode, SharingStrategy
 
-from data_helpers import indexed_dataset, make_options
+from helpers.data_loading import indexed_dataset, make_options
 
 START_METHODS = ("fork", "forkserver", "spawn")
 

@@ -12,18 +12,9 @@ import torch
 
 import openpop
 import poptorch
+from helpers.models import Classifier
 
 FINISHED = re.compile(r"^Graph compilation: 100%\|█{10}\| 100/100 \[\d\d:\d\d<00:00\]$", re.MULTILINE)
-
-
-class Classifier(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = torch.nn.Linear(4, 3)
-
-    def forward(self, x, labels):
-        out = self.fc(x)
-        return out, torch.nn.functional.cross_entropy(out, labels)
 
 
 def test_printed_once_when_stderr_is_captured(capfd):

@@ -14,7 +14,7 @@ from openpop.enums import DataLoaderMode
 from openpop.errors import Error
 from openpop.log import logger
 
-from data_helpers import indexed_dataset, make_options
+from helpers.data_loading import indexed_dataset, make_options
 
 
 def labels(loader):

@@ -15,10 +15,9 @@ import torch
 import torch.nn.functional as F
 
 import poptorch
-from oracle import train_loop
+from helpers.models import FourBlocks, Normed, loss_of, strategy_options
+from helpers.oracle import train_loop
 from openpop.runtime.devices import DeviceMap
-from test_model_parallel import FourBlocks, loss_of, strategy_options
-from test_training import Normed
 
 
 @pytest.fixture
@@ -425,7 +424,7 @@ def test_replicas_are_structural_copies(replicas_apart):
 def test_lightning_fit_and_validate_with_replicas_apart(replicas_apart):
     pytest.importorskip("lightning.pytorch")
     torchmetrics = pytest.importorskip("torchmetrics")
-    from lightning_helpers import IPUStrategy, Regressor, loader, make_net, regression_data, trainer
+    from helpers.lightning_models import IPUStrategy, Regressor, loader, make_net, regression_data, trainer
 
     class Metered(Regressor):
         def __init__(self, **kwargs):

@@ -12,7 +12,7 @@ from torch.func import functional_call
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import poptorch
-from oracle import micro_batches
+from helpers.oracle import micro_batches
 from openpop.log import logger
 from openpop.runtime import half_compute
 from openpop.runtime.half_compute import (CONVOLUTION, MATMUL, CpuHalfSpeeds, HalfComputePolicy, LowPrecisionOps,

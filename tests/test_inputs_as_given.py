@@ -8,17 +8,8 @@ import torch
 import torch.nn.functional as F
 
 import poptorch
-from oracle import train_loop
-
-
-class Classifier(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = torch.nn.Linear(4, 3)
-
-    def forward(self, x, labels):
-        out = self.fc(x)
-        return out, F.cross_entropy(out, labels)
+from helpers.models import Classifier
+from helpers.oracle import train_loop
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import copy
 import pytest
 import yaml
 
-from k8s_helpers import DATA, UPDATE_GOLDEN, documents, run_cli, write_manifest
+from helpers.k8s_cli import DATA, UPDATE_GOLDEN, documents, run_cli, write_manifest
 from openpop.k8s.sdk_models import check_pod_template
 from openpop.k8s.validation import validate_kubeflow_job
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from k8s_helpers import DATA, run_cli, write_manifest
+from helpers.k8s_cli import DATA, run_cli, write_manifest
 
 SEED = (DATA / "seed_single_worker.ipujob.yaml").read_text()
 POPRUN = (DATA / "poprun_two_instances.ipujob.yaml").read_text()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from k8s_helpers import DATA, documents, run_cli, write_manifest
+from helpers.k8s_cli import DATA, documents, run_cli, write_manifest
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 PRINT_ENV = ("import json, os; names = ('PYTHONUNBUFFERED', 'MASTER_ADDR', 'MASTER_PORT', "

@@ -4,13 +4,14 @@ import copy
 
 import pytest
 
-from lightning_helpers import IPUStrategy, QUIET, Regressor, loader, make_net, pl, regression_data, trainer
-from lightning_helpers import one_thread  # noqa: F401  (autouse fixture)
+from helpers.lightning_models import IPUStrategy, QUIET, Regressor, loader, make_net, pl, regression_data, trainer
 
 import torch  # noqa: E402
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset  # noqa: E402
 
 import openpop.lightning as opl  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 MSE = torch.nn.functional.mse_loss
 

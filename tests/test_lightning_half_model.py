@@ -3,11 +3,14 @@
 automatic loss scaling), checked against a hand-written float16 loop."""
 import copy
 
-from lightning_helpers import IPUStrategy, Regressor, loader, make_net, pl, regression_data, trainer
-from lightning_helpers import one_thread  # noqa: F401  (autouse fixture)
-from oracle import train_loop
+import pytest
+
+from helpers.lightning_models import IPUStrategy, Regressor, loader, make_net, pl, regression_data, trainer
+from helpers.oracle import train_loop
 
 import torch  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class DtypeProbe(pl.Callback):

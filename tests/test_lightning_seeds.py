@@ -6,13 +6,14 @@ import warnings
 
 import pytest
 
-from lightning_helpers import QUIET, pl
-from lightning_helpers import one_thread  # noqa: F401  (autouse fixture)
+from helpers.lightning_models import QUIET, pl
 
 import torch  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 import poptorch  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 FEATURES, CLASSES = 16, 4
 

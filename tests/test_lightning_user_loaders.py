@@ -8,14 +8,15 @@ import copy
 
 import pytest
 
-from lightning_helpers import QUIET, IPUStrategy, Regressor, make_net, pl, regression_data, trainer
-from lightning_helpers import one_thread  # noqa: F401  (autouse fixture)
-from oracle import train_loop
+from helpers.lightning_models import QUIET, IPUStrategy, Regressor, make_net, pl, regression_data, trainer
+from helpers.oracle import train_loop
 
 import torch  # noqa: E402
 from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler, TensorDataset  # noqa: E402
 
 import poptorch  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 MisconfigurationException = pl.utilities.exceptions.MisconfigurationException
 REBUILT = "re-created it with the training options, keeping batch_size=3 as the micro-batch size"

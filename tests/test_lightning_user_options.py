@@ -4,11 +4,12 @@ import warnings
 
 import pytest
 
-from lightning_helpers import IPUStrategy, Regressor, loader, pl, regression_data, trainer
-from lightning_helpers import one_thread  # noqa: F401  (autouse fixture)
+from helpers.lightning_models import IPUStrategy, Regressor, loader, pl, regression_data, trainer
 
 import poptorch  # noqa: E402
 import torch  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class ReplicasPerStage(pl.Callback):

@@ -8,51 +8,8 @@ import torch
 import torch.nn.functional as F
 
 import poptorch
-from oracle import train_loop
-
-
-class FourBlocks(torch.nn.Module):
-    """Four linear layers; ``style`` picks how they are split over four virtual IPUs."""
-
-    def __init__(self, style=None):
-        super().__init__()
-        self.style = style
-        self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(4))
-        if style == "begin_block":
-            for i, layer in enumerate(self.layers):
-                poptorch.BeginBlock(layer, user_id=f"b{i}", ipu_id=i)
-
-    def forward(self, x, target):
-        if self.style == "block":
-            for i, layer in enumerate(self.layers):
-                with poptorch.Block(user_id=f"b{i}", ipu_id=i):
-                    x = torch.tanh(layer(x))
-        elif self.style == "block_function":
-            for i, layer in enumerate(self.layers):
-                x = _apply_in_block(i, layer, x)
-        else:
-            for layer in self.layers:
-                x = torch.tanh(layer(x))
-        return x, F.mse_loss(x, target)
-
-
-def _apply_in_block(i, layer, x):
-    @poptorch.BlockFunction(user_id=f"b{i}", ipu_id=i)
-    def run(value):
-        return torch.tanh(layer(value))
-    return run(x)
-
-
-def loss_of(model, x, t):
-    return model(x, t)[1]
-
-
-def strategy_options(strategy, ga=8, di=2):
-    opts = poptorch.Options().deviceIterations(di).outputMode(poptorch.OutputMode.All)
-    opts.Training.gradientAccumulation(ga)
-    if strategy is not None:
-        opts.setExecutionStrategy(strategy)
-    return opts
+from helpers.models import FourBlocks, loss_of, strategy_options
+from helpers.oracle import train_loop
 
 
 @pytest.mark.parametrize("style", ["begin_block", "block", "block_function"])

@@ -6,46 +6,27 @@ import warnings
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import poptorch
-from oracle import train_loop
-
-
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = torch.nn.Linear(4, 3)
-
-    def forward(self, x, labels):
-        out = self.fc(x)
-        return out, F.cross_entropy(out, labels)
-
-
-def batch(seed=0, rows=4):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(rows, 4, generator=g), torch.randint(0, 3, (rows,), generator=g)
-
-
-def loss_of(model, x, labels):
-    return model(x, labels)[1]
+from helpers.models import Classifier, classifier_batch, loss_of
+from helpers.oracle import train_loop
 
 
 # --------------------------------------------------------------------------- foreign parameters
 def test_optimizer_over_another_models_parameters_is_refused_at_wrap():
-    model, other = Net(), Net()
+    model, other = Classifier(), Classifier()
     with pytest.raises(poptorch.Error) as info:
         poptorch.trainingModel(model, optimizer=torch.optim.SGD(other.parameters(), lr=0.1))
     message = str(info.value)
     assert "2 tensor(s) that are not parameters of the model" in message
     assert "param_groups[0]['params'][0] of shape [3, 4]" in message
     assert "param_groups[0]['params'][1] of shape [3]" in message
-    assert type(model) is Net  # not wrapped: it can be wrapped properly now
-    poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))(*batch())
+    assert type(model) is Classifier  # not wrapped: it can be wrapped properly now
+    poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))(*classifier_batch())
 
 
 def test_foreign_parameters_are_named_when_the_optimizer_knows_their_names():
-    model = Net()
+    model = Classifier()
     extra = torch.nn.Parameter(torch.zeros(2, 2))
     optimizer = torch.optim.Adam([{"params": list(model.named_parameters())},
                                   {"params": [("temperature", extra)]}], lr=0.1)
@@ -55,30 +36,30 @@ def test_foreign_parameters_are_named_when_the_optimizer_knows_their_names():
 
 
 def test_set_optimizer_with_foreign_parameters_keeps_the_old_optimizer():
-    model, other = Net(), Net()
+    model, other = Classifier(), Classifier()
     reference = copy.deepcopy(model)
     untouched = copy.deepcopy(other.state_dict())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     pop = poptorch.trainingModel(model, optimizer=optimizer)
-    pop(*batch(1))
+    pop(*classifier_batch(1))
     with pytest.raises(poptorch.Error, match="not parameters of the model"):
         pop.setOptimizer(torch.optim.SGD(other.parameters(), lr=0.5, momentum=0.9))
-    pop(*batch(2))  # still the first optimizer, with its state
+    pop(*classifier_batch(2))  # still the first optimizer, with its state
     ref_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
     for seed in (1, 2):
-        train_loop(reference, ref_optimizer, batch(seed), loss_of, 1, 1, 1)
+        train_loop(reference, ref_optimizer, classifier_batch(seed), loss_of, 1, 1, 1)
     torch.testing.assert_close(model.fc.weight, reference.fc.weight)
     for name, value in other.state_dict().items():
         assert torch.equal(value, untouched[name])
 
 
 def test_set_optimizer_before_compile_is_checked_too():
-    model, other = Net(), Net()
+    model, other = Classifier(), Classifier()
     pop = poptorch.trainingModel(model)
     with pytest.raises(poptorch.Error, match="not parameters of the model"):
         pop.setOptimizer(torch.optim.SGD(other.parameters(), lr=0.1))
     before = copy.deepcopy(other.state_dict())
-    pop(*batch())
+    pop(*classifier_batch())
     for name, value in other.state_dict().items():
         assert torch.equal(value, before[name])
 
@@ -86,30 +67,30 @@ def test_set_optimizer_before_compile_is_checked_too():
 # --------------------------------------------------------------------------- step attribute
 @pytest.mark.parametrize("optimizer_class", [torch.optim.SGD, poptorch.optim.SGD, poptorch.optim.Adam])
 def test_optimizer_with_a_step_counter_attribute_is_still_stepped(optimizer_class):
-    model = Net()
+    model = Classifier()
     reference = copy.deepcopy(model)
     optimizer = optimizer_class(model.parameters(), lr=0.1)
     optimizer.step = 0  # a script's own step counter
     pop = poptorch.trainingModel(model, poptorch.Options().deviceIterations(2), optimizer)
     for seed in (1, 2):
-        pop(*batch(seed, rows=8))
+        pop(*classifier_batch(seed, rows=8))
         optimizer.step += 1
     ref_optimizer = optimizer_class(reference.parameters(), lr=0.1)
     for seed in (1, 2):
-        train_loop(reference, ref_optimizer, batch(seed, rows=8), loss_of, 2, 1, 1)
+        train_loop(reference, ref_optimizer, classifier_batch(seed, rows=8), loss_of, 2, 1, 1)
     torch.testing.assert_close(model.fc.weight, reference.fc.weight)
     assert optimizer.step == 2
 
 
 def test_step_counter_with_stochastic_rounding():
-    model = Net().half()
+    model = Classifier().half()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     optimizer.step = 0
     opts = poptorch.Options()
     opts.Precision.enableStochasticRounding(True)
     pop = poptorch.trainingModel(model, opts, optimizer)
     before = model.fc.weight.detach().clone()
-    x, labels = batch()
+    x, labels = classifier_batch()
     pop(x.half(), labels)
     assert not torch.equal(model.fc.weight, before)
 
@@ -117,13 +98,13 @@ def test_step_counter_with_stochastic_rounding():
 def test_an_lr_schedulers_step_wrapper_is_kept():
     """An LR scheduler wraps ``optimizer.step`` on the instance to know it was called: that
     callable is what the executor calls, so the scheduler does not warn about the order."""
-    model = Net()
+    model = Classifier()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
     pop = poptorch.trainingModel(model, optimizer=optimizer)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        pop(*batch())
+        pop(*classifier_batch())
         scheduler.step()
     assert optimizer.param_groups[0]["lr"] == pytest.approx(0.05)
 

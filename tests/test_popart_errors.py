@@ -6,7 +6,7 @@ import onnx
 import pytest
 
 import popart
-from popart_helpers import build_mlp, mlp_weights
+from helpers.popart_models import build_mlp, mlp_weights
 
 
 def _training(builder, loss, anchors, *, bps=1, opts=None, ipus=1, optimizer=None):

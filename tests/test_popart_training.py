@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import popart
-from popart_helpers import build_mlp, mlp_weights, torch_reference_training
+from helpers.popart_models import build_mlp, mlp_weights, torch_reference_training
 
 MB = 4
 
@@ -125,7 +125,7 @@ def test_anchor_return_types_shapes_and_contents():
     session.run(popart.PyStepIO({x: data, labels: lab}, arrays))
     # Oracle: per micro-batch forward/backward with the step's weights.
     params = [torch.tensor(a, requires_grad=True) for wb in weights for a in wb]
-    from popart_helpers import torch_mlp_loss
+    from helpers.popart_models import torch_mlp_loss
     all_probs = np.zeros((bps, accl, repl, MB, 4), np.float32)
     grad_b1 = np.zeros((repl, 4), np.float32)
     grad_w0 = np.zeros((bps, accl, repl, 8, 16), np.float32)

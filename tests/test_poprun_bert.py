@@ -8,7 +8,7 @@ import torch
 
 from openpop.bert import train
 from openpop.bert.config import make_config
-from poprun_helpers import run_poprun
+from helpers.poprun_runner import run_poprun
 
 BERT = ["--num-instances", "2", "--num-replicas", "2", sys.executable, "-m", "openpop.bert", "--config",
         "cpu_tiny_128", "--micro-batch-size", "4", "--dataset", "generated", "--disable-progress-bar"]

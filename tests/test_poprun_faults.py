@@ -6,7 +6,7 @@ import signal
 import subprocess
 import time
 
-from poprun_helpers import PROGRAMS, environment, poprun_command, run_poprun
+from helpers.poprun_runner import PROGRAMS, environment, poprun_command, run_poprun
 
 
 def _alive(pid: int) -> bool:

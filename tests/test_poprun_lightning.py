@@ -6,8 +6,8 @@ import os
 import pytest
 import torch
 
-import poprun_programs as programs
-from poprun_helpers import PROGRAMS, load_results, run_poprun
+from helpers import poprun_programs as programs
+from helpers.poprun_runner import PROGRAMS, load_results, run_poprun
 
 pytest.importorskip("lightning")
 

@@ -3,7 +3,7 @@ the other as a Kubeflow PyTorchJob pod would start it (PET_* / MASTER_* environm
 import socket
 import subprocess
 
-from poprun_helpers import PROGRAMS, assert_matches_oracle, environment, load_results, poprun_command
+from helpers.poprun_runner import PROGRAMS, assert_matches_oracle, environment, load_results, poprun_command
 
 
 def _free_port() -> int:

@@ -3,8 +3,8 @@ process with replicationFactor(R); loaders shard; popdist, execute_on_instances 
 compatibility layer work across instances. Launches are shared between the assertions."""
 import pytest
 
-import poprun_programs as programs
-from poprun_helpers import PROGRAMS, assert_matches_oracle, load_results, run_poprun
+from helpers import poprun_programs as programs
+from helpers.poprun_runner import PROGRAMS, assert_matches_oracle, load_results, run_poprun
 
 ALL_CONFIGS = list(programs.CONFIGS)
 

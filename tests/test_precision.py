@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import poptorch
-from oracle import train_loop
+from helpers.oracle import train_loop
 from openpop.runtime.loss_scaling import DynamicLossScaling
 from openpop.runtime.precision import cuda_matmul_partials, stochastic_round
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import poptorch
-from oracle import micro_batches, train_loop
+from helpers.oracle import micro_batches, train_loop
 
 
 class ConvNet(torch.nn.Module):

@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 
 import poptorch
-from oracle import train_loop
+from helpers.models import Normed
+from helpers.oracle import train_loop
 
 
 class Regressor(torch.nn.Module):
@@ -304,17 +305,6 @@ def test_inference_default_is_all_and_dtypes_are_demoted():
 
 
 # --------------------------------------------------------------------------- buffers
-class Normed(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = torch.nn.Linear(4, 4)
-        self.bn = torch.nn.BatchNorm1d(4)
-
-    def forward(self, x):
-        out = self.bn(self.fc(x))
-        return out, poptorch.identity_loss(out.pow(2), reduction="mean")
-
-
 def test_batchnorm_buffers_update_per_micro_batch():
     model = Normed()
     reference = copy.deepcopy(model)

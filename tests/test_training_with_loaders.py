@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import poptorch
-from oracle import train_loop
+from helpers.oracle import train_loop
 
 
 class Model(torch.nn.Module):

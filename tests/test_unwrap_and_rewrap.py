@@ -12,49 +12,33 @@ import torch.nn.functional as F
 
 import lightning.pytorch as pl
 import poptorch
-from oracle import train_loop
+from helpers.models import Classifier, classifier_batch
+from helpers.oracle import train_loop
 
 ALREADY_WRAPPED = ("Model has already been wrapped in 'poptorch.trainingModel'. Call model.destroy() on the "
                    "model to unwrap before wrapping again.")
 
 
-class Net(torch.nn.Module):
-    """A model the tests pickle (module level, so pickle finds its class)."""
-
-    def __init__(self):
-        super().__init__()
-        self.fc = torch.nn.Linear(4, 3)
-
-    def forward(self, x, labels):
-        out = self.fc(x)
-        return out, F.cross_entropy(out, labels)
-
-
-def batch(rows=4, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(rows, 4, generator=g), torch.randint(0, 3, (rows,), generator=g)
-
-
 def test_wrapped_model_offers_destroy_and_still_looks_like_itself():
-    model = Net()
+    model = Classifier()
     assert not hasattr(model, "destroy")
     pop = poptorch.trainingModel(model)
-    assert isinstance(model, Net) and isinstance(model, torch.nn.Module)
-    assert type(model).__name__ == "Net" and type(model).__qualname__ == "Net"
-    assert repr(model).startswith("Net(")
+    assert isinstance(model, Classifier) and isinstance(model, torch.nn.Module)
+    assert type(model).__name__ == "Classifier" and type(model).__qualname__ == "Classifier"
+    assert repr(model).startswith("Classifier(")
     assert callable(model.destroy)
-    pop(*batch())
+    pop(*classifier_batch())
     assert list(model.state_dict()) == ["fc.weight", "fc.bias"]
     model.destroy()
-    assert type(model) is Net and not hasattr(model, "destroy")
+    assert type(model) is Classifier and not hasattr(model, "destroy")
     assert not pop.isCompiled()
 
 
 def test_model_destroy_then_wrap_again_continues_training():
-    model = Net()
+    model = Classifier()
     reference = copy.deepcopy(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    data = [batch(seed=s) for s in range(4)]
+    data = [classifier_batch(seed=s) for s in range(4)]
     first = poptorch.trainingModel(model, optimizer=optimizer)
     with pytest.raises(RuntimeError) as info:
         poptorch.trainingModel(model, optimizer=optimizer)
@@ -74,83 +58,83 @@ def test_model_destroy_then_wrap_again_continues_training():
 
 
 def test_wrapper_destroy_then_wrap_the_wrapper_again():
-    model = Net()
+    model = Classifier()
     reference = copy.deepcopy(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
     pop = poptorch.trainingModel(model, optimizer=optimizer)
-    pop(*batch(seed=1))
+    pop(*classifier_batch(seed=1))
     pop.destroy()
-    assert type(model) is Net
+    assert type(model) is Classifier
     again = poptorch.trainingModel(pop, optimizer=optimizer)
-    assert again.model is model and type(model) is not Net and isinstance(model, Net)
-    again(*batch(seed=2))
+    assert again.model is model and type(model) is not Classifier and isinstance(model, Classifier)
+    again(*classifier_batch(seed=2))
 
     ref_optimizer = torch.optim.Adam(reference.parameters(), lr=0.01)
     for seed in (1, 2):
-        train_loop(reference, ref_optimizer, batch(seed=seed), lambda m, a, b: m(a, b)[1], 1, 1, 1)
+        train_loop(reference, ref_optimizer, classifier_batch(seed=seed), lambda m, a, b: m(a, b)[1], 1, 1, 1)
     torch.testing.assert_close(model.fc.weight, reference.fc.weight)
 
 
 def test_destroyed_wrapper_rewraps_when_called_again_unless_another_took_over():
-    model = Net()
+    model = Classifier()
     old = poptorch.trainingModel(model)
-    old(*batch())
+    old(*classifier_batch())
     old.destroy()
-    old(*batch())  # recompiles and wraps the model again
+    old(*classifier_batch())  # recompiles and wraps the model again
     assert callable(model.destroy)
     with pytest.raises(RuntimeError, match="already been wrapped"):
         poptorch.trainingModel(model)
     old.destroy()
     new = poptorch.trainingModel(model)
     with pytest.raises(RuntimeError) as info:
-        old(*batch())
+        old(*classifier_batch())
     assert str(info.value) == ALREADY_WRAPPED
     assert not old.isCompiled()
-    new(*batch())
+    new(*classifier_batch())
     new.destroy()  # destroying one that no longer wraps it changes nothing
     old.destroy()
-    assert type(model) is Net
+    assert type(model) is Classifier
 
 
 def test_inference_wrappers_do_not_wrap_the_model():
-    model = Net()
+    model = Classifier()
     inference = poptorch.inferenceModel(model)
-    inference(*batch())
-    assert type(model) is Net
+    inference(*classifier_batch())
+    assert type(model) is Classifier
     training = poptorch.trainingModel(model)
-    training(*batch())
+    training(*classifier_batch())
     inference.destroy()
     assert callable(model.destroy)  # the training wrapper still holds it
     model.destroy()
-    assert type(model) is Net
+    assert type(model) is Classifier
 
 
 @pytest.mark.parametrize("protocol", [0, 2, pickle.HIGHEST_PROTOCOL])
 def test_a_wrapped_model_pickles_as_its_own_class(protocol):
-    model = Net()
+    model = Classifier()
     pop = poptorch.trainingModel(model)
-    pop(*batch())
+    pop(*classifier_batch())
     restored = pickle.loads(pickle.dumps(model, protocol=protocol))
-    assert type(restored) is Net
+    assert type(restored) is Classifier
     torch.testing.assert_close(restored.fc.weight, model.fc.weight)
-    assert type(copy.deepcopy(model)) is Net and type(copy.copy(model)) is Net
+    assert type(copy.deepcopy(model)) is Classifier and type(copy.copy(model)) is Classifier
     stream = io.BytesIO()
     torch.save(model, stream)
     stream.seek(0)
     loaded = torch.load(stream, weights_only=False)
-    assert type(loaded) is Net
+    assert type(loaded) is Classifier
     torch.testing.assert_close(loaded.fc.weight, model.fc.weight)
-    assert type(model) is not Net  # still wrapped
+    assert type(model) is not Classifier  # still wrapped
 
 
 def test_dropping_the_wrapper_unwraps_and_frees():
-    model = Net()
+    model = Classifier()
     pop = poptorch.trainingModel(model)
-    pop(*batch())
+    pop(*classifier_batch())
     del pop
     gc.collect()
-    assert type(model) is Net
-    poptorch.trainingModel(model)(*batch())  # nothing holds it: it can be wrapped again
+    assert type(model) is Classifier
+    poptorch.trainingModel(model)(*classifier_batch())  # nothing holds it: it can be wrapped again
     ref = weakref.ref(model)
     del model
     gc.collect()
@@ -172,7 +156,7 @@ class LitClassifier(pl.LightningModule):
 def test_a_lightning_module_wrapped_directly():
     model = LitClassifier()
     pop = poptorch.trainingModel(model)
-    pop(*batch())
+    pop(*classifier_batch())
     assert isinstance(model, pl.LightningModule) and isinstance(model, LitClassifier)
     assert type(model).__name__ == "LitClassifier"
     assert model.hparams.hidden == 5
@@ -180,4 +164,4 @@ def test_a_lightning_module_wrapped_directly():
     assert type(restored) is LitClassifier and restored.hparams.hidden == 5
     model.destroy()
     assert type(model) is LitClassifier
-    poptorch.trainingModel(model)(*batch())
+    poptorch.trainingModel(model)(*classifier_batch())

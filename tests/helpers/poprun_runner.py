@@ -5,11 +5,12 @@ import sys
 
 import torch
 
-import poprun_programs as programs
+from helpers import poprun_programs as programs
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
+HELPERS = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(HELPERS)
 SRC = os.path.join(os.path.dirname(TESTS), "src")
-PROGRAMS = os.path.join(TESTS, "poprun_programs.py")
+PROGRAMS = os.path.join(HELPERS, "poprun_programs.py")
 
 
 def environment(**extra):

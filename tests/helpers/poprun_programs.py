@@ -1,4 +1,4 @@
-"""Programs the poprun tests launch (``python poprun_programs.py COMMAND ...``), and the model,
+"""Programs the poprun tests launch (``python helpers/poprun_programs.py COMMAND ...``), and the model,
 options and data they share with the one-process oracle in the tests.
 
 Commands:

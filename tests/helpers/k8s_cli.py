@@ -7,7 +7,7 @@ import yaml
 
 from openpop.k8s.cli import main
 
-DATA = Path(__file__).parent / "data" / "k8s"
+DATA = Path(__file__).parent.parent / "data" / "k8s"
 UPDATE_GOLDEN = os.environ.get("OPENPOP_UPDATE_GOLDEN") == "1"
 
 

@@ -13,15 +13,6 @@ from lightning.pytorch.strategies import IPUStrategy  # noqa: E402,F401  (resolv
 warnings.filterwarnings("ignore", ".*does not have many workers.*")
 warnings.filterwarnings("ignore", ".*isinstance\\(treespec, LeafSpec\\)*")
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread (and don't fight other processes for the cores)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 QUIET = dict(enable_progress_bar=False, logger=False, enable_checkpointing=False, enable_model_summary=False)
 
 
