@@ -191,9 +191,10 @@ def build_plan(recorder: BlockRecorder, strategy, options, training: bool) -> Ex
     if pipelined and training:
         total = 2 * fwd_stages - 1
         if options.Training.gradient_accumulation < total:
-            raise errors.createPoptorchError(PIPELINE_GA.format(stages=total, fwd=fwd_stages, extra=total - fwd_stages))
+            raise errors.PipelineDepthError(PIPELINE_GA.format(stages=total, fwd=fwd_stages, extra=total - fwd_stages),
+                                            stages=fwd_stages)
     if pipelined and not training and options.device_iterations < fwd_stages:
-        raise errors.createPoptorchError(PIPELINE_DI.format(stages=fwd_stages))
+        raise errors.PipelineDepthError(PIPELINE_DI.format(stages=fwd_stages), stages=fwd_stages)
     return plan
 
 
