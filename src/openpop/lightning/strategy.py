@@ -54,9 +54,8 @@ from openpop.errors import PipelineDepthError
 from openpop.models import inferenceModel, trainingModel
 from openpop.options import Options
 from openpop.runtime.geometry import BatchGeometry
-from openpop.strategies import ShardedExecution
 
-from . import instances, manual_optimization, run_options
+from . import instances, manual_optimization, run_options, trainer_checks
 from ._framework import module, pl
 from .accelerator import DEVICE_TYPE
 from .data import micro_batch_size, to_openpop_loader
@@ -72,27 +71,6 @@ MisconfigurationException = module("utilities.exceptions").MisconfigurationExcep
 _signature_utils = module("utilities.signature_utils")
 _rank_zero = module("utilities.rank_zero")
 
-ACCUMULATION_CHANGED = ("The `IPUAccelerator` does not support `accumulate_grad_batches` changing between epochs. "
-                        "Remove the `GradientAccumulationScheduler` or give it a single value, e.g. "
-                        "`Trainer(accumulate_grad_batches=k)`.")
-SHARDED_FALLBACK_TRAINING = (
-    "The model is split into {fwd} pipeline stages and poptorch.PipelinedExecution needs at least {needed} "
-    "micro-batches per optimizer step to train through them, but accumulate_grad_batches is {have}. openpop runs "
-    "it with poptorch.ShardedExecution instead (the same results, stages run one after another). To pipeline, "
-    "set Trainer(accumulate_grad_batches={needed}) or more.")
-SHARDED_FALLBACK_INFERENCE = (
-    "The model is split into {fwd} pipeline stages and poptorch.PipelinedExecution needs device_iterations >= "
-    "{fwd} for inference, but it is {have}. openpop runs it with poptorch.ShardedExecution instead (the same "
-    "results). To pipeline, set IPUStrategy(device_iterations={fwd}) or more.")
-CHECKPOINT_EVERY_ROUNDED = (
-    "ModelCheckpoint(every_n_train_steps={every}) is not a multiple of device_iterations={di}: global_step "
-    "advances by {di} per host call, so only steps that are multiples of both are saved. Use a multiple of {di}.")
-USER_OPTIONS_FROZEN = (
-    "IPUStrategy({name}=...) is frozen (a poptorch.DataLoader or a model already uses it), so openpop cannot "
-    "configure it in place: the run uses a copy with {changes}. Set these on your options before building a "
-    "DataLoader with them, and the run uses your object itself.")
-MAX_STEPS_ROUNDED = ("Trainer(max_steps={max_steps}) is not a multiple of device_iterations={di}: every host call "
-                     "runs {di} optimizer steps, so training stops after {rounded} steps.")
 _LOADER_HOOKS = {RunningStage.TRAINING: "train_dataloader", RunningStage.VALIDATING: "val_dataloader",
                  RunningStage.SANITY_CHECKING: "val_dataloader", RunningStage.TESTING: "test_dataloader",
                  RunningStage.PREDICTING: "predict_dataloader"}
@@ -144,8 +122,8 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
         self._takes_batch_idx: Dict[str, bool] = {}  # step method name -> whether it takes batch_idx
         self._warned_sharded = False
 
-    @override
     @classmethod
+    @override
     def register_strategies(cls, strategy_registry) -> None:
         strategy_registry.register(cls.strategy_name, cls, description="openpop's IPU strategy", override=True)
 
@@ -252,7 +230,7 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
             loss_scaling=isinstance(plugin, IPUPrecision) and plugin.wants_loss_scaling, in_place=in_place,
             shared=not training and user is not None and user is self._user_training_opts)
         if changes:
-            _rank_zero.rank_zero_warn(USER_OPTIONS_FROZEN.format(
+            _rank_zero.rank_zero_warn(run_options.USER_OPTIONS_FROZEN.format(
                 name="training_opts" if training else "inference_opts", changes=", ".join(changes)))
         return options
 
@@ -260,7 +238,7 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
     @override
     def setup(self, trainer) -> None:
         lightning_module = self.lightning_module
-        self._check_configuration(trainer)
+        trainer_checks.check_accumulation_schedule(trainer)
         if isinstance(self.precision_plugin, IPUPrecision):
             self.precision_plugin.adapt_to_module(lightning_module)
         super().setup(trainer)  # configure_optimizers may read training_opts: they answer without change
@@ -284,7 +262,7 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
                 validation = StageRunner("validation", training=False,
                                          executor=inferenceModel(self._step_module, self._inference_opts))
                 self._runners[RunningStage.VALIDATING] = self._runners[RunningStage.SANITY_CHECKING] = validation
-            self._warn_max_steps(trainer)
+            trainer_checks.warn_about_rounded_steps(trainer, self._training_opts.device_iterations)
         else:
             stage = _EVALUATION_STAGES[fn]
             self._runners = {stage: StageRunner(STAGE_NAMES[stage], training=False,
@@ -301,23 +279,6 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
         per_step = PerStepHooks(trainer, optimizer, self.precision_plugin, self._training_opts.device_iterations,
                                 self._training_opts.Training.gradient_accumulation)
         return executor, per_step
-
-    def _check_configuration(self, trainer) -> None:
-        callbacks = module("callbacks")
-        for callback in trainer.callbacks:
-            if isinstance(callback, callbacks.GradientAccumulationScheduler):
-                if len(set(callback.scheduling.values())) > 1:
-                    raise RuntimeError(ACCUMULATION_CHANGED)
-
-    def _warn_max_steps(self, trainer) -> None:
-        di = self._training_opts.device_iterations
-        if trainer.max_steps is not None and trainer.max_steps > 0 and trainer.max_steps % di:
-            rounded = -(-trainer.max_steps // di) * di
-            _rank_zero.rank_zero_warn(MAX_STEPS_ROUNDED.format(max_steps=trainer.max_steps, di=di, rounded=rounded))
-        for callback in trainer.checkpoint_callbacks:
-            every = getattr(callback, "_every_n_train_steps", 0) or 0
-            if every > 0 and every % di:
-                _rank_zero.rank_zero_warn(CHECKPOINT_EVERY_ROUNDED.format(every=every, di=di))
 
     @override
     def teardown(self) -> None:
@@ -386,7 +347,7 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
         lightning_module = self.lightning_module
         trainer = lightning_module.trainer
         if trainer.accumulate_grad_batches != 1:  # set to 1 in setup: someone changed it since
-            raise RuntimeError(ACCUMULATION_CHANGED)
+            raise RuntimeError(trainer_checks.ACCUMULATION_CHANGED)
         if not lightning_module.automatic_optimization:
             return self._manual_training_step(args, kwargs)
         call = self._call("training_step", self._training_opts, args, kwargs, training=True)
@@ -484,17 +445,11 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
             runner.executor = self._sharded(runner, options, error.stages)
             runner.compile(batch, positions)
 
-    def _sharded(self, runner: StageRunner, options: Options, fwd: int):
+    def _sharded(self, runner: StageRunner, options: Options, stages: int):
         runner.executor.destroy()
-        options = options.clone()
-        options.setExecutionStrategy(ShardedExecution())
+        options, message = run_options.sharded_fallback(options, training=runner.training, stages=stages)
         if not self._warned_sharded:
             self._warned_sharded = True
-            if runner.training:
-                have = options.Training.gradient_accumulation
-                message = SHARDED_FALLBACK_TRAINING.format(fwd=fwd, needed=2 * fwd - 1, have=have)
-            else:
-                message = SHARDED_FALLBACK_INFERENCE.format(fwd=fwd, have=options.device_iterations)
             _rank_zero.rank_zero_warn(message)
         if runner.training:
             self._training_opts = options
