@@ -25,6 +25,17 @@ class UnrecoverableError(Error):
     pass
 
 
+class PipelineDepthError(Error):
+    """``poptorch.PipelinedExecution`` has too few micro-batches for the model's pipeline stages
+    (training needs ``gradientAccumulation >= 2 * stages - 1``, inference ``deviceIterations >=
+    stages``). ``stages`` is the forward stage count, so callers that can run the model another
+    way (Lightning's ``IPUStrategy`` falls back to ``ShardedExecution``) need not parse the text."""
+
+    def __init__(self, message: str, *, stages: int):
+        super().__init__(f"'poptorch_py_error': {message}", type="poptorch_py_error")
+        self.stages = stages
+
+
 class ConfigFileError(Exception):
     """Raised by ``Options.loadFromFile`` for a malformed line."""
 

@@ -24,11 +24,25 @@ and ``inference_opts`` with gradient accumulation, which inference runs with 1 (
 inference model never accumulates).
 """
 import os
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from openpop.enums import AutoStage
 from openpop.options import Options
-from openpop.strategies import PipelinedExecution
+from openpop.strategies import PipelinedExecution, ShardedExecution
+
+USER_OPTIONS_FROZEN = (
+    "IPUStrategy({name}=...) is frozen (a poptorch.DataLoader or a model already uses it), so openpop cannot "
+    "configure it in place: the run uses a copy with {changes}. Set these on your options before building a "
+    "DataLoader with them, and the run uses your object itself.")
+SHARDED_FALLBACK_TRAINING = (
+    "The model is split into {fwd} pipeline stages and poptorch.PipelinedExecution needs at least {needed} "
+    "micro-batches per optimizer step to train through them, but accumulate_grad_batches is {have}. openpop runs "
+    "it with poptorch.ShardedExecution instead (the same results, stages run one after another). To pipeline, "
+    "set Trainer(accumulate_grad_batches={needed}) or more.")
+SHARDED_FALLBACK_INFERENCE = (
+    "The model is split into {fwd} pipeline stages and poptorch.PipelinedExecution needs device_iterations >= "
+    "{fwd} for inference, but it is {have}. openpop runs it with poptorch.ShardedExecution instead (the same "
+    "results). To pipeline, set IPUStrategy(device_iterations={fwd}) or more.")
 
 
 def is_frozen(options: Options) -> bool:
@@ -110,6 +124,17 @@ def user_chose_execution_strategy(options: Options) -> bool:
     strategy = options._execution_strategy
     return not (type(strategy) is PipelinedExecution and not strategy.stages
                 and strategy.auto_stage == AutoStage.SameAsIpu)
+
+
+def sharded_fallback(options: Options, *, training: bool, stages: int) -> Tuple[Options, str]:
+    """A copy of ``options`` with ``ShardedExecution``, for a model of ``stages`` forward stages
+    the default ``PipelinedExecution`` cannot pipeline, and the warning that says how to pipeline."""
+    options = options.clone()
+    options.setExecutionStrategy(ShardedExecution())
+    if training:
+        have = options.Training.gradient_accumulation
+        return options, SHARDED_FALLBACK_TRAINING.format(fwd=stages, needed=2 * stages - 1, have=have)
+    return options, SHARDED_FALLBACK_INFERENCE.format(fwd=stages, have=options.device_iterations)
 
 
 def user_set_loss_scaling(options: Optional[Options]) -> bool:

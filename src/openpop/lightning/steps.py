@@ -84,6 +84,16 @@ class StepModule(torch.nn.Module):
         self.module = lightning_module
         self.call: Optional[StepCall] = None
 
+    @contextlib.contextmanager
+    def running(self, call: StepCall):
+        """``forward`` runs ``call`` (with its ``self.log`` collection installed) in this block."""
+        self.call = call
+        try:
+            with call.logs.installed():
+                yield
+        finally:
+            self.call = None
+
     def forward(self, batch, positions):
         call = self.call
         ctx = context.current()
@@ -160,10 +170,11 @@ def split_on_host(batch, geometry: BatchGeometry):
 
 def run_on_host(step_module: StepModule, call: StepCall, batch, geometry: BatchGeometry, mode: OutputMode,
                 period: int = 1):
-    """Run ``call`` on ``batch`` split by ``geometry``, eagerly on the host (no executor).
+    """Run ``call`` on ``batch`` split by ``geometry``, eagerly on the host (no executor), inside
+    ``step_module.running(call)``.
 
-    Used for manual optimization and for the last, incomplete batch of an evaluation loader.
-    Outputs are assembled by ``mode`` exactly as the executor would."""
+    Used for manual optimization without replicas. Outputs are assembled by ``mode`` exactly as
+    the executor would."""
     collector = OutputCollector(mode, period, geometry)
     for position, micro in split_on_host(batch, geometry):
         output = step_module(micro, torch.tensor([position], dtype=torch.int32))
@@ -172,6 +183,23 @@ def run_on_host(step_module: StepModule, call: StepCall, batch, geometry: BatchG
         if collector.wants(d, g):
             collector.add(position % geometry.input_replicas, output)
     return collector.result()
+
+
+def run_in_chunks(step_module: StepModule, batch, size: int, micro: int):
+    """Run an evaluation batch of ``size`` rows on the host in chunks of ``micro`` rows, inside
+    ``step_module.running(call)``: the loader's incomplete last batch, which the executor would
+    have to recompile for. Outputs are concatenated as ``OutputMode.All`` does."""
+    chunks = [_rows(batch, start, min(start + micro, size)) for start in range(0, size, micro)]
+    collector = OutputCollector(OutputMode.All, 1, BatchGeometry(device_iterations=len(chunks)))
+    for position, chunk in enumerate(chunks):
+        collector.add(0, step_module(chunk, torch.tensor([position], dtype=torch.int32)))
+    return collector.result()
+
+
+def _rows(batch, start: int, stop: int):
+    leaves, spec = pytree.tree_flatten(batch)
+    return pytree.tree_unflatten([leaf[start:stop] if isinstance(leaf, torch.Tensor) and leaf.dim() > 0 else leaf
+                                  for leaf in leaves], spec)
 
 
 def leading_size(batch) -> Optional[int]:

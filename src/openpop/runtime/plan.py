@@ -194,9 +194,10 @@ def build_plan(recorder: BlockRecorder, settings) -> ExecutionPlan:
     if pipelined and settings.training:
         total = 2 * fwd_stages - 1
         if geometry.gradient_accumulation < total:
-            raise errors.createPoptorchError(PIPELINE_GA.format(stages=total, fwd=fwd_stages, extra=total - fwd_stages))
+            raise errors.PipelineDepthError(PIPELINE_GA.format(stages=total, fwd=fwd_stages, extra=total - fwd_stages),
+                                            stages=fwd_stages)
     if pipelined and not settings.training and geometry.device_iterations < fwd_stages:
-        raise errors.createPoptorchError(PIPELINE_DI.format(stages=fwd_stages))
+        raise errors.PipelineDepthError(PIPELINE_DI.format(stages=fwd_stages), stages=fwd_stages)
     return plan
 
 

@@ -1,0 +1,105 @@
+"""Manual optimization (``self.automatic_optimization = False``, any number of optimizers).
+
+No executor runs the step: the user's ``training_step`` calls ``manual_backward`` and
+``optimizer.step()`` itself, so it runs eagerly on the host, once per micro-batch of the host
+call (``device_iterations`` of them, times the replicas). With several replicas the replicas'
+steps run in lock-step as DDP ranks (``lockstep.py``): ``IPUStrategy.backward`` calls
+``meet_after_backward`` (gradients averaged over replicas) and ``IPUStrategy.optimizer_step``
+calls ``lockstep_optimizer_step`` (one update, with the averaged gradients). While they run,
+Lightning's per-step counters and the LR schedulers see the first replica only: each DDP rank
+counts and steps its own copy once.
+"""
+import functools
+
+import torch
+
+from openpop.enums import OutputMode
+from openpop.options import Options
+from openpop.runtime.geometry import BatchGeometry
+from openpop.runtime.outputs import OutputCollector
+
+from . import lockstep
+from .steps import StepCall, StepModule, run_on_host, split_on_host
+
+
+def training_step(step_module: StepModule, call: StepCall, batch, options: Options, *, precision_plugin,
+                  lightning_optimizers, schedulers):
+    """Run one host call of a manual-optimization ``training_step``; outputs as the training
+    output mode returns them."""
+    geometry = call.geometry
+    for path, tensor in _tensors(batch):
+        geometry.check_divisible(path, tensor)
+    mode = OutputMode.Final if options.defaultOutputMode() else OutputMode(options.output_mode)
+    with step_module.running(call):
+        if geometry.replication_factor == 1:
+            return run_on_host(step_module, call, batch, geometry, mode, options.output_return_period)
+        return _replicas_in_lockstep(step_module, call, batch, mode, options.output_return_period,
+                                     precision_plugin, lightning_optimizers, schedulers)
+
+
+def in_lockstep() -> bool:
+    """True inside a replica thread of a lock-stepped manual-optimization step."""
+    return lockstep.current() is not None
+
+
+def meet_after_backward() -> None:
+    """After ``manual_backward``: the replicas' gradients are averaged (DDP's all-reduce)."""
+    replicas = lockstep.current()
+    if replicas is not None:
+        replicas.meet("backward")
+
+
+def lockstep_optimizer_step(optimizer, closure):
+    """``optimizer.step()`` inside a replica: the closure runs per replica, the update once."""
+    result = closure()
+    lockstep.current().meet("step", optimizer)
+    return result
+
+
+def _replicas_in_lockstep(step_module: StepModule, call: StepCall, batch, mode: OutputMode, period: int,
+                          precision_plugin, lightning_optimizers, schedulers):
+    lightning_module = step_module.module
+    geometry: BatchGeometry = call.geometry
+    collector = OutputCollector(mode, period, geometry)
+    micro_batches = dict(split_on_host(batch, geometry))
+    replicas = geometry.replication_factor
+
+    def apply_step(optimizer):
+        precision_plugin._after_closure(lightning_module, optimizer)
+        optimizer.step()
+
+    saved = [(lo, lo._on_before_step, lo._on_after_step) for lo in lightning_optimizers]
+    for lo, before, after in saved:  # Lightning counts each step once, not once per replica
+        lo._on_before_step = _first_replica_only(before)
+        lo._on_after_step = _first_replica_only(after)
+    for scheduler in schedulers:  # one shared scheduler stands for every replica's copy
+        scheduler.step = _first_replica_only(scheduler.step)
+    try:
+        for d in range(geometry.device_iterations):
+            positions = [geometry.input_position(m) for m in geometry.micro_batches(steps=d, replicas=replicas)]
+            steps = [functools.partial(step_module, micro_batches[p], torch.tensor([p], dtype=torch.int32))
+                     for p in positions]
+            outputs = lockstep.Lockstep(lightning_module, replicas).run(steps, apply_step)
+            if collector.wants(d, 0):
+                for r, output in enumerate(outputs):
+                    collector.add(r, output)
+    finally:
+        for lo, before, after in saved:
+            lo._on_before_step, lo._on_after_step = before, after
+        for scheduler in schedulers:
+            del scheduler.step  # back to the class's method
+    return collector.result()
+
+
+def _first_replica_only(function):
+    def wrapped(*args, **kwargs):
+        if lockstep.replica() == 0:
+            return function(*args, **kwargs)
+        return None
+    return wrapped
+
+
+def _tensors(batch):
+    from torch.utils import _pytree as pytree
+    leaves, _ = pytree.tree_flatten(batch)
+    return [(f"batch[{i}]", leaf) for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
