@@ -4,21 +4,28 @@
 """
 import warnings as _warnings
 
-from ._version import openpop_version, poptorch_version as __version__
-from .errors import ConfigFileError, Error, RecoverableError, UnrecoverableError, createPoptorchError
-from .enums import *  # noqa: F401,F403
-from .enums import OutputMode as _OutputMode
-from .log import logger, setLogLevel
-from .options import Options, TensorLocationSettings
-from .strategies import (ParallelPhasedExecution, Phase, PipelinedExecution, SerialPhasedExecution,
-                         ShardedExecution, Stage)
+from . import optim, profiling, testing
+from ._version import openpop_version
+from ._version import poptorch_version as __version__
 from .annotations import BeginBlock, Block, BlockFunction, removeBlocks
-from .ops import *  # noqa: F401,F403
-from .runtime.losses import identity_loss
 from .data import AsynchronousDataAccessor, DataLoader
+from .enums import *  # noqa: F403
+from .enums import OutputMode as _OutputMode
+from .errors import ConfigFileError, Error, RecoverableError, UnrecoverableError, createPoptorchError
+from .log import logger, setLogLevel
+from .models import inferenceModel, ipuHardwareIsAvailable, ipuHardwareVersion, isRunningOnIpu, load, trainingModel
+from .ops import *  # noqa: F403
+from .options import Options, TensorLocationSettings
 from .runtime.executor import PoplarExecutor
-from .models import inferenceModel, load, ipuHardwareIsAvailable, ipuHardwareVersion, isRunningOnIpu, trainingModel
-from . import optim, profiling, testing  # noqa: F401
+from .runtime.losses import identity_loss
+from .strategies import (
+    ParallelPhasedExecution,
+    Phase,
+    PipelinedExecution,
+    SerialPhasedExecution,
+    ShardedExecution,
+    Stage,
+)
 
 
 def __getattr__(name):

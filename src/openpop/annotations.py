@@ -28,8 +28,16 @@ from .errors import NO_ACTIVE_BLOCK, Error, createPoptorchError
 from .runtime import context
 from .strategies import check_ipu_index
 
-__all__ = ["BeginBlock", "Block", "BlockFunction", "LegacyBeginBlockFn", "removeBlocks",
-           "block_annotation", "current_block", "assert_active_block"]
+__all__ = [
+    "BeginBlock",
+    "Block",
+    "BlockFunction",
+    "LegacyBeginBlockFn",
+    "assert_active_block",
+    "block_annotation",
+    "current_block",
+    "removeBlocks",
+]
 
 
 class _RunBlockState:

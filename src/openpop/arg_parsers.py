@@ -6,13 +6,14 @@ A model may take objects of its own types as inputs. For such a type, register a
 devices, ...) and ``reconstruct`` to build an object of the same shape around new tensors.
 """
 import abc
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any, Optional
 
 from torch.utils import _pytree as pytree
 
 from .errors import createPoptorchError
 
-__all__ = ["ICustomArgParser", "registerCustomArgParser", "custom_arg_parser_for"]
+__all__ = ["ICustomArgParser", "custom_arg_parser_for", "registerCustomArgParser"]
 
 
 class ICustomArgParser(abc.ABC):

@@ -9,8 +9,12 @@ from typing import Callable
 
 import torch.utils.hooks
 
-__all__ = ["registerPreCompileHook", "registerPostCompileHook", "run_pre_compile_hooks",
-           "run_post_compile_hooks"]
+__all__ = [
+    "registerPostCompileHook",
+    "registerPreCompileHook",
+    "run_post_compile_hooks",
+    "run_pre_compile_hooks",
+]
 
 _pre_compile_hooks = collections.OrderedDict()
 _post_compile_hooks = collections.OrderedDict()

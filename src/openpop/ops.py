@@ -6,26 +6,47 @@ name scopes, attributes) are validated and then leave values unchanged. Control 
 """
 import builtins
 import contextlib
-from typing import Callable, Dict, List, Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 
 from . import enums
-from .arg_parsers import ICustomArgParser, custom_arg_parser_for, registerCustomArgParser
-from .compile_hooks import (registerPostCompileHook, registerPreCompileHook,
-                            run_post_compile_hooks, run_pre_compile_hooks)
+from .arg_parsers import ICustomArgParser, registerCustomArgParser
+from .compile_hooks import (
+    registerPostCompileHook,
+    registerPreCompileHook,
+)
 from .errors import COND_TRAINING, FOR_LOOP_TRAINING, Error, createPoptorchError
 from .printing import module_repr, print  # pylint: disable=redefined-builtin
 from .runtime import context
 from .special_ops import ctc_beam_search_decoder, fps, nearest
 
 __all__ = [
-    "ipu_print_tensor", "nop", "recomputationCheckpoint", "set_available_memory",
-    "serializedMatMul", "dynamic_slice", "dynamic_update", "for_loop", "cond", "CPU",
-    "MultiConv", "NameScope", "Attribute", "custom_op", "set_overlap_for_input",
-    "set_overlap_for_output", "ctc_beam_search_decoder", "fps", "nearest",
-    "registerPreCompileHook", "registerPostCompileHook", "ICustomArgParser",
-    "registerCustomArgParser", "module_repr", "print",
+    "CPU",
+    "Attribute",
+    "ICustomArgParser",
+    "MultiConv",
+    "NameScope",
+    "cond",
+    "ctc_beam_search_decoder",
+    "custom_op",
+    "dynamic_slice",
+    "dynamic_update",
+    "for_loop",
+    "fps",
+    "ipu_print_tensor",
+    "module_repr",
+    "nearest",
+    "nop",
+    "print",
+    "recomputationCheckpoint",
+    "registerCustomArgParser",
+    "registerPostCompileHook",
+    "registerPreCompileHook",
+    "serializedMatMul",
+    "set_available_memory",
+    "set_overlap_for_input",
+    "set_overlap_for_output",
 ]
 
 
@@ -273,12 +294,12 @@ def dynamic_update(input: torch.Tensor, src: torch.Tensor, dim: int, start: torc
 
 # --- control flow -----------------------------------------------------------------
 
-def _as_list(outputs) -> List[torch.Tensor]:
+def _as_list(outputs) -> list[torch.Tensor]:
     return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
 
 
-def for_loop(count: int, body: Callable[..., List[torch.Tensor]],
-             inputs: List[torch.Tensor]) -> List[torch.Tensor]:
+def for_loop(count: int, body: Callable[..., list[torch.Tensor]],
+             inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     """Run ``body`` ``count`` times, feeding each iteration's outputs back as its inputs.
 
     ``body`` takes and returns as many tensors as ``inputs`` holds. Inference only.
@@ -306,8 +327,8 @@ def for_loop(count: int, body: Callable[..., List[torch.Tensor]],
     return values
 
 
-def cond(condition, then_body: Callable, then_inps: List[torch.Tensor], else_body: Callable,
-         else_inps: List[torch.Tensor]) -> List[torch.Tensor]:
+def cond(condition, then_body: Callable, then_inps: list[torch.Tensor], else_body: Callable,
+         else_inps: list[torch.Tensor]) -> list[torch.Tensor]:
     """``then_body(*then_inps)`` if ``condition`` else ``else_body(*else_inps)``, as a list.
 
     Inference only.
@@ -377,12 +398,12 @@ class MultiConv:
         self._per_conv_reserved_tiles = None
         self._cycle_back_off = None
 
-    def availableMemoryProportions(self, value: Union[float, List[float]]) -> "MultiConv":
+    def availableMemoryProportions(self, value: Union[float, list[float]]) -> "MultiConv":
         self._available_memory_proportions = _per_conv("available memory proportion", value,
                                                        float)
         return self
 
-    def partialsTypes(self, value: Union[torch.dtype, List[torch.dtype]]) -> "MultiConv":
+    def partialsTypes(self, value: Union[torch.dtype, list[torch.dtype]]) -> "MultiConv":
         values = value if isinstance(value, (list, tuple)) else [value]
         for dtype in values:
             if dtype not in (torch.float32, torch.float16):
@@ -390,7 +411,7 @@ class MultiConv:
         self._partials_types = tuple(values)
         return self
 
-    def enableConvDithering(self, value: Union[bool, List[bool]]) -> "MultiConv":
+    def enableConvDithering(self, value: Union[bool, list[bool]]) -> "MultiConv":
         values = value if isinstance(value, (list, tuple)) else [value]
         if value is not None and not all(isinstance(v, bool) for v in values):
             raise ValueError("value must be bool or list of bools")
@@ -425,7 +446,7 @@ class MultiConv:
 class NameScope:
     """Scope prefixing the names of the ops created inside it (IR naming only)."""
 
-    _active: List[str] = []
+    _active: list[str] = []
 
     def __init__(self, name: str):
         assert isinstance(name, str), "Parameter to NameScope must be a string"
@@ -448,7 +469,7 @@ class Attribute:
     """Scope attaching backend attributes to the ops inside it, e.g.
     ``Attribute(__outline={"layer": "embedding"})``; numerically an identity."""
 
-    _active: List[Dict] = []
+    _active: list[dict] = []
 
     def __init__(self, **attributes):
         self.attributes = attributes
@@ -462,7 +483,7 @@ class Attribute:
 
 
 def custom_op(inputs, name: str, domain: str, domain_version: int, example_outputs,
-              attributes: Optional[Dict] = None):
+              attributes: Optional[dict] = None):
     """PopART custom ops are compiled IPU code: they cannot run here."""
     raise createPoptorchError(
         f"poptorch.custom_op('{name}', domain '{domain}'): PopART custom ops are IPU binaries "

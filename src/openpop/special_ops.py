@@ -1,7 +1,7 @@
 """Special ops with real implementations: CTC beam search decoding, farthest point sampling
 (``fps``) and nearest-point clustering (``nearest``), the latter two as in ``torch_cluster``."""
 import math
-from typing import List, Optional, Tuple, Union
+from typing import Optional, Union
 
 import torch
 
@@ -21,7 +21,13 @@ def _logsumexp(a: float, b: float) -> float:
     return high + math.log1p(math.exp(low - high))
 
 
-def _prefix_beam_search(log_probs: List[List[float]], blank: int, beam_width: int):
+def _extend_beam(grown, prefix, blank_lp=-math.inf, label_lp=-math.inf):
+    """Add the two log-probabilities to ``grown[prefix]`` (log-sum-exp with what is there)."""
+    old_blank, old_label = grown.get(prefix, (-math.inf, -math.inf))
+    grown[prefix] = (_logsumexp(old_blank, blank_lp), _logsumexp(old_label, label_lp))
+
+
+def _prefix_beam_search(log_probs: list[list[float]], blank: int, beam_width: int):
     """CTC prefix beam search over ``log_probs[t][c]``.
 
     Each beam is a label prefix (repeats and blanks collapsed) with two log-probabilities:
@@ -31,22 +37,17 @@ def _prefix_beam_search(log_probs: List[List[float]], blank: int, beam_width: in
     beams = {(): (0.0, -math.inf)}
     for step in log_probs:
         grown = {}
-
-        def add(prefix, blank_lp=-math.inf, label_lp=-math.inf):
-            old_blank, old_label = grown.get(prefix, (-math.inf, -math.inf))
-            grown[prefix] = (_logsumexp(old_blank, blank_lp), _logsumexp(old_label, label_lp))
-
         for prefix, (blank_lp, label_lp) in beams.items():
             total = _logsumexp(blank_lp, label_lp)
             last = prefix[-1] if prefix else None
             for label, lp in enumerate(step):
                 if label == blank:
-                    add(prefix, blank_lp=total + lp)
+                    _extend_beam(grown, prefix, blank_lp=total + lp)
                 elif label == last:
-                    add(prefix, label_lp=label_lp + lp)  # repeated label collapses
-                    add(prefix + (label,), label_lp=blank_lp + lp)  # a blank separated them
+                    _extend_beam(grown, prefix, label_lp=label_lp + lp)  # repeated label collapses
+                    _extend_beam(grown, prefix + (label,), label_lp=blank_lp + lp)  # a blank separated them
                 else:
-                    add(prefix + (label,), label_lp=total + lp)
+                    _extend_beam(grown, prefix + (label,), label_lp=total + lp)
         ranked = sorted(grown.items(), key=lambda item: (-_logsumexp(*item[1]), item[0]))
         beams = dict(ranked[:beam_width])
     ranked = sorted(((p, _logsumexp(*lps)) for p, lps in beams.items()),
@@ -56,7 +57,7 @@ def _prefix_beam_search(log_probs: List[List[float]], blank: int, beam_width: in
 
 def ctc_beam_search_decoder(probs: torch.Tensor, lengths: torch.Tensor, blank: int = 0,
                             beam_width: int = 100,
-                            top_paths: int = 1) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                            top_paths: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Decode CTC log-probabilities ``probs`` [input_length, batch, classes] by beam search.
 
     ``lengths`` [batch] gives the number of valid time steps of each sequence. Returns, as
@@ -102,7 +103,7 @@ def ctc_beam_search_decoder(probs: torch.Tensor, lengths: torch.Tensor, blank: i
 
 # --- point cloud ops --------------------------------------------------------------
 
-def fps(src: torch.Tensor, ptr: List[int], ratio: float = 0.5,
+def fps(src: torch.Tensor, ptr: list[int], ratio: float = 0.5,
         random_start: bool = False) -> torch.Tensor:
     """Farthest point sampling (PointNet++), per example ``src[ptr[i]:ptr[i+1]]``.
 
@@ -160,8 +161,8 @@ def _batch_vector(batch, n: int, device, name: str) -> torch.Tensor:
 
 
 def nearest(x: torch.Tensor, y: torch.Tensor,
-            batch_x: Optional[Union[List[int], torch.Tensor]] = None,
-            batch_y: Optional[Union[List[int], torch.Tensor]] = None) -> torch.Tensor:
+            batch_x: Optional[Union[list[int], torch.Tensor]] = None,
+            batch_y: Optional[Union[list[int], torch.Tensor]] = None) -> torch.Tensor:
     """For each point of ``x``, the index of the nearest point of ``y`` in the same example.
 
     ``batch_x`` / ``batch_y`` assign each point to an example (default: all in example 0).

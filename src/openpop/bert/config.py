@@ -13,7 +13,7 @@ import json
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Optional
 
 import yaml
 
@@ -76,7 +76,7 @@ class Key:
         return "--" + self.name.replace("_", "-")
 
 
-_KEYS: List[Key] = [
+_KEYS: list[Key] = [
     # model
     Key("vocab_size", int, 30522, "Vocabulary size of the model (and of a tokenizer trained for it)"),
     Key("hidden_size", int, 768, "Width of the encoder"),
@@ -161,21 +161,21 @@ _KEYS: List[Key] = [
     Key("wandb", str_to_bool, False, "Log to Weights & Biases (not available offline: ignored)", flag_only=True),
     Key("wandb_param_steps", int, None, "Steps between parameter histograms in wandb (ignored)", flag_only=True),
 ]
-KEYS: Dict[str, Key] = {k.name: k for k in _KEYS}
+KEYS: dict[str, Key] = {k.name: k for k in _KEYS}
 
 
 # --------------------------------------------------------------------------- named configs
-def load_config_file(path: str = CONFIG_FILE) -> Dict[str, Dict[str, Any]]:
+def load_config_file(path: str = CONFIG_FILE) -> dict[str, dict[str, Any]]:
     with open(path, encoding="utf-8") as stream:
         data = yaml.safe_load(stream)
     return {name: values for name, values in data.items() if name != "defaults"}
 
 
-def available_configs(path: str = CONFIG_FILE) -> List[str]:
+def available_configs(path: str = CONFIG_FILE) -> list[str]:
     return list(load_config_file(path))
 
 
-def named_config(name: str, path: str = CONFIG_FILE) -> Dict[str, Any]:
+def named_config(name: str, path: str = CONFIG_FILE) -> dict[str, Any]:
     configs = load_config_file(path)
     if name not in configs:
         raise ConfigError(f"unknown config '{name}': choose one of {', '.join(configs)} "
@@ -214,17 +214,17 @@ class BertRunConfig:
         return self.replication_factor * self.gradient_accumulation * self.micro_batch_size
 
     @property
-    def layer_ipus(self) -> List[int]:
+    def layer_ipus(self) -> list[int]:
         """The IPU of each encoder layer, from ``layers_per_ipu``."""
         ipus = []
         for ipu, count in enumerate(self.layers_per_ipu):
             ipus.extend([ipu] * count)
         return ipus
 
-    def as_dict(self) -> Dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         return {key.name: getattr(self, key.name) for key in _KEYS}
 
-    def model_dict(self) -> Dict[str, Any]:
+    def model_dict(self) -> dict[str, Any]:
         """The keys that define the model's shape (must match to load a checkpoint)."""
         names = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "sequence_length",
                  "mask_tokens", "embedding_serialization_factor")
@@ -437,7 +437,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_args(argv: Optional[List[str]] = None, parser: Optional[argparse.ArgumentParser] = None
+def parse_args(argv: Optional[list[str]] = None, parser: Optional[argparse.ArgumentParser] = None
                ) -> BertRunConfig:
     """Named config + flags -> validated ``BertRunConfig``; raises ``ConfigError``."""
     parser = parser or build_parser()

@@ -27,7 +27,8 @@ import re
 import sys
 import sysconfig
 import time
-from typing import Dict, Iterator, List, Optional, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Optional
 
 import numpy as np
 import torch
@@ -76,7 +77,7 @@ class GeneratedPretrainingDataset(torch.utils.data.Dataset):
 class PretrainingDataset(torch.utils.data.Dataset):
     """Examples stored as stacked compact integer tensors; items are int64 tuples."""
 
-    def __init__(self, tensors: Dict[str, torch.Tensor], info: Optional[dict] = None):
+    def __init__(self, tensors: dict[str, torch.Tensor], info: Optional[dict] = None):
         self.tensors = [tensors[name] for name in FIELDS]
         self.info = dict(info or {})
 
@@ -151,7 +152,7 @@ _SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idlelib", "tur
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z(\"'`])")
 
 
-def _stdlib_sources() -> List[str]:
+def _stdlib_sources() -> list[str]:
     root = sysconfig.get_paths()["stdlib"]
     files = []
     for directory, subdirs, names in os.walk(root):
@@ -160,7 +161,7 @@ def _stdlib_sources() -> List[str]:
     return files
 
 
-def _docstring_sentences(text: str) -> List[str]:
+def _docstring_sentences(text: str) -> list[str]:
     """Prose sentences of a docstring: doctest lines dropped, paragraphs joined and split."""
     sentences = []
     for paragraph in re.split(r"\n\s*\n", text):
@@ -205,7 +206,7 @@ def stdlib_corpus_path(cache_dir: str) -> str:
     return path
 
 
-def resolve_input_files(patterns: Sequence[str], cache_dir: str) -> List[str]:
+def resolve_input_files(patterns: Sequence[str], cache_dir: str) -> list[str]:
     files = []
     for pattern in patterns:
         if pattern == "stdlib":
@@ -228,7 +229,7 @@ def resolve_input_files(patterns: Sequence[str], cache_dir: str) -> List[str]:
     return files
 
 
-def read_documents(files: Sequence[str]) -> List[List[str]]:
+def read_documents(files: Sequence[str]) -> list[list[str]]:
     """Documents as lists of sentences: blank lines and file ends separate documents."""
     documents = []
     for path in files:
@@ -248,7 +249,8 @@ def read_documents(files: Sequence[str]) -> List[List[str]]:
 
 
 # --- tokenizer -------------------------------------------------------------------------------
-def get_tokenizer(config: BertRunConfig, files: Sequence[str], cache_dir: str, file_digests: Sequence[str] = None):
+def get_tokenizer(config: BertRunConfig, files: Sequence[str], cache_dir: str,
+                  file_digests: Optional[Sequence[str]] = None):
     """A ``tokenizers.Tokenizer``: from ``vocab_file``, or trained on ``files`` (cached)."""
     from tokenizers import Tokenizer
     from tokenizers.implementations import BertWordPieceTokenizer
@@ -327,8 +329,8 @@ class _ExampleWriter:
         return {name: torch.from_numpy(array[:self.count].copy()) for name, array in self.arrays.items()}
 
 
-def create_examples(documents: List[List[List[int]]], config: BertRunConfig, special: Dict[str, int],
-                    vocab_size: int, seed: int) -> Dict[str, torch.Tensor]:
+def create_examples(documents: list[list[list[int]]], config: BertRunConfig, special: dict[str, int],
+                    vocab_size: int, seed: int) -> dict[str, torch.Tensor]:
     """Sentence-pair MLM/NSP examples from tokenized documents (lists of sentences of ids)."""
     rng = random.Random(seed)
     seq, preds = config.sequence_length, config.mask_tokens
@@ -351,7 +353,7 @@ def create_examples(documents: List[List[List[int]]], config: BertRunConfig, spe
         segments = [0] * (len(a) + 2) + [1] * (len(b) + 1)
         candidates = [i for i, t in enumerate(tokens) if t not in (cls_id, sep_id)]
         rng.shuffle(candidates)
-        count = min(preds, max(1, int(round(len(tokens) * 0.15))))
+        count = min(preds, max(1, round(len(tokens) * 0.15)))
         chosen = sorted(candidates[:count])
         labels = [tokens[i] for i in chosen]
         for i in chosen:

@@ -3,7 +3,7 @@
 This is the structure ``torch.utils.data.default_collate`` produces. Any other object is a
 leaf; a tree is "tensor-only" when all its leaves are tensors.
 """
-from typing import Any, Callable, List
+from typing import Any, Callable
 
 import torch
 
@@ -21,7 +21,7 @@ def _children(tree):
     return None
 
 
-def _rebuild_node(template, children: List[Any]):
+def _rebuild_node(template, children: list[Any]):
     if _is_namedtuple(template):
         return type(template)(*children)
     if type(template) is tuple:
@@ -43,7 +43,7 @@ def map_leaves(fn: Callable, *trees):
     return _rebuild_node(trees[0], [map_leaves(fn, c, *(o[i] for o in others)) for i, c in enumerate(children)])
 
 
-def leaves(tree) -> List[Any]:
+def leaves(tree) -> list[Any]:
     children = _children(tree)
     if children is None:
         return [tree]
@@ -104,7 +104,7 @@ def _require_tensor(leaf):
     return leaf
 
 
-def concat(trees: List[Any]):
+def concat(trees: list[Any]):
     """Concatenate tensor-only trees of the same structure along dim 0."""
     if len(trees) == 1:
         return map_leaves(_require_tensor, trees[0])

@@ -6,7 +6,8 @@ gradient_accumulation`` elements. With several processes each one reads its own 
 map-style dataset (``distributed.py``). The ``Async`` modes load in a separate process through
 an ``AsynchronousDataAccessor``.
 """
-from typing import Any, Dict, Iterable, Optional, Sequence, Union
+from collections.abc import Iterable, Sequence
+from typing import Any, Optional, Union
 
 import torch
 from torch.utils.data import Sampler
@@ -33,7 +34,7 @@ class DataLoader(torch.utils.data.DataLoader):
                  persistent_workers: Optional[bool] = None,
                  auto_distributed_partitioning: bool = True,
                  mode: DataLoaderMode = DataLoaderMode.Sync,
-                 async_options: Optional[Dict[str, Any]] = None,
+                 async_options: Optional[dict[str, Any]] = None,
                  rebatched_worker_size: Optional[int] = None,
                  batch_sampler: Optional[Union[Sampler[Sequence], Iterable[Sequence]]] = None,
                  **kwargs):

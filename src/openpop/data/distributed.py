@@ -6,7 +6,7 @@ permutation of the whole dataset from a generator seeded with ``Options.randomSe
 their slices stay disjoint. When ``drop_last`` leaves elements out of an epoch, those
 elements are moved to the front of the next epoch's order, so none is skipped twice in a row.
 """
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 
@@ -14,7 +14,7 @@ from .messages import BATCH_SIZE_REQUIRED, RANDOM_SEED_REQUIRED
 
 
 def process_slice(num_elements: int, combined_batch_size: int, num_processes: int, process_id: int,
-                  drop_last: bool) -> Tuple[int, int]:
+                  drop_last: bool) -> tuple[int, int]:
     """``(start, length)`` of process ``process_id``'s part of ``num_elements`` elements.
 
     With ``drop_last`` every process gets the same whole number of combined batches and the

@@ -29,10 +29,8 @@ import json
 import os
 import re
 import shlex
-import signal
 import socket
 import sys
-import tempfile
 
 from . import instance as instance_env
 from .topology import topology_table
@@ -98,7 +96,7 @@ def _seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
     return value
@@ -224,7 +222,7 @@ def read_hostfile(path: str) -> list:
         with open(path) as stream:
             lines = [line.split("#", 1)[0].strip() for line in stream]
     except OSError as exc:
-        raise UsageError(f"cannot read the hostfile {path}: {exc.strerror}")
+        raise UsageError(f"cannot read the hostfile {path}: {exc.strerror}") from None
     hosts = [line for line in lines if line]
     if not hosts:
         raise UsageError(f"the hostfile {path} names no host")
@@ -252,7 +250,7 @@ def check_resolvable(host: str) -> None:
         socket.getaddrinfo(host, None)
     except socket.gaierror as exc:
         raise UsageError(f"host {host!r} is unreachable: its name does not resolve ({exc.strerror}); "
-                         "check --host / the hostfile")
+                         "check --host / the hostfile") from None
 
 
 def parse_mpi_args(text: str, option: str):
@@ -260,7 +258,7 @@ def parse_mpi_args(text: str, option: str):
     try:
         tokens = shlex.split(text)
     except ValueError as exc:
-        raise UsageError(f"{option}: {exc}")
+        raise UsageError(f"{option}: {exc}") from None
     env, ignored, i = {}, [], 0
     while i < len(tokens):
         token = tokens[i]
@@ -386,7 +384,7 @@ def _kubeflow_nodes(environ) -> int:
     try:
         return int(value.split(":")[-1])
     except ValueError:
-        raise UsageError(f"PET_NNODES={value!r} is not a number of nodes")
+        raise UsageError(f"PET_NNODES={value!r} is not a number of nodes") from None
 
 
 def _version_text(fmt: str) -> str:
@@ -412,7 +410,7 @@ def _import_config(parser, argv):
         with open(path) as stream:
             values = json.load(stream)
     except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot read the configuration {path}: {exc}")
+        raise UsageError(f"cannot read the configuration {path}: {exc}") from None
     dests = {action.dest for action in parser._actions}
     unknown = sorted(set(values) - dests)
     if unknown:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from openpop.k8s.errors import ManifestError
-from openpop.k8s.ipujob import parse_ipujob, is_ipujob
+from openpop.k8s.ipujob import is_ipujob, parse_ipujob
 from openpop.k8s.job_plan import JobPlan, device_resources, split_instances
 from openpop.k8s.pod_template import quantities_as_strings, secure_pod_template
 from openpop.k8s.poprun_command import find_poprun

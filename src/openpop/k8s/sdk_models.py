@@ -74,7 +74,7 @@ def _openapi_value(value, type_name, path, quantity=False):
                 and not isinstance(value, bool):
             return str(value)
         expected = _PRIMITIVES[type_name]
-        if isinstance(value, bool) and type_name != "bool" or not isinstance(value, expected):
+        if (isinstance(value, bool) and type_name != "bool") or not isinstance(value, expected):
             word = {"str": "a string", "int": "an integer", "bool": "a boolean",
                     "float": "a number"}[type_name]
             raise ManifestError(path, f"must be {word}, got {_type_name(value)} {value!r}")
@@ -139,11 +139,11 @@ def _pydantic_value(value, annotation, path):
             return None
         if len(options) == 1:
             return _pydantic_value(value, options[0], path)
-    if origin in (list, typing.List):
+    if origin in (list, list):
         if not isinstance(value, list):
             raise ManifestError(path, f"must be an array, got {_type_name(value)}")
         return [_pydantic_value(item, args[0], join_path(path, i)) for i, item in enumerate(value)]
-    if origin in (dict, typing.Dict):
+    if origin in (dict, dict):
         if not isinstance(value, dict):
             raise ManifestError(path, f"must be an object, got {_type_name(value)}")
         return {key: _pydantic_value(item, args[1], join_path(path, key))
@@ -153,8 +153,8 @@ def _pydantic_value(value, annotation, path):
             try:
                 annotation(value)
             except (ValueError, pydantic.ValidationError):
-                raise ManifestError(path, f"must be one of {sorted(annotation.model_fields['one_of_schemas'].default)}, "
-                                          f"got {_type_name(value)} {value!r}") from None
+                choices = sorted(annotation.model_fields["one_of_schemas"].default)
+                raise ManifestError(path, f"must be one of {choices}, got {_type_name(value)} {value!r}") from None
             return value
         return _pydantic_object(value, annotation, path)
     try:

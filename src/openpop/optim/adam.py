@@ -1,13 +1,23 @@
 """Adam and AdamW with PopTorch's extras (loss scaling, accumulator dtypes, gradient-norm
 clipping; AdamW also ``bias_correction``)."""
 import math
-from typing import Iterable, Optional, Tuple
+from collections.abc import Iterable
+from typing import Optional
 
 import torch
 
 from . import _base
-from ._base import (AMSGRAD_ERROR, Optimizer, given, mirror, prepare_grads, resolve_accum_type,
-                    state_tensor, step_counters, to_float)
+from ._base import (
+    AMSGRAD_ERROR,
+    Optimizer,
+    given,
+    mirror,
+    prepare_grads,
+    resolve_accum_type,
+    state_tensor,
+    step_counters,
+    to_float,
+)
 
 
 class _AdamBase(Optimizer):
@@ -90,7 +100,7 @@ class Adam(_AdamBase, torch.optim.Adam):
     def __init__(self,
                  params: Iterable,
                  lr: Optional[float] = None,
-                 betas: Optional[Tuple[float, float]] = None,
+                 betas: Optional[tuple[float, float]] = None,
                  eps: Optional[float] = None,
                  weight_decay: Optional[float] = None,
                  amsgrad: Optional[bool] = None,
@@ -133,7 +143,7 @@ class AdamW(_AdamBase, torch.optim.AdamW):
     def __init__(self,
                  params: Iterable,
                  lr: Optional[float] = None,
-                 betas: Optional[Tuple[float, float]] = None,
+                 betas: Optional[tuple[float, float]] = None,
                  eps: Optional[float] = None,
                  weight_decay: Optional[float] = None,
                  amsgrad: Optional[bool] = None,

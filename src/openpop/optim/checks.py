@@ -16,13 +16,13 @@ Executor-facing functions:
 """
 import math
 import weakref
-from typing import Dict, Iterable, List
+from collections.abc import Iterable
 
 import torch
 
 from ..errors import Error, createPoptorchError
 from ..log import logger
-from ._base import ACCUM_TYPES, AMSGRAD_ERROR, VariableAttributes, to_float
+from ._base import ACCUM_TYPES, AMSGRAD_ERROR, VariableAttributes
 from .adam import Adam, AdamW
 from .lamb import LAMB
 from .rmsprop import RMSprop
@@ -190,10 +190,10 @@ def optimizer_method(optimizer, name: str):
     return getattr(type(optimizer), name).__get__(optimizer, type(optimizer))
 
 
-_GROUP_KEYS_CACHE: Dict[type, List[str]] = {}
+_GROUP_KEYS_CACHE: dict[type, list[str]] = {}
 
 
-def _group_keys(family) -> List[str]:
+def _group_keys(family) -> list[str]:
     """Every per-group key the family's optimizers have (torch's defaults + openpop's)."""
     keys = _GROUP_KEYS_CACHE.get(family)
     if keys is None:
@@ -260,7 +260,7 @@ def _normalise(value):
     return value
 
 
-def _checked_names(optimizer) -> List[str]:
+def _checked_names(optimizer) -> list[str]:
     family = _family(optimizer)
     names = list(_HYPERPARAMETERS.get(family, []))
     if family is SGD and not getattr(optimizer, "use_combined_accum", False):
@@ -299,7 +299,7 @@ def snapshot(optimizer, force_variable: Iterable[str] = ()) -> dict:
     return {"kind": optimizer_kind(optimizer), "optimizer": wide, "groups": groups}
 
 
-def constant_attribute_changes(old_snapshot: dict, optimizer) -> List[str]:
+def constant_attribute_changes(old_snapshot: dict, optimizer) -> list[str]:
     """Constant attributes whose value in ``optimizer`` differs from ``old_snapshot``, each
     as ``"<attribute> (<where>: <old> -> <new>)"``. Param groups are matched by index; groups
     added since the snapshot are not checked."""
@@ -335,7 +335,7 @@ CONSTANT_ATTRIBUTE_CHANGED = (
     "to recompile it with the new values.")
 
 
-def constant_attribute_error(changes: List[str]) -> Error:
+def constant_attribute_error(changes: list[str]) -> Error:
     """The ``poptorch.Error`` the executor raises for ``constant_attribute_changes`` output."""
     names = list(dict.fromkeys(c.split(" ", 1)[0] for c in changes))
     it = "it" if len(names) == 1 else "them"

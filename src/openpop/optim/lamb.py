@@ -1,7 +1,8 @@
 """LAMB (You et al., "Large Batch Optimization for Deep Learning", arXiv:1904.00962), as
 PopART implements it for PopTorch."""
 import math
-from typing import Iterable, Optional, Tuple
+from collections.abc import Iterable
+from typing import Optional
 
 import torch
 
@@ -37,7 +38,7 @@ class LAMB(Optimizer, torch.optim.Optimizer):
     def __init__(self,
                  params: Iterable,
                  lr: Optional[float] = None,
-                 betas: Optional[Tuple[float, float]] = None,
+                 betas: Optional[tuple[float, float]] = None,
                  eps: Optional[float] = None,
                  weight_decay: Optional[float] = None,
                  bias_correction: Optional[bool] = None,

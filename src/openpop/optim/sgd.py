@@ -1,7 +1,8 @@
 """SGD with PopTorch's extras: loss scaling, velocity scaling, accumulator dtypes and
 gradient-norm clipping."""
 import math
-from typing import Iterable, Optional
+from collections.abc import Iterable
+from typing import Optional
 
 import torch
 
