@@ -4,7 +4,7 @@
 """
 import warnings as _warnings
 
-from . import optim, profiling, testing
+from . import errors, optim, profiling, testing
 from ._version import openpop_version
 from ._version import poptorch_version as __version__
 from .annotations import BeginBlock, Block, BlockFunction, removeBlocks
@@ -33,4 +33,4 @@ def __getattr__(name):
         _warnings.warn("poptorch.AnchorMode is deprecated: use poptorch.OutputMode instead, previous name "
                        "was misleading", DeprecationWarning, stacklevel=2)
         return _OutputMode
-    raise AttributeError(f"module 'poptorch' has no attribute '{name}'")
+    raise AttributeError(errors.NO_SUCH_ATTRIBUTE.format(name=name))

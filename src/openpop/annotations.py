@@ -24,6 +24,7 @@ from typing import Callable, Optional
 
 import torch
 
+from . import errors
 from .errors import NO_ACTIVE_BLOCK, Error, createPoptorchError
 from .runtime import context
 from .strategies import check_ipu_index
@@ -165,16 +166,17 @@ def BeginBlock(layer_to_call, user_id: Optional[str] = None,
     if not isinstance(layer_to_call, torch.nn.Module):
         if callable(layer_to_call):
             return LegacyBeginBlockFn(layer_to_call, user_id, ipu_id)
-        raise createPoptorchError("module is not an instance of torch.nn.Module or function.")
+        raise createPoptorchError(errors.BLOCK_TARGET_TYPE)
     if block_annotation(layer_to_call) is not None:
-        raise createPoptorchError("module has already been assigned to a block.")
+        raise createPoptorchError(errors.ALREADY_IN_BLOCK)
     layer_to_call.register_forward_pre_hook(_BlockHook(user_id, ipu_id))
     return layer_to_call
 
 
 def removeBlocks(module: torch.nn.Module) -> None:
     """Remove every ``BeginBlock`` annotation from ``module`` and its sub-modules."""
-    assert isinstance(module, torch.nn.Module), "removeBlocks expects a torch.nn.Module"
+    if not isinstance(module, torch.nn.Module):
+        raise AssertionError(errors.REMOVE_BLOCKS_NOT_MODULE)
     for m in module.modules():
         for handle_id in [k for k, hook in m._forward_pre_hooks.items()
                           if isinstance(hook, _BlockHook)]:

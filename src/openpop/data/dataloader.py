@@ -55,13 +55,15 @@ class DataLoader(torch.utils.data.DataLoader):
             into combined batches. Excludes ``batch_size`` and ``shuffle``.
         :param kwargs: any other argument of ``torch.utils.data.DataLoader``.
         """
-        assert isinstance(options, Options), messages.NOT_OPTIONS.format(type=type(options).__name__)
+        if not isinstance(options, Options):
+            raise AssertionError(messages.NOT_OPTIONS.format(type=type(options).__name__))
         mode = DataLoaderMode(mode)
         shuffle = bool(shuffle)
         if persistent_workers is None:
             persistent_workers = num_workers > 0
         async_options = dict(async_options or {})
-        assert "rebatched_size" not in async_options, messages.ASYNC_OPTIONS_REBATCHED
+        if "rebatched_size" in async_options:
+            raise AssertionError(messages.ASYNC_OPTIONS_REBATCHED)
         num_processes = options.Distributed.numProcesses
         num_batches_to_combine = combined_batch_factor(options)
         is_iterable = isinstance(dataset, torch.utils.data.IterableDataset)
@@ -77,7 +79,8 @@ class DataLoader(torch.utils.data.DataLoader):
             combined_batch_size = None if batch_size is None else batch_size * num_batches_to_combine
 
         if is_iterable:
-            assert num_processes == 1 or not auto_distributed_partitioning, messages.ITERABLE_PARTITIONING
+            if not (num_processes == 1 or not auto_distributed_partitioning):
+                raise AssertionError(messages.ITERABLE_PARTITIONING)
             if num_workers > 1 and kwargs.get("worker_init_fn") is None:
                 logger.warning(messages.ITERABLE_WORKERS, num_workers, num_workers)
 
@@ -98,10 +101,12 @@ class DataLoader(torch.utils.data.DataLoader):
         # Without a batch size nothing is batched and there is no last batch to drop.
         torch_batch_size, torch_drop_last = combined_batch_size, drop_last and combined_batch_size is not None
         if mode == DataLoaderMode.AsyncRebatched and batch_sampler is None:
-            assert combined_batch_size is not None, messages.REBATCHED_NEEDS_BATCH_SIZE
+            if combined_batch_size is None:
+                raise AssertionError(messages.REBATCHED_NEEDS_BATCH_SIZE)
             worker_size = rebatched_worker_size or combined_batch_size
-            assert worker_size <= combined_batch_size, messages.REBATCHED_WORKER_SIZE.format(
-                worker=worker_size, combined=combined_batch_size)
+            if not (worker_size <= combined_batch_size):
+                raise AssertionError(messages.REBATCHED_WORKER_SIZE.format(
+                worker=worker_size, combined=combined_batch_size))
             rebatched_size = combined_batch_size
             # The re-batching applies drop_last to combined batches; dropping partial worker
             # batches too would lose elements a synchronous loader keeps.

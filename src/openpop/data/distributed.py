@@ -36,7 +36,8 @@ class DistributedShard(torch.utils.data.Dataset):
     """
 
     def __init__(self, dataset, options, combined_batch_size: Optional[int], drop_last: bool, shuffle: bool):
-        assert combined_batch_size is not None, BATCH_SIZE_REQUIRED
+        if combined_batch_size is None:
+            raise AssertionError(BATCH_SIZE_REQUIRED)
         self.dataset = dataset
         self.num_processes = options.Distributed.numProcesses
         self.process_id = options.Distributed.processId
@@ -46,7 +47,8 @@ class DistributedShard(torch.utils.data.Dataset):
         self._order = None
         self._generator = None
         if shuffle:
-            assert options.exists("random_seed"), RANDOM_SEED_REQUIRED
+            if not options.exists("random_seed"):
+                raise AssertionError(RANDOM_SEED_REQUIRED)
             self._generator = torch.Generator()
             self._generator.manual_seed(options.random_seed)
             self._used_per_epoch = total if not drop_last else self._length * self.num_processes

@@ -22,9 +22,9 @@ from typing import Optional
 
 import torch
 
+from . import messages
+
 ACCUM_TYPES = (torch.float16, torch.float32)
-ACCUM_TYPE_ERROR = "Accumulation types must be either torch.float32 or torch.float16"
-AMSGRAD_ERROR = "Only non-amsgrad Adam/AdamW optimizers are supported."
 
 
 class VariableAttributes:
@@ -56,8 +56,9 @@ class VariableAttributes:
             self._variable_attributes.append(attr)
 
     def _check(self, attr):
-        assert attr in self._allowed_attributes, (
-            f"Unknown attribute {attr}, allowed values: {self._allowed_attributes}")
+        if attr not in self._allowed_attributes:
+            raise AssertionError(messages.UNKNOWN_VARIABLE_ATTRIBUTE.format(attr=attr,
+                                                                            allowed_attributes=self._allowed_attributes))
 
     def __repr__(self):
         return f"VariableAttributes(variable={self._variable_attributes})"
@@ -72,7 +73,8 @@ def resolve_accum_type(dtype: Optional[torch.dtype]) -> torch.dtype:
     """None -> torch.float32; anything but float16/float32 -> AssertionError."""
     if dtype is None:
         return torch.float32
-    assert dtype in ACCUM_TYPES, ACCUM_TYPE_ERROR
+    if dtype not in ACCUM_TYPES:
+        raise AssertionError(messages.ACCUM_TYPE_ERROR)
     return dtype
 
 
@@ -218,7 +220,7 @@ class Optimizer:
                 if p.grad is None:
                     continue
                 if p.grad.is_sparse:
-                    raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
+                    raise RuntimeError(messages.NO_SPARSE_GRADIENTS.format(self_type=type(self).__name__))
                 buckets.setdefault((p.device, compute_dtype(p.dtype)), []).append(p)
             for (_, dtype), params in buckets.items():
                 grads = [p.grad if p.grad.dtype == dtype else p.grad.to(dtype) for p in params]

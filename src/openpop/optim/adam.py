@@ -6,9 +6,8 @@ from typing import Optional
 
 import torch
 
-from . import _base
+from . import _base, messages
 from ._base import (
-    AMSGRAD_ERROR,
     Optimizer,
     given,
     mirror,
@@ -42,7 +41,7 @@ class _AdamBase(Optimizer):
 
     def _check_group(self, group):
         if group.get("amsgrad", False):
-            raise ValueError(AMSGRAD_ERROR)
+            raise ValueError(messages.AMSGRAD_ERROR)
 
     def _bias_correction(self) -> bool:
         return True
@@ -117,7 +116,7 @@ class Adam(_AdamBase, torch.optim.Adam):
                  *,
                  decoupled_weight_decay: Optional[bool] = None) -> None:
         if amsgrad:
-            raise ValueError(AMSGRAD_ERROR)
+            raise ValueError(messages.AMSGRAD_ERROR)
         accum_type = resolve_accum_type(accum_type)
         first = resolve_accum_type(first_order_momentum_accum_type)
         second = resolve_accum_type(second_order_momentum_accum_type)
@@ -159,7 +158,7 @@ class AdamW(_AdamBase, torch.optim.AdamW):
                  second_order_momentum_accum_type: Optional[torch.dtype] = None,
                  max_grad_norm: Optional[float] = None) -> None:
         if amsgrad:
-            raise ValueError(AMSGRAD_ERROR)
+            raise ValueError(messages.AMSGRAD_ERROR)
         accum_type = resolve_accum_type(accum_type)
         first = resolve_accum_type(first_order_momentum_accum_type)
         second = resolve_accum_type(second_order_momentum_accum_type)
