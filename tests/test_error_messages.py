@@ -29,11 +29,12 @@ def covered_modules():
 
 def literal_prose(node):
     """The string literals and f-strings with words in them under ``node``."""
-    texts = []
+    texts, parts = [], set()
     for n in ast.walk(node):
         if isinstance(n, ast.JoinedStr):  # its literal parts, the replacement fields left out
             texts.append("".join(p.value if isinstance(p, ast.Constant) else "" for p in n.values))
-        elif isinstance(n, ast.Constant) and isinstance(n.value, str):
+            parts.update(id(p) for p in n.values)
+        elif isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in parts:
             texts.append(n.value)
     return [text for text in texts if PROSE.search(text)]
 

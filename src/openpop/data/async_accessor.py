@@ -226,7 +226,7 @@ class AsynchronousDataAccessor:
             self._unusable_reason = messages.WORKER_FAILED_TO_START
             raise Error(messages.WORKER_FAILED_TO_START) from None
         if message != ("ready",):
-            raise AssertionError(f"unexpected first message from the worker: {message[0]}")
+            raise AssertionError(messages.WORKER_FIRST_MESSAGE.format(message=message[0]))
 
     def _receive(self):
         """The worker's next message; raises ``Error`` if the worker dies first."""

@@ -7,6 +7,8 @@ from typing import Any, Callable
 
 import torch
 
+from . import messages
+
 
 def _is_namedtuple(obj) -> bool:
     return isinstance(obj, tuple) and hasattr(obj, "_fields")
@@ -94,13 +96,12 @@ def batch_length(tree) -> int:
     for leaf in leaves(tree):
         if isinstance(leaf, torch.Tensor) and leaf.dim() > 0:
             return leaf.shape[0]
-    raise TypeError("Rebatching needs batches whose leaves are tensors with a batch dimension, "
-                    f"got {type(tree).__name__}")
+    raise TypeError(messages.REBATCH_NOT_BATCHED.format(tree_type=type(tree).__name__))
 
 
 def _require_tensor(leaf):
     if not isinstance(leaf, torch.Tensor):
-        raise TypeError(f"Rebatching supports batches of tensors only, got a leaf of type {type(leaf).__name__}")
+        raise TypeError(messages.REBATCH_LEAF_TYPE.format(leaf_type=type(leaf).__name__))
     return leaf
 
 

@@ -10,6 +10,7 @@ from typing import Optional
 
 import torch
 
+from . import messages
 from .messages import BATCH_SIZE_REQUIRED, RANDOM_SEED_REQUIRED
 
 
@@ -77,7 +78,7 @@ class DistributedShard(torch.utils.data.Dataset):
         if index < 0:
             index += self._length
         if not 0 <= index < self._length:
-            raise IndexError(f"index {index} is out of range for a shard of {self._length} elements")
+            raise IndexError(messages.SHARD_INDEX_OUT_OF_RANGE.format(index=index, length=self._length))
         position = self._start + index
         if self._order is not None:
             position = int(self._order[position])
