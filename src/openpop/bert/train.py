@@ -21,6 +21,7 @@ import poptorch
 
 from ..runtime.half_compute import low_precision_is_faster
 from . import checkpoint as ckpt
+from . import messages
 from .config import BertRunConfig, ConfigError, _ListConfigs, available_configs, build_parser, parse_args
 from .data import DataError, get_dataloader, get_dataset
 from .instances import Instances
@@ -167,8 +168,8 @@ def _run(config: BertRunConfig, stream) -> TrainingResult:
         start_step = int(state["step"])
         if start_step >= config.training_steps:
             raise ckpt.CheckpointError(
-                f"checkpoint {checkpoint_file} is at step {start_step} and training_steps is "
-                f"{config.training_steps}: nothing left to train. Raise --training-steps.")
+                messages.NOTHING_LEFT_TO_TRAIN.format(
+                    checkpoint_file=checkpoint_file, start_step=start_step, training_steps=config.training_steps))
     result.start_step = start_step
     if config.checkpoint_output_dir:
         removed = ckpt.remove_stale_checkpoint_files(config.checkpoint_output_dir)
