@@ -13,7 +13,7 @@ import sys
 import pytest
 
 SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
-MESSAGE_MODULES = {"errors.py", "messages.py"}
+MESSAGE_MODULES = ("openpop/errors.py", "messages.py")
 # TEMPORARY: brought under the rule by the lead after merging the branches that are editing them.
 NOT_YET_COVERED = ("openpop/runtime/", "openpop/lightning/", "openpop/popart/", "popart/",
                    "openpop/report.py", "openpop/profiling.py")
@@ -23,7 +23,7 @@ PROSE = re.compile(r"[A-Za-z]+\s+[A-Za-z]+")  # two words: a message, not a key,
 def covered_modules():
     for path in sorted(SRC.rglob("*.py")):
         relative = path.relative_to(SRC).as_posix()
-        if path.name not in MESSAGE_MODULES and not relative.startswith(NOT_YET_COVERED):
+        if not relative.endswith(MESSAGE_MODULES) and not relative.startswith(NOT_YET_COVERED):
             yield relative
 
 

@@ -12,8 +12,9 @@ While an executor runs a model, it may place a *block recorder* on the run conte
 
 Annotations report to it in the order the forward pass meets them. Ops that run after a
 ``with Block`` closed and before the next block starts are an error in PopTorch ("No active
-Block"); openpop cannot see individual ops here, so the engine checks it by calling
-``assert_active_block()`` at the points it observes ops.
+Block"); openpop sees modules, not individual ops, so the engine's block recorder
+(``runtime/plan.py``) raises that error when a module runs while no block is active.
+``assert_active_block()`` is the same check for code that observes single ops itself.
 
 Blocks without a ``user_id`` get automatic ids "0", "1", ... in the order they start in each
 run; ``Block.useAutoId()`` restarts the count.
@@ -109,7 +110,7 @@ def assert_active_block() -> None:
     """Raise ``Error(NO_ACTIVE_BLOCK)`` if an op now would belong to no block.
 
     That is the case after a ``with Block(...)`` ended and before the next block started.
-    Called by the engine; a no-op outside a recording run.
+    A no-op outside a recording run.
     """
     ctx = _recording_run()
     if ctx is not None and _state_of(ctx).closed:
