@@ -27,9 +27,9 @@ import statistics
 import time
 
 import torch
+from _machine import cpu_name
 
 import poptorch
-from _machine import cpu_name
 from openpop.bert.config import make_config
 from openpop.bert.metrics import training_flops_per_sample
 from openpop.bert.model import PipelinedBertForPretraining

@@ -15,11 +15,10 @@ import json
 import time
 import warnings
 
-import torch
-from torch.utils.data import DataLoader
-
 import lightning.pytorch as pl
+import torch
 from lightning.pytorch.strategies import IPUStrategy  # resolved by openpop's import hook
+from torch.utils.data import DataLoader
 
 warnings.filterwarnings("ignore", ".*does not have many workers.*")
 warnings.filterwarnings("ignore", ".*LeafSpec.*")

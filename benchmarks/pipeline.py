@@ -87,7 +87,7 @@ def main():
         variants["gpu_1_device"] = dict(annotate=True, recompute=False, device_map=["cuda:0"])
         variants["gpu_n_devices"] = dict(annotate=True, recompute=False,
                                          device_map=[f"cuda:{i}" for i in range(min(gpus, 4))])
-    best = {name: 0.0 for name in variants}
+    best = dict.fromkeys(variants, 0.0)
     for _ in range(args.repeats):  # interleaved, best of N
         for name, kw in variants.items():
             best[name] = max(best[name], run(copy.deepcopy(base), **kw, **common))

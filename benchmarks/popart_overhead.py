@@ -14,10 +14,10 @@ import time
 
 import numpy as np
 import torch
+from _machine import cpu_name
 
 import popart
 import poptorch
-from _machine import cpu_name
 
 LAYERS = 3
 
@@ -96,9 +96,9 @@ def run_popart(init, data, labels, bps, accl, lr):
     opts = popart.SessionOptions()
     opts.enableGradientAccumulation = accl > 1
     opts.accumulationFactor = accl
-    session = popart.TrainingSession(builder.getModelProto(), popart.DataFlow(bps, {loss: popart.AnchorReturnType("All")}),
-                                     loss, popart.ConstSGD(lr), popart.DeviceManager().createCpuDevice(),
-                                     userOptions=opts)
+    dataflow = popart.DataFlow(bps, {loss: popart.AnchorReturnType("All")})
+    session = popart.TrainingSession(builder.getModelProto(), dataflow, loss, popart.ConstSGD(lr),
+                                     popart.DeviceManager().createCpuDevice(), userOptions=opts)
     session.prepareDevice()
     session.weightsFromHost()
     anchors = session.initAnchorArrays()
@@ -135,7 +135,8 @@ def main():
     best = {}
     final = {}
     for _ in range(args.repeats):  # interleaved, best of N: robust to a noisy shared machine
-        for name, fn in (("torch loop", run_torch), ("poptorch (openpop)", run_poptorch), ("popart (openpop)", run_popart)):
+        runs = (("torch loop", run_torch), ("poptorch (openpop)", run_poptorch), ("popart (openpop)", run_popart))
+        for name, fn in runs:
             seconds, result = fn(init, data, labels, bps, accl, lr)
             best[name] = min(best.get(name, float("inf")), seconds)
             final[name] = result

@@ -84,7 +84,7 @@ def main():
     if gpus >= 2:
         variants["gpu_1_device"] = dict(replicas=1, ga=ga * gpus, device_map=["cuda:0"])
         variants["gpu_n_devices"] = dict(replicas=gpus, ga=ga, device_map=[f"cuda:{i}" for i in range(gpus)])
-    best = {name: 0.0 for name in variants}
+    best = dict.fromkeys(variants, 0.0)
     for _ in range(args.repeats):  # interleaved, best of N
         for name, kw in variants.items():
             best[name] = max(best[name], run(base, **kw, **common))

@@ -31,6 +31,7 @@ SRC = os.path.join(os.path.dirname(HERE), "src")
 def worker(out: str, steps: int, width: int, micro: int) -> None:
     """One poprun instance: train, time the steps and the all-reduce, write the numbers."""
     import torch
+
     import popdist
     import popdist.poptorch
     import poptorch

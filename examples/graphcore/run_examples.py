@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -36,7 +36,7 @@ class Example:
     name: str
     repo: str  # "examples" or "lightning"
     folder: str  # inside the repository
-    command: Tuple[str, ...]  # after "python"
+    command: tuple[str, ...]  # after "python"
     expect: str  # printed by a successful run
     size: str = "small"
     needs: Optional[str] = None  # why it can't run here; it is still run, to show the failure
@@ -171,7 +171,7 @@ def main():
             print(f"{example.name:<32} skipped: no --{example.repo.replace('lightning', 'lightning-examples')} "
                   f"checkout given", flush=True)
             continue
-        status, seconds, line, log = run(example, source, args.work, args.timeout)
+        status, seconds, line, _log = run(example, source, args.work, args.timeout)
         note = f" [needs {example.needs}]" if example.needs and status != "pass" else ""
         print(f"{example.name:<32} {status:<14} {seconds:7.0f}s  {line[:150]}{note}", flush=True)
         results.append(status)

@@ -39,8 +39,8 @@ def build_model(args, rng):
         out = classes if layer == layers - 1 else args.hidden
         ipu = layer * args.ipus // layers
         with builder.virtualGraph(ipu), builder.pipelineStage(ipu), builder.nameScope(f"layer{layer}"):
-            w = builder.addInitializedInputTensor((rng.standard_normal((width, out)) / np.sqrt(width)).astype(np.float32),
-                                                  "weight")
+            init = (rng.standard_normal((width, out)) / np.sqrt(width)).astype(np.float32)
+            w = builder.addInitializedInputTensor(init, "weight")
             b = builder.addInitializedInputTensor(np.zeros(out, np.float32), "bias")
             h = builder.aiOnnx.add([builder.aiOnnx.matmul([h, w]), b])
             if layer < layers - 1:

@@ -4,21 +4,28 @@
 """
 import warnings as _warnings
 
-from ._version import openpop_version, poptorch_version as __version__
-from .errors import ConfigFileError, Error, RecoverableError, UnrecoverableError, createPoptorchError
-from .enums import *  # noqa: F401,F403
-from .enums import OutputMode as _OutputMode
-from .log import logger, setLogLevel
-from .options import Options, TensorLocationSettings
-from .strategies import (ParallelPhasedExecution, Phase, PipelinedExecution, SerialPhasedExecution,
-                         ShardedExecution, Stage)
+from . import errors, optim, profiling, testing
+from ._version import openpop_version
+from ._version import poptorch_version as __version__
 from .annotations import BeginBlock, Block, BlockFunction, removeBlocks
-from .ops import *  # noqa: F401,F403
-from .runtime.losses import identity_loss
 from .data import AsynchronousDataAccessor, DataLoader
+from .enums import *  # noqa: F403
+from .enums import OutputMode as _OutputMode
+from .errors import ConfigFileError, Error, RecoverableError, UnrecoverableError, createPoptorchError
+from .log import logger, setLogLevel
+from .models import inferenceModel, ipuHardwareIsAvailable, ipuHardwareVersion, isRunningOnIpu, load, trainingModel
+from .ops import *  # noqa: F403
+from .options import Options, TensorLocationSettings
 from .runtime.executor import PoplarExecutor
-from .models import inferenceModel, load, ipuHardwareIsAvailable, ipuHardwareVersion, isRunningOnIpu, trainingModel
-from . import optim, profiling, testing  # noqa: F401
+from .runtime.losses import identity_loss
+from .strategies import (
+    ParallelPhasedExecution,
+    Phase,
+    PipelinedExecution,
+    SerialPhasedExecution,
+    ShardedExecution,
+    Stage,
+)
 
 
 def __getattr__(name):
@@ -26,4 +33,4 @@ def __getattr__(name):
         _warnings.warn("poptorch.AnchorMode is deprecated: use poptorch.OutputMode instead, previous name "
                        "was misleading", DeprecationWarning, stacklevel=2)
         return _OutputMode
-    raise AttributeError(f"module 'poptorch' has no attribute '{name}'")
+    raise AttributeError(errors.NO_SUCH_ATTRIBUTE.format(name=name))

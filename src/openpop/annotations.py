@@ -12,8 +12,9 @@ While an executor runs a model, it may place a *block recorder* on the run conte
 
 Annotations report to it in the order the forward pass meets them. Ops that run after a
 ``with Block`` closed and before the next block starts are an error in PopTorch ("No active
-Block"); openpop cannot see individual ops here, so the engine checks it by calling
-``assert_active_block()`` at the points it observes ops.
+Block"); openpop sees modules, not individual ops, so the engine's block recorder
+(``runtime/plan.py``) raises that error when a module runs while no block is active.
+``assert_active_block()`` is the same check for code that observes single ops itself.
 
 Blocks without a ``user_id`` get automatic ids "0", "1", ... in the order they start in each
 run; ``Block.useAutoId()`` restarts the count.
@@ -24,12 +25,21 @@ from typing import Callable, Optional
 
 import torch
 
+from . import errors
 from .errors import NO_ACTIVE_BLOCK, Error, createPoptorchError
 from .runtime import context
 from .strategies import check_ipu_index
 
-__all__ = ["BeginBlock", "Block", "BlockFunction", "LegacyBeginBlockFn", "removeBlocks",
-           "block_annotation", "current_block", "assert_active_block"]
+__all__ = [
+    "BeginBlock",
+    "Block",
+    "BlockFunction",
+    "LegacyBeginBlockFn",
+    "assert_active_block",
+    "block_annotation",
+    "current_block",
+    "removeBlocks",
+]
 
 
 class _RunBlockState:
@@ -100,7 +110,7 @@ def assert_active_block() -> None:
     """Raise ``Error(NO_ACTIVE_BLOCK)`` if an op now would belong to no block.
 
     That is the case after a ``with Block(...)`` ended and before the next block started.
-    Called by the engine; a no-op outside a recording run.
+    A no-op outside a recording run.
     """
     ctx = _recording_run()
     if ctx is not None and _state_of(ctx).closed:
@@ -157,16 +167,17 @@ def BeginBlock(layer_to_call, user_id: Optional[str] = None,
     if not isinstance(layer_to_call, torch.nn.Module):
         if callable(layer_to_call):
             return LegacyBeginBlockFn(layer_to_call, user_id, ipu_id)
-        raise createPoptorchError("module is not an instance of torch.nn.Module or function.")
+        raise createPoptorchError(errors.BLOCK_TARGET_TYPE)
     if block_annotation(layer_to_call) is not None:
-        raise createPoptorchError("module has already been assigned to a block.")
+        raise createPoptorchError(errors.ALREADY_IN_BLOCK)
     layer_to_call.register_forward_pre_hook(_BlockHook(user_id, ipu_id))
     return layer_to_call
 
 
 def removeBlocks(module: torch.nn.Module) -> None:
     """Remove every ``BeginBlock`` annotation from ``module`` and its sub-modules."""
-    assert isinstance(module, torch.nn.Module), "removeBlocks expects a torch.nn.Module"
+    if not isinstance(module, torch.nn.Module):
+        raise AssertionError(errors.REMOVE_BLOCKS_NOT_MODULE)
     for m in module.modules():
         for handle_id in [k for k, hook in m._forward_pre_hooks.items()
                           if isinstance(hook, _BlockHook)]:

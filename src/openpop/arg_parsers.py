@@ -6,13 +6,15 @@ A model may take objects of its own types as inputs. For such a type, register a
 devices, ...) and ``reconstruct`` to build an object of the same shape around new tensors.
 """
 import abc
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any, Optional
 
 from torch.utils import _pytree as pytree
 
+from . import errors
 from .errors import createPoptorchError
 
-__all__ = ["ICustomArgParser", "registerCustomArgParser", "custom_arg_parser_for"]
+__all__ = ["ICustomArgParser", "custom_arg_parser_for", "registerCustomArgParser"]
 
 
 class ICustomArgParser(abc.ABC):
@@ -34,7 +36,7 @@ _parsers = {}
 def registerCustomArgParser(arg_data_type: type, arg_parser: ICustomArgParser) -> None:
     """Use ``arg_parser`` for inputs of type ``arg_data_type`` (and its subclasses)."""
     if not isinstance(arg_parser, ICustomArgParser):
-        raise createPoptorchError("arg_parser must inherit from ICustomArgParser")
+        raise createPoptorchError(errors.ARG_PARSER_TYPE)
     first_registration = arg_data_type not in _parsers
     _parsers[arg_data_type] = arg_parser
     if first_registration and arg_data_type not in pytree.SUPPORTED_NODES:

@@ -8,7 +8,7 @@ that is written again and again does not fill up with them.
 import os
 import re
 import tempfile
-from typing import List, Pattern
+from re import Pattern
 
 
 class _FailFastStream:
@@ -81,7 +81,7 @@ def _running(pid: int) -> bool:
     return True
 
 
-def remove_stale_temporaries(directory: str, names: Pattern) -> List[str]:
+def remove_stale_temporaries(directory: str, names: Pattern) -> list[str]:
     """Delete the temporary files ``atomic_write`` left in ``directory`` for targets whose name
     matches ``names`` and whose writing process is not running on this machine (files without a
     process id are from an older openpop and always stale). Returns the paths removed.

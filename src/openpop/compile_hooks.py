@@ -9,8 +9,14 @@ from typing import Callable
 
 import torch.utils.hooks
 
-__all__ = ["registerPreCompileHook", "registerPostCompileHook", "run_pre_compile_hooks",
-           "run_post_compile_hooks"]
+from . import errors
+
+__all__ = [
+    "registerPostCompileHook",
+    "registerPreCompileHook",
+    "run_post_compile_hooks",
+    "run_pre_compile_hooks",
+]
 
 _pre_compile_hooks = collections.OrderedDict()
 _post_compile_hooks = collections.OrderedDict()
@@ -25,14 +31,14 @@ def _register(hooks, hook) -> torch.utils.hooks.RemovableHandle:
 def registerPreCompileHook(hook: Callable) -> torch.utils.hooks.RemovableHandle:
     """Call ``hook()`` before every model compilation."""
     if not callable(hook):
-        raise RuntimeError("Pre-compile hook must be callable")
+        raise RuntimeError(errors.PRE_COMPILE_HOOK_NOT_CALLABLE)
     return _register(_pre_compile_hooks, hook)
 
 
 def registerPostCompileHook(hook: Callable) -> torch.utils.hooks.RemovableHandle:
     """Call ``hook()`` after every model compilation."""
     if not callable(hook):
-        raise RuntimeError("Post-compile hook must be callable")
+        raise RuntimeError(errors.POST_COMPILE_HOOK_NOT_CALLABLE)
     return _register(_post_compile_hooks, hook)
 
 

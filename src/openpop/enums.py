@@ -97,7 +97,19 @@ class HalfFloatCastingBehavior(enum.IntEnum):
 
 
 __all__ = [
-    "OutputMode", "DataLoaderMode", "SharingStrategy", "ConnectionType", "ReductionType",
-    "MeanReductionStrategy", "SyncPattern", "MatMulSerializationMode", "Liveness", "OverlapMode",
-    "AutoStage", "MultiConvPlanType", "CommGroupType", "VariableRetrievalMode", "HalfFloatCastingBehavior",
+    "AutoStage",
+    "CommGroupType",
+    "ConnectionType",
+    "DataLoaderMode",
+    "HalfFloatCastingBehavior",
+    "Liveness",
+    "MatMulSerializationMode",
+    "MeanReductionStrategy",
+    "MultiConvPlanType",
+    "OutputMode",
+    "OverlapMode",
+    "ReductionType",
+    "SharingStrategy",
+    "SyncPattern",
+    "VariableRetrievalMode",
 ]

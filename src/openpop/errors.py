@@ -1,7 +1,32 @@
-"""PopTorch's exception types and the exact texts of its user-facing errors.
+"""PopTorch's exception types, and the texts of the errors of openpop's PopTorch API.
 
-Every message a user can observe lives here once, so tests and code share it.
-``Error`` derives from ``Exception`` (not ``RuntimeError``), as in PopTorch.
+The rule for messages (checked by tests/test_error_messages.py):
+
+* Every error text lives in one module and is raised by name. PopTorch's API (the modules
+  directly under ``openpop/``, ``runtime/``, ``poptorch/``) keeps its texts here; each other
+  package keeps its own in its ``messages.py`` (``data``, ``optim``, ``bert``, ``distributed``,
+  ``k8s``; ``popart`` and ``lightning`` follow). A raise site may fill a text in with
+  ``.format(...)`` or ``%`` but never spells prose itself.
+* Where PopTorch (or PopART, popdist, Lightning) had a text, the constant holds its exact words.
+* User input is checked with explicit raises, never ``assert``: ``python -O`` changes nothing.
+
+Which exception type, kept for PopTorch compatibility (code catches these):
+
+==================================  =====================================================
+``AssertionError``                  PopTorch's ``assert`` checks on user input: ``Options``
+                                    setters, strategies/stages, DataLoader arguments,
+                                    optimizer accumulator types, ``VariableAttributes``
+``ValueError``                      bad values PopTorch rejected with ``ValueError``
+                                    (e.g. ``setPartialsType``, ``amsgrad``, op arguments)
+``poptorch.Error``                  what PopTorch's C++ side raised: compile/run-time
+(``createPoptorchError``)           problems, op argument checks (``'poptorch_py_error'``)
+``RuntimeError``                    wrapping twice, ``popdist.poptorch.Options`` misuse,
+                                    backends' own failures
+``AttributeError``                  setting frozen or unknown ``Options`` attributes
+``ConfigFileError``                 a malformed ``Options.loadFromFile`` line
+package errors                      ``ManifestError`` (k8s), ``UsageError`` (poprun),
+                                    ``ConfigError``/``DataError``/``CheckpointError`` (bert)
+==================================  =====================================================
 """
 
 
@@ -43,6 +68,14 @@ class ConfigFileError(Exception):
 def createPoptorchError(msg: str) -> Error:
     """Build the ``poptorch.Error`` that Python-side checks raise."""
     return Error(f"'poptorch_py_error': {msg}", type="poptorch_py_error")
+
+
+def check_type(value, expected, where: str, name: str) -> None:
+    """PopTorch's ``assert isinstance(value, expected)`` on an argument, kept under ``python -O``."""
+    if not isinstance(value, expected):
+        wanted = expected.__name__ if isinstance(expected, type) else " or ".join(t.__name__ for t in expected)
+        raise AssertionError(WRONG_TYPE.format(where=where, name=name, expected=wanted,
+                                               got=type(value).__name__, value=value))
 
 
 # --- executor ------------------------------------------------------------------
@@ -110,9 +143,174 @@ PARAMETER_REASSIGNED = (
 ZERO_SIZED = "Zero-sized tensors are unsupported (Got shape {shape})"
 
 # --- options -------------------------------------------------------------------
+WRONG_TYPE = "{where}: {name} must be a {expected}, got {got} {value!r}"
 FROZEN_OPTIONS = "Can't modify frozen Options"
 
 # --- ops -----------------------------------------------------------------------
 FOR_LOOP_TRAINING = "poptorch.for_loop() is only supported in inference."
 COND_TRAINING = "poptorch.cond() is only supported in inference."
 NO_ACTIVE_BLOCK = "No active Block, all the ops must belong to a Block"
+
+# --- openpop/strategies.py ------------------------------------------------------------
+UNKNOWN_BLOCK = "Unknown Block '{block_id}' list of expected Blocks: {expected}"
+BLOCK_IN_TWO_STAGES = "{block_id} associated with more than one stage"
+SAME_AS_IPU_WITHOUT_IPU = ("poptorch.AutoStage.SameAsIpu was selected but no IPU was specified for "
+                           "block {block_id}")
+NO_PHASES = ("There is currently no AutoStage for PhasedExecution, please explicitly specify the "
+             "phases")
+PARALLEL_PHASE_PARITY = ("When phases are executed in parallel: even phases must run on even IPUs "
+                         "and odd phases on odd IPUs")
+
+# --- openpop/__init__.py -------------------------------------------------------------------
+NO_SUCH_ATTRIBUTE = "module 'poptorch' has no attribute '{name}'"
+
+# --- openpop/annotations.py ----------------------------------------------------------------
+BLOCK_TARGET_TYPE = "module is not an instance of torch.nn.Module or function."
+ALREADY_IN_BLOCK = "module has already been assigned to a block."
+REMOVE_BLOCKS_NOT_MODULE = "removeBlocks expects a torch.nn.Module"
+
+# --- openpop/arg_parsers.py ----------------------------------------------------------------
+ARG_PARSER_TYPE = "arg_parser must inherit from ICustomArgParser"
+
+# --- openpop/compile_hooks.py --------------------------------------------------------------
+PRE_COMPILE_HOOK_NOT_CALLABLE = "Pre-compile hook must be callable"
+POST_COMPILE_HOOK_NOT_CALLABLE = "Post-compile hook must be callable"
+
+# --- openpop/log.py ------------------------------------------------------------------------
+LOG_LEVEL_UNKNOWN = "Unknown log level: {level}. Valid values are DEBUG, ERR, INFO, OFF, TRACE and WARN"
+LOG_LEVEL_INTEGER = "Invalid log level integer"
+
+# --- openpop/models.py ---------------------------------------------------------------------
+EXECUTABLE_WITHOUT_MODEL = (
+    "{filename} was saved with export_model=False: create the model, wrap it, then call "
+    "loadExecutable(filename) on the wrapper.")
+
+# --- openpop/ops.py ------------------------------------------------------------------------
+PRINT_TENSOR_NOT_TENSOR = "ipu print tensor must take a torch.tensor argument."
+NOP_NOT_TENSOR = "nop must take a torch.tensor argument."
+AVAILABLE_MEMORY_NOT_TENSOR = "You may only set available memory for torch.tensor values."
+OVERLAP_NOT_TENSOR = "You may only set overlap for torch.tensor {what}."
+SLICE_INPUT_NOT_TENSOR = "{op} must take a torch.tensor input."
+SLICE_START_NOT_TENSOR = "Slice start argument to {op} must be a torch.tensor."
+DYNAMIC_UPDATE_SRC_NOT_TENSOR = "Src argument to dynamic_update must be a torch.tensor."
+CUSTOM_OP_UNAVAILABLE = (
+    "poptorch.custom_op('{name}', domain '{domain}'): PopART custom ops are IPU binaries (Poplar/PopART "
+    "C++ codelets) and cannot run in openpop. Implement the op in PyTorch (for example as a "
+    "torch.autograd.Function, or with torch.library for a custom kernel) and call it in place of "
+    "poptorch.custom_op.")
+UNSUPPORTED_VALUE_TYPE = "{message} {value_type} is not supported."
+AVAILABLE_MEMORY_PROPORTION = (
+    "available_memory_proportion must be a number between 0 and 1, got {value!r}")
+MATMUL_SERIALIZATION_MODE = "mode must be a poptorch.MatMulSerializationMode, got {mode!r}"
+MATMUL_SERIALIZATION_FACTOR = "factor must be an int, got {factor!r}"
+MATMUL_KEEP_PRECISION = "keep_precision must be a bool, got {keep_precision!r}"
+OVERLAP_MODE = "mode must be a poptorch.OverlapMode, got {mode!r}."
+DIMENSION_NOT_INTEGER = "Dimension must be an integer."
+SIZE_NOT_INTEGER = "Size must be an integer."
+DIMENSION_OUT_OF_RANGE = "Dimension {dim} is out of range for a tensor of {dim2} dimensions."
+SLICE_START_NOT_ONE_INTEGER = (
+    "Slice start argument to {op} must hold one integer, got a {dtype} tensor of shape {shape}.")
+SLICE_EMPTY = "The start and end of a slice must be different."
+SLICE_END_BEFORE_START = "Taking a slice of a tensor with the end less than the start is not supported."
+STEP_NOT_INTEGER = "Step must be an integer."
+STEP_NOT_POSITIVE = "Step must be a positive integer, got {step}."
+DYNAMIC_UPDATE_DIMENSIONALITY = "input and src tensors must have same dimensionality. ({dim}) vs ({dim2})"
+DYNAMIC_UPDATE_DTYPE = "input and src tensor must have same dtype. ({dtype} vs {dtype2})"
+DYNAMIC_UPDATE_SHAPE = (
+    "dynamic_update: src must have shape {expected} (input shape with dimension {dim} of size {size}), got "
+    "{shape}.")
+FOR_LOOP_INPUTS_NOT_LIST = (
+    "poptorch.for_loop expects input tensors (inputs) to be a list of tensors. (Object is not list)")
+FOR_LOOP_COUNT = "poptorch.for_loop expects count to be a non-negative int, got {count!r}"
+COND_INPUTS_NOT_LIST = (
+    "poptorch.cond expects then_inps and else_inps tensors to be a list of tensors. (Object is not list)")
+FLOAT_FORMAT = "Invalid float_format '{float_format}': expected one of {choices}"
+INPUTS_NOT_TENSORS = "All inputs must be tensors"
+SLICE_OUTSIDE_DIMENSION = "{op}: the slice [{first}, {value}) is outside dimension {dim} of size {shape}."
+FOR_LOOP_INPUT_NOT_TENSOR = (
+    "poptorch.for_loop expects input tensors (inputs) to be a list of tensors. (Object contained in list "
+    "at index {index} is not torch.tensor)")
+FOR_LOOP_BODY_OUTPUTS = (
+    "poptorch.for_loop: the body returned {values_count} tensors but takes {inputs_count}: it must return "
+    "as many tensors as it takes.")
+ENABLE_CONV_DITHERING_VALUE = "value must be bool or list of bools"
+CONVOLUTION_PLAN_TYPE = "Invalid plan type!"
+PER_CONV_RESERVED_TILES = "perConvReservedTiles expects an int, got {value!r}"
+CYCLE_BACK_OFF = "cycleBackOff expects a float, got {value!r}"
+NAME_SCOPE_NOT_STRING = "Parameter to NameScope must be a string"
+PARTIALS_TYPE = "Invalid partials types. Expecting torch.float or torch.half"
+
+# --- openpop/options.py --------------------------------------------------------------------
+INVALID_ATTRIBUTE = "Invalid attribute {name}."
+TRACE_MODEL_TRUE = "options.Jit.traceModel(True) is no longer supported"
+INTEGER_AT_LEAST = "{setter}: {option} must be an integer >= {minimum}, not {value!r}"
+AUTOCAST_ENABLED = "Precision.autocast(enabled=...) needs a bool, not {enabled!r}"
+AUTOCAST_DTYPE = "Precision.autocast(dtype=...) must be torch.bfloat16 or torch.float16, not {dtype!r}"
+FLOATING_POINT_EXCEPTIONS_BOOL = "enableFloatingPointExceptions needs to be set to a bool"
+STOCHASTIC_ROUNDING_BOOL = "enableStochasticRounding needs to be set to a bool"
+RUNNING_STATISTICS_FLOAT_BOOL = "runningStatisticsAlwaysFloat needs to be set to a bool"
+REDUCTION_TYPE = (
+    "accumulationAndReplicationReductionType must be set to poptorch.ReductionType.Mean or "
+    "poptorch.ReductionType.Sum")
+AUTOMATIC_LOSS_SCALING_BOOL = "setAutomaticLossScaling needs to be set to a bool"
+ROLLBACK_FAILED_CALLS_BOOL = "Training.rollbackFailedCalls needs a bool, not {enabled!r}"
+PROCESS_ID_OUT_OF_RANGE = (
+    "Options.Distributed.configureProcessId: process_id ({process_id}) must be smaller than num_processes "
+    "({num_processes})")
+NUM_IO_TILES = "numIOTiles must be an even number between 32 and 192."
+INPUT_GROUP_TYPE_ALL = "input_group_type cannot be All"
+INPUT_GROUP_SIZE_TOO_LARGE = "input_group_size cannot be larger than replication_factor"
+INPUT_GROUP_SIZE_NOT_FACTOR = "input_group_size must be a factor of replication_factor"
+OUTPUT_MODE_NOT_PICKED = "An output mode must be picked before serialisation"
+INVALID_PRIVATE_ATTRIBUTE = (
+    "Invalid private attribute {name}: private attributes must be created in __init__ before the options "
+    "values")
+INVALID_OPTION = "Invalid option %s, valid options are %s"
+UNEXPECTED_OPTION_TYPE = "Unexpected type %s for option %s. Expected %s"
+PARTIALS_TYPE_SETTER = "parameter to setPartialsType should be eithertorch.float or torch.half"
+LOSS_SCALING_GROWTH_FACTOR = "setAutomaticLossScaling: growth_factor must be a number > 1, not {growth_factor!r}"
+LOSS_SCALING_BACKOFF_FACTOR = (
+    "setAutomaticLossScaling: backoff_factor must be a number between 0 and 1, not {backoff_factor!r}")
+LOSS_SCALING_GROWTH_INTERVAL = (
+    "setAutomaticLossScaling: growth_interval must be a positive int, not {growth_interval!r}")
+EVERY_N_PERIOD = "EveryN anchor must have output_return_period set to valid positive integer"
+MEMORY_PROPORTION_KEYS = (
+    "Available memory proportions are expected to be in a dictionary of {\"IPU0\": 0.5} where the 0 in IPU "
+    "is the index of the IPU. Invalid key: %s")
+MERGE_COMMON_KEYS = "Can't merge dictionaries, they have some keys in common: {common}"
+CONFIG_FILE_SYNTAX_ERROR = "SyntaxError at line {number} of file: {msg}\n> {line}"
+SINGLE_VALUE = "{path} takes a single value, got {value!r}"
+
+# --- openpop/strategies.py -----------------------------------------------------------------
+IPU_INDEX = "{where}: {name} must be an integer >= 0 (the index of an IPU), not {ipu!r}"
+STAGE_ARGUMENT = "Each stage must be a poptorch.Stage, a block id or a list of block ids, got {arg!r}"
+BLOCK_IDS_NOT_STRINGS = "Block IDs are supposed to be strings but got {block_ids}"
+PHASE_IPU_COUNT = "Phase contains {stages_count} stages but you provided {ipus_count} ipus"
+PHASE_ARGUMENTS = "All arguments must either be block ids (strings) or Stages: {types}"
+NO_SUCH_BLOCK = "Unknown block {block_id}"
+AUTO_STAGE_NOT_ALONE = "An AutoStage must be the only argument of the execution strategy"
+PHASE_INDEX = "Phases are identified by positive integers"
+
+# --- openpop/special_ops.py ----------------------------------------------------------------
+CTC_PROBS_TYPE = "ctc_beam_search_decoder: probs must be a torch.tensor argument. {probs_type} is not supported."
+CTC_LENGTHS_TYPE = (
+    "ctc_beam_search_decoder: lengths must be a torch.tensor argument. {lengths_type} is not supported.")
+CTC_PROBS_SHAPE = (
+    "ctc_beam_search_decoder: probs must have shape [input_length, batch_size, num_classes], got {shape}.")
+CTC_LENGTHS_SHAPE = "ctc_beam_search_decoder: lengths must have shape [{batch_size}], got {shape}."
+CTC_BLANK_INDEX = "ctc_beam_search_decoder: blank ({blank}) must be a class index in [0, {num_classes})."
+CTC_TOP_PATHS = (
+    "ctc_beam_search_decoder: need 1 <= top_paths <= beam_width, got top_paths={top_paths}, "
+    "beam_width={beam_width}.")
+FPS_SRC_TYPE = "`fps` must take a torch.tensor input. {src_type} is not supported."
+FPS_PTR_TYPE = "`ptr` must be a list of integers."
+FPS_PTR_TOO_SHORT = "`ptr` must containt at least 2 elements."
+FPS_RATIO_TYPE = "`ratio` must be of float type. {ratio_type} is not supported."
+FPS_RANDOM_START_TYPE = "`random_start` must be of bool type. {random_start_type} is not supported."
+FPS_RATIO_RANGE = "`ratio` must be in (0, 1], got {ratio}."
+FPS_PTR_OFFSETS = "`ptr` must be non-decreasing offsets into the {shape} rows of `src`, got {ptr}."
+NEAREST_BATCH_TYPE = "`{name}` must be a torch.Tensor or a list, got {batch_type}."
+NEAREST_BATCH_SHAPE = "`{name}` must hold one batch index per point ({n}), got shape {shape}."
+NEAREST_X_TYPE = "`nearest` must take a torch.tensor `x` input. {x_type} is not supported."
+NEAREST_Y_TYPE = "`nearest` must take a torch.tensor `y` input. {y_type} is not supported."
+NEAREST_EMPTY_EXAMPLE = "`nearest`: some example of `x` has no point in `y`."

@@ -7,6 +7,8 @@ import logging
 import os
 import sys
 
+from . import errors
+
 _LEVELS = {
     "TRACE": 5,
     "DEBUG": logging.DEBUG,
@@ -40,11 +42,11 @@ def setLogLevel(level):
         by_number = [5, logging.DEBUG, logging.INFO, logging.WARNING, logging.ERROR, logging.CRITICAL,
                      logging.CRITICAL + 10]
         if not 0 <= level < len(by_number):
-            raise ValueError("Invalid log level integer")
+            raise ValueError(errors.LOG_LEVEL_INTEGER)
         logger.setLevel(by_number[level])
         return
     if level not in _LEVELS:
-        raise ValueError(f"Unknown log level: {level}. Valid values are DEBUG, ERR, INFO, OFF, TRACE and WARN")
+        raise ValueError(errors.LOG_LEVEL_UNKNOWN.format(level=level))
     logger.setLevel(_LEVELS[level])
 
 

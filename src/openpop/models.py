@@ -34,8 +34,7 @@ def load(filename: str, edit_opts_fn: Optional[Callable] = None) -> PoplarExecut
     saved = read_saved_executor(filename, poptorch_version)
     if saved["model"] is None:
         raise errors.createPoptorchError(
-            f"{filename} was saved with export_model=False: create the model, wrap it, then call "
-            "loadExecutable(filename) on the wrapper.")
+            errors.EXECUTABLE_WITHOUT_MODEL.format(filename=filename))
     options = saved["options"].clone()
     if edit_opts_fn is not None:
         edit_opts_fn(options)

@@ -6,32 +6,54 @@ name scopes, attributes) are validated and then leave values unchanged. Control 
 """
 import builtins
 import contextlib
-from typing import Callable, Dict, List, Optional, Union
+from typing import Callable, Optional, Union
 
 import torch
 
-from . import enums
-from .arg_parsers import ICustomArgParser, custom_arg_parser_for, registerCustomArgParser
-from .compile_hooks import (registerPostCompileHook, registerPreCompileHook,
-                            run_post_compile_hooks, run_pre_compile_hooks)
+from . import enums, errors
+from .arg_parsers import ICustomArgParser, registerCustomArgParser
+from .compile_hooks import registerPostCompileHook, registerPreCompileHook
+
+# runtime.executor imports the hook runners from here (the `as` marks them re-exported).
+from .compile_hooks import run_post_compile_hooks as run_post_compile_hooks
+from .compile_hooks import run_pre_compile_hooks as run_pre_compile_hooks
 from .errors import COND_TRAINING, FOR_LOOP_TRAINING, Error, createPoptorchError
 from .printing import module_repr, print  # pylint: disable=redefined-builtin
 from .runtime import context
 from .special_ops import ctc_beam_search_decoder, fps, nearest
 
 __all__ = [
-    "ipu_print_tensor", "nop", "recomputationCheckpoint", "set_available_memory",
-    "serializedMatMul", "dynamic_slice", "dynamic_update", "for_loop", "cond", "CPU",
-    "MultiConv", "NameScope", "Attribute", "custom_op", "set_overlap_for_input",
-    "set_overlap_for_output", "ctc_beam_search_decoder", "fps", "nearest",
-    "registerPreCompileHook", "registerPostCompileHook", "ICustomArgParser",
-    "registerCustomArgParser", "module_repr", "print",
+    "CPU",
+    "Attribute",
+    "ICustomArgParser",
+    "MultiConv",
+    "NameScope",
+    "cond",
+    "ctc_beam_search_decoder",
+    "custom_op",
+    "dynamic_slice",
+    "dynamic_update",
+    "for_loop",
+    "fps",
+    "ipu_print_tensor",
+    "module_repr",
+    "nearest",
+    "nop",
+    "print",
+    "recomputationCheckpoint",
+    "registerCustomArgParser",
+    "registerPostCompileHook",
+    "registerPreCompileHook",
+    "serializedMatMul",
+    "set_available_memory",
+    "set_overlap_for_input",
+    "set_overlap_for_output",
 ]
 
 
 def _require_tensor(value, message: str) -> None:
     if not isinstance(value, torch.Tensor):
-        raise createPoptorchError(f"{message} {type(value)} is not supported.")
+        raise createPoptorchError(errors.UNSUPPORTED_VALUE_TYPE.format(message=message, value_type=type(value)))
 
 
 # --- ipu_print_tensor -------------------------------------------------------------
@@ -45,8 +67,8 @@ class _TensorFormat:
     def __init__(self, summarise_threshold, edge_items, max_line_width, digits, float_format,
                  separator, open_bracket, close_bracket):
         if float_format not in _FLOAT_FORMATS:
-            raise ValueError(f"Invalid float_format '{float_format}': expected one of "
-                             f"{', '.join(_FLOAT_FORMATS)}")
+            raise ValueError(errors.FLOAT_FORMAT.format(float_format=float_format,
+                                                        choices=", ".join(_FLOAT_FORMATS)))
         self.options = dict(
             threshold=summarise_threshold if summarise_threshold > 0 else float("inf"),
             edgeitems=edge_items,
@@ -104,7 +126,7 @@ def ipu_print_tensor(tensor: torch.Tensor, title: str = "", print_gradient: bool
     ``summarise_threshold`` / ``max_line_width`` of 0 disable summarising / line wrapping;
     ``float_format`` is one of "auto", "fixed", "scientific", "none".
     """
-    _require_tensor(tensor, "ipu print tensor must take a torch.tensor argument.")
+    _require_tensor(tensor, errors.PRINT_TENSOR_NOT_TENSOR)
     fmt = _TensorFormat(summarise_threshold, edge_items, max_line_width, digits, float_format,
                         separator, open_bracket, close_bracket)
     if getattr(context.current(), "tracing", False):
@@ -119,7 +141,7 @@ def ipu_print_tensor(tensor: torch.Tensor, title: str = "", print_gradient: bool
 
 def nop(tensor: torch.Tensor) -> torch.Tensor:
     """Identity (on IPUs: one that the graph optimiser never removes)."""
-    _require_tensor(tensor, "nop must take a torch.tensor argument.")
+    _require_tensor(tensor, errors.NOP_NOT_TENSOR)
     return tensor
 
 
@@ -135,7 +157,7 @@ def recomputationCheckpoint(*tensors):
         return type(tensors[0])(result if isinstance(result, tuple) else (result,))
     for t in tensors:
         if not isinstance(t, torch.Tensor):
-            raise ValueError("All inputs must be tensors")
+            raise ValueError(errors.INPUTS_NOT_TENSORS)
     checkpoints = getattr(context.current(), "checkpoints", None)
     if isinstance(checkpoints, list):
         checkpoints.extend(tensors)
@@ -145,11 +167,10 @@ def recomputationCheckpoint(*tensors):
 def set_available_memory(tensor: torch.Tensor,
                          available_memory_proportion: float) -> torch.Tensor:
     """Identity; on IPUs, the temporary-memory budget (0..1) of the op producing ``tensor``."""
-    _require_tensor(tensor, "You may only set available memory for torch.tensor values.")
+    _require_tensor(tensor, errors.AVAILABLE_MEMORY_NOT_TENSOR)
     if not isinstance(available_memory_proportion, (int, float)) or \
             not 0.0 <= available_memory_proportion <= 1.0:
-        raise ValueError("available_memory_proportion must be a number between 0 and 1, got "
-                         f"{available_memory_proportion!r}")
+        raise ValueError(errors.AVAILABLE_MEMORY_PROPORTION.format(value=available_memory_proportion))
     return tensor
 
 
@@ -158,11 +179,11 @@ def serializedMatMul(lhs: torch.Tensor, rhs: torch.Tensor,
                      keep_precision: bool = False) -> torch.Tensor:
     """``torch.matmul(lhs, rhs)``; on IPUs it was computed in ``factor`` serial pieces."""
     if not isinstance(mode, enums.MatMulSerializationMode):
-        raise AssertionError(f"mode must be a poptorch.MatMulSerializationMode, got {mode!r}")
+        raise AssertionError(errors.MATMUL_SERIALIZATION_MODE.format(mode=mode))
     if not isinstance(factor, int) or isinstance(factor, bool):
-        raise AssertionError(f"factor must be an int, got {factor!r}")
+        raise AssertionError(errors.MATMUL_SERIALIZATION_FACTOR.format(factor=factor))
     if not isinstance(keep_precision, bool):
-        raise AssertionError(f"keep_precision must be a bool, got {keep_precision!r}")
+        raise AssertionError(errors.MATMUL_KEEP_PRECISION.format(keep_precision=keep_precision))
     return torch.matmul(lhs, rhs)
 
 
@@ -181,10 +202,10 @@ def _map_tensors(structure, fn):
 
 def _set_overlap(tensors, mode, what: str):
     if not isinstance(mode, enums.OverlapMode):
-        raise createPoptorchError(f"mode must be a poptorch.OverlapMode, got {mode!r}.")
+        raise createPoptorchError(errors.OVERLAP_MODE.format(mode=mode))
 
     def check(t):
-        _require_tensor(t, f"You may only set overlap for torch.tensor {what}.")
+        _require_tensor(t, errors.OVERLAP_NOT_TENSOR.format(what=what))
         return t
 
     return _map_tensors(tensors, check)
@@ -204,23 +225,22 @@ def set_overlap_for_output(output_tensors, mode: enums.OverlapMode):
 
 def _check_slice_args(op: str, tensor, dim, start, size) -> int:
     """Validate the common arguments; return ``dim`` made non-negative."""
-    _require_tensor(tensor, f"{op} must take a torch.tensor input.")
+    _require_tensor(tensor, errors.SLICE_INPUT_NOT_TENSOR.format(op=op))
     if not isinstance(dim, int):
-        raise createPoptorchError("Dimension must be an integer.")
-    _require_tensor(start, f"Slice start argument to {op} must be a torch.tensor.")
+        raise createPoptorchError(errors.DIMENSION_NOT_INTEGER)
+    _require_tensor(start, errors.SLICE_START_NOT_TENSOR.format(op=op))
     if not isinstance(size, int):
-        raise createPoptorchError("Size must be an integer.")
+        raise createPoptorchError(errors.SIZE_NOT_INTEGER)
     if not -tensor.dim() <= dim < max(tensor.dim(), 1):
-        raise createPoptorchError(f"Dimension {dim} is out of range for a tensor of "
-                                  f"{tensor.dim()} dimensions.")
+        raise createPoptorchError(errors.DIMENSION_OUT_OF_RANGE.format(dim=dim, dim2=tensor.dim()))
     if start.numel() != 1 or start.is_floating_point() or start.is_complex():
-        raise createPoptorchError(f"Slice start argument to {op} must hold one integer, got "
-                                  f"a {start.dtype} tensor of shape {list(start.shape)}.")
+        raise createPoptorchError(errors.SLICE_START_NOT_ONE_INTEGER.format(op=op, dtype=start.dtype,
+                                                                            shape=list(start.shape)))
     if size == 0:
-        raise createPoptorchError("The start and end of a slice must be different.")
+        raise createPoptorchError(errors.SLICE_EMPTY)
     if size < 0:
         raise createPoptorchError(
-            "Taking a slice of a tensor with the end less than the start is not supported.")
+            errors.SLICE_END_BEFORE_START)
     return dim % tensor.dim()
 
 
@@ -230,8 +250,8 @@ def _slice_indices(tensor, dim, start, size, step, op):
         first = int(start.reshape(()))
         if first < 0 or first + size > tensor.shape[dim]:
             raise createPoptorchError(
-                f"{op}: the slice [{first}, {first + size}) is outside dimension {dim} of size "
-                f"{tensor.shape[dim]}.")
+                errors.SLICE_OUTSIDE_DIMENSION.format(op=op, first=first, value=first + size, dim=dim,
+                                                      shape=tensor.shape[dim]))
     offsets = torch.arange(0, size, step, device=tensor.device)
     return start.reshape(()).to(device=tensor.device, dtype=torch.long) + offsets
 
@@ -241,9 +261,9 @@ def dynamic_slice(tensor: torch.Tensor, dim: int, start: torch.Tensor, size: int
     """``tensor[start:start+size:step]`` along ``dim``, with ``start`` a tensor."""
     dim = _check_slice_args("dynamic_slice", tensor, dim, start, size)
     if not isinstance(step, int):
-        raise createPoptorchError("Step must be an integer.")
+        raise createPoptorchError(errors.STEP_NOT_INTEGER)
     if step < 1:
-        raise createPoptorchError(f"Step must be a positive integer, got {step}.")
+        raise createPoptorchError(errors.STEP_NOT_POSITIVE.format(step=step))
     return tensor.index_select(dim, _slice_indices(tensor, dim, start, size, step,
                                                    "dynamic_slice"))
 
@@ -253,68 +273,60 @@ def dynamic_update(input: torch.Tensor, src: torch.Tensor, dim: int, start: torc
     """A copy of ``input`` whose slice ``[start:start+size]`` along ``dim`` is ``src``
     (``torch.slice_scatter`` with a tensor ``start``)."""
     # pylint: disable=redefined-builtin
-    _require_tensor(src, "Src argument to dynamic_update must be a torch.tensor.")
+    _require_tensor(src, errors.DYNAMIC_UPDATE_SRC_NOT_TENSOR)
     dim = _check_slice_args("dynamic_update", input, dim, start, size)
     if input.dim() != src.dim():
-        raise createPoptorchError("input and src tensors must have same dimensionality. "
-                                  f"({input.dim()}) vs ({src.dim()})")
+        raise createPoptorchError(errors.DYNAMIC_UPDATE_DIMENSIONALITY.format(dim=input.dim(), dim2=src.dim()))
     if input.dtype != src.dtype:
-        raise createPoptorchError("input and src tensor must have same dtype. "
-                                  f"({input.dtype} vs {src.dtype})")
+        raise createPoptorchError(errors.DYNAMIC_UPDATE_DTYPE.format(dtype=input.dtype, dtype2=src.dtype))
     expected = list(input.shape)
     expected[dim] = size
     if list(src.shape) != expected:
-        raise createPoptorchError(f"dynamic_update: src must have shape {expected} (input shape "
-                                  f"with dimension {dim} of size {size}), got "
-                                  f"{list(src.shape)}.")
+        raise createPoptorchError(errors.DYNAMIC_UPDATE_SHAPE.format(expected=expected, dim=dim, size=size,
+                                                                     shape=list(src.shape)))
     return input.index_copy(dim, _slice_indices(input, dim, start, size, 1, "dynamic_update"),
                             src)
 
 
 # --- control flow -----------------------------------------------------------------
 
-def _as_list(outputs) -> List[torch.Tensor]:
+def _as_list(outputs) -> list[torch.Tensor]:
     return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
 
 
-def for_loop(count: int, body: Callable[..., List[torch.Tensor]],
-             inputs: List[torch.Tensor]) -> List[torch.Tensor]:
+def for_loop(count: int, body: Callable[..., list[torch.Tensor]],
+             inputs: list[torch.Tensor]) -> list[torch.Tensor]:
     """Run ``body`` ``count`` times, feeding each iteration's outputs back as its inputs.
 
     ``body`` takes and returns as many tensors as ``inputs`` holds. Inference only.
     """
     if not isinstance(inputs, list):
-        raise ValueError("poptorch.for_loop expects input tensors (inputs) to be a list of "
-                         "tensors. (Object is not list)")
+        raise ValueError(errors.FOR_LOOP_INPUTS_NOT_LIST)
     for index, tensor in enumerate(inputs):
         if not isinstance(tensor, torch.Tensor):
-            raise ValueError("poptorch.for_loop expects input tensors (inputs) to be a list of "
-                             f"tensors. (Object contained in list at index {index} is not "
-                             "torch.tensor)")
+            raise ValueError(errors.FOR_LOOP_INPUT_NOT_TENSOR.format(index=index))
     if context.is_training():
         raise Error(FOR_LOOP_TRAINING)
     if not isinstance(count, int) or count < 0:
-        raise ValueError(f"poptorch.for_loop expects count to be a non-negative int, got {count!r}")
+        raise ValueError(errors.FOR_LOOP_COUNT.format(count=count))
     # The body receives its inputs by value: it must not see the caller's tensors change.
     values = [t.clone() for t in inputs]
     for _ in range(count):
         values = _as_list(body(*values))
         if len(values) != len(inputs):
             raise createPoptorchError(
-                f"poptorch.for_loop: the body returned {len(values)} tensors but takes "
-                f"{len(inputs)}: it must return as many tensors as it takes.")
+                errors.FOR_LOOP_BODY_OUTPUTS.format(values_count=len(values), inputs_count=len(inputs)))
     return values
 
 
-def cond(condition, then_body: Callable, then_inps: List[torch.Tensor], else_body: Callable,
-         else_inps: List[torch.Tensor]) -> List[torch.Tensor]:
+def cond(condition, then_body: Callable, then_inps: list[torch.Tensor], else_body: Callable,
+         else_inps: list[torch.Tensor]) -> list[torch.Tensor]:
     """``then_body(*then_inps)`` if ``condition`` else ``else_body(*else_inps)``, as a list.
 
     Inference only.
     """
     if not isinstance(then_inps, list) or not isinstance(else_inps, list):
-        raise ValueError("poptorch.cond expects then_inps and else_inps tensors to be a list of "
-                         "tensors. (Object is not list)")
+        raise ValueError(errors.COND_INPUTS_NOT_LIST)
     if context.is_training():
         raise Error(COND_TRAINING)
     if bool(condition):
@@ -377,41 +389,41 @@ class MultiConv:
         self._per_conv_reserved_tiles = None
         self._cycle_back_off = None
 
-    def availableMemoryProportions(self, value: Union[float, List[float]]) -> "MultiConv":
+    def availableMemoryProportions(self, value: Union[float, list[float]]) -> "MultiConv":
         self._available_memory_proportions = _per_conv("available memory proportion", value,
                                                        float)
         return self
 
-    def partialsTypes(self, value: Union[torch.dtype, List[torch.dtype]]) -> "MultiConv":
+    def partialsTypes(self, value: Union[torch.dtype, list[torch.dtype]]) -> "MultiConv":
         values = value if isinstance(value, (list, tuple)) else [value]
         for dtype in values:
             if dtype not in (torch.float32, torch.float16):
-                raise ValueError("Invalid partials types. Expecting torch.float or torch.half")
+                raise ValueError(errors.PARTIALS_TYPE)
         self._partials_types = tuple(values)
         return self
 
-    def enableConvDithering(self, value: Union[bool, List[bool]]) -> "MultiConv":
+    def enableConvDithering(self, value: Union[bool, list[bool]]) -> "MultiConv":
         values = value if isinstance(value, (list, tuple)) else [value]
         if value is not None and not all(isinstance(v, bool) for v in values):
-            raise ValueError("value must be bool or list of bools")
+            raise ValueError(errors.ENABLE_CONV_DITHERING_VALUE)
         self._enable_conv_ditherings = None if value is None else tuple(values)
         return self
 
     def planType(self, value: enums.MultiConvPlanType) -> "MultiConv":
         if value is not None and not isinstance(value, enums.MultiConvPlanType):
-            raise AssertionError("Invalid plan type!")
+            raise AssertionError(errors.CONVOLUTION_PLAN_TYPE)
         self._plan_type = value
         return self
 
     def perConvReservedTiles(self, value: int) -> "MultiConv":
         if not isinstance(value, int):
-            raise AssertionError(f"perConvReservedTiles expects an int, got {value!r}")
+            raise AssertionError(errors.PER_CONV_RESERVED_TILES.format(value=value))
         self._per_conv_reserved_tiles = value
         return self
 
     def cycleBackOff(self, value: float) -> "MultiConv":
         if not isinstance(value, float):
-            raise AssertionError(f"cycleBackOff expects a float, got {value!r}")
+            raise AssertionError(errors.CYCLE_BACK_OFF.format(value=value))
         self._cycle_back_off = value
         return self
 
@@ -425,10 +437,11 @@ class MultiConv:
 class NameScope:
     """Scope prefixing the names of the ops created inside it (IR naming only)."""
 
-    _active: List[str] = []
+    _active: list[str] = []
 
     def __init__(self, name: str):
-        assert isinstance(name, str), "Parameter to NameScope must be a string"
+        if not isinstance(name, str):
+            raise AssertionError(errors.NAME_SCOPE_NOT_STRING)
         self.name = name
 
     @classmethod
@@ -448,7 +461,7 @@ class Attribute:
     """Scope attaching backend attributes to the ops inside it, e.g.
     ``Attribute(__outline={"layer": "embedding"})``; numerically an identity."""
 
-    _active: List[Dict] = []
+    _active: list[dict] = []
 
     def __init__(self, **attributes):
         self.attributes = attributes
@@ -462,10 +475,7 @@ class Attribute:
 
 
 def custom_op(inputs, name: str, domain: str, domain_version: int, example_outputs,
-              attributes: Optional[Dict] = None):
+              attributes: Optional[dict] = None):
     """PopART custom ops are compiled IPU code: they cannot run here."""
     raise createPoptorchError(
-        f"poptorch.custom_op('{name}', domain '{domain}'): PopART custom ops are IPU binaries "
-        "(Poplar/PopART C++ codelets) and cannot run in openpop. Implement the op in PyTorch "
-        "(for example as a torch.autograd.Function, or with torch.library for a custom kernel) "
-        "and call it in place of poptorch.custom_op.")
+        errors.CUSTOM_OP_UNAVAILABLE.format(name=name, domain=domain))

@@ -31,6 +31,7 @@ from .enums import CommGroupType, ConnectionType, OutputMode, ReductionType, Syn
 from .errors import FROZEN_OPTIONS, ConfigFileError
 from .log import logger
 from .strategies import PipelinedExecution, _IExecutionStrategy
+from . import errors
 
 _NO_REPEAT_LIMIT = 2**64 - 1
 
@@ -57,7 +58,7 @@ class OptionsDict:
         if name.startswith("_") or values is None:
             raise AttributeError(name)
         if name not in values:
-            raise AttributeError(f"Invalid attribute {name}.")
+            raise AttributeError(errors.INVALID_ATTRIBUTE.format(name=name))
         return values[name]
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -71,8 +72,7 @@ class OptionsDict:
         if "_values" in self.__dict__:
             if name not in self.__dict__:
                 raise AttributeError(
-                    f"Invalid private attribute {name}: private attributes must be created in "
-                    "__init__ before the options values")
+                    errors.INVALID_PRIVATE_ATTRIBUTE.format(name=name))
             self._check_not_frozen()
         object.__setattr__(self, name, value)
 
@@ -82,11 +82,13 @@ class OptionsDict:
     def set(self, **kwargs: Any) -> None:
         self._check_not_frozen()
         for option, value in kwargs.items():
-            assert self.exists(option), "Invalid option %s, valid options are %s" % (
-                option, self._values.keys())
+            if not self.exists(option):
+                raise AssertionError(errors.INVALID_OPTION % (
+                option, self._values.keys()))
             expected = type(self._values[option])
-            assert isinstance(value, expected), "Unexpected type %s for option %s. Expected %s" % (
-                type(value), option, expected)
+            if not isinstance(value, expected):
+                raise AssertionError(errors.UNEXPECTED_OPTION_TYPE % (
+                type(value), option, expected))
             self._check_value(option, value)
         self._values.update(kwargs)
         self._explicit.update(kwargs)
@@ -161,12 +163,12 @@ class _PopartOptions:
         return self
 
     def setEngineOptions(self, options: Dict[str, Any]) -> "_PopartOptions":
-        assert isinstance(options, dict)
+        errors.check_type(options, dict, "_PopartOptions.setEngineOptions", "options")
         return self.set("engineOptions", dict(options))
 
     def setPatterns(self, patterns: Dict[str, bool], level: int = 2) -> "_PopartOptions":
-        assert isinstance(level, int)
-        assert isinstance(patterns, dict)
+        errors.check_type(level, int, "_PopartOptions.setPatterns", "level")
+        errors.check_type(patterns, dict, "_PopartOptions.setPatterns", "patterns")
         self.set("patterns_level", level)
         return self.set("patterns", dict(patterns))
 
@@ -192,7 +194,7 @@ class _JitOptions(OptionsDict):
         _warn_deprecated("poptorch.Options.Jit.traceModel",
                          "tracing is no longer used: the model is always run through the dispatcher")
         if trace_model:
-            raise ValueError("options.Jit.traceModel(True) is no longer supported")
+            raise ValueError(errors.TRACE_MODEL_TRUE)
         return self
 
 
@@ -212,7 +214,7 @@ def _count(setter: str, minimum: int = 1) -> Callable[[str, Any], None]:
 
     def check(option: str, value: Any) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ValueError(f"{setter}: {option} must be an integer >= {minimum}, not {value!r}")
+            raise ValueError(errors.INTEGER_AT_LEAST.format(setter=setter, option=option, minimum=minimum, value=value))
 
     return check
 
@@ -236,11 +238,10 @@ class _PrecisionOptions(OptionsDict):
         (``torch.bfloat16``, the default, or ``torch.float16``; the names "bfloat16"/"bf16" and
         "float16"/"fp16"/"half" are accepted too): fp32 weights, low-precision compute."""
         if not isinstance(enabled, bool):
-            raise ValueError(f"Precision.autocast(enabled=...) needs a bool, not {enabled!r}")
+            raise ValueError(errors.AUTOCAST_ENABLED.format(enabled=enabled))
         resolved = _AUTOCAST_DTYPES.get(dtype) if isinstance(dtype, (torch.dtype, str)) else None
         if resolved is None:
-            raise ValueError(f"Precision.autocast(dtype=...) must be torch.bfloat16 or torch.float16, "
-                             f"not {dtype!r}")
+            raise ValueError(errors.AUTOCAST_DTYPE.format(dtype=dtype))
         self.set(autocast_enabled=enabled, autocast_dtype=resolved)
         return self
 
@@ -251,20 +252,22 @@ class _PrecisionOptions(OptionsDict):
         elif dtype in (torch.half, torch.float16):
             type_name = "half"
         else:
-            raise ValueError("parameter to setPartialsType should be eithertorch.float or torch.half")
+            raise ValueError(errors.PARTIALS_TYPE_SETTER)
         self._popart_options.set("partialsTypeMatMuls", type_name)
         self._popart_options.set("convolutionOptions", {"partialsType": type_name})
         return self
 
     def enableFloatingPointExceptions(self, enabled: bool) -> "_PrecisionOptions":
         """Raise an error on division by zero, invalid operations and overflow."""
-        assert isinstance(enabled, bool), "enableFloatingPointExceptions needs to be set to a bool"
+        if not isinstance(enabled, bool):
+            raise AssertionError(errors.FLOATING_POINT_EXCEPTIONS_BOOL)
         self._popart_options.set("enableFloatingPointChecks", enabled)
         return self
 
     def enableStochasticRounding(self, enabled: bool) -> "_PrecisionOptions":
         """Round float16/bfloat16 weight updates stochastically (unbiased)."""
-        assert isinstance(enabled, bool), "enableStochasticRounding needs to be set to a bool"
+        if not isinstance(enabled, bool):
+            raise AssertionError(errors.STOCHASTIC_ROUNDING_BOOL)
         self._popart_options.set("enableStochasticRounding", enabled)
         return self
 
@@ -279,7 +282,7 @@ class _PrecisionOptions(OptionsDict):
         _warn_deprecated("poptorch.Options.Precision.runningStatisticsAlwaysFloat",
                          "running statistics keep the dtype of the module's buffers")
         if not isinstance(value, bool):
-            raise ValueError("runningStatisticsAlwaysFloat needs to be set to a bool")
+            raise ValueError(errors.RUNNING_STATISTICS_FLOAT_BOOL)
         return self
 
     @property
@@ -319,8 +322,7 @@ class _TrainingOptions(OptionsDict):
         """How gradients are combined over accumulation steps and replicas: Mean or Sum."""
         if (not isinstance(reduction_type, ReductionType)
                 or reduction_type == ReductionType.NoReduction):
-            raise ValueError("accumulationAndReplicationReductionType must be set to "
-                             "poptorch.ReductionType.Mean or poptorch.ReductionType.Sum")
+            raise ValueError(errors.REDUCTION_TYPE)
         self.set(accumulation_and_replication_reduction_type=reduction_type)
         return self
 
@@ -336,22 +338,20 @@ class _TrainingOptions(OptionsDict):
         """Dynamic loss scaling that grows and backs off, skipping steps with inf/NaN
         gradients (``openpop.runtime.loss_scaling``). The keyword arguments are openpop
         extras (defaults 2.0, 0.5 and 2000, as ``torch.amp.GradScaler``)."""
-        assert isinstance(enabled, bool), "setAutomaticLossScaling needs to be set to a bool"
+        if not isinstance(enabled, bool):
+            raise AssertionError(errors.AUTOMATIC_LOSS_SCALING_BOOL)
         extras = {}
         if growth_factor is not None:
             if not _is_real(growth_factor) or not growth_factor > 1.0:
-                raise ValueError(f"setAutomaticLossScaling: growth_factor must be a number > 1, "
-                                 f"not {growth_factor!r}")
+                raise ValueError(errors.LOSS_SCALING_GROWTH_FACTOR.format(growth_factor=growth_factor))
             extras["growth_factor"] = float(growth_factor)
         if backoff_factor is not None:
             if not _is_real(backoff_factor) or not 0.0 < backoff_factor < 1.0:
-                raise ValueError(f"setAutomaticLossScaling: backoff_factor must be a number between 0 "
-                                 f"and 1, not {backoff_factor!r}")
+                raise ValueError(errors.LOSS_SCALING_BACKOFF_FACTOR.format(backoff_factor=backoff_factor))
             extras["backoff_factor"] = float(backoff_factor)
         if growth_interval is not None:
             if isinstance(growth_interval, bool) or not isinstance(growth_interval, int) or growth_interval < 1:
-                raise ValueError(f"setAutomaticLossScaling: growth_interval must be a positive int, "
-                                 f"not {growth_interval!r}")
+                raise ValueError(errors.LOSS_SCALING_GROWTH_INTERVAL.format(growth_interval=growth_interval))
             extras["growth_interval"] = growth_interval
         self.set(automaticLossScalingSettings={**self.automaticLossScalingSettings, "enabled": enabled,
                                                **extras})
@@ -364,7 +364,7 @@ class _TrainingOptions(OptionsDict):
         state. False: no copy; a failed call keeps the updates of the steps it completed and its
         error says how many (``openpop.runtime.transaction``)."""
         if not isinstance(enabled, bool):
-            raise ValueError(f"Training.rollbackFailedCalls needs a bool, not {enabled!r}")
+            raise ValueError(errors.ROLLBACK_FAILED_CALLS_BOOL.format(enabled=enabled))
         self.set(rollback_failed_calls=enabled)
         return self
 
@@ -398,8 +398,7 @@ class _DistributedOptions(OptionsDict):
         for option, value in (("distributed_process_id", process_id), ("num_distributed_processes", num_processes)):
             self._check_value(option, value)
         if process_id >= num_processes:
-            raise ValueError(f"Options.Distributed.configureProcessId: process_id ({process_id}) must be "
-                             f"smaller than num_processes ({num_processes})")
+            raise ValueError(errors.PROCESS_ID_OUT_OF_RANGE.format(process_id=process_id, num_processes=num_processes))
         self.set(distributed_process_id=process_id, num_distributed_processes=num_processes)
         return self
 
@@ -417,12 +416,13 @@ class TensorLocationSettings(OptionsDict):
     on CPUs and GPUs, kept and reported)."""
 
     def minElementsForOffChip(self, min_elements: int) -> "TensorLocationSettings":
-        assert isinstance(min_elements, int)
+        errors.check_type(min_elements, int, "TensorLocationSettings.minElementsForOffChip", "min_elements")
         self.createOrSet(minElementsForOffChip=min_elements)
         return self
 
     def minElementsForReplicatedTensorSharding(self, min_elements: int) -> "TensorLocationSettings":
-        assert isinstance(min_elements, int)
+        errors.check_type(min_elements, int, "TensorLocationSettings.minElementsForReplicatedTensorSharding",
+                          "min_elements")
         self.createOrSet(minElementsForReplicatedTensorSharding=min_elements)
         return self
 
@@ -431,22 +431,22 @@ class TensorLocationSettings(OptionsDict):
         if use is None:
             self.deleteIfExists("onChip")
         else:
-            assert isinstance(use, bool)
+            errors.check_type(use, bool, "TensorLocationSettings.useOnChipStorage", "use")
             self.createOrSet(onChip=int(use))
         return self
 
     def useReplicatedTensorSharding(self, use: bool = True) -> "TensorLocationSettings":
-        assert isinstance(use, bool)
+        errors.check_type(use, bool, "TensorLocationSettings.useReplicatedTensorSharding", "use")
         self.createOrSet(useReplicatedTensorSharding=int(use))
         return self
 
     def useIOTilesToLoad(self, use: bool = True) -> "TensorLocationSettings":
-        assert isinstance(use, bool)
+        errors.check_type(use, bool, "TensorLocationSettings.useIOTilesToLoad", "use")
         self.createOrSet(useIOTilesToLoad=int(use))
         return self
 
     def useIOTilesToStore(self, use: bool = True) -> "TensorLocationSettings":
-        assert isinstance(use, bool)
+        errors.check_type(use, bool, "TensorLocationSettings.useIOTilesToStore", "use")
         self.createOrSet(useIOTilesToStore=int(use))
         return self
 
@@ -455,13 +455,13 @@ class _TensorLocationOptions(OptionsDict):
     """Tensor placement hints (``Options.TensorLocations``); IPU memory only."""
 
     def numIOTiles(self, num_tiles: int) -> "_TensorLocationOptions":
-        assert isinstance(num_tiles, int) and 32 <= num_tiles <= 192 and num_tiles % 2 == 0, (
-            "numIOTiles must be an even number between 32 and 192.")
+        if not (isinstance(num_tiles, int) and 32 <= num_tiles <= 192 and num_tiles % 2 == 0):
+            raise AssertionError(errors.NUM_IO_TILES)
         self.createOrSet(numIOTiles=num_tiles)
         return self
 
     def _set_location(self, key: str, location: TensorLocationSettings) -> "_TensorLocationOptions":
-        assert isinstance(location, TensorLocationSettings)
+        errors.check_type(location, TensorLocationSettings, "_TensorLocationOptions._set_location", "location")
         self.createOrSet(**{key: location.toDict()})
         return self
 
@@ -573,14 +573,14 @@ class Options(OptionsDict):
                              input_group_type: CommGroupType) -> "Options":
         """Replicas in one group receive the same input data."""
         if input_group_type == CommGroupType.All:
-            raise ValueError("input_group_type cannot be All")
+            raise ValueError(errors.INPUT_GROUP_TYPE_ALL)
         if input_group_type == CommGroupType.NoGrouping:
             input_group_size, input_group_type = 1, CommGroupType.Consecutive
         self._check_value("input_group_size", input_group_size)
         if input_group_size > self.replication_factor:
-            raise ValueError("input_group_size cannot be larger than replication_factor")
+            raise ValueError(errors.INPUT_GROUP_SIZE_TOO_LARGE)
         if self.replication_factor % input_group_size != 0:
-            raise ValueError("input_group_size must be a factor of replication_factor")
+            raise ValueError(errors.INPUT_GROUP_SIZE_NOT_FACTOR)
         self.set(input_group_size=input_group_size, input_cgt=input_group_type)
         return self
 
@@ -592,10 +592,10 @@ class Options(OptionsDict):
     def outputMode(self, output_mode: OutputMode,
                    output_return_period: Optional[int] = None) -> "Options":
         """Which results a host call returns: All, Final, Sum or EveryN(period)."""
-        assert isinstance(output_mode, OutputMode)
+        errors.check_type(output_mode, OutputMode, "Options.outputMode", "output_mode")
         if output_mode == OutputMode.EveryN:
-            assert output_return_period and output_return_period > 0, (
-                "EveryN anchor must have output_return_period set to valid positive integer")
+            if not (output_return_period and output_return_period > 0):
+                raise AssertionError(errors.EVERY_N_PERIOD)
         elif output_return_period:
             logger.info("Anchor return period argument ignored with output_mode set to %s",
                         output_mode)
@@ -635,14 +635,14 @@ class Options(OptionsDict):
     # --- randomness, devices, connection ---------------------------------------------
     def randomSeed(self, random_seed: int) -> "Options":
         """Seed the run's random numbers; also seeds ``torch`` on the host."""
-        assert isinstance(random_seed, int)
+        errors.check_type(random_seed, int, "Options.randomSeed", "random_seed")
         self._check_not_frozen()
         torch.manual_seed(random_seed)
         self.createOrSet(random_seed=random_seed)
         return self
 
     def setExecutionStrategy(self, strategy: _IExecutionStrategy) -> "Options":
-        assert isinstance(strategy, _IExecutionStrategy)
+        errors.check_type(strategy, _IExecutionStrategy, "Options.setExecutionStrategy", "strategy")
         self._execution_strategy = strategy
         return self
 
@@ -655,7 +655,7 @@ class Options(OptionsDict):
         return self
 
     def useIpuId(self, ipu_id: int) -> "Options":
-        assert isinstance(ipu_id, int)
+        errors.check_type(ipu_id, int, "Options.useIpuId", "ipu_id")
         self.createOrSet(ipu_id=ipu_id)
         return self
 
@@ -667,12 +667,12 @@ class Options(OptionsDict):
         return self
 
     def connectionType(self, connection_type: ConnectionType) -> "Options":
-        assert isinstance(connection_type, ConnectionType)
+        errors.check_type(connection_type, ConnectionType, "Options.connectionType", "connection_type")
         self.set(connection_type=connection_type.value)
         return self
 
     def syncPattern(self, sync_pattern: SyncPattern) -> "Options":
-        assert isinstance(sync_pattern, SyncPattern)
+        errors.check_type(sync_pattern, SyncPattern, "Options.syncPattern", "sync_pattern")
         self.set(sync_pattern=sync_pattern.value)
         return self
 
@@ -734,9 +734,8 @@ class Options(OptionsDict):
         """Temporary-memory proportion per IPU, e.g. ``{"IPU0": 0.5}`` (stored as ``{0: 0.5}``)."""
         per_ipu = {}
         for key, proportion in available_memory_proportion.items():
-            assert re.fullmatch(r"IPU\d+", key), (
-                'Available memory proportions are expected to be in a dictionary of {"IPU0": 0.5} '
-                "where the 0 in IPU is the index of the IPU. Invalid key: %s" % key)
+            if not re.fullmatch(r"IPU\d+", key):
+                raise AssertionError(errors.MEMORY_PROPORTION_KEYS % key)
             per_ipu[int(key[3:])] = proportion
         self.createOrSet(available_memory_proportion=per_ipu)
         return self
@@ -795,7 +794,7 @@ class Options(OptionsDict):
                 statements.append((number, line, compile("options." + line, filepath, "exec")))
             except SyntaxError as error:
                 raise ConfigFileError(
-                    f"SyntaxError at line {number} of file: {error.msg}\n> {line}") from None
+                    errors.CONFIG_FILE_SYNTAX_ERROR.format(number=number, msg=error.msg, line=line)) from None
         namespace = _config_namespace(self)
         saved = self._saved_settings()
         for number, line, statement in statements:
@@ -839,7 +838,8 @@ class Options(OptionsDict):
             if callable(setter):
                 setter(*arguments)
             else:
-                assert len(arguments) == 1, f"{path} takes a single value, got {value!r}"
+                if len(arguments) != 1:
+                    raise AssertionError(errors.SINGLE_VALUE.format(path=path, value=value))
                 setattr(target, name, arguments[0])
         return self
 
@@ -852,14 +852,16 @@ class Options(OptionsDict):
         """Every setting in one flat dict: the strategy's backend options, the PopART
         options, then this object's, Training's, Precision's, Distributed's and
         TensorLocations' values. A key set by two of them is an error."""
-        assert not self.defaultOutputMode(), "An output mode must be picked before serialisation"
+        if self.defaultOutputMode():
+            raise AssertionError(errors.OUTPUT_MODE_NOT_PICKED)
         merged = dict(self._execution_strategy.backendOptions())
         sources = [self._popart.options, self._values, self._training._values,
                    self._precision.toDict(), self._distributed._values,
                    self._tensor_locations._values]
         for source in sources:
             common = merged.keys() & source.keys()
-            assert not common, f"Can't merge dictionaries, they have some keys in common: {sorted(common)}"
+            if common:
+                raise AssertionError(errors.MERGE_COMMON_KEYS.format(common=sorted(common)))
             merged.update(copy.deepcopy(source))
         return merged
 

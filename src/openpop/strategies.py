@@ -18,7 +18,7 @@ stages -> virtual IPUs with these rules:
   PopTorch's "Unknown Block" error for a block an explicit strategy does not list.
 * ``strategy.auto_stage`` is the ``AutoStage`` rule for pipelined/sharded strategies
   built without explicit stages (None otherwise): ``SameAsIpu`` -> stage id = the
-  block's ``ipu_id`` (missing ``ipu_id`` -> ``SAME_AS_IPU_WITHOUT_IPU``),
+  block's ``ipu_id`` (missing ``ipu_id`` -> ``errors.SAME_AS_IPU_WITHOUT_IPU``),
   ``AutoIncrement`` -> each new block gets the next stage id.
 * IPU of a block = ``stage._ipu`` if ``Stage.ipu(n)`` was called, else the block's
   ``ipu_id``, else the stage id.
@@ -31,32 +31,24 @@ from typing import Dict, List, Optional, Tuple, Union
 from . import enums
 from .errors import Error, createPoptorchError
 from .log import logger
+from . import errors
 
 BlockId = str
 
-UNKNOWN_BLOCK = "Unknown Block '{block_id}' list of expected Blocks: {expected}"
-BLOCK_IN_TWO_STAGES = "{block_id} associated with more than one stage"
-SAME_AS_IPU_WITHOUT_IPU = ("poptorch.AutoStage.SameAsIpu was selected but no IPU was specified for "
-                           "block {block_id}")
-NO_PHASES = ("There is currently no AutoStage for PhasedExecution, please explicitly specify the "
-             "phases")
-PARALLEL_PHASE_PARITY = ("When phases are executed in parallel: even phases must run on even IPUs "
-                         "and odd phases on odd IPUs")
 
 
 def check_ipu_index(ipu, where: str, name: str = "ipu_id") -> None:
     """Raise ``poptorch.Error`` unless ``ipu`` is a virtual IPU index: an int >= 0 (not a bool)."""
     if isinstance(ipu, bool) or not isinstance(ipu, int) or ipu < 0:
-        raise createPoptorchError(f"{where}: {name} must be an integer >= 0 (the index of an IPU), "
-                                  f"not {ipu!r}")
+        raise createPoptorchError(errors.IPU_INDEX.format(where=where, name=name, ipu=ipu))
 
 
 class Stage:
     """One or more blocks that run together on one (virtual) IPU."""
 
     def __init__(self, *block_ids: BlockId) -> None:
-        assert all(isinstance(b, str) for b in block_ids), (
-            f"Block IDs are supposed to be strings but got {block_ids}")
+        if not all(isinstance(b, str) for b in block_ids):
+            raise AssertionError(errors.BLOCK_IDS_NOT_STRINGS.format(block_ids=block_ids))
         self._blocks = list(block_ids)
         self._ipu: Optional[int] = None  # set by .ipu(); None -> from the block or the stage id
         self._stage_id = -1  # position in the owning strategy
@@ -69,7 +61,7 @@ class Stage:
 
     def ipu(self, ipu: int) -> "Stage":
         """Run this stage on virtual IPU ``ipu``."""
-        assert isinstance(ipu, int)
+        errors.check_type(ipu, int, "Stage.ipu", "ipu")
         check_ipu_index(ipu, "Stage.ipu", name="ipu")
         self._ipu = ipu
         return self
@@ -90,9 +82,8 @@ class Phase:
         if all(isinstance(elt, Stage) for elt in arg):
             self.stages: List[Stage] = list(arg)
         else:
-            assert all(isinstance(elt, str) for elt in arg), (
-                "All arguments must either be block ids (strings) or Stages: "
-                + str([type(elt) for elt in arg]))
+            if not all(isinstance(elt, str) for elt in arg):
+                raise AssertionError(errors.PHASE_ARGUMENTS.format(types=[type(elt) for elt in arg]))
             self.stages = [Stage(*arg)]
 
     def stage(self, idx: int) -> Stage:
@@ -100,8 +91,8 @@ class Phase:
 
     def ipus(self, *ipus: int) -> "Phase":
         """Give each stage of this phase its IPU, in order."""
-        assert len(ipus) == len(self.stages), (
-            f"Phase contains {len(self.stages)} stages but you provided {len(ipus)} ipus")
+        if len(ipus) != len(self.stages):
+            raise AssertionError(errors.PHASE_IPU_COUNT.format(stages_count=len(self.stages), ipus_count=len(ipus)))
         for stage, ipu in zip(self.stages, ipus):
             stage.ipu(ipu)
         return self
@@ -132,7 +123,8 @@ class _IExecutionStrategy:
 
     def stage(self, block_id: BlockId) -> Stage:
         """The ``Stage`` block ``block_id`` belongs to."""
-        assert block_id in self._block_map, f"Unknown block {block_id}"
+        if block_id not in self._block_map:
+            raise AssertionError(errors.NO_SUCH_BLOCK.format(block_id=block_id))
         return self._block_map[block_id]
 
     def stage_of(self, block_id: BlockId) -> Optional[Tuple[int, Stage]]:
@@ -145,8 +137,9 @@ class _IExecutionStrategy:
     def assert_known_block(self, block_id: BlockId) -> None:
         """Raise PopTorch's error for a block an explicit strategy does not list."""
         if self.auto_stage is None:
-            assert block_id in self._block_map, UNKNOWN_BLOCK.format(
-                block_id=block_id, expected=list(self._block_map.keys()))
+            if block_id not in self._block_map:
+                raise AssertionError(errors.UNKNOWN_BLOCK.format(
+                block_id=block_id, expected=list(self._block_map.keys())))
 
     def validate(self) -> None:
         """Check what can be checked before tracing (see ``ParallelPhasedExecution``)."""
@@ -171,8 +164,8 @@ class PipelinedExecution(_IExecutionStrategy):
         if len(args) == 1 and isinstance(args[0], enums.AutoStage):
             super().__init__([], args[0])
             return
-        assert not any(isinstance(a, enums.AutoStage) for a in args), (
-            "An AutoStage must be the only argument of the execution strategy")
+        if any(isinstance(a, enums.AutoStage) for a in args):
+            raise AssertionError(errors.AUTO_STAGE_NOT_ALONE)
         super().__init__([_as_stage(arg) for arg in args], None)
 
     def backendOptions(self) -> Dict[str, Union[int, bool]]:
@@ -196,7 +189,8 @@ class _IPhasedExecution(_IExecutionStrategy):
     """
 
     def __init__(self, *phases: Union[Phase, List[Stage], List[BlockId], Stage, BlockId]) -> None:
-        assert phases, NO_PHASES
+        if not phases:
+            raise AssertionError(errors.NO_PHASES)
         self._phases: List[Phase] = [_as_phase(p) for p in phases]
         self._tensors_liveness = enums.Liveness.AlwaysLive
         self._separate_backward_phase = False
@@ -213,12 +207,13 @@ class _IPhasedExecution(_IExecutionStrategy):
 
     def phase(self, phase: int) -> Phase:
         """The ``Phase`` at index ``phase``."""
-        assert isinstance(phase, int) and phase >= 0, "Phases are identified by positive integers"
+        if not (isinstance(phase, int) and phase >= 0):
+            raise AssertionError(errors.PHASE_INDEX)
         return self._phases[phase]
 
     def useSeparateBackwardPhase(self, use: bool = True) -> "_IPhasedExecution":
         """Give the backward pass its own phases instead of sharing the last forward one."""
-        assert isinstance(use, bool)
+        errors.check_type(use, bool, "_IPhasedExecution.useSeparateBackwardPhase", "use")
         self._separate_backward_phase = use
         return self
 
@@ -234,7 +229,7 @@ class SerialPhasedExecution(_IPhasedExecution):
     """All phases run one after the other on the same group of IPUs."""
 
     def setTensorsLiveness(self, liveness: enums.Liveness) -> "SerialPhasedExecution":
-        assert isinstance(liveness, enums.Liveness)
+        errors.check_type(liveness, enums.Liveness, "SerialPhasedExecution.setTensorsLiveness", "liveness")
         self._tensors_liveness = liveness
         return self
 
@@ -247,7 +242,7 @@ class ParallelPhasedExecution(_IPhasedExecution):
     odd phases on odd IPUs."""
 
     def sendTensorsOffChipAfterFwd(self, off_chip: bool = True) -> "ParallelPhasedExecution":
-        assert isinstance(off_chip, bool)
+        errors.check_type(off_chip, bool, "ParallelPhasedExecution.sendTensorsOffChipAfterFwd", "off_chip")
         self._tensors_liveness = (enums.Liveness.OffChipAfterFwd if off_chip
                                   else enums.Liveness.AlwaysLive)
         return self
@@ -255,7 +250,7 @@ class ParallelPhasedExecution(_IPhasedExecution):
     def check_phase_ipu(self, phase_id: int, ipu: int) -> None:
         """Raise ``Error`` if phase ``phase_id`` may not run on IPU ``ipu``."""
         if phase_id % 2 != ipu % 2:
-            raise Error(PARALLEL_PHASE_PARITY)
+            raise Error(errors.PARALLEL_PHASE_PARITY)
 
     def validate(self) -> None:
         for stage in self._stages:
@@ -270,7 +265,8 @@ def _map_blocks(stages: List[Stage]) -> Dict[BlockId, Stage]:
     block_map: Dict[BlockId, Stage] = {}
     for stage in stages:
         for block_id in stage.blocks:
-            assert block_id not in block_map, BLOCK_IN_TWO_STAGES.format(block_id=block_id)
+            if block_id in block_map:
+                raise AssertionError(errors.BLOCK_IN_TWO_STAGES.format(block_id=block_id))
             block_map[block_id] = stage
     return block_map
 
@@ -280,8 +276,8 @@ def _as_stage(arg) -> Stage:
         return arg
     if isinstance(arg, str):
         return Stage(arg)
-    assert isinstance(arg, (list, tuple)) and all(isinstance(b, str) for b in arg), (
-        f"Each stage must be a poptorch.Stage, a block id or a list of block ids, got {arg!r}")
+    if not (isinstance(arg, (list, tuple)) and all(isinstance(b, str) for b in arg)):
+        raise AssertionError(errors.STAGE_ARGUMENT.format(arg=arg))
     return Stage(*arg)
 
 

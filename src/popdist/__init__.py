@@ -9,6 +9,7 @@ import atexit
 import os
 
 from openpop.distributed import instance as _env
+from openpop.distributed import messages as distributed_messages
 from openpop.distributed import process_group as _group
 
 
@@ -49,8 +50,7 @@ def getLocalInstanceIndex() -> int:
 
 def _require_uniform(function: str) -> None:
     if os.environ.get(_env.UNIFORM_REPLICAS, "1") != "1":
-        raise RuntimeError(f"popdist.{function}() can only be used with a uniform number of replicas "
-                           "per instance")
+        raise RuntimeError(distributed_messages.NON_UNIFORM_REPLICAS.format(function=function))
 
 
 def getNumInstances() -> int:

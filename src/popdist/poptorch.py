@@ -5,8 +5,11 @@ and count, and the calls that would contradict poprun (``useIpuId``, ``replicati
 ``Distributed.disable``, ``Distributed.setEnvVarNames``, ``Distributed.configureProcessId``) raise
 PopTorch's ``RuntimeError``. Outside poprun it is a one-instance, one-replica ``Options``.
 """
+from typing import Optional
+
 import popdist
-from openpop.options import Options as _Options, _DistributedOptions
+from openpop.options import Options as _Options
+from openpop.options import _DistributedOptions
 
 
 def _forbidden(name: str) -> RuntimeError:
@@ -35,7 +38,7 @@ class _PopdistDistributedOptions(_DistributedOptions):
 
 
 class Options(_Options):
-    def __init__(self, ipus_per_replica: int = None) -> None:
+    def __init__(self, ipus_per_replica: Optional[int] = None) -> None:
         if ipus_per_replica is not None and not popdist.checkNumIpusPerReplica(ipus_per_replica):
             raise RuntimeError(popdist.ipus_per_replica_mismatch(
                 ipus_per_replica, f"popdist.poptorch.Options(ipus_per_replica={ipus_per_replica})"))

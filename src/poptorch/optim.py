@@ -1,2 +1,2 @@
 """``poptorch.optim``: served by openpop."""
-from openpop.optim import *  # noqa: F401,F403
+from openpop.optim import *

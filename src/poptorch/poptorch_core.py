@@ -1,2 +1,2 @@
 """``poptorch.poptorch_core``: the exception classes PopTorch's C++ core exported."""
-from openpop.errors import Error, RecoverableError, UnrecoverableError  # noqa: F401
+from openpop.errors import Error, RecoverableError, UnrecoverableError

@@ -1,2 +1,2 @@
 """``poptorch.testing``: served by openpop."""
-from openpop.testing import allclose  # noqa: F401
+from openpop.testing import allclose

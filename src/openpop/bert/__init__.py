@@ -10,7 +10,7 @@ Modules: ``config`` (named configs, flags, validation), ``model`` (the split BER
 """
 from .config import BertRunConfig, ConfigError, available_configs, make_config, parse_args
 
-__all__ = ["BertRunConfig", "ConfigError", "available_configs", "make_config", "parse_args", "main", "run"]
+__all__ = ["BertRunConfig", "ConfigError", "available_configs", "main", "make_config", "parse_args", "run"]
 
 
 def main(argv=None) -> int:

@@ -19,6 +19,7 @@ from typing import Optional
 import torch
 
 from ..atomic_file import atomic_write, remove_stale_temporaries
+from . import messages
 from .config import BertRunConfig
 
 FORMAT = "openpop-bert-checkpoint-1"
@@ -52,7 +53,8 @@ def save_checkpoint(directory: str, step: int, config: BertRunConfig, model, opt
         atomic_write(path, lambda stream: torch.save(state, stream))
     except OSError as exc:
         fix = _WRITE_FIXES.get(exc.errno, "point --checkpoint-output-dir at a directory you can write to")
-        raise CheckpointError(f"could not write checkpoint {path}: {exc.strerror or exc}. Fix: {fix}.") from None
+        raise CheckpointError(messages.CHECKPOINT_UNWRITABLE.format(
+            path=path, problem=exc.strerror or exc, fix=fix)) from None
     return path
 
 
@@ -89,11 +91,9 @@ def find_checkpoint(config: BertRunConfig) -> Optional[str]:
     if os.path.isdir(source):
         found = latest_checkpoint(source)
         if found is None:
-            raise CheckpointError(f"no checkpoint (step_N.pt) in {source}: train with --checkpoint-output-dir "
-                                  f"{source} first, or point --checkpoint-input-dir at a checkpoint file")
+            raise CheckpointError(messages.NO_CHECKPOINT_IN_DIRECTORY.format(source=source))
         return found
-    raise CheckpointError(f"checkpoint {source} does not exist: point --checkpoint-input-dir at a step_N.pt file "
-                          "or a directory of them")
+    raise CheckpointError(messages.NO_SUCH_CHECKPOINT.format(source=source))
 
 
 def load_checkpoint(path: str, config: BertRunConfig) -> dict:
@@ -102,24 +102,19 @@ def load_checkpoint(path: str, config: BertRunConfig) -> dict:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
         raise CheckpointError(
-            f"checkpoint {path} is damaged or not an openpop-bert checkpoint ({type(exc).__name__}). Delete it and "
-            "resume from an earlier step_N.pt, "
-            "or start without --resume-training-from-checkpoint") from None
+            messages.CHECKPOINT_DAMAGED.format(path=path, exc_type=type(exc).__name__)) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is not an openpop-bert checkpoint (expected format {FORMAT})")
+        raise CheckpointError(messages.NOT_A_CHECKPOINT.format(path=path, format=FORMAT))
     theirs, ours = state["model_config"], config.model_dict()
     different = [f"{k}={theirs.get(k)!r} (this run: {ours[k]!r})" for k in ours if theirs.get(k) != ours[k]]
     if different:
-        raise CheckpointError(f"checkpoint {path} was saved by a different model: {', '.join(different)}. "
-                              f"Run with the checkpoint's settings (it was saved with --config "
-                              f"{state.get('config_name')}).")
+        raise CheckpointError(messages.CHECKPOINT_OTHER_MODEL.format(
+            path=path, different=', '.join(different), config_name=state.get('config_name')))
     saved_run, this_run = state.get("config", {}), config.as_dict()
     changed = [f"{k}={saved_run.get(k)!r} (this run: {this_run.get(k)!r})" for k in RESUME_MUST_MATCH
                if k in saved_run and saved_run.get(k) != this_run.get(k)]
     if changed:
-        raise CheckpointError(f"resuming {path} with different training settings: {', '.join(changed)}. A resumed "
-                              "run continues the saved one exactly, so run with the saved values (or start a new "
-                              "run without --resume-training-from-checkpoint).")
+        raise CheckpointError(messages.CHECKPOINT_OTHER_TRAINING.format(path=path, changed=', '.join(changed)))
     return state
 
 

@@ -13,9 +13,11 @@ import json
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Optional
 
 import yaml
+
+from . import messages
 
 CONFIG_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs.yml")
 DEFAULT_CONFIG = "demo_tiny_128"
@@ -41,7 +43,7 @@ def str_to_bool(value) -> bool:
         return True
     if text in ("false", "f", "no", "n", "0", "off"):
         return False
-    raise argparse.ArgumentTypeError(f"expected a boolean (true/false), got {value!r}")
+    raise argparse.ArgumentTypeError(messages.BOOLEAN_VALUE.format(value=value))
 
 
 def _optional_str(value):
@@ -54,9 +56,9 @@ def _dict_arg(value):
     try:
         parsed = json.loads(value)
     except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {value!r}") from exc
+        raise argparse.ArgumentTypeError(messages.JSON_OBJECT_VALUE.format(value=value)) from exc
     if not isinstance(parsed, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {value!r}")
+        raise argparse.ArgumentTypeError(messages.JSON_OBJECT_VALUE.format(value=value))
     return parsed
 
 
@@ -76,7 +78,7 @@ class Key:
         return "--" + self.name.replace("_", "-")
 
 
-_KEYS: List[Key] = [
+_KEYS: list[Key] = [
     # model
     Key("vocab_size", int, 30522, "Vocabulary size of the model (and of a tokenizer trained for it)"),
     Key("hidden_size", int, 768, "Width of the encoder"),
@@ -161,29 +163,28 @@ _KEYS: List[Key] = [
     Key("wandb", str_to_bool, False, "Log to Weights & Biases (not available offline: ignored)", flag_only=True),
     Key("wandb_param_steps", int, None, "Steps between parameter histograms in wandb (ignored)", flag_only=True),
 ]
-KEYS: Dict[str, Key] = {k.name: k for k in _KEYS}
+KEYS: dict[str, Key] = {k.name: k for k in _KEYS}
 
 
 # --------------------------------------------------------------------------- named configs
-def load_config_file(path: str = CONFIG_FILE) -> Dict[str, Dict[str, Any]]:
+def load_config_file(path: str = CONFIG_FILE) -> dict[str, dict[str, Any]]:
     with open(path, encoding="utf-8") as stream:
         data = yaml.safe_load(stream)
     return {name: values for name, values in data.items() if name != "defaults"}
 
 
-def available_configs(path: str = CONFIG_FILE) -> List[str]:
+def available_configs(path: str = CONFIG_FILE) -> list[str]:
     return list(load_config_file(path))
 
 
-def named_config(name: str, path: str = CONFIG_FILE) -> Dict[str, Any]:
+def named_config(name: str, path: str = CONFIG_FILE) -> dict[str, Any]:
     configs = load_config_file(path)
     if name not in configs:
-        raise ConfigError(f"unknown config '{name}': choose one of {', '.join(configs)} "
-                          f"(defined in {path})")
+        raise ConfigError(messages.UNKNOWN_CONFIG.format(name=name, configs=', '.join(configs), path=path))
     values = dict(configs[name])
     unknown = sorted(set(values) - set(KEYS))
     if unknown:
-        raise ConfigError(f"config '{name}' in {path} has unknown keys: {', '.join(unknown)}")
+        raise ConfigError(messages.CONFIG_UNKNOWN_KEYS.format(name=name, path=path, unknown=', '.join(unknown)))
     return values
 
 
@@ -196,7 +197,7 @@ class BertRunConfig:
         for key in _KEYS:
             setattr(self, key.name, values.pop(key.name, _copy_default(key.default)))
         if values:
-            raise ConfigError(f"unknown configuration keys: {', '.join(sorted(values))}")
+            raise ConfigError(messages.UNKNOWN_KEYS.format(unknown=', '.join(sorted(values))))
 
     # derived ---------------------------------------------------------------------------------
     @property
@@ -214,17 +215,17 @@ class BertRunConfig:
         return self.replication_factor * self.gradient_accumulation * self.micro_batch_size
 
     @property
-    def layer_ipus(self) -> List[int]:
+    def layer_ipus(self) -> list[int]:
         """The IPU of each encoder layer, from ``layers_per_ipu``."""
         ipus = []
         for ipu, count in enumerate(self.layers_per_ipu):
             ipus.extend([ipu] * count)
         return ipus
 
-    def as_dict(self) -> Dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         return {key.name: getattr(self, key.name) for key in _KEYS}
 
-    def model_dict(self) -> Dict[str, Any]:
+    def model_dict(self) -> dict[str, Any]:
         """The keys that define the model's shape (must match to load a checkpoint)."""
         names = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "sequence_length",
                  "mask_tokens", "embedding_serialization_factor")
@@ -267,7 +268,7 @@ def validate(config: BertRunConfig) -> BertRunConfig:
         for name in names:
             value = getattr(config, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"{KEYS[name].flag} must be a positive integer, got {value!r}")
+                raise ConfigError(messages.NOT_POSITIVE_INTEGER.format(flag=KEYS[name].flag, value=value))
 
     positive("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "sequence_length",
              "mask_tokens", "micro_batch_size", "device_iterations", "replication_factor",
@@ -276,20 +277,21 @@ def validate(config: BertRunConfig) -> BertRunConfig:
     for key in _KEYS:
         value = getattr(config, key.name)
         if key.choices is not None and value not in key.choices:
-            raise ConfigError(f"{key.name} must be one of {', '.join(map(str, key.choices))}, got {value!r}")
+            raise ConfigError(messages.NOT_ONE_OF.format(
+                name=key.name, choices=', '.join(map(str, key.choices)), value=value))
 
     if config.hidden_size % config.num_attention_heads:
-        raise ConfigError(f"hidden_size ({config.hidden_size}) must be a multiple of num_attention_heads "
-                          f"({config.num_attention_heads})")
+        raise ConfigError(messages.HIDDEN_SIZE_HEADS.format(
+            hidden_size=config.hidden_size, num_attention_heads=config.num_attention_heads))
     if config.sequence_length > MAX_POSITION_EMBEDDINGS:
-        raise ConfigError(f"sequence_length {config.sequence_length} exceeds the {MAX_POSITION_EMBEDDINGS} "
-                          "position embeddings of BERT")
+        raise ConfigError(messages.SEQUENCE_LENGTH_POSITIONS.format(
+            sequence_length=config.sequence_length, max_position_embeddings=MAX_POSITION_EMBEDDINGS))
     if config.mask_tokens > config.sequence_length:
-        raise ConfigError(f"mask_tokens ({config.mask_tokens}) cannot exceed sequence_length "
-                          f"({config.sequence_length})")
+        raise ConfigError(messages.MASK_TOKENS_SEQUENCE_LENGTH.format(
+            mask_tokens=config.mask_tokens, sequence_length=config.sequence_length))
     if config.vocab_size % config.embedding_serialization_factor:
-        raise ConfigError(f"embedding_serialization_factor ({config.embedding_serialization_factor}) must divide "
-                          f"vocab_size ({config.vocab_size})")
+        raise ConfigError(messages.EMBEDDING_SERIALIZATION.format(
+            embedding_serialization_factor=config.embedding_serialization_factor, vocab_size=config.vocab_size))
 
     # layers_per_ipu: one value N means N layers on each IPU, as the recipe expands it.
     layers = config.layers_per_ipu
@@ -297,21 +299,19 @@ def validate(config: BertRunConfig) -> BertRunConfig:
         layers = [layers]
     layers = list(layers)
     if any(not isinstance(n, int) or n < 0 for n in layers):
-        raise ConfigError(f"layers_per_ipu must be non-negative integers, got {layers}")
+        raise ConfigError(messages.LAYERS_PER_IPU_NEGATIVE.format(layers=layers))
     if len(layers) == 1:
         if layers[0] == 0:
-            raise ConfigError("layers_per_ipu 0 places no layers anywhere: give a positive count per IPU")
+            raise ConfigError(messages.LAYERS_PER_IPU_ZERO)
         layers = [layers[0]] * (config.num_hidden_layers // layers[0])
     if sum(layers) != config.num_hidden_layers:
         raise ConfigError(
-            f"layers_per_ipu not compatible with number of hidden layers: {layers} places {sum(layers)} "
-            f"layers but num_hidden_layers is {config.num_hidden_layers}. Give --layers-per-ipu values "
-            f"that sum to {config.num_hidden_layers}.")
+            messages.LAYERS_PER_IPU_TOTAL.format(
+                layers=layers, total=sum(layers), num_hidden_layers=config.num_hidden_layers))
     if len(layers) != config.ipus_per_replica:
         raise ConfigError(
-            f"layers_per_ipu {layers} spreads the encoder over {len(layers)} IPUs but ipus_per_replica is "
-            f"{config.ipus_per_replica}: give {config.ipus_per_replica} values to --layers-per-ipu or set "
-            f"--ipus-per-replica {len(layers)}.")
+            messages.LAYERS_PER_IPU_IPUS.format(
+                layers=layers, layers_count=len(layers), ipus_per_replica=config.ipus_per_replica))
     config.layers_per_ipu = layers
 
     proportions = config.matmul_proportion
@@ -321,26 +321,24 @@ def validate(config: BertRunConfig) -> BertRunConfig:
     if len(proportions) == 1:
         proportions = proportions * config.ipus_per_replica
     if len(proportions) != config.ipus_per_replica:
-        raise ConfigError(f"Length of matmul_proportion doesn't match ipus_per_replica: {proportions} vs "
-                          f"{config.ipus_per_replica}")
+        raise ConfigError(messages.MATMUL_PROPORTION_LENGTH.format(
+            proportions=proportions, ipus_per_replica=config.ipus_per_replica))
     if any(not 0.0 <= p <= 1.0 for p in proportions):
-        raise ConfigError(f"matmul_proportion values must be between 0 and 1, got {proportions}")
+        raise ConfigError(messages.MATMUL_PROPORTION_RANGE.format(proportions=proportions))
     config.matmul_proportion = proportions
 
     _check_numbers(config)
     if isinstance(config.input_files, str):
         config.input_files = [config.input_files]
     if config.checkpoint_steps is not None and not config.checkpoint_output_dir:
-        raise ConfigError("--checkpoint-steps needs --checkpoint-output-dir to save checkpoints to")
+        raise ConfigError(messages.CHECKPOINT_STEPS_WITHOUT_OUTPUT)
     if config.resume_training_from_checkpoint and not (config.checkpoint_input_dir or config.checkpoint_output_dir):
-        raise ConfigError("--resume-training-from-checkpoint needs --checkpoint-input-dir (a step_N.pt file or "
-                          "a directory of them) or --checkpoint-output-dir to resume from its latest checkpoint")
+        raise ConfigError(messages.RESUME_WITHOUT_CHECKPOINT)
     if config.packed_data:
-        raise ConfigError("packed_data needs packed TFRecord input files, which openpop-bert does not read: "
-                          "run with --packed-data False")
+        raise ConfigError(messages.PACKED_DATA)
     if config.dataset == "pretraining" and config.mask_tokens > config.sequence_length - 3:
-        raise ConfigError(f"--dataset pretraining needs mask_tokens <= sequence_length - 3 ([CLS] and two [SEP]); "
-                          f"got mask_tokens {config.mask_tokens}, sequence_length {config.sequence_length}")
+        raise ConfigError(messages.MASK_TOKENS_PRETRAINING.format(
+            mask_tokens=config.mask_tokens, sequence_length=config.sequence_length))
     _check_output_directory(config.checkpoint_output_dir)
     return config
 
@@ -381,24 +379,25 @@ def _coerce_numbers(config: BertRunConfig) -> None:
         if key.nargs or key.type not in (int, float) or value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-            raise ConfigError(f"{key.flag} must be a number, got {value!r}")
+            raise ConfigError(messages.NOT_A_NUMBER.format(flag=key.flag, value=value))
         if key.type is float and not isinstance(value, float):
             try:
                 setattr(config, key.name, float(value))
             except ValueError:
-                raise ConfigError(f"{key.flag} must be a number, got {value!r}") from None
+                raise ConfigError(messages.NOT_A_NUMBER.format(flag=key.flag, value=value)) from None
         elif key.type is int and isinstance(value, str):
             try:
                 setattr(config, key.name, int(value))
             except ValueError:
-                raise ConfigError(f"{key.flag} must be an integer, got {value!r}") from None
+                raise ConfigError(messages.NOT_AN_INTEGER.format(flag=key.flag, value=value)) from None
 
 
 def _check_numbers(config: BertRunConfig) -> None:
     for name, (test, requirement) in _NUMBER_RULES.items():
         value = getattr(config, name)
         if not test(value):
-            raise ConfigError(f"{KEYS[name].flag} must be {requirement}, got {value!r}")
+            raise ConfigError(messages.NOT_REQUIREMENT.format(
+                flag=KEYS[name].flag, requirement=requirement, value=value))
 
 
 def _check_output_directory(directory) -> None:
@@ -406,12 +405,12 @@ def _check_output_directory(directory) -> None:
     if not directory:
         return
     if os.path.exists(directory) and not os.path.isdir(directory):
-        raise ConfigError(f"--checkpoint-output-dir {directory} exists and is not a directory: name a directory")
+        raise ConfigError(messages.CHECKPOINT_OUTPUT_NOT_DIRECTORY.format(directory=directory))
     existing = directory
     while existing and not os.path.exists(existing):
         existing = os.path.dirname(existing.rstrip(os.sep)) or "."
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"--checkpoint-output-dir {directory} is not writable: name a directory you can write to")
+        raise ConfigError(messages.CHECKPOINT_OUTPUT_NOT_WRITABLE.format(directory=directory))
 
 
 # --------------------------------------------------------------------------- command line
@@ -437,7 +436,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def parse_args(argv: Optional[List[str]] = None, parser: Optional[argparse.ArgumentParser] = None
+def parse_args(argv: Optional[list[str]] = None, parser: Optional[argparse.ArgumentParser] = None
                ) -> BertRunConfig:
     """Named config + flags -> validated ``BertRunConfig``; raises ``ConfigError``."""
     parser = parser or build_parser()
@@ -453,7 +452,7 @@ def make_config(name: str = DEFAULT_CONFIG, **overrides) -> BertRunConfig:
     values = named_config(name)
     unknown = sorted(set(overrides) - set(KEYS))
     if unknown:
-        raise ConfigError(f"unknown configuration keys: {', '.join(unknown)}")
+        raise ConfigError(messages.UNKNOWN_KEYS.format(unknown=', '.join(unknown)))
     values.update(overrides)
     return validate(BertRunConfig(name, **values))
 

@@ -27,7 +27,8 @@ import re
 import sys
 import sysconfig
 import time
-from typing import Dict, Iterator, List, Optional, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Optional
 
 import numpy as np
 import torch
@@ -35,6 +36,7 @@ import torch
 import poptorch
 
 from ..atomic_file import atomic_write, remove_stale_temporaries
+from . import messages
 from .config import BertRunConfig
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -76,7 +78,7 @@ class GeneratedPretrainingDataset(torch.utils.data.Dataset):
 class PretrainingDataset(torch.utils.data.Dataset):
     """Examples stored as stacked compact integer tensors; items are int64 tuples."""
 
-    def __init__(self, tensors: Dict[str, torch.Tensor], info: Optional[dict] = None):
+    def __init__(self, tensors: dict[str, torch.Tensor], info: Optional[dict] = None):
         self.tensors = [tensors[name] for name in FIELDS]
         self.info = dict(info or {})
 
@@ -104,8 +106,7 @@ def _atomic_write(path: str, write) -> None:
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         atomic_write(path, write)
     except OSError as exc:
-        raise DataError(f"could not write {path} to the data cache: {exc.strerror or exc}. Point --data-cache-dir "
-                        "at a writable directory with free space.") from None
+        raise DataError(messages.DATA_CACHE_UNWRITABLE.format(path=path, problem=exc.strerror or exc)) from None
 
 
 def _digest(*parts) -> str:
@@ -121,7 +122,6 @@ def _text_file_digest(path: str, role: str = "input file", flag: str = "--input-
     h = hashlib.sha256()
     decoder = codecs.getincrementaldecoder("utf-8")()
     offset = 0
-    not_text = (f"{role} {path} is not a text file ({{}}): give plain UTF-8 text with {flag}")
     try:
         with open(path, "rb") as stream:
             for block in iter(lambda: stream.read(1 << 20), b""):
@@ -134,14 +134,16 @@ def _text_file_digest(path: str, role: str = "input file", flag: str = "--input-
                 except UnicodeDecodeError as exc:
                     bad.append(exc.start - pending)
                 if bad:
-                    raise DataError(not_text.format(f"byte {offset + min(bad)} is not UTF-8 text"))
+                    problem = messages.NOT_UTF8_BYTE.format(offset=offset + min(bad))
+                    raise DataError(messages.NOT_TEXT.format(role=role, path=path, problem=problem, flag=flag))
                 offset += len(block)
             decoder.decode(b"", final=True)
     except UnicodeDecodeError:
-        raise DataError(not_text.format("it ends inside a UTF-8 character")) from None
+        raise DataError(messages.NOT_TEXT.format(
+            role=role, path=path, problem=messages.ENDS_INSIDE_CHARACTER, flag=flag)) from None
     except OSError as exc:
-        raise DataError(f"cannot read {role} {path}: {exc.strerror or exc}. Give a file you can read with "
-                        f"{flag}.") from None
+        raise DataError(messages.FILE_UNREADABLE.format(
+            role=role, path=path, problem=exc.strerror or exc, flag=flag)) from None
     return h.hexdigest()
 
 
@@ -151,7 +153,7 @@ _SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idlelib", "tur
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[A-Z(\"'`])")
 
 
-def _stdlib_sources() -> List[str]:
+def _stdlib_sources() -> list[str]:
     root = sysconfig.get_paths()["stdlib"]
     files = []
     for directory, subdirs, names in os.walk(root):
@@ -160,7 +162,7 @@ def _stdlib_sources() -> List[str]:
     return files
 
 
-def _docstring_sentences(text: str) -> List[str]:
+def _docstring_sentences(text: str) -> list[str]:
     """Prose sentences of a docstring: doctest lines dropped, paragraphs joined and split."""
     sentences = []
     for paragraph in re.split(r"\n\s*\n", text):
@@ -205,7 +207,7 @@ def stdlib_corpus_path(cache_dir: str) -> str:
     return path
 
 
-def resolve_input_files(patterns: Sequence[str], cache_dir: str) -> List[str]:
+def resolve_input_files(patterns: Sequence[str], cache_dir: str) -> list[str]:
     files = []
     for pattern in patterns:
         if pattern == "stdlib":
@@ -214,21 +216,18 @@ def resolve_input_files(patterns: Sequence[str], cache_dir: str) -> List[str]:
         matches = sorted(glob.glob(os.path.expanduser(pattern)))
         directories = [m for m in matches if os.path.isdir(m)]
         if directories:
-            raise DataError(f"{directories[0]} is a directory: give text files or a glob like "
-                            f"{os.path.join(directories[0], '*.txt')}")
+            raise DataError(messages.INPUT_IS_DIRECTORY.format(
+                directory=directories[0], glob=os.path.join(directories[0], '*.txt')))
         if not matches:
-            raise DataError(f"no input files match '{pattern}': give plain-text files with --input-files "
-                            "(or 'stdlib' for the standard-library corpus), or use --dataset generated")
+            raise DataError(messages.NO_INPUT_FILES.format(pattern=pattern))
         files.extend(matches)
     for path in files:
         if path.endswith((".tfrecord", ".index")):
-            raise DataError(f"{path} is a TFRecord file: openpop-bert reads plain text (one sentence per line, "
-                            "blank lines between documents). Give text files with --input-files, or use "
-                            "--dataset generated")
+            raise DataError(messages.INPUT_IS_TFRECORD.format(path=path))
     return files
 
 
-def read_documents(files: Sequence[str]) -> List[List[str]]:
+def read_documents(files: Sequence[str]) -> list[list[str]]:
     """Documents as lists of sentences: blank lines and file ends separate documents."""
     documents = []
     for path in files:
@@ -248,21 +247,20 @@ def read_documents(files: Sequence[str]) -> List[List[str]]:
 
 
 # --- tokenizer -------------------------------------------------------------------------------
-def get_tokenizer(config: BertRunConfig, files: Sequence[str], cache_dir: str, file_digests: Sequence[str] = None):
+def get_tokenizer(config: BertRunConfig, files: Sequence[str], cache_dir: str,
+                  file_digests: Optional[Sequence[str]] = None):
     """A ``tokenizers.Tokenizer``: from ``vocab_file``, or trained on ``files`` (cached)."""
     from tokenizers import Tokenizer
     from tokenizers.implementations import BertWordPieceTokenizer
 
     if config.vocab_file:
         if not os.path.isfile(config.vocab_file):
-            raise DataError(f"vocab file {config.vocab_file} does not exist: give a WordPiece vocab.txt "
-                            "(one token per line) with --vocab-file")
+            raise DataError(messages.NO_VOCAB_FILE.format(vocab_file=config.vocab_file))
         _text_file_digest(config.vocab_file, "vocab file", "--vocab-file")
         try:
             tokenizer = BertWordPieceTokenizer(config.vocab_file, lowercase=True)._tokenizer
         except Exception as exc:
-            raise DataError(f"vocab file {config.vocab_file} is not a WordPiece vocabulary ({exc}): give a "
-                            "vocab.txt with one token per line") from None
+            raise DataError(messages.NOT_WORDPIECE_VOCABULARY.format(vocab_file=config.vocab_file, exc=exc)) from None
     else:
         if file_digests is None:
             file_digests = [_text_file_digest(f) for f in files]
@@ -282,12 +280,12 @@ def get_tokenizer(config: BertRunConfig, files: Sequence[str], cache_dir: str, f
             _atomic_write(path, lambda stream: stream.write(tokenizer.to_str().encode("utf-8")))
     for token in SPECIAL_TOKENS:
         if tokenizer.token_to_id(token) is None:
-            raise DataError(f"the tokenizer has no {token} token: use a BERT WordPiece vocabulary")
+            raise DataError(messages.TOKENIZER_MISSING_TOKEN.format(token=token))
     if tokenizer.token_to_id("[PAD]") != 0:
-        raise DataError("the tokenizer's [PAD] token must have id 0 (padding and ignored labels are 0)")
+        raise DataError(messages.PAD_TOKEN_ID)
     if tokenizer.get_vocab_size() > config.vocab_size:
-        raise DataError(f"the tokenizer has {tokenizer.get_vocab_size()} tokens but the model's vocab_size is "
-                        f"{config.vocab_size}: raise --vocab-size to at least {tokenizer.get_vocab_size()}")
+        raise DataError(messages.TOKENIZER_VOCAB_TOO_LARGE.format(
+            tokens=tokenizer.get_vocab_size(), vocab_size=config.vocab_size))
     return tokenizer
 
 
@@ -327,8 +325,8 @@ class _ExampleWriter:
         return {name: torch.from_numpy(array[:self.count].copy()) for name, array in self.arrays.items()}
 
 
-def create_examples(documents: List[List[List[int]]], config: BertRunConfig, special: Dict[str, int],
-                    vocab_size: int, seed: int) -> Dict[str, torch.Tensor]:
+def create_examples(documents: list[list[list[int]]], config: BertRunConfig, special: dict[str, int],
+                    vocab_size: int, seed: int) -> dict[str, torch.Tensor]:
     """Sentence-pair MLM/NSP examples from tokenized documents (lists of sentences of ids)."""
     rng = random.Random(seed)
     seq, preds = config.sequence_length, config.mask_tokens
@@ -351,7 +349,7 @@ def create_examples(documents: List[List[List[int]]], config: BertRunConfig, spe
         segments = [0] * (len(a) + 2) + [1] * (len(b) + 1)
         candidates = [i for i, t in enumerate(tokens) if t not in (cls_id, sep_id)]
         rng.shuffle(candidates)
-        count = min(preds, max(1, int(round(len(tokens) * 0.15))))
+        count = min(preds, max(1, round(len(tokens) * 0.15)))
         chosen = sorted(candidates[:count])
         labels = [tokens[i] for i in chosen]
         for i in chosen:
@@ -476,12 +474,11 @@ def check_dataset_size(dataset, config: BertRunConfig, instances: int = 1) -> No
     if len(dataset) < config.samples_per_step * instances:
         per_instance = "" if instances == 1 else f" x {instances} poprun instances"
         raise DataError(
-            f"Not enough data in input_files for current configuration: the dataset has {len(dataset)} examples "
-            f"but one step needs samples_per_step = micro_batch_size x device_iterations x gradient_accumulation "
-            f"x replication_factor = {config.micro_batch_size} x {config.device_iterations} x "
-            f"{config.gradient_accumulation} x {config.replication_factor}{per_instance} = "
-            f"{config.samples_per_step * instances}. Add input files, raise --duplication-factor, or lower those "
-            f"batch settings.")
+            messages.NOT_ENOUGH_DATA.format(
+                dataset_count=len(dataset), micro_batch_size=config.micro_batch_size,
+                device_iterations=config.device_iterations, gradient_accumulation=config.gradient_accumulation,
+                replication_factor=config.replication_factor, per_instance=per_instance,
+                value=config.samples_per_step * instances))
 
 
 def get_dataset(config: BertRunConfig, log=None, instances: int = 1):

@@ -8,10 +8,11 @@ averages the printed metrics and step time over the instances; instance 0 alone 
 writes checkpoints (``popdist.execute_on_instances({0}, ...)``). ``global_batch_size`` and the
 throughput count every instance. Outside poprun it is one instance and changes nothing.
 """
+import torch
+
 import popdist
 import popdist.poptorch
 import poptorch
-import torch
 
 
 class Instances:

@@ -6,8 +6,9 @@ micro-batches of a host call, one row per replica. ``step_metrics`` divides by t
 and averages the replicas. Accuracies are fractions in [0, 1] printed with a '%' sign, as
 the recipe prints them.
 """
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Sequence
+from typing import Optional
 
 import torch
 
@@ -58,7 +59,7 @@ def forward_flops_per_token(hidden: int, layers: int, intermediate: int, sequenc
     return dense + attention
 
 
-def training_flops_per_sample(config: BertRunConfig, predicted_tokens: int = None) -> float:
+def training_flops_per_sample(config: BertRunConfig, predicted_tokens: Optional[int] = None) -> float:
     """Model FLOPs to train on one sequence: 3 x forward (forward + backward at twice its cost);
     the MLM head counts for the ``mask_tokens`` positions it is computed on, pooler and NSP
     head once. Recomputation is not counted (hardware FLOPs, not model FLOPs)."""

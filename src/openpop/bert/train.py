@@ -12,7 +12,7 @@ import random
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Optional
 
 import numpy as np
 import torch
@@ -21,7 +21,8 @@ import poptorch
 
 from ..runtime.half_compute import low_precision_is_faster
 from . import checkpoint as ckpt
-from .config import ConfigError, BertRunConfig, _ListConfigs, available_configs, build_parser, parse_args
+from . import messages
+from .config import BertRunConfig, ConfigError, _ListConfigs, available_configs, build_parser, parse_args
 from .data import DataError, get_dataloader, get_dataset
 from .instances import Instances
 from .metrics import StepMetrics, reduce_outputs, step_description, throughput_text
@@ -40,12 +41,12 @@ HEADERS = {
 @dataclass
 class TrainingResult:
     config: BertRunConfig
-    steps: List[StepMetrics] = field(default_factory=list)
+    steps: list[StepMetrics] = field(default_factory=list)
     start_step: int = 0
     data_seconds: float = 0.0
     compile_seconds: float = 0.0
     training_seconds: float = 0.0
-    checkpoints: List[str] = field(default_factory=list)
+    checkpoints: list[str] = field(default_factory=list)
     model: Optional[torch.nn.Module] = None
 
 
@@ -167,8 +168,8 @@ def _run(config: BertRunConfig, stream) -> TrainingResult:
         start_step = int(state["step"])
         if start_step >= config.training_steps:
             raise ckpt.CheckpointError(
-                f"checkpoint {checkpoint_file} is at step {start_step} and training_steps is "
-                f"{config.training_steps}: nothing left to train. Raise --training-steps.")
+                messages.NOTHING_LEFT_TO_TRAIN.format(
+                    checkpoint_file=checkpoint_file, start_step=start_step, training_steps=config.training_steps))
     result.start_step = start_step
     if config.checkpoint_output_dir:
         removed = ckpt.remove_stale_checkpoint_files(config.checkpoint_output_dir)
@@ -262,7 +263,7 @@ def _run(config: BertRunConfig, stream) -> TrainingResult:
     return result
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
     parser = build_parser()
     try:
         config = parse_args(argv, parser)

@@ -3,4 +3,4 @@
 from .async_accessor import AsynchronousDataAccessor
 from .dataloader import DataLoader
 
-__all__ = ["DataLoader", "AsynchronousDataAccessor"]
+__all__ = ["AsynchronousDataAccessor", "DataLoader"]

@@ -81,9 +81,11 @@ class AsynchronousDataAccessor:
         self._process = None  # first, so that terminate() works whatever fails below
         if getattr(dataset, "_accessor", None) is not None:
             raise Error(messages.ALREADY_ASYNC)
-        assert rebatched_size is None or rebatched_size > 1, messages.REBATCHED_SIZE_TOO_SMALL.format(
-            size=rebatched_size)
-        assert buffer_size >= 1, messages.BUFFER_SIZE_TOO_SMALL.format(size=buffer_size)
+        if not (rebatched_size is None or rebatched_size > 1):
+            raise AssertionError(messages.REBATCHED_SIZE_TOO_SMALL.format(
+            size=rebatched_size))
+        if not (buffer_size >= 1):
+            raise AssertionError(messages.BUFFER_SIZE_TOO_SMALL.format(size=buffer_size))
         self._source = dataset
         self._rebatched_size = rebatched_size
         self._drop_last = bool(getattr(dataset, "_rebatch_drop_last", getattr(dataset, "drop_last", False)))
@@ -223,7 +225,8 @@ class AsynchronousDataAccessor:
         except Error:
             self._unusable_reason = messages.WORKER_FAILED_TO_START
             raise Error(messages.WORKER_FAILED_TO_START) from None
-        assert message == ("ready",), f"unexpected first message from the worker: {message[0]}"
+        if message != ("ready",):
+            raise AssertionError(messages.WORKER_FIRST_MESSAGE.format(message=message[0]))
 
     def _receive(self):
         """The worker's next message; raises ``Error`` if the worker dies first."""

@@ -3,9 +3,11 @@
 This is the structure ``torch.utils.data.default_collate`` produces. Any other object is a
 leaf; a tree is "tensor-only" when all its leaves are tensors.
 """
-from typing import Any, Callable, List
+from typing import Any, Callable
 
 import torch
+
+from . import messages
 
 
 def _is_namedtuple(obj) -> bool:
@@ -21,7 +23,7 @@ def _children(tree):
     return None
 
 
-def _rebuild_node(template, children: List[Any]):
+def _rebuild_node(template, children: list[Any]):
     if _is_namedtuple(template):
         return type(template)(*children)
     if type(template) is tuple:
@@ -43,7 +45,7 @@ def map_leaves(fn: Callable, *trees):
     return _rebuild_node(trees[0], [map_leaves(fn, c, *(o[i] for o in others)) for i, c in enumerate(children)])
 
 
-def leaves(tree) -> List[Any]:
+def leaves(tree) -> list[Any]:
     children = _children(tree)
     if children is None:
         return [tree]
@@ -94,17 +96,16 @@ def batch_length(tree) -> int:
     for leaf in leaves(tree):
         if isinstance(leaf, torch.Tensor) and leaf.dim() > 0:
             return leaf.shape[0]
-    raise TypeError("Rebatching needs batches whose leaves are tensors with a batch dimension, "
-                    f"got {type(tree).__name__}")
+    raise TypeError(messages.REBATCH_NOT_BATCHED.format(tree_type=type(tree).__name__))
 
 
 def _require_tensor(leaf):
     if not isinstance(leaf, torch.Tensor):
-        raise TypeError(f"Rebatching supports batches of tensors only, got a leaf of type {type(leaf).__name__}")
+        raise TypeError(messages.REBATCH_LEAF_TYPE.format(leaf_type=type(leaf).__name__))
     return leaf
 
 
-def concat(trees: List[Any]):
+def concat(trees: list[Any]):
     """Concatenate tensor-only trees of the same structure along dim 0."""
     if len(trees) == 1:
         return map_leaves(_require_tensor, trees[0])

@@ -6,7 +6,8 @@ gradient_accumulation`` elements. With several processes each one reads its own 
 map-style dataset (``distributed.py``). The ``Async`` modes load in a separate process through
 an ``AsynchronousDataAccessor``.
 """
-from typing import Any, Dict, Iterable, Optional, Sequence, Union
+from collections.abc import Iterable, Sequence
+from typing import Any, Optional, Union
 
 import torch
 from torch.utils.data import Sampler
@@ -33,7 +34,7 @@ class DataLoader(torch.utils.data.DataLoader):
                  persistent_workers: Optional[bool] = None,
                  auto_distributed_partitioning: bool = True,
                  mode: DataLoaderMode = DataLoaderMode.Sync,
-                 async_options: Optional[Dict[str, Any]] = None,
+                 async_options: Optional[dict[str, Any]] = None,
                  rebatched_worker_size: Optional[int] = None,
                  batch_sampler: Optional[Union[Sampler[Sequence], Iterable[Sequence]]] = None,
                  **kwargs):
@@ -54,13 +55,15 @@ class DataLoader(torch.utils.data.DataLoader):
             into combined batches. Excludes ``batch_size`` and ``shuffle``.
         :param kwargs: any other argument of ``torch.utils.data.DataLoader``.
         """
-        assert isinstance(options, Options), messages.NOT_OPTIONS.format(type=type(options).__name__)
+        if not isinstance(options, Options):
+            raise AssertionError(messages.NOT_OPTIONS.format(type=type(options).__name__))
         mode = DataLoaderMode(mode)
         shuffle = bool(shuffle)
         if persistent_workers is None:
             persistent_workers = num_workers > 0
         async_options = dict(async_options or {})
-        assert "rebatched_size" not in async_options, messages.ASYNC_OPTIONS_REBATCHED
+        if "rebatched_size" in async_options:
+            raise AssertionError(messages.ASYNC_OPTIONS_REBATCHED)
         num_processes = options.Distributed.numProcesses
         num_batches_to_combine = combined_batch_factor(options)
         is_iterable = isinstance(dataset, torch.utils.data.IterableDataset)
@@ -76,7 +79,8 @@ class DataLoader(torch.utils.data.DataLoader):
             combined_batch_size = None if batch_size is None else batch_size * num_batches_to_combine
 
         if is_iterable:
-            assert num_processes == 1 or not auto_distributed_partitioning, messages.ITERABLE_PARTITIONING
+            if not (num_processes == 1 or not auto_distributed_partitioning):
+                raise AssertionError(messages.ITERABLE_PARTITIONING)
             if num_workers > 1 and kwargs.get("worker_init_fn") is None:
                 logger.warning(messages.ITERABLE_WORKERS, num_workers, num_workers)
 
@@ -97,10 +101,12 @@ class DataLoader(torch.utils.data.DataLoader):
         # Without a batch size nothing is batched and there is no last batch to drop.
         torch_batch_size, torch_drop_last = combined_batch_size, drop_last and combined_batch_size is not None
         if mode == DataLoaderMode.AsyncRebatched and batch_sampler is None:
-            assert combined_batch_size is not None, messages.REBATCHED_NEEDS_BATCH_SIZE
+            if combined_batch_size is None:
+                raise AssertionError(messages.REBATCHED_NEEDS_BATCH_SIZE)
             worker_size = rebatched_worker_size or combined_batch_size
-            assert worker_size <= combined_batch_size, messages.REBATCHED_WORKER_SIZE.format(
-                worker=worker_size, combined=combined_batch_size)
+            if not (worker_size <= combined_batch_size):
+                raise AssertionError(messages.REBATCHED_WORKER_SIZE.format(
+                worker=worker_size, combined=combined_batch_size))
             rebatched_size = combined_batch_size
             # The re-batching applies drop_last to combined batches; dropping partial worker
             # batches too would lose elements a synchronous loader keeps.

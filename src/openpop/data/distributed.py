@@ -6,15 +6,16 @@ permutation of the whole dataset from a generator seeded with ``Options.randomSe
 their slices stay disjoint. When ``drop_last`` leaves elements out of an epoch, those
 elements are moved to the front of the next epoch's order, so none is skipped twice in a row.
 """
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 
+from . import messages
 from .messages import BATCH_SIZE_REQUIRED, RANDOM_SEED_REQUIRED
 
 
 def process_slice(num_elements: int, combined_batch_size: int, num_processes: int, process_id: int,
-                  drop_last: bool) -> Tuple[int, int]:
+                  drop_last: bool) -> tuple[int, int]:
     """``(start, length)`` of process ``process_id``'s part of ``num_elements`` elements.
 
     With ``drop_last`` every process gets the same whole number of combined batches and the
@@ -36,7 +37,8 @@ class DistributedShard(torch.utils.data.Dataset):
     """
 
     def __init__(self, dataset, options, combined_batch_size: Optional[int], drop_last: bool, shuffle: bool):
-        assert combined_batch_size is not None, BATCH_SIZE_REQUIRED
+        if combined_batch_size is None:
+            raise AssertionError(BATCH_SIZE_REQUIRED)
         self.dataset = dataset
         self.num_processes = options.Distributed.numProcesses
         self.process_id = options.Distributed.processId
@@ -46,7 +48,8 @@ class DistributedShard(torch.utils.data.Dataset):
         self._order = None
         self._generator = None
         if shuffle:
-            assert options.exists("random_seed"), RANDOM_SEED_REQUIRED
+            if not options.exists("random_seed"):
+                raise AssertionError(RANDOM_SEED_REQUIRED)
             self._generator = torch.Generator()
             self._generator.manual_seed(options.random_seed)
             self._used_per_epoch = total if not drop_last else self._length * self.num_processes
@@ -75,7 +78,7 @@ class DistributedShard(torch.utils.data.Dataset):
         if index < 0:
             index += self._length
         if not 0 <= index < self._length:
-            raise IndexError(f"index {index} is out of range for a shard of {self._length} elements")
+            raise IndexError(messages.SHARD_INDEX_OUT_OF_RANGE.format(index=index, length=self._length))
         position = self._start + index
         if self._order is not None:
             position = int(self._order[position])

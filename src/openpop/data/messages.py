@@ -43,3 +43,13 @@ WORKER_DIED = ("The AsynchronousDataAccessor worker process exited unexpectedly 
 WORKER_FAILED = "The AsynchronousDataAccessor worker process stopped after an error: {error}"
 TERMINATED = "The AsynchronousDataAccessor has been terminated: create a new one to load more data"
 WORKER_RAISED = "The AsynchronousDataAccessor worker raised {summary}"
+
+# --- openpop/data/async_accessor.py --------------------------------------------------------
+WORKER_FIRST_MESSAGE = "unexpected first message from the worker: {message}"
+
+# --- openpop/data/batch_tree.py ------------------------------------------------------------
+REBATCH_NOT_BATCHED = "Rebatching needs batches whose leaves are tensors with a batch dimension, got {tree_type}"
+REBATCH_LEAF_TYPE = "Rebatching supports batches of tensors only, got a leaf of type {leaf_type}"
+
+# --- openpop/data/distributed.py -----------------------------------------------------------
+SHARD_INDEX_OUT_OF_RANGE = "index {index} is out of range for a shard of {length} elements"

@@ -1,5 +1,6 @@
 """Re-cut a stream of batches into batches of a fixed size along dim 0."""
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from . import batch_tree
 

@@ -1,5 +1,6 @@
 """Group a user's batch sampler into combined batches (one host call's worth of data)."""
-from typing import Iterable, Iterator, List, Optional, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Optional
 
 import torch
 
@@ -24,7 +25,7 @@ class CombinedBatchSampler(torch.utils.data.Sampler):
         inner = getattr(self.batch_sampler, "batch_size", None)
         return inner * self.num_batches_to_combine if isinstance(inner, int) else None
 
-    def __iter__(self) -> Iterator[List[int]]:
+    def __iter__(self) -> Iterator[list[int]]:
         group, count = [], 0
         for batch in self.batch_sampler:
             group.extend(batch)

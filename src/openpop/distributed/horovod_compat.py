@@ -17,7 +17,7 @@ import os
 
 import torch
 
-from . import process_group
+from . import messages, process_group
 
 Average = "Average"
 Sum = "Sum"
@@ -74,11 +74,11 @@ def cross_size() -> int:
 
 def _op(average, op):
     if average is not None and op is not None:
-        raise ValueError("The op parameter supersedes average; pass only one of them.")
+        raise ValueError(messages.OP_AND_AVERAGE)
     if op is None:
         op = Average if average is None or average else Sum
     if op == Adasum:
-        raise NotImplementedError("Adasum is not part of openpop's horovod compatibility layer")
+        raise NotImplementedError(messages.NO_ADASUM)
     return op
 
 

@@ -129,7 +129,7 @@ def main(argv) -> None:
         os.execvpe(argv[0], argv, env)
     except OSError as exc:
         sys.stderr.write(f"poprun: cannot run {argv[0]!r}: {exc.strerror}\n")
-        raise SystemExit(127)
+        raise SystemExit(127) from None
 
 
 if __name__ == "__main__":

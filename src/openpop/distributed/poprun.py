@@ -29,12 +29,11 @@ import json
 import os
 import re
 import shlex
-import signal
 import socket
 import sys
-import tempfile
 
 from . import instance as instance_env
+from . import messages
 from .topology import topology_table
 
 USAGE_ERROR = 2
@@ -74,7 +73,7 @@ def _bool(text: str) -> bool:
         return True
     if value in ("0", "no", "false", "off"):
         return False
-    raise argparse.ArgumentTypeError(f"expected yes/no or 1/0, got {text!r}")
+    raise argparse.ArgumentTypeError(messages.YES_NO_VALUE.format(text=text))
 
 
 def _int_at_least(minimum: int, expected: str):
@@ -98,9 +97,9 @@ def _seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}")
+        raise argparse.ArgumentTypeError(messages.SECONDS_VALUE.format(text=text)) from None
     if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+        raise argparse.ArgumentTypeError(messages.SECONDS_NOT_POSITIVE.format(text=text))
     return value
 
 
@@ -215,7 +214,7 @@ def expand_hosts(spec: str) -> list:
                 hosts.append(f"{prefix}{item}{suffix}")
     hosts = [h for h in hosts if h]
     if not hosts:
-        raise UsageError(f"--host {spec!r} names no host")
+        raise UsageError(messages.HOST_NAMES_NO_HOST.format(spec=spec))
     return hosts
 
 
@@ -224,10 +223,10 @@ def read_hostfile(path: str) -> list:
         with open(path) as stream:
             lines = [line.split("#", 1)[0].strip() for line in stream]
     except OSError as exc:
-        raise UsageError(f"cannot read the hostfile {path}: {exc.strerror}")
+        raise UsageError(messages.HOSTFILE_UNREADABLE.format(path=path, strerror=exc.strerror)) from None
     hosts = [line for line in lines if line]
     if not hosts:
-        raise UsageError(f"the hostfile {path} names no host")
+        raise UsageError(messages.HOSTFILE_EMPTY.format(path=path))
     return hosts
 
 
@@ -251,8 +250,7 @@ def check_resolvable(host: str) -> None:
     try:
         socket.getaddrinfo(host, None)
     except socket.gaierror as exc:
-        raise UsageError(f"host {host!r} is unreachable: its name does not resolve ({exc.strerror}); "
-                         "check --host / the hostfile")
+        raise UsageError(messages.HOST_UNRESOLVED.format(host=host, strerror=exc.strerror)) from None
 
 
 def parse_mpi_args(text: str, option: str):
@@ -260,13 +258,13 @@ def parse_mpi_args(text: str, option: str):
     try:
         tokens = shlex.split(text)
     except ValueError as exc:
-        raise UsageError(f"{option}: {exc}")
+        raise UsageError(f"{option}: {exc}") from None
     env, ignored, i = {}, [], 0
     while i < len(tokens):
         token = tokens[i]
         if token == "-x":
             if i + 1 >= len(tokens):
-                raise UsageError(f"{option}: -x needs NAME or NAME=VALUE")
+                raise UsageError(messages.ENV_VARIABLE_FORMAT.format(option=option))
             name, sep, value = tokens[i + 1].partition("=")
             if sep:
                 env[name] = value
@@ -316,20 +314,20 @@ class Plan:
     def __init__(self, args, environ):
         self.args = args
         if args.num_replicas % args.num_instances:
-            raise UsageError(f"--num-replicas ({args.num_replicas}) must be divisible by --num-instances "
-                             f"({args.num_instances}): the replicas are divided evenly among the instances")
+            raise UsageError(messages.REPLICAS_NOT_DIVISIBLE.format(num_replicas=args.num_replicas,
+                                                                    num_instances=args.num_instances))
         if args.host and args.hostfile:
-            raise UsageError("--host and --hostfile are mutually exclusive: give one of them")
+            raise UsageError(messages.HOST_AND_HOSTFILE)
         if args.program is None:
-            raise UsageError("no program given: poprun [options] program [program args]")
+            raise UsageError(messages.NO_PROGRAM)
         hosts = expand_hosts(args.host) if args.host else read_hostfile(args.hostfile) if args.hostfile else None
         self.kubeflow = False
         if hosts is not None:
             for host in hosts:
                 check_resolvable(host)
             if not any(is_this_machine(h) for h in hosts):
-                raise UsageError(f"this machine ({socket.gethostname()}) is not among the hosts {','.join(hosts)}: "
-                                 "run poprun on each of them")
+                raise UsageError(messages.NOT_AMONG_HOSTS.format(gethostname=socket.gethostname(),
+                                                                 hosts=','.join(hosts)))
             self.hosts = hosts
             self.endpoint = f"{hosts[0]}:{args.rendezvous_port}" if len(hosts) > 1 else "localhost:0"
             self.local_addr = next(h for h in hosts if is_this_machine(h)) if len(hosts) > 1 else None
@@ -339,8 +337,7 @@ class Plan:
             master = environ.get("PET_MASTER_ADDR") or environ.get("MASTER_ADDR")
             port = environ.get("PET_MASTER_PORT") or environ.get("MASTER_PORT")
             if not master or not port:
-                raise UsageError("PET_NNODES > 1 but no PET_MASTER_ADDR/PET_MASTER_PORT (or MASTER_ADDR/"
-                                 "MASTER_PORT) in the environment: the pods cannot meet")
+                raise UsageError(messages.NO_MASTER_ADDRESS)
             self.hosts = [master] + [f"node{i}" for i in range(1, nodes)]
             self.endpoint = f"{master}:{port}"
             self.local_addr = None
@@ -349,17 +346,17 @@ class Plan:
             self.endpoint = "localhost:0"
             self.local_addr = None
         if args.num_instances % len(self.hosts):
-            raise UsageError(f"--num-instances ({args.num_instances}) must be divisible by the number of hosts "
-                             f"({len(self.hosts)}): the instances are divided evenly among the hosts")
+            raise UsageError(messages.INSTANCES_NOT_DIVISIBLE.format(num_instances=args.num_instances,
+                                                                     hosts_count=len(self.hosts)))
         self.instances_per_host = args.num_instances // len(self.hosts)
         declared = environ.get("PET_NPROC_PER_NODE", "")
         if self.kubeflow and declared.isdigit() and int(declared) != self.instances_per_host:
-            raise UsageError(f"the pod runs {self.instances_per_host} instances (--num-instances "
-                             f"{args.num_instances} over PET_NNODES={len(self.hosts)} pods) but its "
-                             f"PET_NPROC_PER_NODE is {declared}: make nprocPerNode match")
+            raise UsageError(messages.POD_PROCESSES_MISMATCH.format(
+                instances_per_host=self.instances_per_host, num_instances=args.num_instances,
+                hosts_count=len(self.hosts), declared=declared))
         if args.only_output_from_instance is not None and args.only_output_from_instance >= args.num_instances:
-            raise UsageError(f"--only-output-from-instance {args.only_output_from_instance} is not an instance: "
-                             f"instances are 0 to {args.num_instances - 1}")
+            raise UsageError(messages.OUTPUT_INSTANCE_OUT_OF_RANGE.format(
+                instance=args.only_output_from_instance, last=args.num_instances - 1))
         self.timeout = args.collective_timeout or float(
             environ.get(instance_env.COLLECTIVE_TIMEOUT, instance_env.DEFAULT_COLLECTIVE_TIMEOUT))
         self.mpi_env, self.mpi_ignored = {}, []
@@ -386,7 +383,7 @@ def _kubeflow_nodes(environ) -> int:
     try:
         return int(value.split(":")[-1])
     except ValueError:
-        raise UsageError(f"PET_NNODES={value!r} is not a number of nodes")
+        raise UsageError(messages.PET_NNODES_VALUE.format(value=value)) from None
 
 
 def _version_text(fmt: str) -> str:
@@ -412,18 +409,18 @@ def _import_config(parser, argv):
         with open(path) as stream:
             values = json.load(stream)
     except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot read the configuration {path}: {exc}")
+        raise UsageError(messages.CONFIGURATION_UNREADABLE.format(path=path, exc=exc)) from None
     dests = {action.dest for action in parser._actions}
     unknown = sorted(set(values) - dests)
     if unknown:
-        raise UsageError(f"the configuration {path} has unknown options: {', '.join(unknown)}")
+        raise UsageError(messages.CONFIGURATION_UNKNOWN_OPTIONS.format(path=path, unknown=', '.join(unknown)))
     parser.set_defaults(**values)
 
 
 def _export_config(args) -> None:
     path = args.export_config
     if os.path.exists(path) and not args.overwrite_config:
-        raise UsageError(f"the configuration file {path} exists: pass --overwrite-config=yes to replace it")
+        raise UsageError(messages.CONFIGURATION_EXISTS.format(path=path))
     skip = {"program", "program_args", "export_config", "import_config", "overwrite_config", "version",
             "version_format"}
     values = {key: value for key, value in vars(args).items() if key not in skip}

@@ -6,7 +6,7 @@ same width (the widest index plus a space each side, widened until every cell of
 fits its text with a space each side); a cell spanning ``k`` replicas is ``k`` replica cells and
 the ``k - 1`` bars between them; text is centred, an odd leftover space going to the right.
 """
-from typing import List, Sequence
+from collections.abc import Sequence
 
 TITLE = "poprun topology"
 LABEL_WIDTH = 11  # " instances "
@@ -18,7 +18,7 @@ def _centre(text: str, width: int) -> str:
     return " " * left + text + " " * (pad - left)
 
 
-def _spans(count: int, parts: int) -> List[int]:
+def _spans(count: int, parts: int) -> list[int]:
     """``count`` replicas divided evenly into ``parts`` consecutive cells."""
     return [count // parts] * parts
 

@@ -17,6 +17,8 @@ from openpop.k8s.report import ConversionReport, ReportLine
 from openpop.k8s.run_local import JobFailed, prepare_local_job
 from openpop.k8s.validation import validate_kubeflow_job
 
+from . import messages
+
 EXIT_JOB_FAILED = 1
 EXIT_BAD_INPUT = 2
 
@@ -25,9 +27,9 @@ def _positive_int(text):
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+        raise argparse.ArgumentTypeError(messages.WHOLE_NUMBER.format(text=text)) from None
     if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+        raise argparse.ArgumentTypeError(messages.AT_LEAST_ONE.format(value=value))
     return value
 
 

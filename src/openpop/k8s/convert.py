@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from openpop.k8s.errors import ManifestError
-from openpop.k8s.ipujob import parse_ipujob, is_ipujob
+from openpop.k8s.ipujob import is_ipujob, parse_ipujob
 from openpop.k8s.job_plan import JobPlan, device_resources, split_instances
 from openpop.k8s.pod_template import quantities_as_strings, secure_pod_template
 from openpop.k8s.poprun_command import find_poprun
@@ -36,6 +36,8 @@ from openpop.k8s.report import ConversionReport
 from openpop.k8s.trainjob import DEFAULT_RUNTIME, write_trainjob
 from openpop.k8s.validation import validate_kubeflow_job
 from openpop.k8s.webhook import check_dns1035_name
+
+from . import messages
 
 TARGETS = ("pytorchjob", "trainjob")
 
@@ -73,8 +75,7 @@ def _pod_command_source(job, template, report):
     launch = find_poprun(job.launcher_command, None, "spec.launcher.command")
     if launch is None:
         raise ManifestError("spec.launcher.command",
-                            "an mpirun launcher needs Kubeflow's MPIJob (mpi-operator); "
-                            "openpop-k8s converts launchers that run poprun")
+                            messages.MPIRUN_LAUNCHER)
     report.mapped("spec.launcher.command", "-> the command of every pod (the worker "
                                            "container's own command is replaced)")
     container["command"] = list(job.launcher_command)
@@ -98,16 +99,17 @@ def _check_replica_counts(job, launch, report):
         expected = job.model_replicas_per_worker * job.worker_replicas
         if expected != launch.num_replicas:
             raise ManifestError("spec.modelReplicasPerWorker",
-                                f"{job.model_replicas_per_worker} replicas per worker x "
-                                f"{job.worker_replicas} workers = {expected} replicas, but poprun "
-                                f"runs --num-replicas {launch.num_replicas}: make them agree")
+                                messages.REPLICAS_PER_WORKER_MISMATCH.format(
+                                    model_replicas_per_worker=job.model_replicas_per_worker,
+                                    worker_replicas=job.worker_replicas, expected=expected,
+                                    num_replicas=launch.num_replicas))
         report.mapped("spec.modelReplicasPerWorker",
                       f"carried by poprun --num-replicas {launch.num_replicas} in the pods' command")
     if launch.ipus > job.ipus_per_job_instance:
         raise ManifestError("spec.ipusPerJobInstance",
-                            f"{job.ipus_per_job_instance} IPUs, but poprun runs "
-                            f"--num-replicas {launch.num_replicas} x --ipus-per-replica "
-                            f"{launch.ipus_per_replica} = {launch.ipus} IPUs: make them agree")
+                            messages.IPUS_PER_INSTANCE_MISMATCH.format(
+                                ipus_per_job_instance=job.ipus_per_job_instance, num_replicas=launch.num_replicas,
+                                ipus_per_replica=launch.ipus_per_replica, ipus=launch.ipus))
 
 
 def _restart(job, pod_restart, target, report):
@@ -160,8 +162,7 @@ def plan_from_ipujob(job, options, report):
     instances = launch.num_instances if launch else job.worker_replicas
     pods = options.pods if options.pods is not None else job.worker_replicas
     if launch is None and pods != job.worker_replicas:
-        raise ManifestError("--pods", f"without poprun in the command each worker pod runs it "
-                                      f"once: the job has {job.worker_replicas} worker pods")
+        raise ManifestError("--pods", messages.PODS_WITHOUT_POPRUN.format(worker_replicas=job.worker_replicas))
     layout = split_instances(instances, pods, "--pods")
     if launch is not None:
         report.mapped("spec.workers.template.spec.containers[0].command",
@@ -171,8 +172,9 @@ def plan_from_ipujob(job, options, report):
                       f"kept in the command")
     if job.workers_per_job_instance is not None and job.workers_per_job_instance != job.worker_replicas:
         raise ManifestError("spec.workersPerJobInstance",
-                            f"{job.workers_per_job_instance}, but spec.workers.replicas is "
-                            f"{job.worker_replicas}: make them agree")
+                            messages.WORKERS_PER_INSTANCE_MISMATCH.format(
+                                workers_per_job_instance=job.workers_per_job_instance,
+                                worker_replicas=job.worker_replicas))
     if job.workers_per_job_instance is not None:
         report.mapped("spec.workersPerJobInstance", f"-> {layout.pods} pods")
     report.mapped("spec.workers.replicas", f"{job.worker_replicas} -> {layout.pods} pods")
@@ -223,7 +225,7 @@ def write_job(plan, options, report):
     elif options.to == "trainjob":
         manifest = write_trainjob(plan, report, runtime=options.runtime)
     else:
-        raise ManifestError("--to", f"must be one of {', '.join(TARGETS)}, got {options.to!r}")
+        raise ManifestError("--to", messages.CONVERT_TARGET.format(targets=', '.join(TARGETS), to=options.to))
     validate_kubeflow_job(manifest)
     return manifest
 
@@ -235,9 +237,7 @@ def convert_documents(documents, options):
     for index, document in enumerate(documents):
         try:
             if not is_ipujob(document):
-                raise ManifestError("kind", f"openpop-k8s convert reads IPUJob "
-                                            f"(graphcore.ai/v1alpha1) documents, got kind "
-                                            f"{document.get('kind')!r}")
+                raise ManifestError("kind", messages.CONVERT_KIND.format(got=document.get('kind')))
             job = parse_ipujob(document)
             document_report = ConversionReport()
             for plan in plan_from_ipujob(job, options, document_report):

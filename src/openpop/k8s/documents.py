@@ -11,6 +11,8 @@ import yaml
 
 from openpop.k8s.errors import ManifestError
 
+from . import messages
+
 
 def load_documents(text, source="<input>"):
     """All non-empty YAML documents of ``text``; each must be a mapping."""
@@ -20,14 +22,13 @@ def load_documents(text, source="<input>"):
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
         problem = getattr(exc, "problem", None) or str(exc)
-        raise ManifestError(source, f"not valid YAML{where}: {problem}") from None
+        raise ManifestError(source, messages.INVALID_YAML.format(where=where, problem=problem)) from None
     if not documents:
-        raise ManifestError(source, "contains no YAML document")
+        raise ManifestError(source, messages.NO_YAML_DOCUMENT)
     for index, doc in enumerate(documents):
         if not isinstance(doc, dict):
             raise ManifestError(f"{source}: document {index}",
-                                f"must be a mapping (apiVersion, kind, metadata, spec), "
-                                f"got {type(doc).__name__}")
+                                messages.DOCUMENT_NOT_MAPPING.format(doc_type=type(doc).__name__))
     return documents
 
 
@@ -38,7 +39,7 @@ def read_documents(path):
         with open(path, encoding="utf-8") as handle:
             text = handle.read()
     except OSError as exc:
-        raise ManifestError(path, f"cannot read the file: {exc.strerror}") from None
+        raise ManifestError(path, messages.FILE_UNREADABLE.format(strerror=exc.strerror)) from None
     return load_documents(text, path)
 
 

@@ -9,6 +9,8 @@ from typing import Optional
 
 from openpop.k8s.errors import ManifestError
 
+from . import messages
+
 # A node with more than this many GPUs is rare: a pod asking for more is never scheduled.
 MAX_GPUS_PER_POD = 8
 
@@ -46,10 +48,9 @@ class JobPlan:
 def split_instances(instances, pods, path):
     """``instances`` poprun instances spread evenly over ``pods`` pods."""
     if pods < 1:
-        raise ManifestError(path, f"the number of pods must be at least 1, got {pods}")
+        raise ManifestError(path, messages.PODS_TOO_FEW.format(pods=pods))
     if instances % pods:
-        raise ManifestError(path, f"poprun --num-instances {instances} cannot be divided evenly "
-                                  f"among {pods} pods: choose --pods dividing {instances}")
+        raise ManifestError(path, messages.INSTANCES_NOT_DIVISIBLE_BY_PODS.format(instances=instances, pods=pods))
     return PodLayout(pods, instances // pods)
 
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 from openpop.k8s.errors import ManifestError
 
+from . import messages
+
 # Options of poprun (reference B.1) that are followed by a value when written without "=".
 _VALUE_OPTIONS = {
     "--num-replicas", "--ipus-per-replica", "--num-instances", "--num-ilds", "-H", "--host",
@@ -56,7 +58,7 @@ def _positive(option, value, path):
     except (TypeError, ValueError):
         number = 0
     if number < 1:
-        raise ManifestError(path, f"poprun {option} must be a positive whole number, got {value!r}")
+        raise ManifestError(path, messages.POPRUN_OPTION_NOT_POSITIVE.format(option=option, value=value))
     return number
 
 
@@ -73,7 +75,7 @@ def parse_poprun_arguments(arguments, path):
             options.append((name, value))
         elif name in _VALUE_OPTIONS:
             if index + 1 >= len(arguments):
-                raise ManifestError(path, f"poprun {name} needs a value")
+                raise ManifestError(path, messages.POPRUN_OPTION_WITHOUT_VALUE.format(name=name))
             index += 1
             options.append((name, arguments[index]))
         elif name in _SWITCH_OPTIONS:
@@ -86,22 +88,20 @@ def parse_poprun_arguments(arguments, path):
         elif name in _FLAGS:
             options.append((name, None))
         else:
-            raise ManifestError(path, f"unknown poprun option {name!r}")
+            raise ManifestError(path, messages.UNKNOWN_POPRUN_OPTION.format(name=name))
         if name not in _VALUE_OPTIONS | _SWITCH_OPTIONS | _FLAGS:
-            raise ManifestError(path, f"unknown poprun option {name!r}")
+            raise ManifestError(path, messages.UNKNOWN_POPRUN_OPTION.format(name=name))
         index += 1
     program = arguments[index + 1:] if index < len(arguments) and arguments[index] == "--" \
         else arguments[index:]
     if not program:
-        raise ManifestError(path, "poprun is given no program to run (poprun [options] program [args])")
+        raise ManifestError(path, messages.POPRUN_WITHOUT_PROGRAM)
     values = dict(options)
     instances = _positive("--num-instances", values.get("--num-instances", "1"), path)
     replicas = _positive("--num-replicas", values.get("--num-replicas", "1"), path)
     ipus_per_replica = _positive("--ipus-per-replica", values.get("--ipus-per-replica", "1"), path)
     if replicas % instances:
-        raise ManifestError(path, f"poprun --num-replicas {replicas} is not divisible by "
-                                  f"--num-instances {instances}: the replicas are divided "
-                                  f"evenly among the instances")
+        raise ManifestError(path, messages.POPRUN_REPLICAS_NOT_DIVISIBLE.format(replicas=replicas, instances=instances))
     return PoprunLaunch(instances, replicas, ipus_per_replica, tuple(options), tuple(program))
 
 
@@ -114,7 +114,7 @@ def _shell_words(script, path):
         try:
             words.extend(lexer)
         except ValueError as exc:
-            raise ManifestError(path, f"cannot read the shell command line {line.strip()!r}: {exc}") from None
+            raise ManifestError(path, messages.SHELL_LINE_UNREADABLE.format(line=line.strip(), exc=exc)) from None
         words.append("\n")
     return words
 
@@ -137,8 +137,7 @@ def _find_in_words(words, path):
             launches.append(parse_poprun_arguments(words[index + 1:end], path))
         statement_start = False
     if len(launches) > 1:
-        raise ManifestError(path, "the command runs poprun more than once; "
-                                  "openpop-k8s maps one poprun launch onto the job's pods")
+        raise ManifestError(path, messages.POPRUN_MORE_THAN_ONCE_MAPPED)
     return launches[0] if launches else None
 
 
@@ -152,6 +151,6 @@ def find_poprun(command, args, path):
         found = [launch for script in scripts
                  if (launch := _find_in_words(_shell_words(script, path), path)) is not None]
         if len(found) > 1:
-            raise ManifestError(path, "the command runs poprun more than once")
+            raise ManifestError(path, messages.POPRUN_MORE_THAN_ONCE)
         return found[0] if found else None
     return _find_in_words(words, path)

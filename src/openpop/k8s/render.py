@@ -15,6 +15,8 @@ from openpop.k8s.job_plan import JobPlan, PodLayout, device_resources, split_ins
 from openpop.k8s.poprun_command import find_poprun
 from openpop.k8s.webhook import check_dns1035_name
 
+from . import messages
+
 SHM_VOLUME = "dshm"
 
 
@@ -25,20 +27,17 @@ def render_command(argv, topology):
     if not flags:
         return list(argv)
     if argv and argv[0].rsplit("/", 1)[-1] == "poprun":
-        raise ManifestError("--num-instances", "the command already runs poprun: give its "
-                                               "topology in the poprun command only")
+        raise ManifestError("--num-instances", messages.RENDER_POPRUN_TOPOLOGY)
     return ["poprun", *flags, *argv]
 
 
 def plan_from_command(argv, options, report, topology=None):
     if not argv:
-        raise ManifestError("command", "give the command to run after --, e.g. "
-                                       "openpop-k8s render --image IMAGE -- openpop-bert --config demo_tiny_128")
+        raise ManifestError("command", messages.RENDER_NO_COMMAND)
     if not options.image:
-        raise ManifestError("--image", "required: the container image the pods run "
-                                       "(it must contain openpop)")
+        raise ManifestError("--image", messages.RENDER_NO_IMAGE)
     if not options.name:
-        raise ManifestError("--name", "required: the job's name (a DNS-1035 label)")
+        raise ManifestError("--name", messages.RENDER_NO_NAME)
     check_dns1035_name(options.name, "--name")
     command = render_command(argv, topology or {})
     launch = find_poprun(command, None, "command")

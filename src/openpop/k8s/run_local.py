@@ -37,6 +37,8 @@ from openpop.k8s.controller_env import job_pods
 from openpop.k8s.errors import ManifestError
 from openpop.k8s.validation import validate_kubeflow_job
 
+from . import messages
+
 LOCAL_ADDRESS = "127.0.0.1"
 GRACE_SECONDS = 5.0
 _ADDRESS_VARIABLES = ("MASTER_ADDR", "PET_MASTER_ADDR")
@@ -115,8 +117,7 @@ def pod_argv(pod, env, command_override=None):
     else:
         argv = list(pod.container.get("command") or []) + list(pod.container.get("args") or [])
     if not argv:
-        raise ManifestError(f"pod {pod.name}", "the container has no command: locally there is no "
-                                               "image entrypoint to run; give --command")
+        raise ManifestError(f"pod {pod.name}", messages.CONTAINER_WITHOUT_COMMAND)
     return [expand_references(word, env) for word in argv]
 
 

@@ -19,6 +19,8 @@ import typing
 
 from openpop.k8s.errors import ManifestError, join_path
 
+from . import messages
+
 # Kubernetes "Quantity" and "IntOrString" values: YAML writes them as numbers or strings.
 _QUANTITY_ATTRIBUTES = {"limits", "requests", "size_limit", "overhead", "allocatable"}
 
@@ -41,7 +43,7 @@ def _openapi_class(name):
         cls = getattr(space, name, None)
         if cls is not None:
             return cls
-    raise LookupError(f"no model class {name}")
+    raise LookupError(messages.NO_MODEL_CLASS.format(name=name))
 
 
 def _type_name(value):
@@ -54,30 +56,30 @@ def _openapi_value(value, type_name, path, quantity=False):
     list_match = re.fullmatch(r"list\[(.+)\]", type_name)
     if list_match:
         if not isinstance(value, list):
-            raise ManifestError(path, f"must be an array, got {_type_name(value)}")
+            raise ManifestError(path, messages.NOT_ARRAY.format(type_name=_type_name(value)))
         return [_openapi_value(item, list_match.group(1), join_path(path, i), quantity)
                 for i, item in enumerate(value)]
     dict_match = re.fullmatch(r"dict\(str, (.+)\)", type_name)
     if dict_match:
         if not isinstance(value, dict):
-            raise ManifestError(path, f"must be an object, got {_type_name(value)}")
+            raise ManifestError(path, messages.NOT_OBJECT.format(value_type=_type_name(value)))
         return {str(key): _openapi_value(item, dict_match.group(1), join_path(path, key), quantity)
                 for key, item in value.items()}
     if type_name == "object":
         return value
     if type_name in ("datetime", "date"):
         if not isinstance(value, (str, datetime.date)):
-            raise ManifestError(path, f"must be a timestamp, got {_type_name(value)}")
+            raise ManifestError(path, messages.NOT_TIMESTAMP.format(type_name=_type_name(value)))
         return value
     if type_name in _PRIMITIVES:
         if quantity and type_name == "str" and isinstance(value, (int, float)) \
                 and not isinstance(value, bool):
             return str(value)
         expected = _PRIMITIVES[type_name]
-        if isinstance(value, bool) and type_name != "bool" or not isinstance(value, expected):
+        if (isinstance(value, bool) and type_name != "bool") or not isinstance(value, expected):
             word = {"str": "a string", "int": "an integer", "bool": "a boolean",
                     "float": "a number"}[type_name]
-            raise ManifestError(path, f"must be {word}, got {_type_name(value)} {value!r}")
+            raise ManifestError(path, messages.NOT_SCALAR.format(word=word, type_name=_type_name(value), value=value))
         return value
     return build_openapi_model(value, type_name, path)
 
@@ -86,14 +88,15 @@ def build_openapi_model(data, class_name, path=""):
     """Build ``class_name`` (a kubernetes / kubeflow-training model) from ``data``."""
     cls = _openapi_class(class_name)
     if not isinstance(data, dict):
-        raise ManifestError(path, f"must be an object ({class_name}), got {_type_name(data)}")
+        raise ManifestError(path, messages.NOT_MODEL_OBJECT.format(class_name=class_name, type_name=_type_name(data)))
     by_json_name = {json_name: attr for attr, json_name in cls.attribute_map.items()}
     kwargs = {}
     for key, value in data.items():
         attr = by_json_name.get(key)
         if attr is None:
             known = ", ".join(sorted(by_json_name))
-            raise ManifestError(join_path(path, key), f"unknown field (a {class_name} has: {known})")
+            raise ManifestError(join_path(path, key), messages.UNKNOWN_MODEL_FIELD.format(class_name=class_name,
+                                                                                          known=known))
         if value is None:
             continue
         kwargs[attr] = _openapi_value(value, cls.openapi_types[attr], join_path(path, key),
@@ -106,7 +109,7 @@ def build_openapi_model(data, class_name, path=""):
         if missing:
             attr = missing.group(1)
             raise ManifestError(join_path(path, cls.attribute_map.get(attr, attr)),
-                                "required field is missing") from None
+                                messages.REQUIRED_FIELD_MISSING) from None
         raise ManifestError(path, message) from None
 
 
@@ -139,13 +142,13 @@ def _pydantic_value(value, annotation, path):
             return None
         if len(options) == 1:
             return _pydantic_value(value, options[0], path)
-    if origin in (list, typing.List):
+    if origin in (list, list):
         if not isinstance(value, list):
-            raise ManifestError(path, f"must be an array, got {_type_name(value)}")
+            raise ManifestError(path, messages.NOT_ARRAY.format(type_name=_type_name(value)))
         return [_pydantic_value(item, args[0], join_path(path, i)) for i, item in enumerate(value)]
-    if origin in (dict, typing.Dict):
+    if origin in (dict, dict):
         if not isinstance(value, dict):
-            raise ManifestError(path, f"must be an object, got {_type_name(value)}")
+            raise ManifestError(path, messages.NOT_OBJECT.format(value_type=_type_name(value)))
         return {key: _pydantic_value(item, args[1], join_path(path, key))
                 for key, item in value.items()}
     if isinstance(annotation, type) and issubclass(annotation, pydantic.BaseModel):
@@ -153,8 +156,9 @@ def _pydantic_value(value, annotation, path):
             try:
                 annotation(value)
             except (ValueError, pydantic.ValidationError):
-                raise ManifestError(path, f"must be one of {sorted(annotation.model_fields['one_of_schemas'].default)}, "
-                                          f"got {_type_name(value)} {value!r}") from None
+                choices = sorted(annotation.model_fields["one_of_schemas"].default)
+                raise ManifestError(path, messages.NOT_ONE_OF_SCHEMAS.format(
+                    choices=choices, type_name=_type_name(value), value=value)) from None
             return value
         return _pydantic_object(value, annotation, path)
     try:
@@ -167,17 +171,19 @@ def _pydantic_value(value, annotation, path):
 
 def _pydantic_object(data, model, path):
     if not isinstance(data, dict):
-        raise ManifestError(path, f"must be an object ({model.__name__}), got {_type_name(data)}")
+        raise ManifestError(path, messages.NOT_MODEL_OBJECT_PYDANTIC.format(model_name=model.__name__,
+                                                                            type_name=_type_name(data)))
     fields = {(info.alias or name): info for name, info in model.model_fields.items()}
     for key, value in data.items():
         info = fields.get(key)
         if info is None:
             known = ", ".join(sorted(fields))
-            raise ManifestError(join_path(path, key), f"unknown field (a {model.__name__} has: {known})")
+            raise ManifestError(join_path(path, key), messages.UNKNOWN_MODEL_FIELD_PYDANTIC.format(
+                model_name=model.__name__, known=known))
         _pydantic_value(value, info.annotation, join_path(path, key))
     for key, info in fields.items():
         if info.is_required() and data.get(key) is None:
-            raise ManifestError(join_path(path, key), "required field is missing")
+            raise ManifestError(join_path(path, key), messages.REQUIRED_FIELD_MISSING)
     return data
 
 
@@ -189,12 +195,11 @@ def check_trainjob(manifest):
     try:
         TrainerV1alpha1TrainJob.from_dict(manifest)
     except ValueError as exc:
-        raise ManifestError("", f"kubeflow-trainer-api rejects the TrainJob: {exc}") from None
+        raise ManifestError("", messages.TRAINJOB_REJECTED.format(exc=exc)) from None
 
 
 def _require_sdk(module, package):
     try:
         importlib.import_module(module)
     except ImportError:
-        raise ManifestError("", f"validating this manifest needs the `{package}` package: "
-                                f"pip install 'openpop[k8s]'") from None
+        raise ManifestError("", messages.SDK_PACKAGE_MISSING.format(package=package)) from None

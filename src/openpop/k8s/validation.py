@@ -5,6 +5,8 @@ from openpop.k8s.errors import ManifestError
 from openpop.k8s.sdk_models import check_pytorchjob, check_trainjob
 from openpop.k8s.webhook import check_pytorchjob_rules, check_trainjob_rules
 
+from . import messages
+
 KINDS = {
     (pytorchjob.API_VERSION, pytorchjob.KIND): (check_pytorchjob, check_pytorchjob_rules),
     (trainjob.API_VERSION, trainjob.KIND): (check_trainjob, check_trainjob_rules),
@@ -18,8 +20,7 @@ def kubeflow_kind(document):
         return key[1]
     known = "; ".join(f"apiVersion {api} kind {kind}" for api, kind in KINDS)
     field = "kind" if document.get("kind") not in {kind for _, kind in KINDS} else "apiVersion"
-    raise ManifestError(field, f"unknown apiVersion/kind {key[0]!r}/{key[1]!r}: "
-                               f"expected {known}")
+    raise ManifestError(field, messages.UNKNOWN_API_VERSION_KIND.format(key=key[0], key2=key[1], known=known))
 
 
 def validate_kubeflow_job(document):

@@ -17,6 +17,8 @@ import re
 
 from openpop.k8s.errors import ManifestError
 
+from . import messages
+
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
 _NPROC_WORDS = ("auto", "cpu", "gpu")
@@ -26,11 +28,9 @@ TORCHRUN_RESERVED_ENV = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK",
 
 def check_dns1035_name(name, path="metadata.name"):
     if not name:
-        raise ManifestError(path, "required field is missing")
+        raise ManifestError(path, messages.REQUIRED_FIELD_MISSING)
     if len(name) > 63 or not _DNS_1035.match(name):
-        raise ManifestError(path, f"{name!r} is not a DNS-1035 label: at most 63 characters, "
-                                  f"lower-case letters, digits and '-', starting with a letter "
-                                  f"and not ending with '-'")
+        raise ManifestError(path, messages.NOT_DNS_LABEL.format(name=name))
 
 
 def replica_type(key):
@@ -41,8 +41,7 @@ def replica_type(key):
 def check_nproc(value, path):
     text = str(value)
     if isinstance(value, bool) or not (text in _NPROC_WORDS or re.fullmatch(r"[1-9][0-9]*", text)):
-        raise ManifestError(path, f"must be a whole number of processes or one of "
-                                  f"{', '.join(_NPROC_WORDS)}, got {value!r}")
+        raise ManifestError(path, messages.NPROC_PER_NODE.format(nproc_words=', '.join(_NPROC_WORDS), value=value))
 
 
 def check_pytorchjob_rules(job):
@@ -50,40 +49,41 @@ def check_pytorchjob_rules(job):
     spec = job.get("spec") or {}
     replica_specs = spec.get("pytorchReplicaSpecs")
     if not replica_specs:
-        raise ManifestError("spec.pytorchReplicaSpecs", "required field is missing")
+        raise ManifestError("spec.pytorchReplicaSpecs", messages.REQUIRED_FIELD_MISSING)
     for key, replica in replica_specs.items():
         path = f"spec.pytorchReplicaSpecs.{key}"
         if replica_type(key) not in ("Master", "Worker"):
-            raise ManifestError(path, f"replica type {key!r} is not supported: only Master and Worker")
+            raise ManifestError(path, messages.REPLICA_TYPE.format(key=key))
         containers = ((replica.get("template") or {}).get("spec") or {}).get("containers") or []
         if not containers:
             raise ManifestError(f"{path}.template.spec.containers",
-                                "the pod template needs at least one container")
+                                messages.POD_TEMPLATE_WITHOUT_CONTAINER)
         for index, container in enumerate(containers):
             if not container.get("image"):
                 raise ManifestError(f"{path}.template.spec.containers[{index}].image",
-                                    "required field is missing: every container needs an image")
+                                    messages.CONTAINER_IMAGE_MISSING)
         if not any(container.get("name") == "pytorch" for container in containers):
             raise ManifestError(f"{path}.template.spec.containers",
-                                "there must be a container named pytorch")
+                                messages.NO_PYTORCH_CONTAINER)
         replicas = replica.get("replicas")
         if replica_type(key) == "Master" and replicas != 1:
-            raise ManifestError(f"{path}.replicas", f"must be 1, got {replicas!r}")
+            raise ManifestError(f"{path}.replicas", messages.MASTER_REPLICAS.format(replicas=replicas))
         if replica_type(key) == "Worker" and replicas is not None and replicas < 1:
-            raise ManifestError(f"{path}.replicas", f"must be at least 1, got {replicas}")
+            raise ManifestError(f"{path}.replicas", messages.AT_LEAST_ONE.format(value=replicas))
         policy = replica.get("restartPolicy")
         if policy is not None and policy not in _RESTART_POLICIES:
             raise ManifestError(f"{path}.restartPolicy",
-                                f"must be one of {', '.join(_RESTART_POLICIES)}, got {policy!r}")
+                                messages.RESTART_POLICY.format(restart_policies=', '.join(_RESTART_POLICIES),
+                                                               policy=policy))
     if "nprocPerNode" in spec:
         check_nproc(spec["nprocPerNode"], "spec.nprocPerNode")
     elastic = spec.get("elasticPolicy")
     if elastic is not None:
         if not any(replica_type(key) == "Worker" for key in replica_specs):
-            raise ManifestError("spec.elasticPolicy", "an elasticPolicy needs a Worker replica spec")
+            raise ManifestError("spec.elasticPolicy", messages.ELASTIC_POLICY_WITHOUT_WORKER)
         if elastic.get("nProcPerNode") is not None and spec.get("nprocPerNode") is not None:
             raise ManifestError("spec.elasticPolicy.nProcPerNode",
-                                "is deprecated and must not be set together with spec.nprocPerNode")
+                                messages.NPROC_PER_NODE_DEPRECATED)
 
 
 def check_trainjob_rules(job):
@@ -91,10 +91,10 @@ def check_trainjob_rules(job):
     trainer = (job.get("spec") or {}).get("trainer") or {}
     nodes = trainer.get("numNodes")
     if nodes is not None and nodes < 1:
-        raise ManifestError("spec.trainer.numNodes", f"must be at least 1, got {nodes}")
+        raise ManifestError("spec.trainer.numNodes", messages.AT_LEAST_ONE.format(value=nodes))
     if "numProcPerNode" in trainer:
         check_nproc(trainer["numProcPerNode"], "spec.trainer.numProcPerNode")
     for index, env in enumerate(trainer.get("env") or []):
         if env.get("name") in TORCHRUN_RESERVED_ENV:
             raise ManifestError(f"spec.trainer.env[{index}].name",
-                                f"{env['name']} is reserved: the Trainer sets it for torchrun")
+                                messages.RESERVED_ENV_VAR.format(env=env['name']))

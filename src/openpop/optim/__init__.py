@@ -13,11 +13,18 @@ but are not part of ``poptorch.optim``'s public names.
 """
 from ._base import Optimizer, VariableAttributes
 from .adam import Adam, AdamW
-from .checks import (constant_attribute_changes, constant_attribute_error, loss_scaling_of,
-                     optimizer_kind, snapshot, uses_float16_accumulators, validate_optimizer,
-                     variable_attributes_of)
+from .checks import (
+                     constant_attribute_changes,
+                     constant_attribute_error,
+                     loss_scaling_of,
+                     optimizer_kind,
+                     snapshot,
+                     uses_float16_accumulators,
+                     validate_optimizer,
+                     variable_attributes_of,
+)
 from .lamb import LAMB
 from .rmsprop import RMSprop
 from .sgd import SGD
 
-__all__ = ["Optimizer", "VariableAttributes", "SGD", "Adam", "AdamW", "RMSprop", "LAMB"]
+__all__ = ["LAMB", "SGD", "Adam", "AdamW", "Optimizer", "RMSprop", "VariableAttributes"]

@@ -17,13 +17,14 @@ Gradients reaching ``step()`` are already unscaled: the executor multiplies the 
 ``loss_scaling`` before backward and divides the gradients by it before calling ``step()``.
 """
 import math
-from typing import Dict, Iterable, List, Optional
+from collections.abc import Iterable
+from typing import Optional
 
 import torch
 
+from . import messages
+
 ACCUM_TYPES = (torch.float16, torch.float32)
-ACCUM_TYPE_ERROR = "Accumulation types must be either torch.float32 or torch.float16"
-AMSGRAD_ERROR = "Only non-amsgrad Adam/AdamW optimizers are supported."
 
 
 class VariableAttributes:
@@ -37,7 +38,7 @@ class VariableAttributes:
 
     def __init__(self, variable_attributes: Iterable[str], allowed_attributes: Iterable[str]) -> None:
         self._allowed_attributes = list(dict.fromkeys(allowed_attributes))
-        self._variable_attributes = [a for a in dict.fromkeys(variable_attributes)]
+        self._variable_attributes = list(dict.fromkeys(variable_attributes))
 
     def isConstant(self, attr: str) -> bool:
         """True if ``attr`` is constant."""
@@ -55,8 +56,9 @@ class VariableAttributes:
             self._variable_attributes.append(attr)
 
     def _check(self, attr):
-        assert attr in self._allowed_attributes, (
-            f"Unknown attribute {attr}, allowed values: {self._allowed_attributes}")
+        if attr not in self._allowed_attributes:
+            raise AssertionError(messages.UNKNOWN_VARIABLE_ATTRIBUTE.format(attr=attr,
+                                                                            allowed_attributes=self._allowed_attributes))
 
     def __repr__(self):
         return f"VariableAttributes(variable={self._variable_attributes})"
@@ -71,7 +73,8 @@ def resolve_accum_type(dtype: Optional[torch.dtype]) -> torch.dtype:
     """None -> torch.float32; anything but float16/float32 -> AssertionError."""
     if dtype is None:
         return torch.float32
-    assert dtype in ACCUM_TYPES, ACCUM_TYPE_ERROR
+    if dtype not in ACCUM_TYPES:
+        raise AssertionError(messages.ACCUM_TYPE_ERROR)
     return dtype
 
 
@@ -112,7 +115,7 @@ def state_tensor(state: dict, key: str, param: torch.Tensor, dtype: torch.dtype,
     return t
 
 
-def step_counters(states: List[dict]) -> List[torch.Tensor]:
+def step_counters(states: list[dict]) -> list[torch.Tensor]:
     """The ``step`` tensors of these parameter states (created at 0), as torch keeps them."""
     steps = []
     for st in states:
@@ -129,9 +132,9 @@ class _Mirror:
     """Compute-precision views of stored tensors. Tensors already in the compute dtype are
     used in place; the others are copied and written back by ``flush()``."""
 
-    __slots__ = ("stored", "compute")
+    __slots__ = ("compute", "stored")
 
-    def __init__(self, stored: List[torch.Tensor], dtype: torch.dtype):
+    def __init__(self, stored: list[torch.Tensor], dtype: torch.dtype):
         self.stored = stored
         self.compute = [t if t.dtype == dtype else t.to(dtype) for t in stored]
 
@@ -141,12 +144,12 @@ class _Mirror:
                 s.copy_(c)
 
 
-def mirror(stored: List[torch.Tensor], dtype: torch.dtype) -> _Mirror:
+def mirror(stored: list[torch.Tensor], dtype: torch.dtype) -> _Mirror:
     return _Mirror(stored, dtype)
 
 
-def prepare_grads(grads: List[torch.Tensor], params: List[torch.Tensor], *, maximize: bool = False,
-                  l2: float = 0.0) -> List[torch.Tensor]:
+def prepare_grads(grads: list[torch.Tensor], params: list[torch.Tensor], *, maximize: bool = False,
+                  l2: float = 0.0) -> list[torch.Tensor]:
     """Negate for ``maximize`` and add the L2 term ``l2 * p``, out of place (never touching
     the caller's gradient tensors)."""
     if maximize:
@@ -168,16 +171,16 @@ class Optimizer:
     """
 
     # Per-group attributes (stored in ``defaults`` / ``param_groups``).
-    _group_vars: List[str] = []
+    _group_vars: list[str] = []
     # Optimizer-wide attributes (stored on the optimizer object).
-    _optimizer_attrs: List[str] = []
+    _optimizer_attrs: list[str] = []
     # Optimizer-wide attributes that can be variable.
-    _optimizer_vars: List[str] = ["loss_scaling"]
+    _optimizer_vars: list[str] = ["loss_scaling"]
 
     loss_scaling: float = 1.0
     max_grad_norm: float = math.inf
 
-    def _finish_init(self, explicit: Dict[str, object]) -> None:
+    def _finish_init(self, explicit: dict[str, object]) -> None:
         """Record constant/variable attributes once the torch parent is initialised."""
         allowed = list(self.defaults) + list(self._optimizer_vars)
         variables = ["lr"] + [name for name in explicit if name in allowed]
@@ -212,12 +215,12 @@ class Optimizer:
         work = []
         for group in self.param_groups:
             self._check_group(group)
-            buckets: Dict[tuple, List[torch.Tensor]] = {}
+            buckets: dict[tuple, list[torch.Tensor]] = {}
             for p in group["params"]:
                 if p.grad is None:
                     continue
                 if p.grad.is_sparse:
-                    raise RuntimeError(f"{type(self).__name__} does not support sparse gradients")
+                    raise RuntimeError(messages.NO_SPARSE_GRADIENTS.format(self_type=type(self).__name__))
                 buckets.setdefault((p.device, compute_dtype(p.dtype)), []).append(p)
             for (_, dtype), params in buckets.items():
                 grads = [p.grad if p.grad.dtype == dtype else p.grad.to(dtype) for p in params]
@@ -237,7 +240,7 @@ class Optimizer:
     def _update(self, group, params, grads):  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _clip_coefficient(self, grads: List[torch.Tensor]) -> Optional[torch.Tensor]:
+    def _clip_coefficient(self, grads: list[torch.Tensor]) -> Optional[torch.Tensor]:
         """``min(1, max_grad_norm / (||g|| + 1e-6))`` over all gradients of this optimizer,
         or None when clipping is off."""
         max_norm = getattr(self, "max_grad_norm", math.inf)

@@ -1,13 +1,22 @@
 """Adam and AdamW with PopTorch's extras (loss scaling, accumulator dtypes, gradient-norm
 clipping; AdamW also ``bias_correction``)."""
 import math
-from typing import Iterable, Optional, Tuple
+from collections.abc import Iterable
+from typing import Optional
 
 import torch
 
-from . import _base
-from ._base import (AMSGRAD_ERROR, Optimizer, given, mirror, prepare_grads, resolve_accum_type,
-                    state_tensor, step_counters, to_float)
+from . import _base, messages
+from ._base import (
+    Optimizer,
+    given,
+    mirror,
+    prepare_grads,
+    resolve_accum_type,
+    state_tensor,
+    step_counters,
+    to_float,
+)
 
 
 class _AdamBase(Optimizer):
@@ -32,7 +41,7 @@ class _AdamBase(Optimizer):
 
     def _check_group(self, group):
         if group.get("amsgrad", False):
-            raise ValueError(AMSGRAD_ERROR)
+            raise ValueError(messages.AMSGRAD_ERROR)
 
     def _bias_correction(self) -> bool:
         return True
@@ -90,7 +99,7 @@ class Adam(_AdamBase, torch.optim.Adam):
     def __init__(self,
                  params: Iterable,
                  lr: Optional[float] = None,
-                 betas: Optional[Tuple[float, float]] = None,
+                 betas: Optional[tuple[float, float]] = None,
                  eps: Optional[float] = None,
                  weight_decay: Optional[float] = None,
                  amsgrad: Optional[bool] = None,
@@ -107,7 +116,7 @@ class Adam(_AdamBase, torch.optim.Adam):
                  *,
                  decoupled_weight_decay: Optional[bool] = None) -> None:
         if amsgrad:
-            raise ValueError(AMSGRAD_ERROR)
+            raise ValueError(messages.AMSGRAD_ERROR)
         accum_type = resolve_accum_type(accum_type)
         first = resolve_accum_type(first_order_momentum_accum_type)
         second = resolve_accum_type(second_order_momentum_accum_type)
@@ -133,7 +142,7 @@ class AdamW(_AdamBase, torch.optim.AdamW):
     def __init__(self,
                  params: Iterable,
                  lr: Optional[float] = None,
-                 betas: Optional[Tuple[float, float]] = None,
+                 betas: Optional[tuple[float, float]] = None,
                  eps: Optional[float] = None,
                  weight_decay: Optional[float] = None,
                  amsgrad: Optional[bool] = None,
@@ -149,7 +158,7 @@ class AdamW(_AdamBase, torch.optim.AdamW):
                  second_order_momentum_accum_type: Optional[torch.dtype] = None,
                  max_grad_norm: Optional[float] = None) -> None:
         if amsgrad:
-            raise ValueError(AMSGRAD_ERROR)
+            raise ValueError(messages.AMSGRAD_ERROR)
         accum_type = resolve_accum_type(accum_type)
         first = resolve_accum_type(first_order_momentum_accum_type)
         second = resolve_accum_type(second_order_momentum_accum_type)

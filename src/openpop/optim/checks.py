@@ -16,13 +16,14 @@ Executor-facing functions:
 """
 import math
 import weakref
-from typing import Dict, Iterable, List
+from collections.abc import Iterable
 
 import torch
 
 from ..errors import Error, createPoptorchError
 from ..log import logger
-from ._base import ACCUM_TYPES, AMSGRAD_ERROR, VariableAttributes, to_float
+from . import messages
+from ._base import ACCUM_TYPES, VariableAttributes
 from .adam import Adam, AdamW
 from .lamb import LAMB
 from .rmsprop import RMSprop
@@ -31,14 +32,7 @@ from .sgd import SGD
 _TORCH_TYPES = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.RMSprop)
 _OPENPOP_TYPES = (SGD, Adam, AdamW, RMSprop, LAMB)
 _EXACT_TYPES = frozenset(_TORCH_TYPES + _OPENPOP_TYPES)
-SUPPORTED_TYPES = ["torch.optim.SGD", "torch.optim.Adam", "torch.optim.AdamW", "torch.optim.RMSprop",
-                   "poptorch.optim.SGD", "poptorch.optim.Adam", "poptorch.optim.AdamW",
-                   "poptorch.optim.RMSprop", "poptorch.optim.LAMB"]
 
-SUBCLASS_WARNING = (
-    "Optimizer `{name}` subclassed from classes in poptorch.optim or torch.optim are unlikely to behave "
-    "as intended. Poptorch does not run Python optimizer code directly; but instead uses IPU native "
-    "optimisers implemented in PopART.")
 
 # Extra attributes each kind of optimizer understands (read from torch optimizers too,
 # as PopTorch did), beyond torch's own.
@@ -117,26 +111,25 @@ def validate_optimizer(optimizer, relax_checks: bool) -> None:
         # Beyond PopTorch, which could only map these five onto PopART's native optimizers:
         # openpop calls the optimizer's own step(), so any closure-free torch optimizer works.
         logger.debug("openpop runs %s.step() as is (PopTorch supported only %s)",
-                     type(optimizer).__qualname__, SUPPORTED_TYPES)
+                     type(optimizer).__qualname__, messages.SUPPORTED_TYPES)
         return
-    assert family is not None, (
-        f"Unsupported optimizer type. Types supported {SUPPORTED_TYPES} "
-        f"(got {type(optimizer).__module__}.{type(optimizer).__qualname__}). openpop also runs any other "
-        "torch.optim optimizer whose step() needs no closure; LBFGS re-evaluates the model in step() "
-        "and cannot be driven by a PopTorch model.")
+    if family is None:
+        raise AssertionError(messages.UNSUPPORTED_OPTIMIZER.format(
+            supported=messages.SUPPORTED_TYPES, module=type(optimizer).__module__,
+            qualname=type(optimizer).__qualname__))
     kind = optimizer_kind(optimizer)
     for group in optimizer.param_groups:
         if family in (Adam, AdamW) and group.get("amsgrad", False):
-            raise ValueError(AMSGRAD_ERROR)
+            raise ValueError(messages.AMSGRAD_ERROR)
     for name in _ACCUM_ATTRS:
         value = getattr(optimizer, name, torch.float32)
         if value not in ACCUM_TYPES:
-            raise ValueError(f"{name} must be set to either torch.float16 or torch.float32 not {value}")
+            raise ValueError(messages.ACCUM_TYPE_VALUE.format(name=name, value=value))
     if getattr(optimizer, "use_tf_variant", False) and family is not RMSprop:
-        raise ValueError("use_tf_variant is only available with RMSProp optimizers.")
+        raise ValueError(messages.TF_VARIANT_NOT_RMSPROP)
 
     if type(optimizer) not in _EXACT_TYPES:
-        _log_once(optimizer, SUBCLASS_WARNING.format(name=type(optimizer).__name__), logger.warning)
+        _log_once(optimizer, messages.SUBCLASS_WARNING.format(name=type(optimizer).__name__), logger.warning)
 
     log = logger.debug if relax_checks else logger.warning
     group_keys = set(_group_keys(family)) | _KNOWN_GROUP_KEYS
@@ -154,11 +147,6 @@ def validate_optimizer(optimizer, relax_checks: bool) -> None:
             _log_once(optimizer, f"Ignoring unexpected group {i} attribute in {kind} optimizer: {extra}", log)
 
 
-FOREIGN_PARAMETERS = (
-    "The optimizer holds {count} tensor(s) that are not parameters of the model: {names}. A poptorch "
-    "model trains only its own parameters, so these would never be updated: build the optimizer from "
-    "this model's parameters (e.g. torch.optim.SGD(model.parameters(), lr=...)) before wrapping it or "
-    "passing it to setOptimizer().")
 
 
 def check_parameters_belong(optimizer, model: torch.nn.Module) -> None:
@@ -177,7 +165,7 @@ def check_parameters_belong(optimizer, model: torch.nn.Module) -> None:
             foreign.append(f"{where} of shape {list(param.shape)}")
     if foreign:
         shown = "; ".join(foreign[:5]) + ("; ..." if len(foreign) > 5 else "")
-        raise createPoptorchError(FOREIGN_PARAMETERS.format(count=len(foreign), names=shown))
+        raise createPoptorchError(messages.FOREIGN_PARAMETERS.format(count=len(foreign), names=shown))
 
 
 def optimizer_method(optimizer, name: str):
@@ -190,10 +178,10 @@ def optimizer_method(optimizer, name: str):
     return getattr(type(optimizer), name).__get__(optimizer, type(optimizer))
 
 
-_GROUP_KEYS_CACHE: Dict[type, List[str]] = {}
+_GROUP_KEYS_CACHE: dict[type, list[str]] = {}
 
 
-def _group_keys(family) -> List[str]:
+def _group_keys(family) -> list[str]:
     """Every per-group key the family's optimizers have (torch's defaults + openpop's)."""
     keys = _GROUP_KEYS_CACHE.get(family)
     if keys is None:
@@ -260,7 +248,7 @@ def _normalise(value):
     return value
 
 
-def _checked_names(optimizer) -> List[str]:
+def _checked_names(optimizer) -> list[str]:
     family = _family(optimizer)
     names = list(_HYPERPARAMETERS.get(family, []))
     if family is SGD and not getattr(optimizer, "use_combined_accum", False):
@@ -299,7 +287,7 @@ def snapshot(optimizer, force_variable: Iterable[str] = ()) -> dict:
     return {"kind": optimizer_kind(optimizer), "optimizer": wide, "groups": groups}
 
 
-def constant_attribute_changes(old_snapshot: dict, optimizer) -> List[str]:
+def constant_attribute_changes(old_snapshot: dict, optimizer) -> list[str]:
     """Constant attributes whose value in ``optimizer`` differs from ``old_snapshot``, each
     as ``"<attribute> (<where>: <old> -> <new>)"``. Param groups are matched by index; groups
     added since the snapshot are not checked."""
@@ -326,18 +314,11 @@ def _same(a, b) -> bool:
         return a == b
 
 
-CONSTANT_ATTRIBUTE_CHANGED = (
-    "setOptimizer() cannot change optimizer attributes that were constant when the model was compiled: "
-    "{changes}. An attribute is constant unless it was passed explicitly to the optimizer's constructor "
-    "(lr is always variable). To change {it}, either mark {it} as variable before the model is compiled "
-    "- pass {it} explicitly to the optimizer's constructor or call "
-    "optimizer.variable_attrs.markAsVariable({names}) - or call destroy() on the model and run it again "
-    "to recompile it with the new values.")
 
 
-def constant_attribute_error(changes: List[str]) -> Error:
+def constant_attribute_error(changes: list[str]) -> Error:
     """The ``poptorch.Error`` the executor raises for ``constant_attribute_changes`` output."""
     names = list(dict.fromkeys(c.split(" ", 1)[0] for c in changes))
     it = "it" if len(names) == 1 else "them"
-    return Error(CONSTANT_ATTRIBUTE_CHANGED.format(
+    return Error(messages.CONSTANT_ATTRIBUTE_CHANGED.format(
         changes="; ".join(changes), it=it, names=", ".join(repr(n) for n in names)))

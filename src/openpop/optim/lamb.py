@@ -1,11 +1,12 @@
 """LAMB (You et al., "Large Batch Optimization for Deep Learning", arXiv:1904.00962), as
 PopART implements it for PopTorch."""
 import math
-from typing import Iterable, Optional, Tuple
+from collections.abc import Iterable
+from typing import Optional
 
 import torch
 
-from . import _base
+from . import _base, messages
 from ._base import Optimizer, given, mirror, resolve_accum_type, state_tensor, step_counters, to_float
 
 MAX_WEIGHT_NORM = 65500.0  # largest float16 value
@@ -37,7 +38,7 @@ class LAMB(Optimizer, torch.optim.Optimizer):
     def __init__(self,
                  params: Iterable,
                  lr: Optional[float] = None,
-                 betas: Optional[Tuple[float, float]] = None,
+                 betas: Optional[tuple[float, float]] = None,
                  eps: Optional[float] = None,
                  weight_decay: Optional[float] = None,
                  bias_correction: Optional[bool] = None,
@@ -57,14 +58,14 @@ class LAMB(Optimizer, torch.optim.Optimizer):
         weight_decay = 1e-2 if weight_decay is None else weight_decay
         max_weight_norm = MAX_WEIGHT_NORM if max_weight_norm is None else max_weight_norm
         if not 0.0 <= to_float(lr):
-            raise ValueError(f"Invalid learning rate: {lr}")
+            raise ValueError(messages.INVALID_LEARNING_RATE.format(lr=lr))
         if not 0.0 <= eps:
-            raise ValueError(f"Invalid epsilon value: {eps}")
+            raise ValueError(messages.INVALID_EPSILON.format(eps=eps))
         for i, beta in enumerate(betas):
             if not 0.0 <= to_float(beta) < 1.0:
-                raise ValueError(f"Invalid beta parameter at index {i}: {beta}")
+                raise ValueError(messages.INVALID_BETA.format(i=i, beta=beta))
         if not 0.0 <= weight_decay:
-            raise ValueError(f"Invalid weight_decay value: {weight_decay}")
+            raise ValueError(messages.INVALID_WEIGHT_DECAY.format(weight_decay=weight_decay))
         defaults = dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, max_weight_norm=max_weight_norm)
         torch.optim.Optimizer.__init__(self, params, defaults)
         self.bias_correction = True if bias_correction is None else bool(bias_correction)

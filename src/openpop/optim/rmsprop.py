@@ -1,5 +1,6 @@
 """RMSprop with PopTorch's extras: loss scaling, accumulator dtypes, TensorFlow's variant."""
-from typing import Iterable, Optional
+from collections.abc import Iterable
+from typing import Optional
 
 import torch
 

@@ -1,17 +1,14 @@
 """SGD with PopTorch's extras: loss scaling, velocity scaling, accumulator dtypes and
 gradient-norm clipping."""
 import math
-from typing import Iterable, Optional
+from collections.abc import Iterable
+from typing import Optional
 
 import torch
 
 from ..log import logger
-from . import _base
+from . import _base, messages
 from ._base import Optimizer, given, mirror, prepare_grads, resolve_accum_type, state_tensor, to_float
-
-VELOCITY_SCALING_IGNORED = (
-    "velocity_scaling value ignored when using the separate variant (use_combined_accum=False). "
-    "In future, this will lead to an error. Please update your code.")
 
 # Per-parameter state key holding the factor ``momentum_buffer`` is currently stored
 # multiplied by (absent = 1.0). ``state_dict()`` never shows it: there the buffer is unscaled,
@@ -71,7 +68,7 @@ class SGD(Optimizer, torch.optim.SGD):
         self.velocity_accum_type = velocity_accum_type
         self.max_grad_norm = math.inf if max_grad_norm is None else max_grad_norm
         if velocity_scaling is not None and not self.use_combined_accum:
-            logger.warning(VELOCITY_SCALING_IGNORED)
+            logger.warning(messages.VELOCITY_SCALING_IGNORED)
         self.defaults["velocity_scaling"] = 1.0 if velocity_scaling is None else velocity_scaling
         self._fill_group_defaults()
         self._finish_init(given(lr=lr, momentum=momentum, dampening=dampening,

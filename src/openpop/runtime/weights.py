@@ -1,10 +1,11 @@
 """Where a model's weights live while an executor runs it, and how they sync with the host.
 
-``SharedWeights``: the device tensors *are* the user's Parameters and buffers (the device is
-the host CPU and the model trains). Nothing is ever copied; the host always sees trained values.
+``SharedWeights`` (every training executor): the device tensors *are* the user's Parameters and
+buffers (placement moves them onto their stages' devices). Nothing is ever copied; the user's
+model always holds the trained values.
 
-``CopiedWeights``: the executor holds its own copies (inference models, and any model on a
-device other than the host's). Host changes reach them only through ``upload()``
+``CopiedWeights`` (every inference executor): the executor holds its own copies, on the host
+CPU until placement moves them. Host changes reach them only through ``upload()``
 (``copyWeightsToDevice``) — or automatically when a training executor of the same user model
 has produced newer weights (tracked by ``weights_version``).
 """

@@ -1,0 +1,39 @@
+"""The texts of poprun's, popdist's and the horovod layer's errors (popdist's exact words where it had them)."""
+
+# --- openpop/distributed/horovod_compat.py -------------------------------------------------
+OP_AND_AVERAGE = "The op parameter supersedes average; pass only one of them."
+NO_ADASUM = "Adasum is not part of openpop's horovod compatibility layer"
+
+# --- openpop/distributed/poprun.py ---------------------------------------------------------
+YES_NO_VALUE = "expected yes/no or 1/0, got {text!r}"
+SECONDS_NOT_POSITIVE = "expected a positive number of seconds, got {text!r}"
+HOST_NAMES_NO_HOST = "--host {spec!r} names no host"
+HOSTFILE_EMPTY = "the hostfile {path} names no host"
+CONFIGURATION_UNKNOWN_OPTIONS = "the configuration {path} has unknown options: {unknown}"
+CONFIGURATION_EXISTS = "the configuration file {path} exists: pass --overwrite-config=yes to replace it"
+SECONDS_VALUE = "expected a number of seconds, got {text!r}"
+HOSTFILE_UNREADABLE = "cannot read the hostfile {path}: {strerror}"
+HOST_UNRESOLVED = "host {host!r} is unreachable: its name does not resolve ({strerror}); check --host / the hostfile"
+REPLICAS_NOT_DIVISIBLE = (
+    "--num-replicas ({num_replicas}) must be divisible by --num-instances ({num_instances}): the replicas "
+    "are divided evenly among the instances")
+HOST_AND_HOSTFILE = "--host and --hostfile are mutually exclusive: give one of them"
+NO_PROGRAM = "no program given: poprun [options] program [program args]"
+INSTANCES_NOT_DIVISIBLE = (
+    "--num-instances ({num_instances}) must be divisible by the number of hosts ({hosts_count}): the "
+    "instances are divided evenly among the hosts")
+POD_PROCESSES_MISMATCH = (
+    "the pod runs {instances_per_host} instances (--num-instances {num_instances} over "
+    "PET_NNODES={hosts_count} pods) but its PET_NPROC_PER_NODE is {declared}: make nprocPerNode match")
+OUTPUT_INSTANCE_OUT_OF_RANGE = (
+    "--only-output-from-instance {instance} is not an instance: instances are 0 to {last}")
+PET_NNODES_VALUE = "PET_NNODES={value!r} is not a number of nodes"
+CONFIGURATION_UNREADABLE = "cannot read the configuration {path}: {exc}"
+ENV_VARIABLE_FORMAT = "{option}: -x needs NAME or NAME=VALUE"
+NOT_AMONG_HOSTS = "this machine ({gethostname}) is not among the hosts {hosts}: run poprun on each of them"
+NO_MASTER_ADDRESS = (
+    "PET_NNODES > 1 but no PET_MASTER_ADDR/PET_MASTER_PORT (or MASTER_ADDR/MASTER_PORT) in the "
+    "environment: the pods cannot meet")
+
+# --- popdist/__init__.py -------------------------------------------------------------------
+NON_UNIFORM_REPLICAS = "popdist.{function}() can only be used with a uniform number of replicas per instance"
