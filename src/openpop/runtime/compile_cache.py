@@ -8,7 +8,9 @@ directory for the duration of a compile and restores the previous settings after
 ``watch_compiles()`` tells from torch's counters whether a compile was loaded from the cache.
 
 Dynamo's tracing of the Python code is not cached by torch: a cached compile still re-traces the
-model, and only skips AOTAutograd's partitioning and Inductor's code generation.
+model, and only skips AOTAutograd's partitioning and Inductor's code generation. Inductor's keys
+include torch's version, the graph, the configuration and the number of intra-op threads: a
+process with another ``torch.set_num_threads`` compiles afresh.
 """
 import contextlib
 import dataclasses

@@ -21,6 +21,7 @@ from ..enums import ConnectionType, MeanReductionStrategy, OutputMode
 from ..log import logger
 from . import context, trace
 from .anchors import AnchoredTensors
+from .compile_cache import CompileCache
 from .args import BoundInputs, CallerTensors, InputSignature, prepare_tensors
 from .geometry import BatchGeometry
 from .gradients import GradientReduction
@@ -84,6 +85,7 @@ class PoplarExecutor:
             raise errors.createPoptorchError(
                 f"Invalid type: 'options' is of type {type(options)} (Expected poptorch.Options)")
         run_options = options.clone()
+        compile_cache = CompileCache.from_options(run_options)  # an unusable cache dir fails here, early
         if training:
             if run_options.defaultOutputMode():
                 run_options.outputMode(OutputMode.Final)
@@ -122,6 +124,7 @@ class PoplarExecutor:
         self._perf = {"input": [], "input_complete": [], "output": [], "output_complete": []}
         self._precision = RunPrecision(run_options)
         self._last_run_seconds = None
+        self._compile_cache = compile_cache  # for compile_cache_for() around torch.compile
         if training:
             wrap(self._user_model, self)
 
