@@ -1,5 +1,6 @@
 """The executable cache: enableExecutableCaching / POPTORCH_CACHE_DIR point torch's on-disk
 compile caches at one directory, so a second process compiling the same model loads from it."""
+import io
 import json
 import os
 import subprocess
@@ -125,6 +126,32 @@ def test_export_and_load_with_caching_on_an_eager_model(tmp_path):
     torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=0)
     executor.loadExecutable(str(tmp_path / "model.poptorch"))
     torch.testing.assert_close(executor(x), model(x), rtol=0, atol=0)
+
+
+def test_bert_reports_the_compile_and_checks_the_cache_dir_first(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    from openpop.bert import train
+    from openpop.bert.config import make_config
+    cache_dir = str(tmp_path / "executables")
+    config = make_config("unit_test", dataset="generated", device_iterations=1, gradient_accumulation=1,
+                         training_steps=1, ipus_per_replica=1, layers_per_ipu=[3], compile_only=True,
+                         data_cache_dir=str(tmp_path / "data"), disable_progress_bar=True,
+                         executable_cache_dir=cache_dir)
+    log = io.StringIO()
+    result = train.run(config, stream=log)
+    assert result.compile_outcome.cache.path == cache_dir and result.compile_outcome.seconds > 0
+    lines = log.getvalue().splitlines()
+    compiled = next(i for i, line in enumerate(lines) if line.startswith("Compiled/Loaded model in "))
+    assert lines[compiled + 1] == (f"Compilation: nothing compiled by torch.compile (eager backend); "
+                                   f"executable cache {cache_dir}")
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    argv = ["--config", "unit_test", "--dataset", "generated", "--data-cache-dir", str(tmp_path / "data"),
+            "--executable-cache-dir", str(blocker)]
+    assert train.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "--executable-cache-dir: cannot use" in err and "Data Loading Started" not in err
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ process with another ``torch.set_num_threads`` compiles afresh.
 import contextlib
 import dataclasses
 import os
+import sys
 import tempfile
 import time
 from typing import Iterator, Optional
@@ -174,6 +175,8 @@ class CompileOutcome:
 
 
 def _counter_values() -> dict:
+    if "torch._dynamo.utils" not in sys.modules:
+        return dict.fromkeys(_COUNTERS, 0)  # nothing compiled yet; importing Dynamo would cost seconds
     from torch._dynamo.utils import counters
     return {name: counters[group][key] for name, (group, key) in _COUNTERS.items()}
 
