@@ -113,8 +113,9 @@ _KEYS: list[Key] = [
     Key("custom_ops", str_to_bool, True, "Load the recipe's custom ops (none are needed: no effect)"),
     Key("synthetic_data", str_to_bool, False, "IPU host-I/O option (accepted, no effect: data always comes "
         "from the host)"),
-    Key("executable_cache_dir", _optional_str, None, "IPU executable cache (accepted, no effect: openpop's "
-        "compile is a trace)", flag_only=True),
+    Key("executable_cache_dir", _optional_str, None, "Executable cache: torch's on-disk compile caches "
+        "(Inductor FX graphs, AOTAutograd) live here, so a second run loads compiled graphs instead of "
+        "compiling them; created if missing, checked before anything runs", flag_only=True),
     Key("profile_dir", _optional_str, None, "Profile directory: a torch.profiler trace, report.json and "
         "report.html of the first 2 host calls (python -m openpop.report DIR summarises it)", flag_only=True),
     Key("compile_only", str_to_bool, False, "Compile, then exit without training", flag_only=True),

@@ -19,6 +19,7 @@ import torch
 
 import poptorch
 
+from ..runtime.compile_cache import CompileCache, CompileOutcome, compile_cache_for, watch_compiles
 from ..runtime.half_compute import low_precision_is_faster
 from . import checkpoint as ckpt
 from . import messages
@@ -45,6 +46,7 @@ class TrainingResult:
     start_step: int = 0
     data_seconds: float = 0.0
     compile_seconds: float = 0.0
+    compile_outcome: Optional[CompileOutcome] = None
     training_seconds: float = 0.0
     checkpoints: list[str] = field(default_factory=list)
     model: Optional[torch.nn.Module] = None
@@ -160,7 +162,9 @@ def _run(config: BertRunConfig, stream) -> TrainingResult:
         log("[warning] --wandb: Weights & Biases logging needs a network connection; not logging")
     _seed_everything(config.random_seed)
 
-    # Fail on a bad checkpoint before any expensive work.
+    # Fail on an unusable executable cache or a bad checkpoint before any expensive work.
+    opts = get_options(config, instances)
+    compile_cache = CompileCache.from_options(opts, "--executable-cache-dir" if config.executable_cache_dir else None)
     checkpoint_file = ckpt.find_checkpoint(config)
     state = ckpt.load_checkpoint(checkpoint_file, config) if checkpoint_file else None
     start_step = 0
@@ -177,7 +181,6 @@ def _run(config: BertRunConfig, stream) -> TrainingResult:
             log(f"Removed {len(removed)} temporary file(s) left in {config.checkpoint_output_dir} by checkpoint "
                 "writes that were killed")
 
-    opts = get_options(config, instances)
     log(HEADERS["data"])
     started = time.perf_counter()
     dataset = get_dataset(config, log, instances.count)
@@ -202,14 +205,15 @@ def _run(config: BertRunConfig, stream) -> TrainingResult:
     log(HEADERS["compile"])
     batches = iter(loader)
     first_batch = next(batches)
-    started = time.perf_counter()
-    poptorch_model.compile(*first_batch)
-    result.compile_seconds = time.perf_counter() - started
+    with compile_cache_for(compile_cache), watch_compiles(compile_cache) as outcome:
+        poptorch_model.compile(*first_batch)
+    result.compile_seconds, result.compile_outcome = outcome.seconds, outcome
     if console.stream is not sys.stderr:
         # The executor prints the bar on stderr; a log written elsewhere gets its line too.
         from tqdm import tqdm
         log(f"Graph compilation: 100%|{'█' * 10}| 100/100 [{tqdm.format_interval(result.compile_seconds)}<00:00]")
     log(f"Compiled/Loaded model in {result.compile_seconds} secs")
+    log(f"Compilation: {outcome.describe()}")
     log(RULE)
     if config.compile_only:
         return result

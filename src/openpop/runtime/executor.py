@@ -20,6 +20,7 @@ from ..enums import ConnectionType, MeanReductionStrategy, OutputMode
 from ..log import logger
 from . import trace
 from .anchors import AnchoredTensors
+from .compile_cache import CompileCache
 from .args import BoundInputs, InputSignature, prepare_tensors
 from .distributed_reduce import GlobalReplication
 from .executable import Executable, trace_model
@@ -53,6 +54,7 @@ class PoplarExecutor:
             raise errors.createPoptorchError(
                 f"Invalid type: 'options' is of type {type(options)} (Expected poptorch.Options)")
         run_options = options.clone()
+        compile_cache = CompileCache.from_options(run_options)  # an unusable cache dir fails here, early
         if training:
             if run_options.defaultOutputMode():
                 run_options.outputMode(OutputMode.Final)
@@ -96,6 +98,7 @@ class PoplarExecutor:
         self._last_run_seconds = None
         self._compile_seconds = 0.0
         self._optimizer_snapshot = None  # constant optimizer attributes as compiled (training)
+        self._compile_cache = compile_cache  # for compile_cache_for() around torch.compile
         if training:
             wrap(self._user_model, self)
 

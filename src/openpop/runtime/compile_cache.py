@@ -1,0 +1,195 @@
+"""The executable cache: ``Options.enableExecutableCaching(path)`` / ``POPTORCH_CACHE_DIR``.
+
+openpop has no IPU executable; what a second process can load instead of recompiling is what
+torch's own on-disk compile caches hold: Inductor's FX graph cache (the generated kernels and
+wrapper code per graph), the AOTAutograd cache (the forward/backward split per graph) and, on
+GPUs, Triton's kernel cache. ``compile_cache_for(options)`` points all of them at the cache
+directory for the duration of a compile and restores the previous settings afterwards;
+``watch_compiles()`` tells from torch's counters whether a compile was loaded from the cache.
+
+Dynamo's tracing of the Python code is not cached by torch: a cached compile still re-traces the
+model, and only skips AOTAutograd's partitioning and Inductor's code generation. Inductor's keys
+include torch's version, the graph, the configuration and the number of intra-op threads: a
+process with another ``torch.set_num_threads`` compiles afresh.
+"""
+import contextlib
+import dataclasses
+import os
+import sys
+import tempfile
+import time
+from typing import Iterator, Optional
+
+from .. import errors
+
+ENVIRONMENT_VARIABLE = "POPTORCH_CACHE_DIR"
+OPTION = "poptorch.Options.enableExecutableCaching()"
+
+# torch's counters (torch._dynamo.utils.counters) that tell a cache hit from a fresh compile.
+_COUNTERS = {
+    "fx_graph_hits": ("inductor", "fxgraph_cache_hit"),
+    "fx_graph_misses": ("inductor", "fxgraph_cache_miss"),
+    "fx_graph_bypasses": ("inductor", "fxgraph_cache_bypass"),
+    "autograd_hits": ("aot_autograd", "autograd_cache_hit"),
+    "autograd_misses": ("aot_autograd", "autograd_cache_miss"),
+    "autograd_bypasses": ("aot_autograd", "autograd_cache_bypass"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileCache:
+    """A validated, writable cache directory and the setting it came from (for error messages)."""
+
+    path: str
+    source: str = OPTION
+
+    @classmethod
+    def from_options(cls, options=None, source: Optional[str] = None) -> Optional["CompileCache"]:
+        """The cache ``options`` ask for, or None when caching is off.
+
+        ``poptorch.Options()`` applies ``POPTORCH_CACHE_DIR`` when it is built, so an explicit
+        ``enableExecutableCaching(path)`` (or ``(None)``) made afterwards wins over the environment;
+        without options the environment decides. ``source`` names the setting in errors (e.g. a
+        command-line flag that called ``enableExecutableCaching``)."""
+        environment = os.environ.get(ENVIRONMENT_VARIABLE, "")
+        if options is None:
+            path, default_source = environment, ENVIRONMENT_VARIABLE
+        else:
+            settings = options._Popart.options
+            path = settings.get("cachePath") if settings.get("enableEngineCaching") else None
+            default_source = ENVIRONMENT_VARIABLE if path and path == environment else OPTION
+        if not path:
+            return None
+        return cls.at(path, source or default_source)
+
+    @classmethod
+    def at(cls, path: str, source: str = OPTION) -> "CompileCache":
+        """The cache in ``path``, created if missing; a clear error when it cannot be written."""
+        if not isinstance(path, (str, os.PathLike)) or not str(path):
+            raise errors.createPoptorchError(
+                f"{source}: the executable cache path must be a non-empty directory path, got {path!r}.")
+        cache = cls(os.path.abspath(os.path.expanduser(os.fspath(path))), source)
+        cache._check_writable()
+        return cache
+
+    def _check_writable(self) -> None:
+        try:
+            os.makedirs(self.path, exist_ok=True)
+            with tempfile.TemporaryFile(dir=self.path):
+                pass
+        except OSError as exc:
+            raise errors.createPoptorchError(
+                f"{self.source}: cannot use {self.path} as the executable cache directory "
+                f"({exc.strerror or exc}). Pass a writable directory to {self.source}, or unset it "
+                "to compile without a cache.") from None
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator["CompileCache"]:
+        """torch's on-disk compile caches in this directory until the block ends."""
+        import torch._functorch.config as functorch_config
+        import torch._inductor.config as inductor_config
+        from torch._inductor.utils import clear_caches
+
+        previous = {name: os.environ.get(name) for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
+        moved = previous["TORCHINDUCTOR_CACHE_DIR"] != self.path
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = self.path
+        os.environ["TRITON_CACHE_DIR"] = os.path.join(self.path, "triton")
+        if moved:
+            clear_caches()  # in-memory caches keyed by the old directory
+        try:
+            with inductor_config.patch(fx_graph_cache=True), functorch_config.patch(enable_autograd_cache=True):
+                yield self
+        finally:
+            # Inductor writes TORCHINDUCTOR_CACHE_DIR itself when it resolves its default directory,
+            # so "unset before" means unset again now.
+            for name, value in previous.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+            if moved:
+                clear_caches()
+
+
+@contextlib.contextmanager
+def compile_cache_for(options) -> Iterator[Optional[CompileCache]]:
+    """``with compile_cache_for(options) as cache:`` compile inside; ``options`` is a
+    ``poptorch.Options``, a ``CompileCache`` or None (environment only). Yields None when caching
+    is off (torch's default caches stay in use)."""
+    cache = options if isinstance(options, CompileCache) else CompileCache.from_options(options)
+    if cache is None:
+        yield None
+        return
+    with cache.active():
+        yield cache
+
+
+@dataclasses.dataclass
+class CompileOutcome:
+    """What torch compiled during a ``watch_compiles()`` block, and how long the block took."""
+
+    cache: Optional[CompileCache] = None
+    seconds: float = 0.0
+    fx_graph_hits: int = 0
+    fx_graph_misses: int = 0
+    fx_graph_bypasses: int = 0
+    autograd_hits: int = 0
+    autograd_misses: int = 0
+    autograd_bypasses: int = 0
+
+    @property
+    def hits(self) -> int:
+        return self.fx_graph_hits + self.autograd_hits
+
+    @property
+    def misses(self) -> int:
+        return self.fx_graph_misses + self.autograd_misses + self.fx_graph_bypasses + self.autograd_bypasses
+
+    @property
+    def compiled_anything(self) -> bool:
+        return self.hits + self.misses > 0
+
+    @property
+    def loaded_from_cache(self) -> bool:
+        return self.hits > 0 and self.misses == 0
+
+    def describe(self) -> str:
+        """One log line's worth: fresh compile, load from cache, or nothing compiled."""
+        where = f"executable cache {self.cache.path}" if self.cache is not None else "executable cache off"
+        counts = (f"FX graphs: {self.fx_graph_hits} from cache, {self.fx_graph_misses} compiled"
+                  + (f", {self.fx_graph_bypasses} not cacheable" if self.fx_graph_bypasses else "")
+                  + f"; AOTAutograd: {self.autograd_hits} from cache, {self.autograd_misses} compiled"
+                  + (f", {self.autograd_bypasses} not cacheable" if self.autograd_bypasses else ""))
+        if not self.compiled_anything:
+            return f"nothing compiled by torch.compile (eager backend); {where}"
+        if self.loaded_from_cache:
+            return f"loaded from cache ({counts}); {where}"
+        if self.hits:
+            return f"partly loaded from cache ({counts}); {where}"
+        return f"compiled fresh ({counts}); {where}"
+
+    def as_dict(self) -> dict:
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "cache"}
+        return dict(fields, cache=None if self.cache is None else self.cache.path,
+                    loaded_from_cache=self.loaded_from_cache)
+
+
+def _counter_values() -> dict:
+    if "torch._dynamo.utils" not in sys.modules:
+        return dict.fromkeys(_COUNTERS, 0)  # nothing compiled yet; importing Dynamo would cost seconds
+    from torch._dynamo.utils import counters
+    return {name: counters[group][key] for name, (group, key) in _COUNTERS.items()}
+
+
+@contextlib.contextmanager
+def watch_compiles(cache: Optional[CompileCache] = None) -> Iterator[CompileOutcome]:
+    """``with watch_compiles(cache) as outcome:`` — ``outcome`` is filled in when the block ends."""
+    outcome = CompileOutcome(cache=cache)
+    before = _counter_values()
+    started = time.perf_counter()
+    try:
+        yield outcome
+    finally:
+        outcome.seconds = time.perf_counter() - started
+        for name, value in _counter_values().items():
+            setattr(outcome, name, value - before[name])

@@ -1,0 +1,159 @@
+"""The executable cache: enableExecutableCaching / POPTORCH_CACHE_DIR point torch's on-disk
+compile caches at one directory, so a second process compiling the same model loads from it."""
+import io
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import poptorch
+from openpop.runtime.compile_cache import CompileCache, compile_cache_for, watch_compiles
+
+
+def compile_tiny_step(cache_dir):
+    """torch.compile one training step of a tiny MLP inside the cache; the outcome and results."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+
+    def step(x, y):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+
+    x, y = torch.randn(4, 8), torch.randn(4, 1)
+    with compile_cache_for(CompileCache.at(cache_dir)) as cache, watch_compiles(cache) as outcome:
+        loss = torch.compile(step)(x, y)
+    return dict(outcome.as_dict(), loss=loss.item(), grads=[p.grad.tolist() for p in model.parameters()])
+
+
+def test_second_process_loads_from_cache(tmp_path, monkeypatch):
+    cache_dir = str(tmp_path / "cache")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "elsewhere"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # Inductor's cache key includes the thread count: same as the second process
+    try:
+        first = compile_tiny_step(cache_dir)
+    finally:
+        torch.set_num_threads(threads)
+    assert first["fx_graph_misses"] > 0 and first["fx_graph_hits"] == 0, first
+    assert os.listdir(os.path.join(cache_dir, "fxgraph"))
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "elsewhere")
+
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("TORCHINDUCTOR_CACHE_DIR")
+    done = subprocess.run([sys.executable, __file__, cache_dir], capture_output=True, text=True, env=env,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    second = json.loads(done.stdout.strip().splitlines()[-1])
+    assert second["fx_graph_hits"] > 0 and second["autograd_hits"] > 0, second
+    assert second["fx_graph_misses"] == second["autograd_misses"] == 0, second
+    assert second["fx_graph_bypasses"] == second["autograd_bypasses"] == 0, second
+    assert second["loaded_from_cache"] and not first["loaded_from_cache"]
+    assert second["loss"] == first["loss"] and second["grads"] == first["grads"]
+
+
+def test_settings_restored_after_the_block(tmp_path, monkeypatch):
+    import torch._functorch.config as functorch_config
+    import torch._inductor.config as inductor_config
+    monkeypatch.setattr(inductor_config, "fx_graph_cache", False)
+    monkeypatch.setattr(functorch_config, "enable_autograd_cache", False)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "before"))
+    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+    cache = CompileCache.at(str(tmp_path / "cache"))
+    with pytest.raises(RuntimeError, match="inside"):
+        with compile_cache_for(cache):
+            assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == cache.path
+            assert os.environ["TRITON_CACHE_DIR"] == os.path.join(cache.path, "triton")
+            from torch._inductor.runtime.cache_dir_utils import cache_dir
+            assert cache_dir() == cache.path
+            assert inductor_config.fx_graph_cache and functorch_config.enable_autograd_cache
+            raise RuntimeError("inside")
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "before")
+    assert "TRITON_CACHE_DIR" not in os.environ
+    assert inductor_config.fx_graph_cache is False and functorch_config.enable_autograd_cache is False
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+    with compile_cache_for(cache):
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+        cache_dir()  # Inductor writes the variable when it resolves the directory
+    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+
+
+def test_option_wins_over_environment(tmp_path, monkeypatch):
+    from_env, from_option = str(tmp_path / "env"), str(tmp_path / "option")
+    monkeypatch.setenv("POPTORCH_CACHE_DIR", from_env)
+    cache = CompileCache.from_options(poptorch.Options())
+    assert cache == CompileCache(from_env, "POPTORCH_CACHE_DIR") and os.path.isdir(from_env)
+    assert CompileCache.from_options(poptorch.Options().enableExecutableCaching(from_option)).path == from_option
+    assert CompileCache.from_options(poptorch.Options().enableExecutableCaching(None)) is None
+    assert CompileCache.from_options(None).path == from_env
+    monkeypatch.delenv("POPTORCH_CACHE_DIR")
+    assert CompileCache.from_options(poptorch.Options()) is None
+    assert CompileCache.from_options(None) is None
+    with compile_cache_for(None) as nothing:
+        assert nothing is None
+
+
+def test_unusable_directory_is_a_clear_error_before_the_model_is_wrapped(tmp_path, monkeypatch):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    model = torch.nn.Linear(2, 1)
+    opts = poptorch.Options().enableExecutableCaching(str(blocker / "cache"))
+    with pytest.raises(poptorch.Error, match=r"enableExecutableCaching\(\): cannot use .*a_file/cache as the "
+                                             r"executable cache directory"):
+        poptorch.trainingModel(model, opts)
+    assert type(model) is torch.nn.Linear  # not wrapped
+    monkeypatch.setenv("POPTORCH_CACHE_DIR", str(blocker))
+    with pytest.raises(poptorch.Error, match="POPTORCH_CACHE_DIR: cannot use"):
+        poptorch.inferenceModel(model)
+    with pytest.raises(poptorch.Error, match="--executable-cache-dir: cannot use"):
+        CompileCache.at(str(blocker), "--executable-cache-dir")
+
+
+def test_export_and_load_with_caching_on_an_eager_model(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    x = torch.randn(3, 4)
+    opts = poptorch.Options().enableExecutableCaching(str(tmp_path / "cache"))
+    executor = poptorch.inferenceModel(model, opts)
+    with watch_compiles() as outcome:
+        executor.compileAndExport(str(tmp_path / "model.poptorch"), x)
+    assert not outcome.compiled_anything and "nothing compiled" in outcome.describe()
+    loaded = poptorch.load(str(tmp_path / "model.poptorch"))
+    torch.testing.assert_close(loaded(x), model(x), rtol=0, atol=0)
+    executor.loadExecutable(str(tmp_path / "model.poptorch"))
+    torch.testing.assert_close(executor(x), model(x), rtol=0, atol=0)
+
+
+def test_bert_reports_the_compile_and_checks_the_cache_dir_first(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    from openpop.bert import train
+    from openpop.bert.config import make_config
+    cache_dir = str(tmp_path / "executables")
+    config = make_config("unit_test", dataset="generated", device_iterations=1, gradient_accumulation=1,
+                         training_steps=1, ipus_per_replica=1, layers_per_ipu=[3], compile_only=True,
+                         data_cache_dir=str(tmp_path / "data"), disable_progress_bar=True,
+                         executable_cache_dir=cache_dir)
+    log = io.StringIO()
+    result = train.run(config, stream=log)
+    assert result.compile_outcome.cache.path == cache_dir and result.compile_outcome.seconds > 0
+    lines = log.getvalue().splitlines()
+    compiled = next(i for i, line in enumerate(lines) if line.startswith("Compiled/Loaded model in "))
+    assert lines[compiled + 1] == (f"Compilation: nothing compiled by torch.compile (eager backend); "
+                                   f"executable cache {cache_dir}")
+
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    argv = ["--config", "unit_test", "--dataset", "generated", "--data-cache-dir", str(tmp_path / "data"),
+            "--executable-cache-dir", str(blocker)]
+    assert train.main(argv) == 1
+    err = capsys.readouterr().err
+    assert "--executable-cache-dir: cannot use" in err and "Data Loading Started" not in err
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    print(json.dumps(compile_tiny_step(sys.argv[1])))
