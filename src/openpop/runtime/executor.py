@@ -535,9 +535,11 @@ class PoplarExecutor:
                 # Torch function modes are per thread: enter SameDeviceOps here, not only in __call__.
                 same_device = SameDeviceOps() if multi_device else contextlib.nullcontext()
                 with context.running(self._training), same_device:
-                    output, loss = self._forward_with_loss(compiled, args, kwargs, self._replica_model(compiled, r))
+                    with trace.span("forward"):
+                        output, loss = self._forward_with_loss(compiled, args, kwargs, self._replica_model(compiled, r))
                     locks.end_micro_batch()  # the forward is done: later micro-batches may pass
-                    gradients.backward_in_order(loss, index, trained[r if own_weights else 0], own_weights)
+                    with trace.span("backward"):
+                        gradients.backward_in_order(loss, index, trained[r if own_weights else 0], own_weights)
             finally:
                 # A forward abandoned part-way (its hooks removed under it) must not keep a lock.
                 locks.release_all()
