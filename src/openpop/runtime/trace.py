@@ -155,12 +155,16 @@ def _truthy(value) -> bool:
     return str(value).strip().lower() in ("true", "1", "yes", "on")
 
 
-def session_from_engine_options(options: dict, executor_options=None):
-    """A TraceSession if ``autoReport.all`` (or ``outputExecutionProfile``) is on, else None."""
+def session_from_engine_options(options: dict, instance=None):
+    """A TraceSession if ``autoReport.all`` (or ``outputExecutionProfile``) is on, else None.
+    Under poprun (``instance``: this process's index) each instance reports to
+    ``<autoReport.directory>/instance<i>``."""
     if not (_truthy(options.get("autoReport.all", False))
             or _truthy(options.get("autoReport.outputExecutionProfile", False))):
         return None
     directory = options.get("autoReport.directory", ".")
+    if instance is not None:
+        directory = os.path.join(directory, f"instance{instance}")
     count = _count_option(options, "autoReport.executionProfileProgramRunCount", DEFAULT_ENV_CALLS)
     first = _count_option(options, FIRST_RUN_KEY, 0)
     return TraceSession(directory, calls=range(first, first + count), activate=False)
@@ -188,7 +192,9 @@ def _session_from_engine_options(executor):
     options = parse_engine_options(os.environ.get(ENGINE_OPTIONS_ENV, ""))
     if not options:
         options = dict(executor.options._Popart.options.get("engineOptions", {}) or {})
-    wanted = session_from_engine_options(options)
+    distributed = executor.options.Distributed
+    wanted = session_from_engine_options(
+        options, instance=distributed.processId if distributed.numProcesses > 1 else None)
     session = None
     if wanted is not None:
         session = _by_directory.get(wanted.directory)
@@ -439,29 +445,43 @@ def parse_stage_span(name: str):
 
 
 IPU_TID_BASE = 1_000_000
+LANE_TID_STRIDE = 1_000
 
 
 def tracks_per_ipu(trace: dict, plan) -> dict:
-    """Move stage spans to one track per virtual IPU, named by metadata events."""
+    """Move stage spans to one track per virtual IPU, named by metadata events. Spans that
+    overlap on one IPU (concurrent micro-batches, one waiting for the device) go to extra
+    tracks ``virtual IPU <i> (<device>) overlap <k>``: a track's spans never cross."""
     events = trace.get("traceEvents", [])
     pid = None
-    ipus = set()
+    stage_events = []
     for event in events:
         info = parse_stage_span(event.get("name", "")) if event.get("ph") == "X" else None
         if info is None:
             continue
         pid = event.get("pid", pid)
-        ipus.add(info["ipu"])
-        event["tid"] = IPU_TID_BASE + info["ipu"]
+        info["thread"] = event.get("tid")
         event["name"] = f"stage{info['stage']} {info['kind']} mb{info['micro_batch']}"
         event["cat"] = "openpop_stage"
         event.setdefault("args", {}).update(info)
+        stage_events.append(event)
+    lane_ends = {}  # ipu -> end time of each lane's last span
+    for event in sorted(stage_events, key=lambda e: float(e["ts"])):
+        ends = lane_ends.setdefault(event["args"]["ipu"], [])
+        start = float(event["ts"])
+        lane = next((i for i, end in enumerate(ends) if end <= start), len(ends))
+        if lane == len(ends):
+            ends.append(0.0)
+        ends[lane] = start + float(event.get("dur", 0))
+        event["tid"] = IPU_TID_BASE + event["args"]["ipu"] + LANE_TID_STRIDE * lane
     device_map = getattr(plan, "device_map", None)
-    for ipu in sorted(ipus):
+    for ipu, ends in sorted(lane_ends.items()):
         device = device_map.device(ipu) if device_map is not None else "?"
-        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": IPU_TID_BASE + ipu,
-                       "args": {"name": f"virtual IPU {ipu} ({device})"}})
-        events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": IPU_TID_BASE + ipu,
-                       "args": {"sort_index": ipu}})
+        for lane in range(len(ends)):
+            tid = IPU_TID_BASE + ipu + LANE_TID_STRIDE * lane
+            name = f"virtual IPU {ipu} ({device})" + (f" overlap {lane}" if lane else "")
+            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
+            events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
+                           "args": {"sort_index": ipu * 100 + lane}})
     trace["traceEvents"] = events
     return trace
