@@ -184,9 +184,10 @@ def render_html(summary: dict) -> str:
     calls = _table(["host call", "wall (ms)", "compute (ms)", "host (ms)", "steps", "samples"],
                    [[c["call"], f'{c["seconds"] * 1000:.3f}', f'{c["compute_seconds"] * 1000:.3f}',
                      f'{c["host_seconds"] * 1000:.3f}', c["steps"], c["samples"]] for c in summary["host_calls"]])
-    memory = _table(["virtual IPU", "parameters (bytes)", "buffers (bytes)", "optimizer state (bytes)"],
-                    [[m["ipu"], m["parameter_bytes"], m["buffer_bytes"], m["optimizer_state_bytes"]]
-                     for m in summary.get("memory", [])])
+    memory = _table(["virtual IPU", "parameters (bytes)", "buffers (bytes)", "optimizer state (bytes)",
+                     "peak activations (bytes, measured)"],
+                    [[m["ipu"], m["parameter_bytes"], m["buffer_bytes"], m["optimizer_state_bytes"],
+                      _fmt(m.get("activation_peak_bytes"), "{}")] for m in summary.get("memory", [])])
     options = _table(["option", "value"], sorted([k, v] for k, v in summary["options"].items()))
     throughput = summary["throughput_samples_per_second"]
     bubble = summary["bubble_fraction"]
@@ -199,6 +200,7 @@ td, th {{ border: 1px solid #ccc; padding: 3px 8px; font-size: 13px; text-align:
 th {{ background: #eee; }}
 h2 {{ margin-top: 28px; }}
 .numbers span {{ margin-right: 24px; font-size: 15px; }}
+.note {{ font-size: 12px; color: #555; }}
 </style></head><body>
 <h1>openpop profile report</h1>
 <p class="numbers"><span>throughput: <b>{_fmt(throughput, "{:.1f} samples/s")}</b></span>
@@ -209,7 +211,9 @@ h2 {{ margin-top: 28px; }}
 <h2>Execution plan</h2>{allocation}
 <h2>Pipeline timeline (one step)</h2>{_gantt_svg(summary["gantt"])}
 <h2>Time per stage (recorded calls)</h2>{stages}
-<h2>Memory per virtual IPU (weights and optimizer state; activations not measured yet)</h2>{memory}
+<h2>Memory per virtual IPU</h2>{memory}
+<p class="note">Peak activations: the most bytes autograd held for the backward at once on that
+IPU during the recorded calls (saved tensors; with recomputation the stashed stage inputs).</p>
 <h2>Host calls</h2>{_calls_svg(summary["host_calls"])}{calls}
 <h2>Options</h2>{options}
 </body></html>
@@ -235,9 +239,10 @@ def terminal_summary(directory: str) -> str:
         lines.append(f"  stage {s['stage']} (IPU {s['ipu']}): forward {s['forward_us'] / 1000:9.3f} ms   "
                      f"backward {s['backward_us'] / 1000:9.3f} ms")
     lines.append(f"Bubble fraction (one step): {_fmt(summary['bubble_fraction'], '{:.1%}')}")
-    lines += ["", "Memory per virtual IPU (parameters / buffers / optimizer state, bytes):"]
+    lines += ["", "Memory per virtual IPU (parameters / buffers / optimizer state / peak activations, bytes):"]
     for m in summary.get("memory", []):
-        lines.append(f"  IPU {m['ipu']}: {m['parameter_bytes']} / {m['buffer_bytes']} / {m['optimizer_state_bytes']}")
+        lines.append(f"  IPU {m['ipu']}: {m['parameter_bytes']} / {m['buffer_bytes']} / {m['optimizer_state_bytes']}"
+                     f" / {_fmt(m.get('activation_peak_bytes'), '{}')}")
     lines += ["", "Host calls:"]
     for c in summary["host_calls"]:
         lines.append(f"  call {c['call']}: wall {c['seconds'] * 1000:.3f} ms  compute {c['compute_seconds'] * 1000:.3f} ms"

@@ -43,6 +43,7 @@ import torch
 from ..enums import SharingStrategy
 from ..errors import Error
 from ..log import logger
+from ..runtime import trace
 from . import batch_tree, messages
 from .async_worker import NUDGE, POLL_SECONDS, Channels, WorkerSettings, worker_main
 
@@ -129,6 +130,10 @@ class AsynchronousDataAccessor:
         return self
 
     def __next__(self):
+        with trace.window_span("dataloader_wait"):
+            return self._next()
+
+    def _next(self):
         self._check_usable()
         if self._epoch == 0 or self._epoch_finished:
             self._begin_epoch()

@@ -16,6 +16,7 @@ from ..enums import DataLoaderMode
 from ..errors import Error
 from ..log import logger
 from ..options import Options
+from ..runtime import trace
 from ..runtime.geometry import combined_batch_factor
 from . import messages
 from .async_accessor import AsynchronousDataAccessor
@@ -156,7 +157,7 @@ class DataLoader(torch.utils.data.DataLoader):
     def __iter__(self):
         if self._accessor is not None:
             return iter(self._accessor)
-        return self._iter_sync()
+        return trace.WaitSpans(self._iter_sync())
 
     def _iter_sync(self):
         """Start an epoch in this process (what the asynchronous loading process iterates)."""

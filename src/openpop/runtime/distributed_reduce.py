@@ -41,6 +41,7 @@ import torch
 
 from .. import errors
 from ..enums import ReductionType
+from . import trace
 
 BUCKET_MB_ENV = "OPENPOP_ALLREDUCE_BUCKET_MB"
 DEFAULT_BUCKET_MB = 25.0
@@ -238,6 +239,7 @@ class GlobalReplication:
                                 lambda: dist.all_reduce(flat, group=process_group.current_group(), async_op=True))
         self._launched.append((flat, work))
 
+    @trace.spanned("all_reduce")
     def all_reduce(self, params: List[torch.nn.Parameter]) -> None:
         """Replace every parameter's gradient by its all-reduce over the processes (finishing the
         buckets ``start_step`` let the backward start)."""

@@ -131,9 +131,11 @@ class ConcurrentStages(SerialTraining):
                 args, kwargs = call.inputs.of(micro, own_leaves=True)
                 # Torch function modes are per thread: enter SameDeviceOps here, not only in the caller.
                 with context.running(True), SameDeviceOps() if self.multi_device else contextlib.nullcontext():
-                    output, loss = self.forward(self.replicas.model(micro.replica), args, kwargs)
+                    with trace.span("forward"):
+                        output, loss = self.forward(self.replicas.model(micro.replica), args, kwargs)
                     locks.end_micro_batch()  # the forward is done: later micro-batches may pass
-                    gradients.backward_in_order(loss, index, trained[micro.replica if own_weights else 0])
+                    with trace.span("backward"):
+                        gradients.backward_in_order(loss, index, trained[micro.replica if own_weights else 0])
             finally:
                 # A forward abandoned part-way (its hooks removed under it) must not keep a lock.
                 locks.release_all()

@@ -33,6 +33,8 @@ import torch
 
 from .. import errors
 from ..log import logger
+from .activation_memory import ActivationMemory
+from .stage_spans import SPAN_PREFIX, StageSpans, stage_of_block  # noqa: F401  (re-exported)
 
 ENGINE_OPTIONS_ENV = "POPLAR_ENGINE_OPTIONS"
 KNOWN_AUTOREPORT_KEYS = (
@@ -40,13 +42,15 @@ KNOWN_AUTOREPORT_KEYS = (
     "autoReport.outputExecutionProfile", "autoReport.outputLoweredVars", "autoReport.outputDebugInfo",
     "autoReport.outputSerializedGraph", "autoReport.outputArchive", "autoReport.streamAtEveryRun",
     "autoReport.executionProfileProgramRunCount", "autoReport.optimizeForLongExecutions")
+FIRST_RUN_KEY = "openpop.firstProfiledRun"
+KNOWN_OPENPOP_KEYS = (FIRST_RUN_KEY,)
 DEFAULT_ENV_CALLS = 2
 TRACE_FILE = "trace.json"
-SPAN_PREFIX = "openpop:"
 
 _NO_SPAN = contextlib.nullcontext()
 _active = []             # TraceSessions activated by the user or a strategy
 _recording = None        # the session recording the host call running now, or None
+_profiling = None        # the session whose profiler runs now (between its recorded calls too)
 _configured = weakref.WeakKeyDictionary()  # executor -> its session from engine options, or None
 _by_directory = {}        # directory -> the session engine options chose for it
 
@@ -57,6 +61,48 @@ def span(name: str):
     if session is None:
         return _NO_SPAN
     return session.span(name)
+
+
+def window_span(name: str):
+    """A span ``openpop:<name>`` while a session's profiler runs, inside or between recorded
+    host calls (the data loader's wait), else a no-op."""
+    if _profiling is None:
+        return _NO_SPAN
+    return torch.profiler.record_function(SPAN_PREFIX + name)
+
+
+def spanned(name: str):
+    """Decorates a function called inside host calls: a span ``openpop:<name>`` around it."""
+    def decorate(function):
+        @functools.wraps(function)
+        def wrapper(*args, **kwargs):
+            if _recording is None:
+                return function(*args, **kwargs)
+            with span(name):
+                return function(*args, **kwargs)
+        return wrapper
+    return decorate
+
+
+class WaitSpans:
+    """A data loader's iterator whose every ``next()`` is an ``openpop:dataloader_wait`` span
+    while a session's profiler runs (``window_span``)."""
+
+    def __init__(self, iterator):
+        self._iterator = iterator
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        with window_span("dataloader_wait"):
+            return next(self._iterator)
+
+    def __len__(self):
+        return len(self._iterator)
+
+    def __getattr__(self, name):
+        return getattr(self._iterator, name)
 
 
 def user_span(name: str):
@@ -99,8 +145,9 @@ def parse_engine_options(text: str, source: str = ENGINE_OPTIONS_ENV) -> dict:
     if not isinstance(options, dict):
         raise errors.createPoptorchError(f"{source} must be a JSON object, got {type(options).__name__}: {text!r}")
     for key in options:
-        if key.startswith("autoReport.") and key not in KNOWN_AUTOREPORT_KEYS:
-            logger.warning("%s: unknown option %r is ignored (known: %s)", source, key, ", ".join(KNOWN_AUTOREPORT_KEYS))
+        for prefix, known in (("autoReport.", KNOWN_AUTOREPORT_KEYS), ("openpop.", KNOWN_OPENPOP_KEYS)):
+            if key.startswith(prefix) and key not in known:
+                logger.warning("%s: unknown option %r is ignored (known: %s)", source, key, ", ".join(known))
     return options
 
 
@@ -108,19 +155,30 @@ def _truthy(value) -> bool:
     return str(value).strip().lower() in ("true", "1", "yes", "on")
 
 
-def session_from_engine_options(options: dict, executor_options=None):
-    """A TraceSession if ``autoReport.all`` (or ``outputExecutionProfile``) is on, else None."""
+def session_from_engine_options(options: dict, instance=None):
+    """A TraceSession if ``autoReport.all`` (or ``outputExecutionProfile``) is on, else None.
+    Under poprun (``instance``: this process's index) each instance reports to
+    ``<autoReport.directory>/instance<i>``."""
     if not (_truthy(options.get("autoReport.all", False))
             or _truthy(options.get("autoReport.outputExecutionProfile", False))):
         return None
     directory = options.get("autoReport.directory", ".")
-    count = options.get("autoReport.executionProfileProgramRunCount", DEFAULT_ENV_CALLS)
+    if instance is not None:
+        directory = os.path.join(directory, f"instance{instance}")
+    count = _count_option(options, "autoReport.executionProfileProgramRunCount", DEFAULT_ENV_CALLS)
+    first = _count_option(options, FIRST_RUN_KEY, 0)
+    return TraceSession(directory, calls=range(first, first + count), activate=False)
+
+
+def _count_option(options, key, default) -> int:
+    value = options.get(key, default)
     try:
-        count = int(count)
+        number = int(value)
     except (TypeError, ValueError):
-        raise errors.createPoptorchError(
-            f"autoReport.executionProfileProgramRunCount must be an integer, got {count!r}") from None
-    return TraceSession(directory, calls=range(count), activate=False)
+        number = -1
+    if number < 0 or isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise errors.createPoptorchError(f"{key} must be a non-negative integer, got {value!r}")
+    return number
 
 
 def _session_from_engine_options(executor):
@@ -134,7 +192,9 @@ def _session_from_engine_options(executor):
     options = parse_engine_options(os.environ.get(ENGINE_OPTIONS_ENV, ""))
     if not options:
         options = dict(executor.options._Popart.options.get("engineOptions", {}) or {})
-    wanted = session_from_engine_options(options)
+    distributed = executor.options.Distributed
+    wanted = session_from_engine_options(
+        options, instance=distributed.processId if distributed.numProcesses > 1 else None)
     session = None
     if wanted is not None:
         session = _by_directory.get(wanted.directory)
@@ -174,6 +234,8 @@ class TraceSession:
         self.plan = None
         self.options = {}
         self.memory = []
+        self.activations = None   # ActivationMemory of the host call recorded now
+        self.activation_peaks = {}  # virtual IPU -> peak activation bytes over the recorded calls
         self.written = False
         self._last_call = max(calls) if len(calls) else -1
         if activate:
@@ -195,28 +257,29 @@ class TraceSession:
 
     def span(self, name):
         if name == "backward" and self.stage_spans is not None:
-            return self.stage_spans.backward_span()
-        return torch.profiler.record_function(SPAN_PREFIX + name)
+            function = self.stage_spans.backward_span()
+        else:
+            function = torch.profiler.record_function(SPAN_PREFIX + name)
+        if name in ("forward", "backward") and self.activations is not None:
+            return _entered_together(function, self.activations.hooks())
+        return function
 
     def run_call(self, run, executor, inputs, compiled, *rest):
         index = self.call_counts.get(executor, 0)
         self.call_counts[executor] = index + 1
         if index not in self.calls or self.written:
             return run(executor, inputs, compiled, *rest)
+        global _recording, _profiling
         if self.profiler is None:
-            activities = [torch.profiler.ProfilerActivity.CPU]
-            if torch.cuda.is_available():
-                activities.append(torch.profiler.ProfilerActivity.CUDA)
-            self.profiler = torch.profiler.profile(activities=activities)
-            self.profiler.start()
+            self.profiler = _start_profiler()
+            _profiling = self
         self.plan = compiled.plan
         self.options = _options_dict(executor.options)
         geometry = executor._geometry
-        # Stage spans follow one thread's forward and backward: micro-batches that run
-        # concurrently on several devices get the coarse spans and the operator view only.
-        self.stage_spans = None if compiled.concurrent else StageSpans(
-            executor._model, compiled.plan, geometry.micro_batches_per_step)
-        global _recording
+        self.stage_spans = StageSpans(executor._model, compiled.plan, geometry.micro_batches_per_step)
+        if executor.training:
+            ipus = compiled.plan.ipus_per_replica if compiled.plan is not None else 1
+            self.activations = ActivationMemory(executor._model, ipus, self.stage_spans.current_ipu)
         _recording = self
         started = time.perf_counter()
         try:
@@ -227,7 +290,12 @@ class TraceSession:
             seconds = time.perf_counter() - started
             _recording = None
             self.stage_spans = None
-        self.memory = memory_per_ipu(executor._model, compiled.plan, getattr(executor, "_optimizer", None))
+            if self.activations is not None:
+                for ipu, peak in enumerate(self.activations.peak):
+                    self.activation_peaks[ipu] = max(self.activation_peaks.get(ipu, 0), peak)
+                self.activations = None
+        self.memory = memory_per_ipu(executor._model, compiled.plan, getattr(executor, "_optimizer", None),
+                                     self.activation_peaks)
         self.host_calls.append(_host_call_summary(index, seconds, executor.getPerfCounters(),
                                                   _samples(inputs), executor.training))
         if index >= self._last_call:
@@ -239,6 +307,9 @@ class TraceSession:
             _active.remove(self)
         if self.profiler is None or self.written:
             return
+        global _profiling
+        if _profiling is self:
+            _profiling = None
         self.profiler.stop()
         self.written = True
         try:
@@ -262,6 +333,27 @@ class TraceSession:
         logger.info("openpop profile: %s", path)
 
 
+def _start_profiler():
+    """``torch.profiler`` on the CPU (and CUDA), recording every thread: concurrent
+    micro-batches run on worker threads."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    try:
+        config = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
+    except (AttributeError, TypeError):  # older torch: the calling thread only
+        config = None
+    profiler = torch.profiler.profile(activities=activities, experimental_config=config)
+    profiler.start()
+    return profiler
+
+
+@contextlib.contextmanager
+def _entered_together(first, second):
+    with first, second:
+        yield
+
+
 def _check_writable(directory: str) -> None:
     try:
         os.makedirs(directory, exist_ok=True)
@@ -283,9 +375,10 @@ def _options_dict(options) -> dict:
         return {"error": str(exc)}
 
 
-def memory_per_ipu(model, plan, optimizer) -> list:
+def memory_per_ipu(model, plan, optimizer, activation_peaks=None) -> list:
     """Bytes of the parameters, buffers and optimizer state held for each virtual IPU, counted
-    from the tensors themselves (a module's tensors belong to the IPU of the block it ran in)."""
+    from the tensors themselves (a module's tensors belong to the IPU of the block it ran in),
+    and the measured peak activation bytes (``activation_memory``; None when not measured)."""
     ipu_of_module = {}
     for block in plan.blocks if plan is not None else ():
         for name in block.modules:
@@ -298,7 +391,9 @@ def memory_per_ipu(model, plan, optimizer) -> list:
         return ipu_of_module.get(name, 0)
 
     ipus = plan.ipus_per_replica if plan is not None else 1
-    table = [{"ipu": i, "parameter_bytes": 0, "buffer_bytes": 0, "optimizer_state_bytes": 0} for i in range(ipus)]
+    peaks = activation_peaks or {}
+    table = [{"ipu": i, "parameter_bytes": 0, "buffer_bytes": 0, "optimizer_state_bytes": 0,
+              "activation_peak_bytes": peaks.get(i)} for i in range(ipus)]
     states = optimizer.state if optimizer is not None else {}
     seen = set()
     for kind, items in (("parameter_bytes", model.named_parameters()), ("buffer_bytes", model.named_buffers())):
@@ -334,107 +429,6 @@ def _host_call_summary(index, seconds, perf, samples, training) -> dict:
             "step_seconds": steps, "perf_counters": perf, "training": training, "samples": samples}
 
 
-# ---------------------------------------------------------------------- stage spans
-class StageSpans:
-    """Forward/backward spans per pipeline stage and micro-batch (hooks on the plan's blocks)."""
-
-    def __init__(self, model, plan, micro_batches_per_step):
-        self.model = model
-        self.plan = plan
-        self.per_step = max(micro_batches_per_step, 1)
-        self.micro_batch = -1
-        self.forward = None      # (stage, record_function)
-        self.backward = None
-        self.handles = []
-
-    def __enter__(self):
-        from .plan import top_modules
-        modules = dict(self.model.named_modules())
-        self.handles.append(self.model.register_forward_pre_hook(self._root_entered))
-        self.handles.append(self.model.register_forward_hook(self._root_exited))
-        stage_of_ipu = {}
-        for block in self.plan.blocks:
-            for name in top_modules(block.modules):
-                module = modules.get(name)
-                if module is None or module is self.model:
-                    continue
-                stage = self._stage_index(block)
-                stage_of_ipu[stage] = block.ipu
-                self.handles.append(module.register_forward_pre_hook(
-                    functools.partial(self._block_entered, stage, block.ipu)))
-                self.handles.append(module.register_forward_hook(
-                    functools.partial(self._block_exited, stage, block.ipu)))
-        return self
-
-    def _stage_index(self, block):
-        """Pipeline stage = position of the block's IPU run in block order (as the plan counts)."""
-        stage, previous = 0, None
-        for b in self.plan.blocks:
-            if previous is not None and b.ipu != previous:
-                stage += 1
-            previous = b.ipu
-            if b is block:
-                return stage
-        return stage
-
-    def __exit__(self, *exc):
-        self._close("forward")
-        self._close("backward")
-        for handle in self.handles:
-            handle.remove()
-        self.handles = []
-
-    def _name(self, stage, ipu, kind, micro_batch):
-        step, mb = divmod(micro_batch, self.per_step)
-        return f"{SPAN_PREFIX}ipu{ipu}:stage{stage}:{kind}:mb{mb}:step{step}"
-
-    def _open(self, kind, stage, ipu, micro_batch):
-        current = getattr(self, kind)
-        if current is not None and current[0] == stage:
-            return
-        self._close(kind)
-        function = torch.profiler.record_function(self._name(stage, ipu, kind, micro_batch))
-        function.__enter__()
-        setattr(self, kind, (stage, function))
-
-    def _close(self, kind):
-        current = getattr(self, kind)
-        if current is not None:
-            current[1].__exit__(None, None, None)
-            setattr(self, kind, None)
-
-    def _root_entered(self, module, inputs):
-        self.micro_batch += 1
-
-    def _root_exited(self, module, inputs, output):
-        self._close("forward")
-
-    def _block_entered(self, stage, ipu, module, inputs):
-        self._open("forward", stage, ipu, self.micro_batch)
-
-    def _block_exited(self, stage, ipu, module, inputs, output):
-        if not torch.is_grad_enabled():
-            return
-        micro_batch = self.micro_batch
-        outputs = output if isinstance(output, (tuple, list)) else (output,)
-        for tensor in outputs:
-            if isinstance(tensor, torch.Tensor) and tensor.requires_grad:
-                tensor.register_hook(functools.partial(self._gradient_arrived, stage, ipu, micro_batch))
-                break
-
-    def _gradient_arrived(self, stage, ipu, micro_batch, grad):
-        self._open("backward", stage, ipu, micro_batch)
-        return None
-
-    @contextlib.contextmanager
-    def backward_span(self):
-        with torch.profiler.record_function(SPAN_PREFIX + "backward"):
-            try:
-                yield
-            finally:
-                self._close("backward")
-
-
 # ---------------------------------------------------------------------- tracks
 def parse_stage_span(name: str):
     """``openpop:ipu1:stage1:forward:mb0:step0`` -> dict, or None for other names."""
@@ -451,29 +445,43 @@ def parse_stage_span(name: str):
 
 
 IPU_TID_BASE = 1_000_000
+LANE_TID_STRIDE = 1_000
 
 
 def tracks_per_ipu(trace: dict, plan) -> dict:
-    """Move stage spans to one track per virtual IPU, named by metadata events."""
+    """Move stage spans to one track per virtual IPU, named by metadata events. Spans that
+    overlap on one IPU (concurrent micro-batches, one waiting for the device) go to extra
+    tracks ``virtual IPU <i> (<device>) overlap <k>``: a track's spans never cross."""
     events = trace.get("traceEvents", [])
     pid = None
-    ipus = set()
+    stage_events = []
     for event in events:
         info = parse_stage_span(event.get("name", "")) if event.get("ph") == "X" else None
         if info is None:
             continue
         pid = event.get("pid", pid)
-        ipus.add(info["ipu"])
-        event["tid"] = IPU_TID_BASE + info["ipu"]
+        info["thread"] = event.get("tid")
         event["name"] = f"stage{info['stage']} {info['kind']} mb{info['micro_batch']}"
         event["cat"] = "openpop_stage"
         event.setdefault("args", {}).update(info)
+        stage_events.append(event)
+    lane_ends = {}  # ipu -> end time of each lane's last span
+    for event in sorted(stage_events, key=lambda e: float(e["ts"])):
+        ends = lane_ends.setdefault(event["args"]["ipu"], [])
+        start = float(event["ts"])
+        lane = next((i for i, end in enumerate(ends) if end <= start), len(ends))
+        if lane == len(ends):
+            ends.append(0.0)
+        ends[lane] = start + float(event.get("dur", 0))
+        event["tid"] = IPU_TID_BASE + event["args"]["ipu"] + LANE_TID_STRIDE * lane
     device_map = getattr(plan, "device_map", None)
-    for ipu in sorted(ipus):
+    for ipu, ends in sorted(lane_ends.items()):
         device = device_map.device(ipu) if device_map is not None else "?"
-        events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": IPU_TID_BASE + ipu,
-                       "args": {"name": f"virtual IPU {ipu} ({device})"}})
-        events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": IPU_TID_BASE + ipu,
-                       "args": {"sort_index": ipu}})
+        for lane in range(len(ends)):
+            tid = IPU_TID_BASE + ipu + LANE_TID_STRIDE * lane
+            name = f"virtual IPU {ipu} ({device})" + (f" overlap {lane}" if lane else "")
+            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
+            events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
+                           "args": {"sort_index": ipu * 100 + lane}})
     trace["traceEvents"] = events
     return trace
