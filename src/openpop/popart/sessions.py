@@ -41,7 +41,7 @@ from ..enums import MeanReductionStrategy as PoptorchMeanStrategy, OutputMode
 from ..enums import ReductionType as PoptorchReduction
 from ..models import inferenceModel, trainingModel
 from ..options import Options
-from . import placement, tensorinfo
+from . import distributed, placement, tensorinfo
 from .builder import load_model
 from .dataflow import DataFlow
 from .devices import DeviceInfo
@@ -112,6 +112,7 @@ class _Session:
             raise popart_exception("Gradient accumulation is only available in training sessions")
         dataFlow.validate()
         self._bps = dataFlow.batchesPerStep()
+        self._instances = distributed.instances(options)
         # ---- loss and anchors
         self._loss = None
         if training:
@@ -212,6 +213,8 @@ class _Session:
                 PoptorchMeanStrategy(min(strategy, 1)))  # PostAndLoss: the same numbers as Post
         if o.enableStochasticRounding:
             opts.Precision.enableStochasticRounding(True)
+        if self._instances is not None:
+            opts.Distributed.configureProcessId(*self._instances)
         recompute = RecomputationType(int(o.autoRecomputation))
         opts._Popart.set("autoRecomputation", int(recompute))
         segments = self._plan.segments
@@ -258,6 +261,8 @@ class _Session:
         with torch.no_grad():
             for name, tensor in self._weights.items():
                 tensor.copy_(torch.from_numpy(self._host_weights[name]).to(tensor.device))
+        if self._instances is not None:  # one model for the whole job: instance 0's
+            self.broadcastWeights(0)
         if not self._training:
             self._executor.copyWeightsToDevice()
 
