@@ -20,7 +20,9 @@ import onnx
 import torch
 from onnx import numpy_helper
 
+from . import recompute as recompute_module
 from . import tensorinfo
+from .enums import RecomputationType
 from .errors import popart_exception
 from .ops import node_attributes, registry, run_node, unsupported_message
 from .shapes import info_of, node_label
@@ -129,6 +131,7 @@ class RunState:
         self.replication_factor = 1
         self.gradients: Dict[str, Dict[int, torch.Tensor]] = defaultdict(dict)
         self.seeds: Dict[int, torch.Tensor] = {}
+        self.recomputing = False  # a recomputation region re-running in backward (recompute.py)
         self.tapped = set()
         self.fetched_index: Dict[str, int] = {}
 
@@ -174,7 +177,8 @@ class Segment(torch.nn.Module):
     here; takes ``live_in`` tensors, returns ``live_out``."""
 
     def __init__(self, program: GraphProgram, node_indices: Sequence[int], live_in: List[str],
-                 live_out: List[str], owned: List[str], trainable: set, state: RunState, constant_weights=False):
+                 live_out: List[str], owned: List[str], trainable: set, state: RunState, constant_weights=False,
+                 recomputation=RecomputationType.NoRecompute):
         super().__init__()
         self.node_indices = list(node_indices)
         self.live_in = list(live_in)
@@ -199,6 +203,9 @@ class Segment(torch.nn.Module):
                 attr = f"constant_{k}"
                 self.register_buffer(attr, value)
             self._owned.append((name, attr))
+        self._constants = {name for name in program.initializers if name not in trainable or constant_weights}
+        self._groups = _recompute_groups([program.nodes[i] for i in self.node_indices], recomputation,
+                                         self.live_out)
 
     def owned(self):
         return [(name, getattr(self, attr)) for name, attr in self._owned]
@@ -208,9 +215,30 @@ class Segment(torch.nn.Module):
         state = self._state
         for name, attr in self._owned:
             env[name] = state.tap(name, getattr(self, attr))
+        recompute = self.training and torch.is_grad_enabled()
+        for start, stop, inputs, outputs in self._groups:
+            if outputs is None or not recompute:
+                self._run(env, start, stop)
+                continue
+
+            # Constants (BatchNorm statistics, updated in place) are read, not stashed.
+            held = {name: env[name] for name in inputs if name in self._constants}
+            stashed = [name for name in inputs if name not in held]
+
+            def region(*values, start=start, stop=stop, held=held, stashed=stashed, outputs=outputs):
+                local = dict(held)
+                local.update(zip(stashed, values))
+                self._run(local, start, stop)
+                return tuple(local[name] for name in outputs)
+            env.update(zip(outputs, recompute_module.run_checkpointed(state, region, [env[n] for n in stashed])))
+        return tuple(env[name] for name in self.live_out)
+
+    def _run(self, env, start, stop):
+        """Nodes ``start:stop`` of the segment on the tensors in ``env``."""
+        state = self._state
         training = self.training
         tapped = state.tapped
-        for input_names, output_names, fn, ctx, attrs in self._steps:
+        for input_names, output_names, fn, ctx, attrs in self._steps[start:stop]:
             ctx.training = training
             outputs = fn(ctx, [env[name] if name else None for name in input_names], attrs)
             if isinstance(outputs, torch.Tensor):
@@ -218,14 +246,38 @@ class Segment(torch.nn.Module):
             for name, value in zip(output_names, outputs):
                 if name:
                     env[name] = state.tap(name, value) if name in tapped else value
-        return tuple(env[name] for name in self.live_out)
+
+
+def _recompute_groups(nodes, recomputation, live_out):
+    """``(start, stop, inputs, outputs)`` per run of nodes; ``outputs`` is None for nodes that are
+    not recomputed, else the region's tensors used after it (``recompute.py``)."""
+    regions = recompute_module.regions(nodes, recomputation)
+    groups = []
+    start = 0
+    for i in range(1, len(nodes) + 1):
+        if i < len(nodes) and regions[i] == regions[start]:
+            continue
+        if regions[start] is None:
+            groups.append((start, i, None, None))
+        else:
+            produced = [out for node in nodes[start:i] for out in node.output if out]
+            inputs = []
+            for node in nodes[start:i]:
+                for name in node.input:
+                    if name and name not in produced and name not in inputs:
+                        inputs.append(name)
+            later = set(live_out) | {name for node in nodes[i:] for name in node.input}
+            groups.append((start, i, inputs, [name for name in produced if name in later]))
+        start = i
+    return groups
 
 
 class OnnxGraphModule(torch.nn.Module):
     """The whole graph: segments in order, plus the loss and the anchored activations."""
 
     def __init__(self, program: GraphProgram, segments: List[List[int]], *, fetch: List[str],
-                 loss: Optional[str], tapped: set, constant_weights: bool = False):
+                 loss: Optional[str], tapped: set, constant_weights: bool = False,
+                 recomputation=RecomputationType.NoRecompute):
         super().__init__()
         self._program = program
         self.state = RunState(program.opsets)
@@ -258,7 +310,8 @@ class OnnxGraphModule(torch.nn.Module):
                                        f"before the stage that produces it")
             here = produced[k] | set(owned)
             live_out = sorted(n for n in here if n in later)
-            modules.append(Segment(program, seg, live_in, live_out, owned, trainable, self.state, constant_weights))
+            modules.append(Segment(program, seg, live_in, live_out, owned, trainable, self.state, constant_weights,
+                                   recomputation))
             available |= here
         self.segments = torch.nn.ModuleList(modules)
         missing = [t for t in needed_at_end if t not in available]

@@ -129,8 +129,11 @@ class _Session:
         # ---- the torch module and the executor
         fetch = [a for a in dataFlow.anchors() if not a.startswith((GRADIENT_PREFIX, UPDATED_VAR_PREFIX))]
         tapped = {a[len(GRADIENT_PREFIX):] for a in dataFlow.anchors() if a.startswith(GRADIENT_PREFIX)}
+        recomputation = RecomputationType(int(options.autoRecomputation))
         self._module = OnnxGraphModule(self._program, [s.nodes for s in self._plan.segments], fetch=fetch,
-                                       loss=self._loss, tapped=tapped, constant_weights=False)
+                                       loss=self._loss, tapped=tapped, constant_weights=False,
+                                       recomputation=RecomputationType.NoRecompute if self._plan.pipelined
+                                       else recomputation)
         self._module.state.replication_factor = self.replicationFactor
         self._fetch = fetch
         self._weights = self._module.weights()
