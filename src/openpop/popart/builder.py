@@ -725,7 +725,11 @@ def _build_op(self, op_type, domain, args, pos, positional, attrs, debugContext)
     if domain == registry.GRAPHCORE_DOMAIN:
         _graphcore_defaults(op_type, values)
     outs = self._add_node(op_type, domain, list(args), values, num_outputs, debugContext)
-    return outs[0] if num_outputs == 1 else outs
+    # Ops taking ``num_outputs`` (MaxPool, Dropout, BatchNormalization, Split, LSTM...) return a
+    # list in PopART's bindings, even of one id; scripts index it.
+    if num_outputs == 1 and "num_outputs" not in positional and op_type not in _FIXED_OUTPUTS:
+        return outs[0]
+    return outs
 
 
 # Ops whose PopART binding always returns several outputs (no num_outputs argument).

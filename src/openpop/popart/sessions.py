@@ -205,6 +205,7 @@ class _Session:
         opts.deviceIterations(self._bps)
         if self.replicationFactor > 1:
             opts.replicationFactor(self.replicationFactor)
+            opts.broadcastBuffers(False)  # PopART replicas keep their own BatchNorm statistics
         opts.outputMode(OutputMode.All)
         opts.autoRoundNumIPUs(True)
         if self._training:
