@@ -101,6 +101,7 @@ class Builder:
         self._opsets: Dict[str, int] = {}
         self._requested = dict(opsets or {})
         self._subgraphs: List["Builder"] = []
+        self._outer = set()  # enclosing graphs' tensors this subgraph reads
         self._replication_factor = 1
         if modelProtoOrFilename is not None:
             self._load(modelProtoOrFilename)
@@ -264,8 +265,33 @@ class Builder:
 
     def _require(self, tensor_id: str) -> None:
         if tensor_id not in self._inference.types and tensor_id not in self._producers \
-                and not any(v.name == tensor_id for v in self._graph.input):
+                and tensor_id not in self._outer and not any(v.name == tensor_id for v in self._graph.input):
+            if self._parent is not None and self._parent._knows(tensor_id):
+                self.addInputTensorFromParentGraph(tensor_id)  # ONNX's outer-scope reference
+                return
             raise popart_exception(f"Tensor '{tensor_id}' is not known to this builder")
+
+    def _knows(self, tensor_id: str) -> bool:
+        try:
+            self._require(tensor_id)
+            return True
+        except popart_exception:
+            return False
+
+    def addInputTensorFromParentGraph(self, tensorId: str) -> None:
+        """Let this subgraph read the enclosing graph's tensor ``tensorId`` by its name."""
+        if self._parent is None:
+            raise popart_exception("addInputTensorFromParentGraph: this builder is not a subgraph builder")
+        if not self._parent._knows(tensorId):
+            raise popart_exception(f"Tensor '{tensorId}' is not known to the parent graph")
+        parent = self._parent
+        parent.getTensorShapesKnown()
+        type_proto = parent._inference.types.get(tensorId)
+        if type_proto is not None:
+            self._inference.add_value(tensorId, type_proto, parent._inference.constants.get(tensorId))
+        self._outer.add(tensorId)
+
+    addInputTensorFromHigherScope = addInputTensorFromParentGraph
 
     # ------------------------------------------------------------------ nodes
     def _add_node(self, op_type: str, domain: str, inputs: List[str], attributes: dict, num_outputs: int,
@@ -380,6 +406,9 @@ class Builder:
             pass  # untyped inputs: the caller's tensors type them at run time
         graph = onnx.GraphProto()
         graph.CopyFrom(self._graph)
+        for value in graph.output:  # typed outputs: ONNX infers If/Loop/Scan outputs from them
+            if not value.type.tensor_type.elem_type and value.name in self._inference.types:
+                value.type.CopyFrom(self._inference.types[value.name])
         return graph
 
     def getTensorShapesKnown(self) -> None:
@@ -675,6 +704,29 @@ class _Opset:
         return self._builder._add_node("Constant", self._domain, [], {"value": array}, 1,
                                        debugContext)[0]
 
+    def _control(self, op_type, args, num_outputs, attributes, debugContext):
+        if self._domain != registry.ONNX_DOMAIN:
+            raise AttributeError(f"{op_type} is an ai.onnx operator")
+        return self._builder._add_node(op_type, self._domain, list(args), attributes, int(num_outputs),
+                                       debugContext)
+
+    def logical_if(self, args, num_outputs: int, else_branch: Builder, then_branch: Builder, debugContext=""):
+        """ONNX ``If``: ``then_branch``'s outputs if ``args[0]`` is true, else ``else_branch``'s."""
+        return self._control("If", args, num_outputs, {"then_branch": then_branch, "else_branch": else_branch},
+                             debugContext)
+
+    def loop(self, args, num_outputs: int, body: Builder, debugContext=""):
+        """ONNX ``Loop``: ``args`` = [trip count, condition, loop-carried values...]."""
+        return self._control("Loop", args, num_outputs, {"body": body}, debugContext)
+
+    def scan(self, args, num_outputs: int, body: Builder, num_scan_inputs: int, scan_input_axes=(),
+             scan_input_directions=(), scan_output_axes=(), scan_output_directions=(), debugContext=""):
+        """ONNX ``Scan`` (opset 9+): ``args`` = [initial states..., scan inputs...]."""
+        return self._control("Scan", args, num_outputs, {
+            "body": body, "num_scan_inputs": int(num_scan_inputs), "scan_input_axes": list(scan_input_axes),
+            "scan_input_directions": list(scan_input_directions), "scan_output_axes": list(scan_output_axes),
+            "scan_output_directions": list(scan_output_directions)}, debugContext)
+
     def call(self, args, num_outputs: int, callee: Builder, debugContext=""):
         if self._domain != registry.GRAPHCORE_DOMAIN:
             raise AttributeError("call is an ai.graphcore operator")
@@ -720,6 +772,8 @@ def _build_op(self, op_type, domain, args, pos, positional, attrs, debugContext)
                             f"expected {list(positional)} then debugContext")
     values.update(attrs)
     num_outputs = int(values.pop("num_outputs", _FIXED_OUTPUTS.get(op_type, 1)))
+    if op_type == "Cast" and isinstance(values.get("to"), str):  # PopART: cast([x], "FLOAT")
+        values["to"] = tensorinfo.onnx_type(values["to"].upper())
     if "lambda" in values:
         values["lambda"] = float(values["lambda"])
     if domain == registry.GRAPHCORE_DOMAIN:

@@ -25,6 +25,7 @@ from . import tensorinfo
 from .enums import RecomputationType
 from .errors import popart_exception
 from .ops import node_attributes, registry, run_node, unsupported_message
+from .ops.control import free_variables
 from .shapes import info_of, node_label
 
 
@@ -43,6 +44,8 @@ class GraphProgram:
         self.output_ids: List[str] = [v.name for v in graph.output]
         self.nodes = _topological(graph)
         self.producer = {out: node for node in self.nodes for out in node.output if out}
+        # Each node's inputs, then the enclosing-scope tensors its If/Loop/Scan bodies read.
+        self.node_inputs = [inputs_of(node) for node in self.nodes]
         self.attrs = [node_attributes(node) for node in self.nodes]
         self.input_types = {v.name: v.type for v in graph.input}
 
@@ -62,8 +65,8 @@ class GraphProgram:
 
     def consumers(self) -> Dict[str, List[tuple]]:
         users = defaultdict(list)
-        for node in self.nodes:
-            for index, name in enumerate(node.input):
+        for node, inputs in zip(self.nodes, self.node_inputs):
+            for index, name in enumerate(inputs):
                 if name:
                     users[name].append((node, index))
         return users
@@ -98,6 +101,12 @@ class GraphProgram:
         return info
 
 
+def inputs_of(node) -> List[str]:
+    """``node``'s inputs followed by the enclosing-scope tensors its body graphs read."""
+    free = free_variables(node)
+    return list(node.input) + free if free else list(node.input)
+
+
 def _topological(graph) -> List[onnx.NodeProto]:
     """The nodes in an order where every input is produced before it is used (ONNX requires
     sorted graphs; exported files sometimes are not)."""
@@ -107,14 +116,14 @@ def _topological(graph) -> List[onnx.NodeProto]:
     while pending:
         rest = []
         for node in pending:
-            if all(i in available for i in node.input):
+            if all(i in available for i in inputs_of(node)):
                 ordered.append(node)
                 available.update(node.output)
             else:
                 rest.append(node)
         if len(rest) == len(pending):
             node = rest[0]
-            missing = [i for i in node.input if i not in available]
+            missing = [i for i in inputs_of(node) if i not in available]
             raise popart_exception(f"{node_label(node)}: input tensor '{missing[0]}' is produced by no node, "
                                    f"input or initializer of the model (or the graph has a cycle)")
         pending = rest
@@ -193,7 +202,7 @@ class Segment(torch.nn.Module):
             entry = registry.lookup(node.domain, node.op_type)
             ctx = registry.OpContext(opset=program.opset_of(node), training=False, node_name=node.name or node.output[0],
                                      op_type=node.op_type, graph=state, node=node)
-            self._steps.append((node.input, node.output, entry.fn, ctx, program.attrs[i]))
+            self._steps.append((program.node_inputs[i], node.output, entry.fn, ctx, program.attrs[i]))
         for k, name in enumerate(owned):
             value = torch.from_numpy(np.array(program.initializers[name], copy=True))
             if name in trainable and not constant_weights:
@@ -263,10 +272,10 @@ def _recompute_groups(nodes, recomputation, live_out):
             produced = [out for node in nodes[start:i] for out in node.output if out]
             inputs = []
             for node in nodes[start:i]:
-                for name in node.input:
+                for name in inputs_of(node):
                     if name and name not in produced and name not in inputs:
                         inputs.append(name)
-            later = set(live_out) | {name for node in nodes[i:] for name in node.input}
+            later = set(live_out) | {name for node in nodes[i:] for name in inputs_of(node)}
             groups.append((start, i, inputs, [name for name in produced if name in later]))
         start = i
     return groups
@@ -289,7 +298,7 @@ class OnnxGraphModule(torch.nn.Module):
         trainable = set(program.trainable_initializers())
         self.trainable_ids = [t for t in program.initializers if t in trainable]
         produced = [set(out for i in seg for out in program.nodes[i].output if out) for seg in segments]
-        used = [set(name for i in seg for name in program.nodes[i].input if name) for seg in segments]
+        used = [set(name for i in seg for name in program.node_inputs[i] if name) for seg in segments]
         owner = {}
         for k, names in enumerate(used):
             for name in sorted(names):
@@ -365,7 +374,7 @@ def run_subgraph(ctx, graph_proto: onnx.GraphProto, inputs):
         opset = opsets.get(registry._canon(node.domain), 1)
         if entry is None:
             raise popart_exception(unsupported_message(node, opset))
-        outputs = run_node(node, [env[n] if n else None for n in node.input], opset, training=ctx.training,
+        outputs = run_node(node, [env[n] if n else None for n in inputs_of(node)], opset, training=ctx.training,
                            graph=state)
         env.update((n, v) for n, v in zip(node.output, outputs) if n)
     return [env[v.name] for v in graph_proto.output]
