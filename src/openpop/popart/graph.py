@@ -20,6 +20,8 @@ import onnx
 import torch
 from onnx import numpy_helper
 
+from ..runtime.losses import identity_loss  # openpop's loss marker
+from . import fusion
 from . import recompute as recompute_module
 from . import tensorinfo
 from .enums import RecomputationType
@@ -213,8 +215,9 @@ class Segment(torch.nn.Module):
                 self.register_buffer(attr, value)
             self._owned.append((name, attr))
         self._constants = {name for name in program.initializers if name not in trainable or constant_weights}
-        self._groups = _recompute_groups([program.nodes[i] for i in self.node_indices], recomputation,
-                                         self.live_out)
+        nodes = [program.nodes[i] for i in self.node_indices]
+        self._steps, kept = fusion.fuse(self._steps, nodes, set(self.live_out) | state.tapped)
+        self._groups = _recompute_groups([nodes[k] for k in kept], self._steps, recomputation, self.live_out)
 
     def owned(self):
         return [(name, getattr(self, attr)) for name, attr in self._owned]
@@ -257,25 +260,26 @@ class Segment(torch.nn.Module):
                     env[name] = state.tap(name, value) if name in tapped else value
 
 
-def _recompute_groups(nodes, recomputation, live_out):
-    """``(start, stop, inputs, outputs)`` per run of nodes; ``outputs`` is None for nodes that are
-    not recomputed, else the region's tensors used after it (``recompute.py``)."""
+def _recompute_groups(nodes, steps, recomputation, live_out):
+    """``(start, stop, inputs, outputs)`` per run of steps; ``outputs`` is None for steps that are
+    not recomputed, else the region's tensors used after it (``recompute.py``). ``nodes[k]`` is
+    the node whose annotations step ``k`` carries."""
     regions = recompute_module.regions(nodes, recomputation)
     groups = []
     start = 0
-    for i in range(1, len(nodes) + 1):
-        if i < len(nodes) and regions[i] == regions[start]:
+    for i in range(1, len(steps) + 1):
+        if i < len(steps) and regions[i] == regions[start]:
             continue
         if regions[start] is None:
             groups.append((start, i, None, None))
         else:
-            produced = [out for node in nodes[start:i] for out in node.output if out]
+            produced = [out for step in steps[start:i] for out in step[1] if out]
             inputs = []
-            for node in nodes[start:i]:
-                for name in inputs_of(node):
+            for step in steps[start:i]:
+                for name in step[0]:
                     if name and name not in produced and name not in inputs:
                         inputs.append(name)
-            later = set(live_out) | {name for node in nodes[i:] for name in inputs_of(node)}
+            later = set(live_out) | {name for step in steps[i:] for name in step[0]}
             groups.append((start, i, inputs, [name for name in produced if name in later]))
         start = i
     return groups
@@ -293,6 +297,7 @@ class OnnxGraphModule(torch.nn.Module):
         self.state.tapped = set(tapped)
         self.input_ids = list(program.input_ids)
         self.input_infos = [program.input_info(i) for i in self.input_ids]
+        self._input_shapes = [torch.Size(info.shape()) for info in self.input_infos]
         self.fetch = list(fetch)
         self.loss = loss
         trainable = set(program.trainable_initializers())
@@ -338,8 +343,9 @@ class OnnxGraphModule(torch.nn.Module):
         state = self.state
         state.micro_batch = int(micro_batch_index.reshape(-1)[0])
         env = {}
-        for tensor_id, value, info in zip(self.input_ids, inputs, self.input_infos):
-            value = value.reshape(info.shape())
+        for tensor_id, value, shape in zip(self.input_ids, inputs, self._input_shapes):
+            if value.shape != shape:
+                value = value.reshape(shape)
             if tensor_id in state.tapped and torch.is_grad_enabled():
                 value = state.tap(tensor_id, value.detach().requires_grad_(True))
             env[tensor_id] = value
@@ -352,7 +358,6 @@ class OnnxGraphModule(torch.nn.Module):
                         for name in self.fetch)
         if self.loss is None:
             return fetched
-        from .. import identity_loss  # openpop's loss marker
         loss = env[self.loss]
         loss = state.seed_tap(loss if loss.dim() == 0 else loss.sum())
         return (identity_loss(loss, reduction="none"),) + fetched
