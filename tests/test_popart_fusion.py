@@ -43,7 +43,7 @@ def test_pairs_are_fused_unless_their_middle_tensor_is_anchored():
 
 @pytest.mark.parametrize("anchor_probs", [False, True])
 def test_fused_and_unfused_sessions_match_the_torch_loop(anchor_probs):
-    session, builder, x, labels, probs, loss, ids, weights = _session([probs] if anchor_probs else [])
+    session, builder, x, labels, probs, loss, ids, weights = _session(["probs"] if anchor_probs else [])
     rng = np.random.default_rng(5)
     data = rng.standard_normal((2, 1, 1, MB, 8)).astype(np.float32)
     target = rng.integers(0, 4, (2, 1, 1, MB)).astype(np.int32)
