@@ -54,7 +54,7 @@ def _saved_activation_bytes(session, feeds, monkeypatch):
     monkeypatch.setattr(recompute, "run_checkpointed", checkpointed)
     inputs = tuple(torch.from_numpy(feeds[i]) for i in module.input_ids)
     with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
-        module(torch.zeros(1, dtype=torch.int64), inputs)
+        module(torch.zeros(1, dtype=torch.int64), *inputs)
     monkeypatch.undo()
     return sum(seen.values())
 

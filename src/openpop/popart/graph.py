@@ -6,7 +6,7 @@ The nodes are cut into *segments*, one per pipeline stage / virtual graph run (s
 ``placement.py``); each segment is a sub-module that the session turns into an openpop block
 (``poptorch.BeginBlock``), so PopTorch's plan places and schedules it.
 
-The root ``forward(micro_batch_index, inputs)`` receives one micro-batch per call (the runtime
+The root ``forward(micro_batch_index, *inputs)`` receives one micro-batch per call (the runtime
 splits the host buffers), returns the loss marked with ``identity_loss`` (training) followed by
 the activations anchored in the ``DataFlow``, each with a leading dimension of 1 so the runtime
 stacks them in ``[batchesPerStep, accumulation, replica]`` order. Gradients of anchored tensors
@@ -339,7 +339,7 @@ class OnnxGraphModule(torch.nn.Module):
             found.update(dict(segment.owned()))
         return found
 
-    def forward(self, micro_batch_index, inputs):
+    def forward(self, micro_batch_index, *inputs):
         state = self.state
         state.micro_batch = int(micro_batch_index.reshape(-1)[0])
         env = {}

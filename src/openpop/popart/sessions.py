@@ -13,6 +13,8 @@ PopART                                                openpop
 ``meanAccumulationAndReplicationReductionStrategy``   ``setMeanAccumulationAndReplicationReductionStrategy``
 virtual graphs / pipeline stages                      ``BeginBlock`` per segment, Sharded/Pipelined strategy
 ``autoRecomputation`` (pipelined)                     ``_Popart.set("autoRecomputation", ...)``
+``autoRecomputation`` / annotations (not pipelined)   checkpointed regions (``recompute.py``)
+``enableDistributedReplicatedGraphs``                 ``Distributed.configureProcessId`` (``distributed.py``)
 ``enableStochasticRounding``                          ``Precision.enableStochasticRounding``
 ====================================================  =============================================
 
@@ -250,7 +252,7 @@ class _Session:
         n = self._micro_batches_per_run()
         inputs = tuple(torch.zeros([n] + info.shape(), dtype=tensorinfo.torch_dtype(info.data_type()))
                        for info in self._module.input_infos)
-        return torch.arange(n, dtype=torch.int64), inputs
+        return (torch.arange(n, dtype=torch.int64),) + inputs
 
     def _micro_batches_per_run(self) -> int:
         return self._bps * self.accumulationFactor * self.replicationFactor
@@ -360,7 +362,7 @@ class _Session:
         n = self._micro_batches_per_run()
         self._module.state.reset()
         self._updated = []
-        result = self._executor(torch.arange(n, dtype=torch.int64), inputs)
+        result = self._executor(torch.arange(n, dtype=torch.int64), *inputs)
         self._steps_run += 1
         outputs = self._anchor_values(result)
         self._deliver(stepio, outputs)
