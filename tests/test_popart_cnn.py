@@ -84,10 +84,10 @@ def test_cnn_trains_like_a_hand_written_loop_with_all_anchor_types():
             torch_optimizer.zero_grad()
             for a in range(ACCL):
                 for r in range(REPL):
-                    out, p, l = _torch_forward(params, stats, torch.from_numpy(data[d, a, r]),
+                    out, p, micro_loss = _torch_forward(params, stats, torch.from_numpy(data[d, a, r]),
                                                torch.from_numpy(target[d, a, r]))
-                    l.backward()  # PopART's default: gradients summed over accumulation and replicas
-                    losses[d, a, r], all_probs[d, a, r] = l.item(), p.detach().numpy()
+                    micro_loss.backward()  # PopART's default: gradients summed over accumulation and replicas
+                    losses[d, a, r], all_probs[d, a, r] = micro_loss.item(), p.detach().numpy()
                     last_conv = out.detach().numpy()
                     grad_sum[r] += torch.autograd.grad(
                         _torch_forward(params, dict(stats), torch.from_numpy(data[d, a, r]),

@@ -18,9 +18,9 @@ MB, SIZES = 16, (8, 64, 64, 64, 4)
 def _train(builder, loss, ids, feeds, *, mode=popart.RecomputationType.NoRecompute, steps=2):
     opts = popart.SessionOptions()
     opts.autoRecomputation = mode
-    session = popart.TrainingSession(builder.getModelProto(), popart.DataFlow(1, {loss: popart.AnchorReturnType("All")}),
-                                     loss, popart.SGD({"defaultLearningRate": (0.1, False),
-                                                       "defaultMomentum": (0.5, True)}),
+    flow = popart.DataFlow(1, {loss: popart.AnchorReturnType("All")})
+    optimizer = popart.SGD({"defaultLearningRate": (0.1, False), "defaultMomentum": (0.5, True)})
+    session = popart.TrainingSession(builder.getModelProto(), flow, loss, optimizer,
                                      popart.DeviceManager().createCpuDevice(), userOptions=opts)
     session.prepareDevice()
     session.weightsFromHost()
