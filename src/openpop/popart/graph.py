@@ -341,7 +341,8 @@ class OnnxGraphModule(torch.nn.Module):
 
     def forward(self, micro_batch_index, *inputs):
         state = self.state
-        state.micro_batch = int(micro_batch_index.reshape(-1)[0])
+        if state.tapped:  # gradient anchors record per micro-batch
+            state.micro_batch = int(micro_batch_index.reshape(-1)[0])
         env = {}
         for tensor_id, value, shape in zip(self.input_ids, inputs, self._input_shapes):
             if value.shape != shape:
