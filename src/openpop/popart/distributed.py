@@ -7,6 +7,7 @@ sessions) and runs as PopTorch's ``Options.Distributed`` does: gradients reduced
 replica of the job once per step (``runtime/distributed_reduce.py``), instance 0's weights taken
 on the first run. Host buffers hold only the local replicas' data, as on PopART.
 """
+import logging
 from typing import Optional, Tuple
 
 from .errors import popart_exception
@@ -28,8 +29,12 @@ def instances(options) -> Optional[Tuple[int, int]]:
     if total == local:
         return None
     import popdist
-    popdist.init()
     from ..distributed import process_group
+    if not process_group.is_initialized():
+        logging.getLogger("popart").warning(
+            "enableDistributedReplicatedGraphs: initialising popdist for this session. In a future release, this "
+            "will no longer be done automatically: call popdist.init() before creating the session.")
+        popdist.init()
     if not process_group.is_initialized():
         raise popart_exception(f"enableDistributedReplicatedGraphs with globalReplicationFactor {total} needs "
                                f"{total // local} processes: launch the program with `poprun --num-instances "
