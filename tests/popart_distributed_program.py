@@ -57,6 +57,7 @@ def train(name, options, device, total_replicas, offset, local_replicas, init_se
 def main(outdir):
     import popdist
     import popdist.popart
+    torch.set_num_threads(1)  # 2 instances x 1 thread
     results = {}
     for name in OPTIMIZERS:
         options = popart.SessionOptions()

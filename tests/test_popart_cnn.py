@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import popart
+from popart_helpers import one_thread  # noqa: F401  (autouse)
 
 BPS, ACCL, REPL, MB, STEPS, CLASSES = 4, 2, 2, 3, 2, 5
 LR, MOMENTUM, DECAY, BN_MOMENTUM, EPS = 0.05, 0.9, 1e-3, 0.9, 1e-5

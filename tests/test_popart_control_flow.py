@@ -7,6 +7,7 @@ import torch
 from onnx.reference import ReferenceEvaluator
 
 import popart
+from popart_helpers import one_thread  # noqa: F401  (autouse)
 
 OPSETS = {"ai.onnx": 11, "ai.graphcore": 1}
 
