@@ -34,7 +34,7 @@ def _module(builder, outs, training=False):
 
 def _run(module, arrays):
     inputs = tuple(torch.from_numpy(a).unsqueeze(0) for a in arrays)
-    return [t.squeeze(0) for t in module(torch.zeros(1, dtype=torch.int64), inputs)]
+    return [t.squeeze(0) for t in module(torch.zeros(1, dtype=torch.int64), *inputs)]
 
 
 def _data(shape, dtype, positive=False):
@@ -192,7 +192,7 @@ def test_backward_matches_numerical_gradients(op, shapes, attrs):
     inputs = [torch.from_numpy(RNG.uniform(0.5, 1.5, s)).requires_grad_(True) for s in shapes]
 
     def fn(*xs):
-        return module(torch.zeros(1, dtype=torch.int64), tuple(x.unsqueeze(0) for x in xs))[0]
+        return module(torch.zeros(1, dtype=torch.int64), *(x.unsqueeze(0) for x in xs))[0]
     assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-5)
 
 

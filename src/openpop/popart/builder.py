@@ -16,7 +16,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from . import tensorinfo
-from .enums import RecomputeType, ReductionType
+from .enums import RecomputeType
 from .errors import popart_exception
 from .ops import registry
 from .shapes import ShapeInference, info_of
@@ -101,6 +101,7 @@ class Builder:
         self._opsets: Dict[str, int] = {}
         self._requested = dict(opsets or {})
         self._subgraphs: List["Builder"] = []
+        self._outer = set()  # enclosing graphs' tensors this subgraph reads
         self._replication_factor = 1
         if modelProtoOrFilename is not None:
             self._load(modelProtoOrFilename)
@@ -158,7 +159,8 @@ class Builder:
             self._inference.opsets[domain] = version
             if domain == registry.ONNX_DOMAIN:
                 self._inference.opsets[""] = version
-        return _Opset(self, domain, version)
+        from .opsets import Opset  # late: it builds nodes through this module
+        return Opset(self, domain, version)
 
     @property
     def aiOnnx(self):
@@ -264,8 +266,33 @@ class Builder:
 
     def _require(self, tensor_id: str) -> None:
         if tensor_id not in self._inference.types and tensor_id not in self._producers \
-                and not any(v.name == tensor_id for v in self._graph.input):
+                and tensor_id not in self._outer and not any(v.name == tensor_id for v in self._graph.input):
+            if self._parent is not None and self._parent._knows(tensor_id):
+                self.addInputTensorFromParentGraph(tensor_id)  # ONNX's outer-scope reference
+                return
             raise popart_exception(f"Tensor '{tensor_id}' is not known to this builder")
+
+    def _knows(self, tensor_id: str) -> bool:
+        try:
+            self._require(tensor_id)
+            return True
+        except popart_exception:
+            return False
+
+    def addInputTensorFromParentGraph(self, tensorId: str) -> None:
+        """Let this subgraph read the enclosing graph's tensor ``tensorId`` by its name."""
+        if self._parent is None:
+            raise popart_exception("addInputTensorFromParentGraph: this builder is not a subgraph builder")
+        if not self._parent._knows(tensorId):
+            raise popart_exception(f"Tensor '{tensorId}' is not known to the parent graph")
+        parent = self._parent
+        parent.getTensorShapesKnown()
+        type_proto = parent._inference.types.get(tensorId)
+        if type_proto is not None:
+            self._inference.add_value(tensorId, type_proto, parent._inference.constants.get(tensorId))
+        self._outer.add(tensorId)
+
+    addInputTensorFromHigherScope = addInputTensorFromParentGraph
 
     # ------------------------------------------------------------------ nodes
     def _add_node(self, op_type: str, domain: str, inputs: List[str], attributes: dict, num_outputs: int,
@@ -380,6 +407,9 @@ class Builder:
             pass  # untyped inputs: the caller's tensors type them at run time
         graph = onnx.GraphProto()
         graph.CopyFrom(self._graph)
+        for value in graph.output:  # typed outputs: ONNX infers If/Loop/Scan outputs from them
+            if not value.type.tensor_type.elem_type and value.name in self._inference.types:
+                value.type.CopyFrom(self._inference.types[value.name])
         return graph
 
     def getTensorShapesKnown(self) -> None:
@@ -640,108 +670,3 @@ def load_model(model) -> onnx.ModelProto:
         except Exception as exc:
             raise popart_exception(f"Failed to load an ONNX model from '{model}': {exc}") from None
     raise popart_exception(f"Expected an ONNX model (bytes, a file name or a ModelProto), got {type(model).__name__}")
-
-
-class _Opset:
-    """``builder.aiOnnx`` / ``builder.aiGraphcore``: every op of the domain as a method returning its
-    output id (a list of ids for several outputs)."""
-
-    def __init__(self, builder: Builder, domain: str, version: int):
-        self._builder = builder
-        self._domain = domain
-        self._version = version
-
-    @property
-    def version(self) -> int:
-        return self._version
-
-    def __getattr__(self, name: str):
-        op_type = _op_type_for(self._domain, name, self._version)
-        if op_type is None:
-            label = "ai.onnx" if self._domain == registry.ONNX_DOMAIN else self._domain
-            raise AttributeError(f"'{label}' opset {self._version} has no operator '{name}'")
-        entry = registry.lookup(self._domain, op_type)
-        positional = entry.positional if entry is not None else ()
-        builder = self._builder
-        domain = self._domain
-
-        def op(args, *pos, debugContext="", **attrs):
-            return builder._build_op(op_type, domain, args, pos, positional, attrs, debugContext)
-        op.__name__ = name
-        return op
-
-    def constant(self, value, debugContext="") -> str:
-        array = np.array(value, copy=True, order="C")  # keeps 0-d arrays 0-d (ascontiguousarray would not)
-        return self._builder._add_node("Constant", self._domain, [], {"value": array}, 1,
-                                       debugContext)[0]
-
-    def call(self, args, num_outputs: int, callee: Builder, debugContext=""):
-        if self._domain != registry.GRAPHCORE_DOMAIN:
-            raise AttributeError("call is an ai.graphcore operator")
-        outs = self._builder._add_node("Call", self._domain, list(args), {"callee": callee}, int(num_outputs),
-                                       debugContext)
-        return outs
-
-
-def _op_type_for(domain: str, name: str, version: int):
-    if domain == registry.GRAPHCORE_DOMAIN:
-        return registry.graphcore_method(name)
-    op_type = _onnx_op_names().get(name.lower())
-    if op_type is None:
-        return None
-    try:
-        onnx.defs.get_schema(op_type, version, "")
-    except Exception:
-        return None
-    return op_type
-
-
-_ONNX_NAMES = {}
-
-
-def _onnx_op_names():
-    if not _ONNX_NAMES:
-        for schema in onnx.defs.get_all_schemas_with_history():
-            if schema.domain == "":
-                _ONNX_NAMES[schema.name.lower()] = schema.name
-    return _ONNX_NAMES
-
-
-def _build_op(self, op_type, domain, args, pos, positional, attrs, debugContext):
-    if isinstance(args, str):
-        args = [args]
-    values = dict(zip(positional, pos))
-    if len(pos) > len(positional):
-        # A trailing positional argument beyond the known ones is PopART's debugContext.
-        if len(pos) == len(positional) + 1 and isinstance(pos[-1], (str, DebugContext)):
-            debugContext = pos[-1]
-        else:
-            raise TypeError(f"{op_type}: too many positional arguments ({len(pos)}); "
-                            f"expected {list(positional)} then debugContext")
-    values.update(attrs)
-    num_outputs = int(values.pop("num_outputs", _FIXED_OUTPUTS.get(op_type, 1)))
-    if "lambda" in values:
-        values["lambda"] = float(values["lambda"])
-    if domain == registry.GRAPHCORE_DOMAIN:
-        _graphcore_defaults(op_type, values)
-    outs = self._add_node(op_type, domain, list(args), values, num_outputs, debugContext)
-    return outs[0] if num_outputs == 1 else outs
-
-
-# Ops whose PopART binding always returns several outputs (no num_outputs argument).
-_FIXED_OUTPUTS = {"TopK": 2, "GroupNormalization": 3}
-
-
-def _graphcore_defaults(op_type: str, values: dict) -> None:
-    if "reduction" in values:
-        values["reduction"] = int(values["reduction"])
-    elif op_type in ("L1Loss", "Nll", "IdentityLoss"):
-        values["reduction"] = int(ReductionType.Mean)
-    if op_type == "Nll":
-        if values.get("ignoreIndex") is None:
-            values.pop("ignoreIndex", None)
-        if "inputIsLogProbability" in values:
-            values["inputIsLogProbability"] = int(bool(values["inputIsLogProbability"]))
-
-
-Builder._build_op = _build_op

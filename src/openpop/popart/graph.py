@@ -6,7 +6,7 @@ The nodes are cut into *segments*, one per pipeline stage / virtual graph run (s
 ``placement.py``); each segment is a sub-module that the session turns into an openpop block
 (``poptorch.BeginBlock``), so PopTorch's plan places and schedules it.
 
-The root ``forward(micro_batch_index, inputs)`` receives one micro-batch per call (the runtime
+The root ``forward(micro_batch_index, *inputs)`` receives one micro-batch per call (the runtime
 splits the host buffers), returns the loss marked with ``identity_loss`` (training) followed by
 the activations anchored in the ``DataFlow``, each with a leading dimension of 1 so the runtime
 stacks them in ``[batchesPerStep, accumulation, replica]`` order. Gradients of anchored tensors
@@ -20,9 +20,14 @@ import onnx
 import torch
 from onnx import numpy_helper
 
+from ..runtime.losses import identity_loss  # openpop's loss marker
+from . import fusion
+from . import recompute as recompute_module
 from . import tensorinfo
+from .enums import RecomputationType
 from .errors import popart_exception
 from .ops import node_attributes, registry, run_node, unsupported_message
+from .ops.control import free_variables
 from .shapes import info_of, node_label
 
 
@@ -41,6 +46,8 @@ class GraphProgram:
         self.output_ids: List[str] = [v.name for v in graph.output]
         self.nodes = _topological(graph)
         self.producer = {out: node for node in self.nodes for out in node.output if out}
+        # Each node's inputs, then the enclosing-scope tensors its If/Loop/Scan bodies read.
+        self.node_inputs = [inputs_of(node) for node in self.nodes]
         self.attrs = [node_attributes(node) for node in self.nodes]
         self.input_types = {v.name: v.type for v in graph.input}
 
@@ -60,8 +67,8 @@ class GraphProgram:
 
     def consumers(self) -> Dict[str, List[tuple]]:
         users = defaultdict(list)
-        for node in self.nodes:
-            for index, name in enumerate(node.input):
+        for node, inputs in zip(self.nodes, self.node_inputs):
+            for index, name in enumerate(inputs):
                 if name:
                     users[name].append((node, index))
         return users
@@ -96,6 +103,12 @@ class GraphProgram:
         return info
 
 
+def inputs_of(node) -> List[str]:
+    """``node``'s inputs followed by the enclosing-scope tensors its body graphs read."""
+    free = free_variables(node)
+    return list(node.input) + free if free else list(node.input)
+
+
 def _topological(graph) -> List[onnx.NodeProto]:
     """The nodes in an order where every input is produced before it is used (ONNX requires
     sorted graphs; exported files sometimes are not)."""
@@ -105,14 +118,14 @@ def _topological(graph) -> List[onnx.NodeProto]:
     while pending:
         rest = []
         for node in pending:
-            if all(i in available for i in node.input):
+            if all(i in available for i in inputs_of(node)):
                 ordered.append(node)
                 available.update(node.output)
             else:
                 rest.append(node)
         if len(rest) == len(pending):
             node = rest[0]
-            missing = [i for i in node.input if i not in available]
+            missing = [i for i in inputs_of(node) if i not in available]
             raise popart_exception(f"{node_label(node)}: input tensor '{missing[0]}' is produced by no node, "
                                    f"input or initializer of the model (or the graph has a cycle)")
         pending = rest
@@ -129,6 +142,7 @@ class RunState:
         self.replication_factor = 1
         self.gradients: Dict[str, Dict[int, torch.Tensor]] = defaultdict(dict)
         self.seeds: Dict[int, torch.Tensor] = {}
+        self.recomputing = False  # a recomputation region re-running in backward (recompute.py)
         self.tapped = set()
         self.fetched_index: Dict[str, int] = {}
 
@@ -174,7 +188,8 @@ class Segment(torch.nn.Module):
     here; takes ``live_in`` tensors, returns ``live_out``."""
 
     def __init__(self, program: GraphProgram, node_indices: Sequence[int], live_in: List[str],
-                 live_out: List[str], owned: List[str], trainable: set, state: RunState, constant_weights=False):
+                 live_out: List[str], owned: List[str], trainable: set, state: RunState, constant_weights=False,
+                 recomputation=RecomputationType.NoRecompute):
         super().__init__()
         self.node_indices = list(node_indices)
         self.live_in = list(live_in)
@@ -189,7 +204,7 @@ class Segment(torch.nn.Module):
             entry = registry.lookup(node.domain, node.op_type)
             ctx = registry.OpContext(opset=program.opset_of(node), training=False, node_name=node.name or node.output[0],
                                      op_type=node.op_type, graph=state, node=node)
-            self._steps.append((node.input, node.output, entry.fn, ctx, program.attrs[i]))
+            self._steps.append((program.node_inputs[i], node.output, entry.fn, ctx, program.attrs[i]))
         for k, name in enumerate(owned):
             value = torch.from_numpy(np.array(program.initializers[name], copy=True))
             if name in trainable and not constant_weights:
@@ -199,6 +214,10 @@ class Segment(torch.nn.Module):
                 attr = f"constant_{k}"
                 self.register_buffer(attr, value)
             self._owned.append((name, attr))
+        self._constants = {name for name in program.initializers if name not in trainable or constant_weights}
+        nodes = [program.nodes[i] for i in self.node_indices]
+        self._steps, kept = fusion.fuse(self._steps, nodes, set(self.live_out) | state.tapped)
+        self._groups = _recompute_groups([nodes[k] for k in kept], self._steps, recomputation, self.live_out)
 
     def owned(self):
         return [(name, getattr(self, attr)) for name, attr in self._owned]
@@ -208,9 +227,30 @@ class Segment(torch.nn.Module):
         state = self._state
         for name, attr in self._owned:
             env[name] = state.tap(name, getattr(self, attr))
+        recompute = self.training and torch.is_grad_enabled()
+        for start, stop, inputs, outputs in self._groups:
+            if outputs is None or not recompute:
+                self._run(env, start, stop)
+                continue
+
+            # Constants (BatchNorm statistics, updated in place) are read, not stashed.
+            held = {name: env[name] for name in inputs if name in self._constants}
+            stashed = [name for name in inputs if name not in held]
+
+            def region(*values, start=start, stop=stop, held=held, stashed=stashed, outputs=outputs):
+                local = dict(held)
+                local.update(zip(stashed, values))
+                self._run(local, start, stop)
+                return tuple(local[name] for name in outputs)
+            env.update(zip(outputs, recompute_module.run_checkpointed(state, region, [env[n] for n in stashed])))
+        return tuple(env[name] for name in self.live_out)
+
+    def _run(self, env, start, stop):
+        """Nodes ``start:stop`` of the segment on the tensors in ``env``."""
+        state = self._state
         training = self.training
         tapped = state.tapped
-        for input_names, output_names, fn, ctx, attrs in self._steps:
+        for input_names, output_names, fn, ctx, attrs in self._steps[start:stop]:
             ctx.training = training
             outputs = fn(ctx, [env[name] if name else None for name in input_names], attrs)
             if isinstance(outputs, torch.Tensor):
@@ -218,26 +258,52 @@ class Segment(torch.nn.Module):
             for name, value in zip(output_names, outputs):
                 if name:
                     env[name] = state.tap(name, value) if name in tapped else value
-        return tuple(env[name] for name in self.live_out)
+
+
+def _recompute_groups(nodes, steps, recomputation, live_out):
+    """``(start, stop, inputs, outputs)`` per run of steps; ``outputs`` is None for steps that are
+    not recomputed, else the region's tensors used after it (``recompute.py``). ``nodes[k]`` is
+    the node whose annotations step ``k`` carries."""
+    regions = recompute_module.regions(nodes, recomputation)
+    groups = []
+    start = 0
+    for i in range(1, len(steps) + 1):
+        if i < len(steps) and regions[i] == regions[start]:
+            continue
+        if regions[start] is None:
+            groups.append((start, i, None, None))
+        else:
+            produced = [out for step in steps[start:i] for out in step[1] if out]
+            inputs = []
+            for step in steps[start:i]:
+                for name in step[0]:
+                    if name and name not in produced and name not in inputs:
+                        inputs.append(name)
+            later = set(live_out) | {name for step in steps[i:] for name in step[0]}
+            groups.append((start, i, inputs, [name for name in produced if name in later]))
+        start = i
+    return groups
 
 
 class OnnxGraphModule(torch.nn.Module):
     """The whole graph: segments in order, plus the loss and the anchored activations."""
 
     def __init__(self, program: GraphProgram, segments: List[List[int]], *, fetch: List[str],
-                 loss: Optional[str], tapped: set, constant_weights: bool = False):
+                 loss: Optional[str], tapped: set, constant_weights: bool = False,
+                 recomputation=RecomputationType.NoRecompute):
         super().__init__()
         self._program = program
         self.state = RunState(program.opsets)
         self.state.tapped = set(tapped)
         self.input_ids = list(program.input_ids)
         self.input_infos = [program.input_info(i) for i in self.input_ids]
+        self._input_shapes = [torch.Size(info.shape()) for info in self.input_infos]
         self.fetch = list(fetch)
         self.loss = loss
         trainable = set(program.trainable_initializers())
         self.trainable_ids = [t for t in program.initializers if t in trainable]
         produced = [set(out for i in seg for out in program.nodes[i].output if out) for seg in segments]
-        used = [set(name for i in seg for name in program.nodes[i].input if name) for seg in segments]
+        used = [set(name for i in seg for name in program.node_inputs[i] if name) for seg in segments]
         owner = {}
         for k, names in enumerate(used):
             for name in sorted(names):
@@ -258,7 +324,8 @@ class OnnxGraphModule(torch.nn.Module):
                                        f"before the stage that produces it")
             here = produced[k] | set(owned)
             live_out = sorted(n for n in here if n in later)
-            modules.append(Segment(program, seg, live_in, live_out, owned, trainable, self.state, constant_weights))
+            modules.append(Segment(program, seg, live_in, live_out, owned, trainable, self.state, constant_weights,
+                                   recomputation))
             available |= here
         self.segments = torch.nn.ModuleList(modules)
         missing = [t for t in needed_at_end if t not in available]
@@ -272,12 +339,14 @@ class OnnxGraphModule(torch.nn.Module):
             found.update(dict(segment.owned()))
         return found
 
-    def forward(self, micro_batch_index, inputs):
+    def forward(self, micro_batch_index, *inputs):
         state = self.state
-        state.micro_batch = int(micro_batch_index.reshape(-1)[0])
+        if state.tapped:  # gradient anchors record per micro-batch
+            state.micro_batch = int(micro_batch_index.reshape(-1)[0])
         env = {}
-        for tensor_id, value, info in zip(self.input_ids, inputs, self.input_infos):
-            value = value.reshape(info.shape())
+        for tensor_id, value, shape in zip(self.input_ids, inputs, self._input_shapes):
+            if value.shape != shape:
+                value = value.reshape(shape)
             if tensor_id in state.tapped and torch.is_grad_enabled():
                 value = state.tap(tensor_id, value.detach().requires_grad_(True))
             env[tensor_id] = value
@@ -290,7 +359,6 @@ class OnnxGraphModule(torch.nn.Module):
                         for name in self.fetch)
         if self.loss is None:
             return fetched
-        from .. import identity_loss  # openpop's loss marker
         loss = env[self.loss]
         loss = state.seed_tap(loss if loss.dim() == 0 else loss.sum())
         return (identity_loss(loss, reduction="none"),) + fetched
@@ -312,7 +380,7 @@ def run_subgraph(ctx, graph_proto: onnx.GraphProto, inputs):
         opset = opsets.get(registry._canon(node.domain), 1)
         if entry is None:
             raise popart_exception(unsupported_message(node, opset))
-        outputs = run_node(node, [env[n] if n else None for n in node.input], opset, training=ctx.training,
+        outputs = run_node(node, [env[n] if n else None for n in inputs_of(node)], opset, training=ctx.training,
                            graph=state)
         env.update((n, v) for n, v in zip(node.output, outputs) if n)
     return [env[v.name] for v in graph_proto.output]

@@ -13,6 +13,8 @@ PopART                                                openpop
 ``meanAccumulationAndReplicationReductionStrategy``   ``setMeanAccumulationAndReplicationReductionStrategy``
 virtual graphs / pipeline stages                      ``BeginBlock`` per segment, Sharded/Pipelined strategy
 ``autoRecomputation`` (pipelined)                     ``_Popart.set("autoRecomputation", ...)``
+``autoRecomputation`` / annotations (not pipelined)   checkpointed regions (``recompute.py``)
+``enableDistributedReplicatedGraphs``                 ``Distributed.configureProcessId`` (``distributed.py``)
 ``enableStochasticRounding``                          ``Precision.enableStochasticRounding``
 ====================================================  =============================================
 
@@ -41,7 +43,7 @@ from ..enums import MeanReductionStrategy as PoptorchMeanStrategy, OutputMode
 from ..enums import ReductionType as PoptorchReduction
 from ..models import inferenceModel, trainingModel
 from ..options import Options
-from . import placement, tensorinfo
+from . import distributed, placement, tensorinfo
 from .builder import load_model
 from .dataflow import DataFlow
 from .devices import DeviceInfo
@@ -112,6 +114,7 @@ class _Session:
             raise popart_exception("Gradient accumulation is only available in training sessions")
         dataFlow.validate()
         self._bps = dataFlow.batchesPerStep()
+        self._instances = distributed.instances(options)
         # ---- loss and anchors
         self._loss = None
         if training:
@@ -128,8 +131,11 @@ class _Session:
         # ---- the torch module and the executor
         fetch = [a for a in dataFlow.anchors() if not a.startswith((GRADIENT_PREFIX, UPDATED_VAR_PREFIX))]
         tapped = {a[len(GRADIENT_PREFIX):] for a in dataFlow.anchors() if a.startswith(GRADIENT_PREFIX)}
+        recomputation = RecomputationType(int(options.autoRecomputation))
         self._module = OnnxGraphModule(self._program, [s.nodes for s in self._plan.segments], fetch=fetch,
-                                       loss=self._loss, tapped=tapped, constant_weights=False)
+                                       loss=self._loss, tapped=tapped, constant_weights=False,
+                                       recomputation=RecomputationType.NoRecompute if self._plan.pipelined
+                                       else recomputation)
         self._module.state.replication_factor = self.replicationFactor
         self._fetch = fetch
         self._weights = self._module.weights()
@@ -201,6 +207,7 @@ class _Session:
         opts.deviceIterations(self._bps)
         if self.replicationFactor > 1:
             opts.replicationFactor(self.replicationFactor)
+            opts.broadcastBuffers(False)  # PopART replicas keep their own BatchNorm statistics
         opts.outputMode(OutputMode.All)
         opts.autoRoundNumIPUs(True)
         if self._training:
@@ -212,6 +219,8 @@ class _Session:
                 PoptorchMeanStrategy(min(strategy, 1)))  # PostAndLoss: the same numbers as Post
         if o.enableStochasticRounding:
             opts.Precision.enableStochasticRounding(True)
+        if self._instances is not None:
+            opts.Distributed.configureProcessId(*self._instances)
         recompute = RecomputationType(int(o.autoRecomputation))
         opts._Popart.set("autoRecomputation", int(recompute))
         segments = self._plan.segments
@@ -243,7 +252,7 @@ class _Session:
         n = self._micro_batches_per_run()
         inputs = tuple(torch.zeros([n] + info.shape(), dtype=tensorinfo.torch_dtype(info.data_type()))
                        for info in self._module.input_infos)
-        return torch.arange(n, dtype=torch.int64), inputs
+        return (torch.arange(n, dtype=torch.int64),) + inputs
 
     def _micro_batches_per_run(self) -> int:
         return self._bps * self.accumulationFactor * self.replicationFactor
@@ -258,6 +267,8 @@ class _Session:
         with torch.no_grad():
             for name, tensor in self._weights.items():
                 tensor.copy_(torch.from_numpy(self._host_weights[name]).to(tensor.device))
+        if self._instances is not None:  # one model for the whole job: instance 0's
+            self.broadcastWeights(0)
         if not self._training:
             self._executor.copyWeightsToDevice()
 
@@ -351,7 +362,7 @@ class _Session:
         n = self._micro_batches_per_run()
         self._module.state.reset()
         self._updated = []
-        result = self._executor(torch.arange(n, dtype=torch.int64), inputs)
+        result = self._executor(torch.arange(n, dtype=torch.int64), *inputs)
         self._steps_run += 1
         outputs = self._anchor_values(result)
         self._deliver(stepio, outputs)

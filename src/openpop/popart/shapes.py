@@ -124,6 +124,12 @@ class ShapeInference:
                 raise popart_exception(f"{node_label(node)}: the shape of input '{name}' is unknown")
             inputs.append(torch.empty(info.shape(), dtype=tensorinfo.torch_dtype(info.data_type()), device="meta"))
         from .ops import run_node  # late: ops import this module's helpers
+        from .ops.control import free_variables
+        for name in free_variables(node):  # enclosing-scope tensors of If/Loop/Scan bodies
+            info = info_of(self.types[name]) if name in self.types else None
+            if info is None:
+                raise popart_exception(f"{node_label(node)}: the shape of '{name}' (read by its body) is unknown")
+            inputs.append(torch.empty(info.shape(), dtype=tensorinfo.torch_dtype(info.data_type()), device="meta"))
         version = self.opsets.get(registry._canon(node.domain), 1)
         try:
             outputs = run_node(node, inputs, version, training=False, graph=None)

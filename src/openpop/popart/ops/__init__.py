@@ -7,7 +7,7 @@ from onnx import helper
 from ..errors import popart_exception
 from . import registry
 from .registry import OpContext, lookup
-from . import (activations, elementwise, graphcore, linalg, nn, reductions, rnn, shape)  # noqa: F401  (register)
+from . import (activations, control, elementwise, graphcore, linalg, nn, reductions, rnn, shape)  # noqa: F401,E501  (register)
 
 
 def node_attributes(node) -> dict:

@@ -132,7 +132,7 @@ def clip(ctx, inputs, attrs):
     return x
 
 
-@register("Cast", differentiable=True)
+@register("Cast", positional=("to",), differentiable=True)
 def cast(ctx, inputs, attrs):
     return inputs[0].to(ONNX_TO_TORCH[int(attrs["to"])])
 

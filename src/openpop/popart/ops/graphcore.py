@@ -40,7 +40,13 @@ def nll_loss(ctx, inputs, attrs):
     flat = probs.reshape(-1, probs.shape[-1])
     flat_labels = labels.reshape(-1)
     ignore = attrs.get("ignoreIndex")
-    valid = torch.ones_like(flat_labels, dtype=torch.bool) if ignore is None else flat_labels != int(ignore)
+    if ignore is None:  # the common case, without the masking ops
+        picked = flat.gather(1, flat_labels.unsqueeze(1)).squeeze(1)
+        losses = -(picked if attrs.get("inputIsLogProbability", 0) else torch.log(picked))
+        if int(attrs.get("reduction", ReductionType.Mean)) == ReductionType.NoReduction:
+            return losses.reshape(labels.shape)
+        return _reduce(ctx, losses, attrs)
+    valid = flat_labels != int(ignore)
     safe = torch.where(valid, flat_labels, torch.zeros_like(flat_labels))
     picked = flat.gather(1, safe.unsqueeze(1)).squeeze(1)
     logp = picked if attrs.get("inputIsLogProbability", 0) else torch.log(picked)
