@@ -2,11 +2,13 @@
 several steps with batchesPerStep x accumulation x replication and matches a hand-written torch
 loop to 1e-5; anchors of the four return types (All, EveryN, Final, Sum) hold what the loop saw."""
 import numpy as np
+import pytest
 import torch
 import torch.nn.functional as F
 
 import popart
-from popart_helpers import one_thread  # noqa: F401  (autouse)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 BPS, ACCL, REPL, MB, STEPS, CLASSES = 4, 2, 2, 3, 2, 5
 LR, MOMENTUM, DECAY, BN_MOMENTUM, EPS = 0.05, 0.9, 1e-3, 0.9, 1e-5

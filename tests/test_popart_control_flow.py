@@ -7,7 +7,8 @@ import torch
 from onnx.reference import ReferenceEvaluator
 
 import popart
-from popart_helpers import one_thread  # noqa: F401  (autouse)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 OPSETS = {"ai.onnx": 11, "ai.graphcore": 1}
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import popart
-import popart_distributed_program as program
-from poprun_helpers import load_results, run_poprun
+from helpers import popart_distributed_program as program
+from helpers.poprun_runner import load_results, run_poprun
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,9 @@ import pytest
 import torch
 
 import popart
-from popart_helpers import build_mlp, mlp_weights, torch_reference_training
+from helpers.popart_models import build_mlp, mlp_weights, torch_reference_training
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 MB = 4
 

@@ -10,7 +10,9 @@ import torch
 import popart
 from openpop.popart import recompute
 from openpop.popart.recompute import run_checkpointed
-from popart_helpers import build_mlp, mlp_weights, one_thread  # noqa: F401  (autouse)
+from helpers.popart_models import build_mlp, mlp_weights
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 MB, SIZES = 16, (8, 64, 64, 64, 4)
 

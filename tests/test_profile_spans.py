@@ -9,7 +9,7 @@ import torch
 import poptorch
 from openpop.runtime import trace as trace_module
 from openpop.runtime.trace import TraceSession
-from poprun_helpers import run_poprun
+from helpers.poprun_runner import run_poprun
 from test_profile_report import DI, GA, STAGES, OneLayer, batch, pipelined_model
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -33,7 +33,7 @@ def test_concurrent_micro_batches_get_stage_spans_from_their_threads(tmp_path, m
     model = pipelined_model()
     with TraceSession(tmp_path, calls=range(1)):
         model(*batch())
-    assert model._compiled.concurrent
+    assert model._executable.concurrent
     events, spans = stage_events(tmp_path)
     assert len(spans) == DI * GA * STAGES * 2
     assert len({e["args"]["thread"] for e in spans}) > 1  # recorded on the worker threads
@@ -79,7 +79,7 @@ def test_data_loader_wait_is_a_span_between_recorded_calls(tmp_path, no_environm
 def test_poprun_all_reduce_is_a_span_in_each_instance_report(tmp_path):
     directory = tmp_path / "report"
     result = run_poprun("--num-instances", "2", "--num-replicas", "2", "python",
-                        os.path.join(TESTS, "profile_programs.py"),
+                        os.path.join(TESTS, "helpers", "profile_programs.py"),
                         POPLAR_ENGINE_OPTIONS=json.dumps({"autoReport.all": "true", "autoReport.directory": str(directory),
                                                           "autoReport.executionProfileProgramRunCount": 1}),
                         OMP_NUM_THREADS="1")

@@ -1,6 +1,5 @@
 """Builder-made models and their plain-PyTorch twins for the PopART tests."""
 import numpy as np
-import pytest
 import torch
 
 import popart
@@ -73,13 +72,3 @@ def torch_reference_training(weights, data, labels, *, bps, accl, repl, make_opt
                 (loss / (accl * repl) if reduction == "mean" else loss).backward()
         optimizer.step()
     return losses, [p.detach().numpy() for p in params]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny convolutions run fastest on one thread (two threads spin against a loaded machine).
-    Import it into a test module to use it there."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)

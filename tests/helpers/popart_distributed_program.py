@@ -1,6 +1,6 @@
 """A PopART training script run under poprun (and, as the oracle, in one process with all replicas).
 
-``python popart_distributed_program.py OUTDIR`` trains the Builder MLP of ``popart_helpers`` with
+``python popart_distributed_program.py OUTDIR`` trains the Builder MLP of ``helpers.popart_models`` with
 SGD (momentum) and Adam for a few steps, with ``popdist.popart.configureSessionOptions`` and
 ``getDevice``, and saves each config's weights and loss anchors to ``OUTDIR/rank<i>.pt``.
 """
@@ -10,12 +10,12 @@ import sys
 import numpy as np
 import torch
 
-TESTS = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 
 import popart  # noqa: E402
-from popart_helpers import build_mlp, mlp_weights  # noqa: E402
+from helpers.popart_models import build_mlp, mlp_weights  # noqa: E402
 
 STEPS, BPS, ACCL, MICRO = 3, 2, 2, 4
 OPTIMIZERS = {
