@@ -15,10 +15,9 @@ import pytest
 import torch
 
 import poptorch
-from openpop.optim.checks import loss_scaling_of
-from openpop.runtime.geometry import BatchGeometry
-from openpop.runtime.gradients import GradientReduction
-from openpop.runtime.loss_scaling import DynamicLossScaling
+from openpop.runtime.gradients import GradientReduction, MeanPolicy
+from openpop.runtime.precision import RunPrecision
+from openpop.runtime.settings import RunSettings
 
 GA, R = 3, 2
 MICRO = GA * R  # micro-batches per step; index k = accumulation * R + replica
@@ -69,9 +68,10 @@ def make_reduction(case, params, optimizer):
     options.Training.setMeanAccumulationAndReplicationReductionStrategy(case.strategy)
     if SCALINGS[case.scaling][1]:
         options.Training.setAutomaticLossScaling(True, growth_interval=1)
-    dynamic = DynamicLossScaling.from_options(options)
-    return GradientReduction(options, BatchGeometry.from_options(options), params, loss_scaling_of(optimizer),
-                             dynamic=None if dynamic is None else dynamic.bind(optimizer))
+    settings = RunSettings.from_options(options, training=True)
+    scaler = RunPrecision(options).loss_scaler(optimizer)
+    policy = MeanPolicy.choose(settings, params, scaler.automatic, replicas_apart=case.apart)
+    return GradientReduction(policy, settings.geometry.micro_batches_per_step, params, scaler)
 
 
 def run_step(case, seeds=None, loss_scaling=None):
@@ -90,9 +90,7 @@ def run_step(case, seeds=None, loss_scaling=None):
         weights = replicas[k % R]
         loss = (weights * contribution(k, case.dtype, overflow)).sum()
         if case.concurrent:
-            reduction.backward_in_order(loss, k, [weights], own_replica_weights=case.apart)
-        elif case.apart:
-            reduction.backward_unordered(loss)
+            reduction.backward_in_order(loss, k, [weights])
         else:
             reduction.backward(loss)
     if case.apart:  # what the replicas' gradient sum does: onto replica 0, in replica order
