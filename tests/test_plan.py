@@ -7,6 +7,7 @@ import torch
 import poptorch
 from openpop import errors
 from openpop.runtime.plan import BlockRecorder, build_plan
+from openpop.runtime.settings import RunSettings
 
 
 class Layers(torch.nn.Module):
@@ -37,9 +38,9 @@ def recorded(*segments):
 def plan_for(segments, strategy=None, *, training=False, ga=1, di=1, replicas=1, auto_round=False):
     options = poptorch.Options().deviceIterations(di).replicationFactor(replicas).autoRoundNumIPUs(auto_round)
     options.Training.gradientAccumulation(ga)
-    if strategy is None:
-        strategy = poptorch.PipelinedExecution()  # what Options() starts with: AutoStage.SameAsIpu
-    return build_plan(recorded(*segments), strategy, options, training)
+    if strategy is not None:  # Options() starts with PipelinedExecution(AutoStage.SameAsIpu)
+        options.setExecutionStrategy(strategy)
+    return build_plan(recorded(*segments), RunSettings.from_options(options, training))
 
 
 XYZ = [("x", 0, "a"), ("y", 1, "b c"), ("z", 1, "d")]
