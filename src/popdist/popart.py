@@ -7,6 +7,8 @@ with them joins the instances' torch.distributed group, and its gradients are re
 replica of the job. ``getDevice(ipus_per_replica)`` acquires the instance's IPUs. Outside poprun
 they describe a one-instance, one-replica job.
 """
+from typing import Optional
+
 import popdist
 
 
@@ -21,13 +23,13 @@ def configureSessionOptions(opts) -> None:
     opts.globalReplicaOffset = popdist.getReplicaIndexOffset()
 
 
-def getNumIpus(ipus_per_replica: int = None) -> int:
+def getNumIpus(ipus_per_replica: Optional[int] = None) -> int:
     """IPUs of this instance: local replicas x IPUs per replica."""
     per = popdist.getNumIpusPerReplica() if ipus_per_replica is None else int(ipus_per_replica)
     return popdist.getNumLocalReplicas() * per
 
 
-def getDevice(ipus_per_replica: int = None, *args, **kwargs):
+def getDevice(ipus_per_replica: Optional[int] = None, *args, **kwargs):
     """A ``popart.DeviceInfo`` with this instance's IPUs (local replicas x ``ipus_per_replica``)."""
     import popart
     if ipus_per_replica is not None and not popdist.checkNumIpusPerReplica(ipus_per_replica):
@@ -36,5 +38,5 @@ def getDevice(ipus_per_replica: int = None, *args, **kwargs):
     return popart.DeviceManager().acquireAvailableDevice(getNumIpus(ipus_per_replica))
 
 
-def getDeviceId(ipus_per_replica: int = None) -> int:
+def getDeviceId(ipus_per_replica: Optional[int] = None) -> int:
     return popdist.getDeviceId(ipus_per_replica or 0)
