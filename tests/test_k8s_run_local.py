@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from helpers.k8s_cli import DATA, documents, run_cli, write_manifest
-from helpers.processes import alive, free_port
+from helpers.processes import free_port, wait_gone
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 PRINT_ENV = ("import json, os; names = ('PYTHONUNBUFFERED', 'MASTER_ADDR', 'MASTER_PORT', "
@@ -166,7 +166,7 @@ def test_a_failing_pod_fails_the_job_and_stops_the_others(tmp_path, capsys):
     assert "pod sleepers-worker-0 exited with code 3: the job failed" in err
     assert time.monotonic() - started < 100  # not the master's 120 s sleep
     pids = _wait_for(tmp_path / "sleepers-master-0") + _wait_for(tmp_path / "sleepers-worker-0")
-    assert not any(alive(pid) for pid in pids)
+    assert wait_gone(pids, 5.0) == []  # SIGKILL to a group is delivered asynchronously
 
 
 def test_killing_one_pods_process_fails_the_whole_job_without_orphans(tmp_path):
@@ -185,7 +185,7 @@ def test_killing_one_pods_process_fails_the_whole_job_without_orphans(tmp_path):
     assert run.returncode == 1
     assert "pod sleepers-worker-0 was killed by SIGKILL: the job failed" in err
     pids = master_pids + _wait_for(tmp_path / "sleepers-worker-0")
-    assert not any(alive(pid) for pid in pids)
+    assert wait_gone(pids, 5.0) == []  # SIGKILL to a group is delivered asynchronously
 
 
 BERT = "openpop-bert --config cpu_tiny_128 --training-steps 4"
