@@ -1,3 +1,4 @@
+import logging
 import os
 import sys
 
@@ -22,6 +23,18 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def warnings_logged(caplog):
+    """The messages poptorch's logger warns with during the test (a function returning them)."""
+    import poptorch
+    poptorch.logger.propagate = True
+    try:
+        with caplog.at_level(logging.WARNING, logger="poptorch::python"):
+            yield lambda: [r.getMessage() for r in caplog.records]
+    finally:
+        poptorch.logger.propagate = False
 
 
 def pytest_collection_modifyitems(config, items):

@@ -18,6 +18,7 @@ from openpop.enums import DataLoaderMode, SharingStrategy
 from openpop.errors import Error
 
 from helpers.data_loading import indexed_dataset, make_options
+from helpers.processes import alive, wait_gone
 
 FORK = {"sharing_strategy": SharingStrategy.Fork}
 SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
@@ -365,34 +366,19 @@ def test_worker_killed_is_reported():
         next(accessor)
 
 
-def _running(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def _wait_until_gone(pid, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while _running(pid) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    return not _running(pid)
-
-
 def test_terminate_and_garbage_collection_stop_the_worker():
     accessor = AsynchronousDataAccessor(torch.utils.data.DataLoader(SlowDataset(), batch_size=1), **FORK)
     next(iter(accessor))
     pid = accessor._process.pid
     accessor.terminate()
     accessor.terminate()
-    assert not _running(pid)
+    assert not alive(pid)
     with pytest.raises(Error, match="terminated"):
         next(accessor)
     other = AsynchronousDataAccessor(torch.utils.data.DataLoader(SlowDataset(), batch_size=1), **FORK)
     pid = other._process.pid
     del other
-    assert _wait_until_gone(pid)
+    assert wait_gone([pid], 5.0) == []
 
 
 def _start_and_die(connection):
@@ -409,7 +395,7 @@ def test_worker_stops_when_its_parent_dies():
     parent.start()
     worker_pid = receiver.recv()
     parent.join(10)
-    assert _wait_until_gone(worker_pid)
+    assert wait_gone([worker_pid], 5.0) == []
 
 
 # --- the interpreter always exits --------------------------------------------------------
@@ -458,7 +444,7 @@ def test_interpreter_exits_with_live_accessors_and_abandoned_loops(tmp_path):
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == "[0.0, 1.0, 4.0, 9.0]"
-    assert all(not _running(int(pid)) for pid in lines[1].strip("[]").split(","))
+    assert all(not alive(int(pid)) for pid in lines[1].strip("[]").split(","))
     # Clean-up and interpreter shutdown. A worker that ignores the stop request is killed only after
     # 2 x _STOP_GRACE_SECONDS (4 s), so three of them would take >= 12 s; a graceful exit takes ~1 s
     # idle but went past 5 s on a machine loaded 10 deep, hence 10 s.

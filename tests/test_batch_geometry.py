@@ -2,8 +2,9 @@
 import pytest
 import torch
 
+import poptorch
 from openpop.enums import CommGroupType
-from openpop.runtime.geometry import BatchGeometry
+from openpop.runtime.geometry import BatchGeometry, combined_batch_factor
 
 
 def test_micro_batches_follow_popart_order():
@@ -44,3 +45,49 @@ def test_batch_not_divisible_names_the_input_and_the_product():
         geometry.check_divisible("x", torch.zeros(12, 2))
     geometry.check_divisible("x", torch.zeros(16, 2))
     geometry.check_divisible("s", torch.tensor(1.0))
+
+
+def test_from_options_reads_every_factor():
+    options = poptorch.Options().deviceIterations(3).replicationFactor(4)
+    options.Training.gradientAccumulation(2)
+    options.inputReplicaGrouping(2, poptorch.CommGroupType.Orthogonal)
+    geometry = BatchGeometry.from_options(options)
+    assert geometry == BatchGeometry(device_iterations=3, gradient_accumulation=2, replication_factor=4,
+                                     input_group_size=2, input_group_type=CommGroupType.Orthogonal)
+    assert combined_batch_factor(options) == 3 * 2 * 2 == geometry.batches_per_call
+    assert geometry.micro_batches_per_step == 8 and geometry.output_rows_per_call == 24
+
+
+def test_split_is_a_view_of_a_contiguous_batch():
+    geometry = BatchGeometry(device_iterations=2, gradient_accumulation=3, replication_factor=2)
+    batch = torch.arange(geometry.batches_per_call * 5 * 2).reshape(-1, 2)
+    view = geometry.split(batch)
+    assert view.shape == (2, 3, 2, 5, 2)
+    assert view.data_ptr() == batch.data_ptr()
+    assert torch.equal(view[1, 2, 0], batch[(1 * 3 + 2) * 2 * 5:][:5])
+
+
+@pytest.mark.parametrize("kind", [CommGroupType.Consecutive, CommGroupType.Orthogonal])
+def test_grouped_replicas_read_the_same_rows(kind):
+    geometry = BatchGeometry(device_iterations=2, gradient_accumulation=2, replication_factor=4,
+                             input_group_size=2, input_group_type=kind)
+    positions = {}
+    for micro in geometry.micro_batches():
+        positions.setdefault((micro.step, micro.accumulation, micro.chunk), set()).add(geometry.input_position(micro))
+    assert all(len(p) == 1 for p in positions.values())  # one position per chunk
+    assert sorted(p for ps in positions.values() for p in ps) == list(range(geometry.batches_per_call))
+
+
+def test_fewer_replicas_run_index_within_their_own_count():
+    geometry = BatchGeometry(gradient_accumulation=2, replication_factor=4)
+    assert [(m.accumulation, m.replica, m.index) for m in geometry.micro_batches(replicas=2)] == [
+        (0, 0, 0), (0, 1, 1), (1, 0, 2), (1, 1, 3)]
+
+
+def test_batch_not_divisible_message_names_every_factor():
+    geometry = BatchGeometry(device_iterations=2, gradient_accumulation=3, replication_factor=4, input_group_size=2)
+    with pytest.raises(AssertionError) as info:
+        geometry.check_divisible("labels", torch.zeros(10))
+    assert ("In the input labels, the batch dimension (10) must be a multiple of Options.deviceIterations(2) * "
+            "(Options.replicationFactor(4) / Options.inputReplicaGrouping.input_group_size(2)) * "
+            "Options.Training.gradientAccumulation(3) = 12 because") in str(info.value)

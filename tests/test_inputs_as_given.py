@@ -1,7 +1,6 @@
 """Inputs as users write them: expanded, broadcast and transposed tensors, inference tensors,
 in-place changes, zero-sized batches and ``**kwargs`` arguments."""
 import copy
-import logging
 
 import pytest
 import torch
@@ -10,17 +9,6 @@ import torch.nn.functional as F
 import poptorch
 from helpers.models import Classifier
 from helpers.oracle import train_loop
-
-
-@pytest.fixture
-def warnings_logged(caplog):
-    """The messages poptorch's logger warns with during the test."""
-    poptorch.logger.propagate = True
-    try:
-        with caplog.at_level(logging.WARNING, logger="poptorch::python"):
-            yield lambda: [r.getMessage() for r in caplog.records]
-    finally:
-        poptorch.logger.propagate = False
 
 
 def options(di=1, ga=1, r=1):

@@ -6,7 +6,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from helpers.k8s_cli import DATA, documents, run_cli, write_manifest
+from helpers.processes import free_port, wait_gone
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 PRINT_ENV = ("import json, os; names = ('PYTHONUNBUFFERED', 'MASTER_ADDR', 'MASTER_PORT', "
@@ -29,12 +29,6 @@ def _worktree_on_path(monkeypatch):
     monkeypatch.setenv("PYTHONPATH", SRC + (os.pathsep + path if path else ""))
     for name in ("PYTHONUNBUFFERED", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"):
         monkeypatch.delenv(name, raising=False)  # only the controller's values, not the caller's
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def pod_envs(out):
@@ -143,18 +137,6 @@ def test_bare_torchrun_in_the_pods_rendezvous_with_the_injected_env(pods, nproc,
     assert sorted(r["local"] for r in results) == (["0", "0"] if nproc == 1 else ["0", "1"])
 
 
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie is gone for our purposes
-        with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().split(") ", 1)[1][0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def _sleeper_job(tmp_path, worker_exit=None):
     """Master and worker each start a grandchild and write both pids; the worker may exit."""
     code = (
@@ -184,7 +166,7 @@ def test_a_failing_pod_fails_the_job_and_stops_the_others(tmp_path, capsys):
     assert "pod sleepers-worker-0 exited with code 3: the job failed" in err
     assert time.monotonic() - started < 100  # not the master's 120 s sleep
     pids = _wait_for(tmp_path / "sleepers-master-0") + _wait_for(tmp_path / "sleepers-worker-0")
-    assert not any(_alive(pid) for pid in pids)
+    assert wait_gone(pids, 5.0) == []  # SIGKILL to a group is delivered asynchronously
 
 
 def test_killing_one_pods_process_fails_the_whole_job_without_orphans(tmp_path):
@@ -203,7 +185,7 @@ def test_killing_one_pods_process_fails_the_whole_job_without_orphans(tmp_path):
     assert run.returncode == 1
     assert "pod sleepers-worker-0 was killed by SIGKILL: the job failed" in err
     pids = master_pids + _wait_for(tmp_path / "sleepers-worker-0")
-    assert not any(_alive(pid) for pid in pids)
+    assert wait_gone(pids, 5.0) == []  # SIGKILL to a group is delivered asynchronously
 
 
 BERT = "openpop-bert --config cpu_tiny_128 --training-steps 4"

@@ -2,11 +2,10 @@
 count), and ``IPUStrategy`` decides its ``ShardedExecution`` fallback from that type, not from
 the message text. Numerics against a plain-PyTorch loop."""
 import copy
-import warnings
 
 import pytest
 
-pl = pytest.importorskip("lightning.pytorch")
+from helpers.lightning_models import QUIET, pl
 
 import torch  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
@@ -16,16 +15,7 @@ from openpop import errors  # noqa: E402
 from openpop.lightning import IPUStrategy  # noqa: E402
 from openpop.lightning.stage_runner import StageRunner  # noqa: E402
 
-QUIET = dict(enable_progress_bar=False, logger=False, enable_checkpointing=False, enable_model_summary=False)
-warnings.filterwarnings("ignore", ".*does not have many workers.*")
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def four_stage_net():

@@ -7,21 +7,7 @@ import subprocess
 import time
 
 from helpers.poprun_runner import PROGRAMS, environment, poprun_command, run_poprun
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().split(")")[-1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def _wait_gone(pids, seconds=15.0) -> list:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
-        time.sleep(0.1)
-    return [p for p in pids if _alive(p)]
+from helpers.processes import wait_gone
 
 
 class Job:
@@ -51,7 +37,7 @@ def test_kill_9_of_one_instance_ends_the_job():
     code, err, _ = job.finish()
     assert code == 128 + 9
     assert f"instance 1 (rank 1, pid {job.pids[1]}) was killed by SIGKILL (exit status -9)" in err
-    assert _wait_gone(job.pids.values()) == []
+    assert wait_gone(job.pids.values(), 15.0) == []
 
 
 def test_an_exception_in_one_instance_ends_the_job():
@@ -60,7 +46,7 @@ def test_an_exception_in_one_instance_ends_the_job():
     assert code == 1
     assert f"instance 1 (rank 1, pid {job.pids[1]}) exited with status 1" in err
     assert "[1,1]<stderr>:ValueError: instance 1 gives up" in err.splitlines()
-    assert _wait_gone(job.pids.values()) == []
+    assert wait_gone(job.pids.values(), 15.0) == []
 
 
 def test_ctrl_c_stops_every_instance():
@@ -69,7 +55,7 @@ def test_ctrl_c_stops_every_instance():
     code, err, _ = job.finish()
     assert code == 128 + signal.SIGINT
     assert "poprun received SIGINT: every instance was stopped" in err
-    assert _wait_gone(job.pids.values()) == []
+    assert wait_gone(job.pids.values(), 15.0) == []
 
 
 def test_a_collective_that_never_completes_times_out_with_its_name():

@@ -1,19 +1,13 @@
 """Two "hosts" on loopback meet through torchrun's c10d rendezvous: one started with --host,
 the other as a Kubeflow PyTorchJob pod would start it (PET_* / MASTER_* environment)."""
-import socket
 import subprocess
 
 from helpers.poprun_runner import PROGRAMS, assert_matches_oracle, environment, load_results, poprun_command
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+from helpers.processes import free_port
 
 
 def test_two_hosts_on_loopback_train_like_one_process(tmp_path):
-    port = _free_port()
+    port = free_port()
     program = ["python", PROGRAMS, "train", str(tmp_path), "sgd_momentum_mean"]
     topology = ["--num-instances", "2", "--num-replicas", "4"]
     with_hosts = subprocess.Popen(

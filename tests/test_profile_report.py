@@ -2,7 +2,6 @@
 report, ``python -m openpop.report`` and ``POPLAR_ENGINE_OPTIONS``."""
 import io
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -54,16 +53,6 @@ def no_environment_session(monkeypatch):
     trace_module.reset_environment_session()
     yield
     trace_module.reset_environment_session()
-
-
-@pytest.fixture
-def warnings_logged(caplog):
-    poptorch.logger.propagate = True
-    try:
-        with caplog.at_level(logging.WARNING, logger="poptorch::python"):
-            yield lambda: [r.getMessage() for r in caplog.records]
-    finally:
-        poptorch.logger.propagate = False
 
 
 @pytest.fixture(scope="module")
