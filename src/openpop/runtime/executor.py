@@ -16,7 +16,7 @@ import time
 import torch
 
 from .. import errors
-from ..enums import ConnectionType, MeanReductionStrategy, OutputMode
+from ..enums import ConnectionType, MeanReductionStrategy
 from ..log import logger
 from . import trace
 from .anchors import AnchoredTensors
@@ -32,7 +32,7 @@ from .progress import CompilationProgress
 from .saved import read_saved_executor, write_saved_executor
 from .schedules import CallState, MicroBatchInputs, schedule_for
 from .session import DeviceSession, move_optimizer_state
-from .settings import RunSettings
+from .settings import RunSettings, executor_options
 from .weights import CopiedWeights, SharedWeights, registered_tensors
 from .wrapping import training_wrapper_of, unwrap, wrap
 
@@ -47,38 +47,8 @@ class PoplarExecutor:
 
     def __init__(self, model, options, training: bool, poptorch_version: str, optimizer=None,
                  user_model=None):
-        from ..options import Options
-        if options is None:
-            options = Options()
-        if not isinstance(options, Options):
-            raise errors.createPoptorchError(
-                f"Invalid type: 'options' is of type {type(options)} (Expected poptorch.Options)")
-        run_options = options.clone()
+        run_options, optimizer = executor_options(options, training, model, optimizer)
         compile_cache = CompileCache.from_options(run_options)  # an unusable cache dir fails here, early
-        if training:
-            if run_options.defaultOutputMode():
-                run_options.outputMode(OutputMode.Final)
-            if optimizer is None:
-                optimizer = _optim().SGD(model.parameters(), lr=0.01)
-            _optim().validate_optimizer(optimizer, _relaxed_checks(run_options))
-            _optim().checks.check_parameters_belong(optimizer, model)
-            if (_optim().uses_float16_accumulators(optimizer)
-                    and run_options.Training.meanAccumulationAndReplicationReductionStrategy
-                    != MeanReductionStrategy.Running):
-                run_options.Training.setMeanAccumulationAndReplicationReductionStrategy(
-                    MeanReductionStrategy.Running)
-        else:
-            assert optimizer is None, "An inference model cannot have an optimizer"
-            if run_options.defaultOutputMode():
-                run_options.outputMode(OutputMode.All)
-            if run_options.Training.gradient_accumulation != 1:
-                message = errors.INFERENCE_GRAD_ACCUM
-                if RunSettings.from_options(run_options, training).pipelined_strategy:
-                    message += errors.INFERENCE_GRAD_ACCUM_PIPELINE
-                raise errors.createPoptorchError(message)
-        options._freeze()
-        run_options._freeze()
-
         self._user_model = user_model if user_model is not None else model
         self._model = model
         self._options = run_options
@@ -432,10 +402,6 @@ class PoplarExecutor:
     def rng_state(self, state):
         self._require_compiled()
         torch.random.set_rng_state(torch.tensor(state[1:], dtype=torch.uint8))
-
-
-def _relaxed_checks(options) -> bool:
-    return bool(options.relax_optimizer_attributes_checks)
 
 
 def _named_tensors(name, value):
