@@ -82,6 +82,7 @@ def buckets_of(tensors: List[torch.Tensor], cap_bytes: int) -> List[List[int]]:
 class SingleProcess:
     """This process trains alone (``GlobalReplication``'s interface, doing nothing)."""
 
+    num_processes = 1
     overlapped_buckets = 0
 
     def join(self, model: torch.nn.Module, optimizer) -> None:

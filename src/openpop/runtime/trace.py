@@ -114,7 +114,7 @@ def user_span(name: str):
 
 
 def host_call(run):
-    """Decorates the executor's ``_run_training``/``_run_inference``: one host call."""
+    """Decorates the executor's ``_run``: one host call."""
     @functools.wraps(run)
     def traced(executor, inputs, compiled, *rest):
         session = None
