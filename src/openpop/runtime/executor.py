@@ -200,8 +200,7 @@ class PoplarExecutor:
                 executable.replica_buffers.switch_to(0)  # anchored buffers are replica 0's, as the host's
                 executable.anchors.record(step, geometry.device_iterations)
             perf.computed()
-        if self._training:
-            call.gradients.finish_call()
+        schedule.finish_call(call)
         executable.replica_buffers.switch_to(0)
         executable.anchors.finish_call()
         with trace.span("output_collection"):

@@ -2,7 +2,8 @@
 
 A host call is ``device_iterations`` steps. For each, the executor calls ``start_step``,
 ``step`` (every micro-batch of the step) and ``finish_step`` (the gradient reduction; True when
-the optimizer should apply the step). ``schedule_for`` chooses the schedule once, at compile:
+the optimizer should apply the step); ``finish_call`` after the last. ``schedule_for`` chooses
+the schedule once, at compile:
 
 * ``Inference``: each replica's forward, one after another;
 * ``SerialTraining``: forward and backward of each micro-batch in order, in the calling thread;
@@ -100,6 +101,9 @@ class SerialTraining:
         with trace.span("gradient_reduction"):
             return call.gradients.finish_step()
 
+    def finish_call(self, call: CallState) -> None:
+        call.gradients.finish_call()
+
 
 class ConcurrentStages(SerialTraining):
     """One step's micro-batches with up to ``pipeline_stages`` per replica device set in flight
@@ -174,6 +178,9 @@ class Inference:
 
     def finish_step(self, call: CallState) -> bool:
         return False
+
+    def finish_call(self, call: CallState) -> None:
+        pass
 
 
 def schedule_for(settings, executable, session, precision):
