@@ -20,8 +20,8 @@ from ..enums import ConnectionType, MeanReductionStrategy
 from ..log import logger
 from . import trace
 from .anchors import AnchoredTensors
-from .compile_cache import CompileCache
 from .args import BoundInputs, InputSignature, prepare_tensors
+from .compile_cache import CompileCache
 from .distributed_reduce import GlobalReplication
 from .executable import Executable, trace_model
 from .gradients import GradientReduction, MeanPolicy, ReplicaSum

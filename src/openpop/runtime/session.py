@@ -22,6 +22,8 @@ from .replicas import ReplicaModels, SharedWeightReplicas
 from .transaction import HostCallRollback
 from .weights import bump_weights_version, weights_version
 
+_NO_HOST_CALL = contextlib.nullcontext()  # inference: nothing to roll back
+
 
 @dataclass(frozen=True)
 class DeviceLayout:
@@ -156,7 +158,7 @@ class DeviceSession:
             self.placement.move_inputs(inputs, callers)
 
     @contextlib.contextmanager
-    def running(self, training: bool, precision, host_call=contextlib.nullcontext()):
+    def running(self, training: bool, precision, host_call=_NO_HOST_CALL):
         """Context of one host call's run: the model in the train/eval mode it was compiled in
         (as a compiled graph would be), device hooks, ``host_call`` (a training call's rollback),
         the device weights, recomputation, the precision's settings."""

@@ -6,7 +6,6 @@ of the runtime reads these fields and never the options' private parts (``_Popar
 execution strategy's class).
 """
 from dataclasses import dataclass
-from typing import Tuple
 
 from .. import errors
 from ..enums import ConnectionType, MeanReductionStrategy, OutputMode, ReductionType
@@ -38,7 +37,7 @@ class RunSettings:
     #: ``Options.anchorTensor``: ``{short name: [long name, mode, period]}``.
     anchored_tensors: dict
     #: Explicit torch devices for the virtual IPUs (``Options.setDeviceMap``); empty: automatic.
-    device_map: Tuple[str, ...]
+    device_map: tuple[str, ...]
     #: Buffers (other than normalisation statistics) must stay equal across replicas.
     broadcast_buffers: bool
     #: Round the IPU count up to a power of two instead of refusing it.
@@ -46,7 +45,7 @@ class RunSettings:
     connection_type: ConnectionType
     show_compilation_progress_bar: bool
     #: Buffers ``copyNamedBuffersToDevice`` may upload.
-    updatable_named_buffers: Tuple[str, ...]
+    updatable_named_buffers: tuple[str, ...]
     #: ``cycleCount()`` is available (PopART ``instrumentWithHardwareCycleCounter``).
     cycle_counter: bool
     #: ``Options.relaxOptimizerAttributesChecks``.
