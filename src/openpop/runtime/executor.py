@@ -151,9 +151,8 @@ class PoplarExecutor:
             raise RuntimeError(errors.ALREADY_WRAPPED)
 
     def _check_batch_dims(self, inputs: BoundInputs) -> None:
-        for name, value in inputs.arguments.items():
-            for path, tensor in _named_tensors(name, value):
-                self._geometry.check_divisible(path, tensor)
+        for path, tensor in inputs.named_tensors():
+            self._geometry.check_divisible(path, tensor)
 
     # ------------------------------------------------------------------ running
     def __call__(self, *args, **kwargs):
@@ -249,11 +248,7 @@ class PoplarExecutor:
         if unknown:
             raise errors.createPoptorchError(errors.UNKNOWN_UPDATABLE_BUFFERS.format(
                 unknown=", ".join(unknown), buffers=", ".join(buffers) or "none"))
-        weights = self._executable.weights
-        if not weights.shares_host_tensors:
-            weights.upload_buffers(names)
-        with weights.active():
-            self._session.replicas.broadcast(buffers=True)
+        self._session.upload_buffers(names)
 
     def load_state_dict(self, state_dict, strict: bool = True):
         result = self._user_model.load_state_dict(state_dict, strict=strict)
@@ -402,13 +397,3 @@ class PoplarExecutor:
         self._require_compiled()
         torch.random.set_rng_state(torch.tensor(state[1:], dtype=torch.uint8))
 
-
-def _named_tensors(name, value):
-    if isinstance(value, torch.Tensor):
-        yield name, value
-    elif isinstance(value, (list, tuple)):
-        for index, item in enumerate(value):
-            yield from _named_tensors(f"{name}[{index}]", item)
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield from _named_tensors(f"{name}[{key!r}]", item)

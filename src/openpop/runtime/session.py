@@ -105,6 +105,14 @@ class DeviceSession:
         with weights.active():
             self.replicas.broadcast(buffers=True)
 
+    def upload_buffers(self, names) -> None:
+        """``copyNamedBuffersToDevice``: these host buffers to the device, and on to every replica."""
+        weights = self.executable.weights
+        if not weights.shares_host_tensors:
+            weights.upload_buffers(names)
+        with weights.active():
+            self.replicas.broadcast(buffers=True)
+
     def upload_weights_if_stale(self) -> None:
         """An inference model sees the weights a training model sharing them has changed."""
         if weights_version(self.model) != self.uploaded_version:

@@ -50,6 +50,8 @@ class RunSettings:
     cycle_counter: bool
     #: ``Options.relaxOptimizerAttributesChecks``.
     relax_optimizer_checks: bool
+    #: Poplar engine options (PopART ``engineOptions``): ``autoReport.*`` asks for a profile.
+    engine_options: dict
 
     @classmethod
     def from_options(cls, options, training: bool) -> "RunSettings":
@@ -77,6 +79,7 @@ class RunSettings:
             updatable_named_buffers=tuple(options.updatable_named_buffers),
             cycle_counter=bool(popart.get("instrumentWithHardwareCycleCounter", False)),
             relax_optimizer_checks=bool(options.relax_optimizer_attributes_checks),
+            engine_options=dict(popart.get("engineOptions", {}) or {}),
         )
 
     @property

@@ -191,7 +191,7 @@ def _session_from_engine_options(executor):
         pass
     options = parse_engine_options(os.environ.get(ENGINE_OPTIONS_ENV, ""))
     if not options:
-        options = dict(executor.options._Popart.options.get("engineOptions", {}) or {})
+        options = dict(executor._settings.engine_options)
     distributed = executor.options.Distributed
     wanted = session_from_engine_options(
         options, instance=distributed.processId if distributed.numProcesses > 1 else None)
