@@ -22,6 +22,7 @@ def test_defaults():
     assert settings.broadcast_buffers
     assert settings.connection_type == poptorch.ConnectionType.Always
     assert not settings.cycle_counter
+    assert settings.engine_options == {}
     assert settings.geometry.micro_batches_per_step == 1
 
 
@@ -36,6 +37,7 @@ def test_every_option_reaches_its_field():
     opts.setExecutionStrategy(poptorch.ShardedExecution())
     opts._Popart.set("autoRecomputation", 0)
     opts._Popart.set("instrumentWithHardwareCycleCounter", True)
+    opts._Popart.set("engineOptions", {"autoReport.directory": "report"})
     opts.connectionType(poptorch.ConnectionType.OnDemand)
     opts.showCompilationProgressBar(False)
     settings = RunSettings.from_options(opts, training=False)
@@ -51,6 +53,7 @@ def test_every_option_reaches_its_field():
     assert isinstance(settings.strategy, poptorch.ShardedExecution)
     assert not settings.recompute
     assert settings.cycle_counter
+    assert settings.engine_options == {"autoReport.directory": "report"}
     assert settings.connection_type == poptorch.ConnectionType.OnDemand
     assert not settings.show_compilation_progress_bar
 

@@ -41,6 +41,11 @@ class BoundInputs:
             self.leaves, self.spec = pytree.tree_flatten((self.args, self.kwargs))
             self.tensor_positions = [i for i, leaf in enumerate(self.leaves) if isinstance(leaf, torch.Tensor)]
 
+    def named_tensors(self):
+        """``(path, tensor)`` for every tensor argument, nested ones named ``x[0]``, ``d['k']``."""
+        for name, value in self.arguments.items():
+            yield from _named_tensors(name, value)
+
     def rebuild(self, leaves):
         """(args, kwargs) with ``leaves`` in place of the original leaves."""
         if self.simple:
@@ -253,3 +258,14 @@ def _keys_problem(name, expected, got):
     unexpected = ", ".join(sorted(map(str, got - expected)))
     missing = ", ".join(sorted(map(str, expected - got)))
     return f"Keys mismatch for {name}: Unexpected arguments: {unexpected}. Missing arguments: {missing}."
+
+
+def _named_tensors(name, value):
+    if isinstance(value, torch.Tensor):
+        yield name, value
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            yield from _named_tensors(f"{name}[{index}]", item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _named_tensors(f"{name}[{key!r}]", item)

@@ -5,8 +5,8 @@ With ``Options.Distributed.numProcesses > 1`` (``popdist.poptorch.Options`` unde
 per optimizer step, its gradients are all-reduced with the other processes' through
 torch.distributed (the group ``popdist.init()`` / ``openpop.distributed.process_group`` joins):
 
-* **where**: after the local reduction of the step's micro-batches (and of local replicas on
-  their own devices), before ``GradientReduction.finish_step`` unscales them. The all-reduce
+* **where**: first thing in ``GradientReduction.finish_step`` (its ``ReplicaSum``), after
+  local replicas on their own devices are summed, before the gradients are unscaled. The all-reduce
   works on loss-scaled gradients, so every process unscales, checks for inf/NaN and updates the
   automatic loss scale from the *same* reduced values: all processes skip the same steps and
   keep the same scale.
@@ -82,6 +82,7 @@ def buckets_of(tensors: List[torch.Tensor], cap_bytes: int) -> List[List[int]]:
 class SingleProcess:
     """This process trains alone (``GlobalReplication``'s interface, doing nothing)."""
 
+    num_processes = 1
     overlapped_buckets = 0
 
     def join(self, model: torch.nn.Module, optimizer) -> None:

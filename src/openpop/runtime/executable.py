@@ -6,7 +6,7 @@ apart) and lay the plan out on devices, leaving no trace: weights, buffers, the 
 caller's tensors are as before.
 """
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 
@@ -37,9 +37,9 @@ class Executable:
     #: The loss is found on every call by a ``LossTracker`` (training, not returned as-is).
     track_losses: bool
     #: ``(module, training)`` as they were when compiled: calls run in these modes.
-    training_flags: Tuple
+    training_flags: tuple
     #: Parameters that receive gradients.
-    trainable: Tuple
+    trainable: tuple
 
     @property
     def concurrent(self) -> bool:

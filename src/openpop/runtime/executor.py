@@ -16,12 +16,12 @@ import time
 import torch
 
 from .. import errors
-from ..enums import ConnectionType, MeanReductionStrategy, OutputMode
+from ..enums import ConnectionType, MeanReductionStrategy
 from ..log import logger
 from . import trace
 from .anchors import AnchoredTensors
-from .compile_cache import CompileCache
 from .args import BoundInputs, InputSignature, prepare_tensors
+from .compile_cache import CompileCache
 from .distributed_reduce import GlobalReplication
 from .executable import Executable, trace_model
 from .gradients import GradientReduction, MeanPolicy, ReplicaSum
@@ -32,7 +32,7 @@ from .progress import CompilationProgress
 from .saved import read_saved_executor, write_saved_executor
 from .schedules import CallState, MicroBatchInputs, schedule_for
 from .session import DeviceSession, move_optimizer_state
-from .settings import RunSettings
+from .settings import RunSettings, executor_options
 from .weights import CopiedWeights, SharedWeights, registered_tensors
 from .wrapping import training_wrapper_of, unwrap, wrap
 
@@ -47,38 +47,8 @@ class PoplarExecutor:
 
     def __init__(self, model, options, training: bool, poptorch_version: str, optimizer=None,
                  user_model=None):
-        from ..options import Options
-        if options is None:
-            options = Options()
-        if not isinstance(options, Options):
-            raise errors.createPoptorchError(
-                f"Invalid type: 'options' is of type {type(options)} (Expected poptorch.Options)")
-        run_options = options.clone()
+        run_options, optimizer = executor_options(options, training, model, optimizer)
         compile_cache = CompileCache.from_options(run_options)  # an unusable cache dir fails here, early
-        if training:
-            if run_options.defaultOutputMode():
-                run_options.outputMode(OutputMode.Final)
-            if optimizer is None:
-                optimizer = _optim().SGD(model.parameters(), lr=0.01)
-            _optim().validate_optimizer(optimizer, _relaxed_checks(run_options))
-            _optim().checks.check_parameters_belong(optimizer, model)
-            if (_optim().uses_float16_accumulators(optimizer)
-                    and run_options.Training.meanAccumulationAndReplicationReductionStrategy
-                    != MeanReductionStrategy.Running):
-                run_options.Training.setMeanAccumulationAndReplicationReductionStrategy(
-                    MeanReductionStrategy.Running)
-        else:
-            assert optimizer is None, "An inference model cannot have an optimizer"
-            if run_options.defaultOutputMode():
-                run_options.outputMode(OutputMode.All)
-            if run_options.Training.gradient_accumulation != 1:
-                message = errors.INFERENCE_GRAD_ACCUM
-                if RunSettings.from_options(run_options, training).pipelined_strategy:
-                    message += errors.INFERENCE_GRAD_ACCUM_PIPELINE
-                raise errors.createPoptorchError(message)
-        options._freeze()
-        run_options._freeze()
-
         self._user_model = user_model if user_model is not None else model
         self._model = model
         self._options = run_options
@@ -181,9 +151,8 @@ class PoplarExecutor:
             raise RuntimeError(errors.ALREADY_WRAPPED)
 
     def _check_batch_dims(self, inputs: BoundInputs) -> None:
-        for name, value in inputs.arguments.items():
-            for path, tensor in _named_tensors(name, value):
-                self._geometry.check_divisible(path, tensor)
+        for path, tensor in inputs.named_tensors():
+            self._geometry.check_divisible(path, tensor)
 
     # ------------------------------------------------------------------ running
     def __call__(self, *args, **kwargs):
@@ -230,8 +199,7 @@ class PoplarExecutor:
                 executable.replica_buffers.switch_to(0)  # anchored buffers are replica 0's, as the host's
                 executable.anchors.record(step, geometry.device_iterations)
             perf.computed()
-        if self._training:
-            call.gradients.finish_call()
+        schedule.finish_call(call)
         executable.replica_buffers.switch_to(0)
         executable.anchors.finish_call()
         with trace.span("output_collection"):
@@ -280,11 +248,7 @@ class PoplarExecutor:
         if unknown:
             raise errors.createPoptorchError(errors.UNKNOWN_UPDATABLE_BUFFERS.format(
                 unknown=", ".join(unknown), buffers=", ".join(buffers) or "none"))
-        weights = self._executable.weights
-        if not weights.shares_host_tensors:
-            weights.upload_buffers(names)
-        with weights.active():
-            self._session.replicas.broadcast(buffers=True)
+        self._session.upload_buffers(names)
 
     def load_state_dict(self, state_dict, strict: bool = True):
         result = self._user_model.load_state_dict(state_dict, strict=strict)
@@ -433,17 +397,3 @@ class PoplarExecutor:
         self._require_compiled()
         torch.random.set_rng_state(torch.tensor(state[1:], dtype=torch.uint8))
 
-
-def _relaxed_checks(options) -> bool:
-    return bool(options.relax_optimizer_attributes_checks)
-
-
-def _named_tensors(name, value):
-    if isinstance(value, torch.Tensor):
-        yield name, value
-    elif isinstance(value, (list, tuple)):
-        for index, item in enumerate(value):
-            yield from _named_tensors(f"{name}[{index}]", item)
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            yield from _named_tensors(f"{name}[{key!r}]", item)

@@ -2,7 +2,8 @@
 
 A host call is ``device_iterations`` steps. For each, the executor calls ``start_step``,
 ``step`` (every micro-batch of the step) and ``finish_step`` (the gradient reduction; True when
-the optimizer should apply the step). ``schedule_for`` chooses the schedule once, at compile:
+the optimizer should apply the step); ``finish_call`` after the last. ``schedule_for`` chooses
+the schedule once, at compile:
 
 * ``Inference``: each replica's forward, one after another;
 * ``SerialTraining``: forward and backward of each micro-batch in order, in the calling thread;
@@ -22,7 +23,7 @@ from .outputs import OutputCollector, flatten_output
 
 class MicroBatchInputs:
     """A host call's inputs as per-leaf ``[DI, GA, R_in, micro, ...]`` views (0-d values as
-    they are); ``of(micro)`` gives one micro-batch's ``(args, kwargs)``."""
+    they are); ``of(step, micro)`` gives one micro-batch's ``(args, kwargs)``."""
 
     def __init__(self, inputs: BoundInputs, geometry):
         self.inputs = inputs
@@ -30,11 +31,12 @@ class MicroBatchInputs:
                        else geometry.split(inputs.leaves[pos])) for pos in inputs.tensor_positions]
         self._leaves = list(inputs.leaves)
 
-    def of(self, micro, own_leaves: bool = False):
-        """``own_leaves``: for a thread of its own (the serial schedules reuse one list)."""
+    def of(self, step: int, micro, own_leaves: bool = False):
+        """Micro-batch ``micro`` (``geometry.MicroBatch``, its ``step`` ignored) of ``step``.
+        ``own_leaves``: for a thread of its own (the serial schedules reuse one list)."""
         leaves = list(self.inputs.leaves) if own_leaves else self._leaves
         for pos, view in self.split:
-            leaves[pos] = view if view.dim() == 0 else view[micro.step, micro.accumulation, micro.chunk]
+            leaves[pos] = view if view.dim() == 0 else view[step, micro.accumulation, micro.chunk]
         return self.inputs.rebuild(leaves)
 
 
@@ -72,23 +74,21 @@ class SerialTraining:
 
     def __init__(self, settings, executable, session, precision):
         self.geometry = settings.geometry
+        self.micro_batches = _micro_batches_of_a_step(settings.geometry)
         self.replica_buffers = executable.replica_buffers
         self.replicas = session.replicas
         self.forward = LossForward(executable, precision)
-
-    @property
-    def overlaps_reduction(self) -> bool:
-        """The sum across processes may start during the step's last backward."""
-        return not self.replicas.own_weights
+        # The sum across processes may start during the step's last backward.
+        self.overlaps_reduction = not self.replicas.own_weights
 
     def start_step(self, call: CallState) -> None:
         call.gradients.start_step(self.overlaps_reduction)
         self.replicas.start_step()
 
     def step(self, call: CallState, step: int) -> None:
-        for micro in self.geometry.micro_batches(step):
+        for micro in self.micro_batches:
             self.replica_buffers.switch_to(micro.replica)
-            args, kwargs = call.inputs.of(micro)
+            args, kwargs = call.inputs.of(step, micro)
             with trace.span("forward"):
                 output, loss = self.forward(self.replicas.model(micro.replica), args, kwargs)
             with trace.span("backward"):
@@ -99,6 +99,9 @@ class SerialTraining:
     def finish_step(self, call: CallState) -> bool:
         with trace.span("gradient_reduction"):
             return call.gradients.finish_step()
+
+    def finish_call(self, call: CallState) -> None:
+        call.gradients.finish_call()
 
 
 class ConcurrentStages(SerialTraining):
@@ -111,13 +114,10 @@ class ConcurrentStages(SerialTraining):
         self.multi_device = executable.layout.multi_device
         replicas = self.geometry.replication_factor
         self.visits = [executable.plan.device_visits(r) for r in range(replicas)]
-
-    @property
-    def overlaps_reduction(self) -> bool:
-        return False
+        self.overlaps_reduction = False
 
     def step(self, call: CallState, step: int) -> None:
-        order = list(self.geometry.micro_batches(step))
+        order = self.micro_batches
         locks = self.session.locks
         locks.start_step([self.visits[micro.replica] for micro in order])
         own_weights = self.replicas.own_weights
@@ -128,7 +128,7 @@ class ConcurrentStages(SerialTraining):
             micro = order[index]
             try:
                 locks.begin_micro_batch(index)
-                args, kwargs = call.inputs.of(micro, own_leaves=True)
+                args, kwargs = call.inputs.of(step, micro, own_leaves=True)
                 # Torch function modes are per thread: enter SameDeviceOps here, not only in the caller.
                 with context.running(True), SameDeviceOps() if self.multi_device else contextlib.nullcontext():
                     with trace.span("forward"):
@@ -153,7 +153,7 @@ class Inference:
     """Each replica's forward in turn; no gradients."""
 
     def __init__(self, settings, executable, session, precision):
-        self.geometry = settings.geometry
+        self.micro_batches = _micro_batches_of_a_step(settings.geometry)
         self.replica_buffers = executable.replica_buffers
         self.replicas = session.replicas
         self.precision = precision
@@ -163,9 +163,9 @@ class Inference:
 
     def step(self, call: CallState, step: int) -> None:
         keep = call.collector.wants(step, 0)
-        for micro in self.geometry.micro_batches(step):
+        for micro in self.micro_batches:
             self.replica_buffers.switch_to(micro.replica)
-            args, kwargs = call.inputs.of(micro)
+            args, kwargs = call.inputs.of(step, micro)
             model = self.replicas.model(micro.replica)
             with self.precision.forward(model), trace.span("forward"):
                 output = model(*args, **kwargs)
@@ -174,6 +174,14 @@ class Inference:
 
     def finish_step(self, call: CallState) -> bool:
         return False
+
+    def finish_call(self, call: CallState) -> None:
+        pass
+
+
+def _micro_batches_of_a_step(geometry):
+    """A step's micro-batches in order (every step has the same: computed once)."""
+    return list(geometry.micro_batches(0))
 
 
 def schedule_for(settings, executable, session, precision):

@@ -22,6 +22,8 @@ from .replicas import ReplicaModels, SharedWeightReplicas
 from .transaction import HostCallRollback
 from .weights import bump_weights_version, weights_version
 
+_NO_HOST_CALL = contextlib.nullcontext()  # inference: nothing to roll back
+
 
 @dataclass(frozen=True)
 class DeviceLayout:
@@ -103,6 +105,14 @@ class DeviceSession:
         with weights.active():
             self.replicas.broadcast(buffers=True)
 
+    def upload_buffers(self, names) -> None:
+        """``copyNamedBuffersToDevice``: these host buffers to the device, and on to every replica."""
+        weights = self.executable.weights
+        if not weights.shares_host_tensors:
+            weights.upload_buffers(names)
+        with weights.active():
+            self.replicas.broadcast(buffers=True)
+
     def upload_weights_if_stale(self) -> None:
         """An inference model sees the weights a training model sharing them has changed."""
         if weights_version(self.model) != self.uploaded_version:
@@ -156,7 +166,7 @@ class DeviceSession:
             self.placement.move_inputs(inputs, callers)
 
     @contextlib.contextmanager
-    def running(self, training: bool, precision, host_call=contextlib.nullcontext()):
+    def running(self, training: bool, precision, host_call=_NO_HOST_CALL):
         """Context of one host call's run: the model in the train/eval mode it was compiled in
         (as a compiled graph would be), device hooks, ``host_call`` (a training call's rollback),
         the device weights, recomputation, the precision's settings."""

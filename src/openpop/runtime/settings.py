@@ -1,12 +1,13 @@
-"""``RunSettings``: what the runtime needs from ``poptorch.Options``, read once, typed and frozen.
+"""``RunSettings``: what the runtime needs from ``poptorch.Options``, read once, typed and frozen;
+``executor_options``: the executor's own copy of the options.
 
 The executor builds it from its own (frozen) copy of the options when it is created; the rest
 of the runtime reads these fields and never the options' private parts (``_Popart``, the
 execution strategy's class).
 """
 from dataclasses import dataclass
-from typing import Tuple
 
+from .. import errors
 from ..enums import ConnectionType, MeanReductionStrategy, OutputMode, ReductionType
 from .geometry import BatchGeometry
 
@@ -36,7 +37,7 @@ class RunSettings:
     #: ``Options.anchorTensor``: ``{short name: [long name, mode, period]}``.
     anchored_tensors: dict
     #: Explicit torch devices for the virtual IPUs (``Options.setDeviceMap``); empty: automatic.
-    device_map: Tuple[str, ...]
+    device_map: tuple[str, ...]
     #: Buffers (other than normalisation statistics) must stay equal across replicas.
     broadcast_buffers: bool
     #: Round the IPU count up to a power of two instead of refusing it.
@@ -44,11 +45,13 @@ class RunSettings:
     connection_type: ConnectionType
     show_compilation_progress_bar: bool
     #: Buffers ``copyNamedBuffersToDevice`` may upload.
-    updatable_named_buffers: Tuple[str, ...]
+    updatable_named_buffers: tuple[str, ...]
     #: ``cycleCount()`` is available (PopART ``instrumentWithHardwareCycleCounter``).
     cycle_counter: bool
     #: ``Options.relaxOptimizerAttributesChecks``.
     relax_optimizer_checks: bool
+    #: Poplar engine options (PopART ``engineOptions``): ``autoReport.*`` asks for a profile.
+    engine_options: dict
 
     @classmethod
     def from_options(cls, options, training: bool) -> "RunSettings":
@@ -76,6 +79,7 @@ class RunSettings:
             updatable_named_buffers=tuple(options.updatable_named_buffers),
             cycle_counter=bool(popart.get("instrumentWithHardwareCycleCounter", False)),
             relax_optimizer_checks=bool(options.relax_optimizer_attributes_checks),
+            engine_options=dict(popart.get("engineOptions", {}) or {}),
         )
 
     @property
@@ -85,3 +89,39 @@ class RunSettings:
     @property
     def running_mean(self) -> bool:
         return self.mean and self.mean_strategy == MeanReductionStrategy.Running
+
+
+def executor_options(options, training: bool, model, optimizer):
+    """The executor's own frozen copy of the user's ``options`` (frozen too, as in use), with the
+    defaults a training or inference model implies, and its optimizer (SGD unless given), checked."""
+    from .. import optim
+    from ..options import Options
+    if options is None:
+        options = Options()
+    if not isinstance(options, Options):
+        raise errors.createPoptorchError(
+            f"Invalid type: 'options' is of type {type(options)} (Expected poptorch.Options)")
+    run_options = options.clone()
+    if training:
+        if run_options.defaultOutputMode():
+            run_options.outputMode(OutputMode.Final)
+        if optimizer is None:
+            optimizer = optim.SGD(model.parameters(), lr=0.01)
+        optim.validate_optimizer(optimizer, bool(run_options.relax_optimizer_attributes_checks))
+        optim.checks.check_parameters_belong(optimizer, model)
+        if (optim.uses_float16_accumulators(optimizer)
+                and run_options.Training.meanAccumulationAndReplicationReductionStrategy
+                != MeanReductionStrategy.Running):
+            run_options.Training.setMeanAccumulationAndReplicationReductionStrategy(MeanReductionStrategy.Running)
+    else:
+        assert optimizer is None, "An inference model cannot have an optimizer"
+        if run_options.defaultOutputMode():
+            run_options.outputMode(OutputMode.All)
+        if run_options.Training.gradient_accumulation != 1:
+            message = errors.INFERENCE_GRAD_ACCUM
+            if run_options._execution_strategy.pipelines:
+                message += errors.INFERENCE_GRAD_ACCUM_PIPELINE
+            raise errors.createPoptorchError(message)
+    options._freeze()
+    run_options._freeze()
+    return run_options, optimizer

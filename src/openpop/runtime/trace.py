@@ -114,7 +114,7 @@ def user_span(name: str):
 
 
 def host_call(run):
-    """Decorates the executor's ``_run_training``/``_run_inference``: one host call."""
+    """Decorates the executor's ``_run``: one host call."""
     @functools.wraps(run)
     def traced(executor, inputs, compiled, *rest):
         session = None
@@ -191,7 +191,7 @@ def _session_from_engine_options(executor):
         pass
     options = parse_engine_options(os.environ.get(ENGINE_OPTIONS_ENV, ""))
     if not options:
-        options = dict(executor.options._Popart.options.get("engineOptions", {}) or {})
+        options = dict(executor._settings.engine_options)
     distributed = executor.options.Distributed
     wanted = session_from_engine_options(
         options, instance=distributed.processId if distributed.numProcesses > 1 else None)

@@ -61,7 +61,7 @@ class HostCallRollback:
     one host call.
 
     ``models``: replica 0 first (replicas with their own weights after it); ``trainable``: the
-    parameters whose ``.grad`` a call sets; ``replica_buffers``: a ``weights.ReplicaBuffers``;
+    parameters whose ``.grad`` a call sets; ``replica_buffers``: a ``weights.ReplicaBuffers`` (or ``SharedBuffers``);
     ``loss_scaler``: the object holding the automatic loss scaling counters; ``generators``:
     openpop's own ``{device: torch.Generator}`` (filled as they are needed); ``devices``: the
     torch devices the calls run on."""
