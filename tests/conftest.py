@@ -1,5 +1,6 @@
 import logging
 import os
+import signal
 import sys
 
 import pytest
@@ -8,6 +9,11 @@ import torch
 TESTS = os.path.dirname(os.path.abspath(__file__))
 if TESTS not in sys.path:  # ``helpers`` imports whatever pytest's import mode (e.g. importlib)
     sys.path.insert(0, TESTS)
+
+# A shell starts background jobs with SIGINT ignored, and Python then installs no KeyboardInterrupt
+# handler: the Ctrl-C tests (signal.raise_signal(SIGINT)) need the handler an interactive run has.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
