@@ -29,9 +29,11 @@ class CompiledBackend:
         self.selection = Selection.from_options(options)
         self._program = None
         self._key = None
+        self.last = None  # "compiled" or "eager": which backend ran the last host call
 
     def record_eager(self, seconds: float) -> None:
         self.selection.record_eager(seconds)
+        self.last = "eager"
 
     def reset(self) -> None:
         """The executor was destroyed: its programs go too."""
@@ -54,6 +56,7 @@ class CompiledBackend:
                 self.reset()
                 return self._decline(f"what torch.compile(fullgraph=True) rejects: {_first_line(exc)}", exc)
         program.ran = True
+        self.last = "compiled"
         return result
 
     def _decline(self, reason, cause=None):
@@ -62,7 +65,7 @@ class CompiledBackend:
                 f"Options.openpopBackend('compiled') cannot run this model: {reason}. "
                 "Use openpopBackend('auto') or 'eager' to run it eagerly.") from cause
         self.selection.declined = reason
-        logger.info("openpop runs this model eagerly: the compiled backend does not support %s", reason)
+        logger.warning("openpop runs this model eagerly: the compiled backend does not support %s", reason)
         return DECLINED
 
     # ------------------------------------------------------------------ building

@@ -16,6 +16,9 @@ call's inputs split ``[DI, GA, R_in, micro, ...]`` - compiled by ``torch.compile
 Nothing the program computes reaches the model or the optimizer until it has finished: a call
 that raises changes nothing.
 """
+import itertools
+import types
+
 import torch
 from torch._higher_order_ops import while_loop
 from torch.func import functional_call
@@ -55,7 +58,7 @@ class Program:
         self.trained_names = trained_names  # the optimizer's parameters (inference: all)
         self.frozen_names = frozen_names
         self.ran = False  # a first run that fails is a compile failure (backend.py)
-        self._compiled = compile_fn(self._program)
+        self._compiled = compile_fn(_own_code(self._program))
 
     # ------------------------------------------------------------------ host side
     def run(self, split_inputs, trained, frozen, state, hyper, loss_scale):
@@ -171,3 +174,15 @@ class Program:
         grads = [gr / divisor for gr in grads]
         new_params, new_state = self.optim.update(list(trained), grads, state, hyper)
         return new_params, new_state, stacked
+
+
+_programs = itertools.count()
+
+
+def _own_code(method):
+    """``method`` with a code object of its own: torch.compile keeps its compiled graphs (and
+    its recompile limit) per code object, so programs of different executors must not share one."""
+    code = method.__func__.__code__
+    function = types.FunctionType(code.replace(co_name=f"{code.co_name}_{next(_programs)}"),
+                                  method.__func__.__globals__)
+    return types.MethodType(function, method.__self__)
