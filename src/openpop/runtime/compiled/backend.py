@@ -20,6 +20,7 @@ from .program import Layout, Program
 from .selection import Selection
 
 DECLINED = object()
+_ONE = torch.tensor(1.0)
 
 
 class CompiledBackend:
@@ -110,9 +111,9 @@ class CompiledBackend:
             frozen = [named[n].detach() for n in program.frozen_names]
             if functional is not None:
                 state, hyper = functional.state_in(), functional.hyper()
-                loss_scale = torch.tensor(float(getattr(executor._optimizer, "loss_scaling", 1.0)))
+                loss_scale = functional.loss_scale()
             else:
-                state, hyper, loss_scale = [], [], torch.tensor(1.0)
+                state, hyper, loss_scale = [], [], _ONE
             graphed = mark_step_begin(trained)
             new_params, new_state, outs = program.run(split, [p.detach() for p in trained], frozen,
                                                       state, hyper, loss_scale)
@@ -125,7 +126,7 @@ class CompiledBackend:
                     p.grad = None
         if executor._training:
             bump_weights_version(executor._user_model)
-        result = program.assemble(outs)
+        result = program.finish(outs)
         done = time.time()
         steps = geometry.device_iterations
         executor._perf = {"input": [[started] * steps], "input_complete": [[started] * steps],

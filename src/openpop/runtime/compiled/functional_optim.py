@@ -80,6 +80,7 @@ class FunctionalOptimizer:
         """Read hyperparameters and state from ``optimizer`` from now on (``setOptimizer``):
         the caller has checked ``signature(optimizer)`` is this one's."""
         self.optimizer = optimizer
+        self._cache = {}
         self.groups = [list(group["params"]) for group in optimizer.param_groups]
         self.params = [p for params in self.groups for p in params]
         self.combined = bool(getattr(optimizer, "use_combined_accum", False))
@@ -89,20 +90,36 @@ class FunctionalOptimizer:
         return float(group.get("velocity_scaling", 1.0)) if self.combined else 1.0
 
     # ------------------------------------------------------------------ inputs
+    def loss_scale(self):
+        """The optimizer's ``loss_scaling`` as a program input."""
+        return self._as_tensors((float(getattr(self.optimizer, "loss_scaling", 1.0)),), "loss_scale")[0]
+
+    def _as_tensors(self, values, slot):
+        """0-d float32 tensors of ``values``, made again only when a value changes (a host call
+        costs microseconds: creating a tensor per hyperparameter per call would show)."""
+        cached = self._cache.get(slot)
+        if cached is None or cached[0] != values:
+            cached = self._cache[slot] = (values, [torch.tensor(float(v), dtype=torch.float32) for v in values])
+        return cached[1]
+
     def hyper(self):
-        out = []
+        values = []
         for group in self.optimizer.param_groups:
-            values = {"lr": group["lr"], "weight_decay": group["weight_decay"]}
+            v = {"lr": group["lr"], "weight_decay": group["weight_decay"]}
             if self.family == "sgd":
-                values.update(momentum=group["momentum"], dampening=group["dampening"],
-                              velocity_scale=self._velocity_scale(group))
+                v.update(momentum=group["momentum"], dampening=group["dampening"],
+                         velocity_scale=self._velocity_scale(group))
             else:
-                beta1, beta2 = group["betas"]
-                values.update(beta1=beta1, beta2=beta2, eps=group["eps"])
-            out.append({k: torch.tensor(float(v), dtype=torch.float32) for k, v in values.items()})
+                v.update(beta1=group["betas"][0], beta2=group["betas"][1], eps=group["eps"])
+            values.append(v)
         if self.static[1]:
-            out[0]["max_grad_norm"] = torch.tensor(self.max_grad_norm, dtype=torch.float32)
-        return out
+            values[0]["max_grad_norm"] = self.max_grad_norm
+        key = [tuple(float(x) for x in v.values()) for v in values]
+        cached = self._cache.get("hyper")
+        if cached is None or cached[0] != key:
+            tensors = [{k: torch.tensor(float(x), dtype=torch.float32) for k, x in v.items()} for v in values]
+            cached = self._cache["hyper"] = (key, tensors)
+        return cached[1]
 
     def state_in(self):
         """Per parameter a dict of state tensors (copies: the program's result replaces them)."""

@@ -65,17 +65,22 @@ class Program:
         """Run the program. Returns (new_params, new_state, outputs) - nothing committed."""
         return self._compiled(tuple(split_inputs), tuple(trained), tuple(frozen), state, hyper, loss_scale)
 
-    def assemble(self, stacked):
-        """The host call's result from the stacked leaves, as ``OutputCollector`` makes it."""
+    def finish(self, rows):
+        """The host call's result from the program's assembled leaves (dtypes as PopTorch returns)."""
+        leaves = [protect_output(out.to(_DEMOTE[out.dtype]) if out.dtype in _DEMOTE else out) for out in rows]
+        return _unflatten(leaves, self.layout.output_spec)
+
+    def _assemble(self, stacked):
+        """Per leaf ``[DI, GA*R, ...]`` -> the rows the output mode returns, shaped as
+        ``OutputCollector`` shapes them (traced: part of the program)."""
         layout = self.layout
         g = layout.geometry
         replicas, accumulation = g.replication_factor, g.gradient_accumulation
         leaves = []
         for values in stacked:
-            per_step = values.shape[1:]  # [M, ...] with M = GA * R
-            leaf_shape = per_step[1:]
+            leaf_shape = values.shape[2:]
             if layout.mode == OutputMode.Final:
-                rows = values.reshape(accumulation, replicas, *leaf_shape)[-1]
+                rows = values[-1].reshape(accumulation, replicas, *leaf_shape)[-1]
             elif layout.mode == OutputMode.Sum:
                 rows = values.reshape(-1, accumulation, replicas, *leaf_shape).sum(dim=(0, 1))
             elif layout.mode == OutputMode.EveryN:
@@ -84,12 +89,12 @@ class Program:
                 rows = values.reshape(-1, *leaf_shape)
             if rows.shape[0] == 1:
                 out = rows[0].clone()
+            elif len(leaf_shape) == 0:
+                out = rows.clone()
             else:
-                out = rows if rows.dim() == 1 or len(leaf_shape) == 0 else rows.reshape(-1, *leaf_shape[1:])
-                out = out.contiguous()
-            out = out.to(_DEMOTE[out.dtype]) if out.dtype in _DEMOTE else out
-            leaves.append(protect_output(out))
-        return _unflatten(leaves, layout.output_spec)
+                out = rows.reshape(-1, *leaf_shape[1:]).clone()
+            leaves.append(out)
+        return leaves
 
     # ------------------------------------------------------------------ traced
     def _program(self, split_inputs, trained, frozen, state, hyper, loss_scale):
@@ -99,7 +104,7 @@ class Program:
         if steps == 1:
             trained, state, outs = self._step([x if x.dim() == 0 else x[0] for x in split_inputs],
                                               trained, frozen, state, hyper, loss_scale)
-            return trained, state, [o.unsqueeze(0) for o in outs]
+            return trained, state, self._assemble([o.unsqueeze(0) for o in outs])
 
         flat_state, state_spec = torch.utils._pytree.tree_flatten(state)
         micro_count = layout.geometry.micro_batches_per_step
@@ -130,7 +135,7 @@ class Program:
         outs = list(result[1 + n_trained + n_state:])
         if not keep_all:
             outs = [o.unsqueeze(0) for o in outs]
-        return trained, state, outs
+        return trained, state, self._assemble(outs)
 
     def _forward(self, params, micro_inputs):
         leaves = list(self.layout.inputs.leaves)
