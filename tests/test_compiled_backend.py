@@ -152,7 +152,8 @@ def test_inference_matches_oracle_and_follows_host_weights():
         ref_losses = torch.stack([model(xm, tm)[1] for xm, tm in zip(x.split(4), t.split(4))])
     torch.testing.assert_close(loss, ref_losses, rtol=1e-6, atol=1e-6)
     with torch.no_grad():
-        model.fc2.bias.add_(1.0)  # the host's weights are uploaded before the next call
+        model.fc2.bias.add_(1.0)
+    pop.copyWeightsToDevice()  # the program reads the device copies, as eager does
     out2, _ = pop(x, t)
     torch.testing.assert_close(out2, out + 1.0, rtol=1e-6, atol=1e-6)
 

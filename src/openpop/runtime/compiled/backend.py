@@ -157,5 +157,7 @@ def _first_micro_batch(executor, inputs):
 
 
 def _first_line(exc) -> str:
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"
+    """The exception's type and its first meaningful lines (torch.compile's messages are long)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = " ".join(lines[:2])
+    return f"{type(exc).__name__}: {text[:300]}"

@@ -111,13 +111,16 @@ class Program:
         shapes = [(micro_count, *shape) for shape, _ in layout.output_leaves]
         dtypes = [dtype for _, dtype in layout.output_leaves]
         outs0 = [torch.zeros((steps, *s) if keep_all else s, dtype=d) for s, d in zip(shapes, dtypes)]
+        fixed = list(trained)  # inference: the weights are read, not carried (no aliasing in while_loop)
+        if not layout.training:
+            trained = []
         n_trained, n_state = len(trained), len(flat_state)
 
         def cond(i, *carried):
             return i < steps
 
         def body(i, *carried):
-            params = list(carried[:n_trained])
+            params = list(carried[:n_trained]) if layout.training else fixed
             st = torch.utils._pytree.tree_unflatten(list(carried[n_trained:n_trained + n_state]), state_spec)
             outs = list(carried[n_trained + n_state:])
             index = i.reshape(1)
@@ -127,7 +130,8 @@ class Program:
                 outs = [o.index_copy(0, index, s.unsqueeze(0)) for o, s in zip(outs, step_outs)]
             else:
                 outs = [s.clone() for s in step_outs]
-            return (i + 1, *params, *torch.utils._pytree.tree_flatten(st)[0], *outs)
+            carried_params = params if layout.training else []
+            return (i + 1, *carried_params, *torch.utils._pytree.tree_flatten(st)[0], *outs)
 
         result = while_loop(cond, body, (torch.tensor(0), *trained, *flat_state, *outs0))
         trained = list(result[1:1 + n_trained])
