@@ -265,3 +265,21 @@ def test_cuda_graphs_training_matches_eager():
             losses = pop(x.cuda(), t.cuda())[1]
         results.append((losses.cpu(), [p.detach().cpu() for p in model.parameters()]))
     torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-5, atol=1e-6)
+
+
+def test_optimizers_without_a_functional_update_are_named():
+    from openpop.runtime.compiled.functional_optim import unsupported_reason
+    params = list(Regressor().parameters())
+
+    class OwnStep(torch.optim.SGD):
+        def step(self, closure=None):
+            return None
+
+    hooked = torch.optim.SGD(params, lr=0.1)
+    hooked.register_step_post_hook(lambda *args: None)  # as Lightning's per-step work does
+    assert unsupported_reason(poptorch.optim.AdamW(params)) is None
+    assert unsupported_reason(torch.optim.SGD(params, lr=0.1, momentum=0.9)) is None
+    assert "LAMB" in unsupported_reason(poptorch.optim.LAMB(params))
+    assert "OwnStep.step overridden" in unsupported_reason(OwnStep(params, lr=0.1))
+    assert "step hooks" in unsupported_reason(hooked)
+    assert "float16" in unsupported_reason(poptorch.optim.SGD(params, lr=0.1, accum_type=torch.float16))

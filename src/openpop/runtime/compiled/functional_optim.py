@@ -14,9 +14,11 @@ AdamW) and gives:
 Static choices (optimizer family, Nesterov, momentum on/off, clipping on/off, bias correction)
 are part of ``signature()``: a change of them builds a new program.
 """
+import inspect
 import math
 
 import torch
+import torch.optim.optimizer as _torch_optimizer
 
 _VELOCITY_SCALE_KEY = "velocity_scaling"  # optim/sgd.py: momentum_buffer is stored times this
 
@@ -33,6 +35,16 @@ def family_of(optimizer):
     return None
 
 
+def _known_step(cls) -> bool:
+    """Whether ``cls.step`` is the library's own (torch wraps ``step`` for its hooks: unwrap)."""
+    from ...optim import adam, sgd
+    from ...optim._base import Optimizer
+    step = inspect.unwrap(cls.step)
+    if step in [inspect.unwrap(c.step) for c in (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)]:
+        return True
+    return step is inspect.unwrap(Optimizer.step) and cls._update in (sgd.SGD._update, adam._AdamBase._update)
+
+
 def unsupported_reason(optimizer):
     """Why the compiled backend cannot run ``optimizer`` functionally, or None."""
     family = family_of(optimizer)
@@ -42,6 +54,12 @@ def unsupported_reason(optimizer):
                  "second_order_momentum_accum_type"):
         if getattr(optimizer, attr, torch.float32) != torch.float32:
             return f"optimizer {attr}={getattr(optimizer, attr)} (float16 optimizer state)"
+    if not _known_step(type(optimizer)):
+        return f"{type(optimizer).__name__}.step overridden (only the library's update is known)"
+    if (getattr(optimizer, "_optimizer_step_pre_hooks", None) or getattr(optimizer, "_optimizer_step_post_hooks", None)
+            or _torch_optimizer._global_optimizer_pre_hooks or _torch_optimizer._global_optimizer_post_hooks):
+        # e.g. Lightning's per-optimizer-step work (lightning/optimizer_steps.py): step() must run
+        return "optimizer step hooks (optimizer.register_step_pre_hook / post_hook, e.g. Lightning's)"
     for group in optimizer.param_groups:
         if group.get("amsgrad", False):
             return "amsgrad"
