@@ -13,6 +13,7 @@ from ... import errors
 
 BACKENDS = ("auto", "eager", "compiled")
 ENV = "OPENPOP_BACKEND"
+COMPILE_AFTER_ENV = "OPENPOP_COMPILE_AFTER"  # e.g. 0: run a test suite compiled wherever possible
 
 
 def check_backend(name) -> str:
@@ -38,8 +39,12 @@ class Selection:
 
     @classmethod
     def from_options(cls, options):
+        """Options win; unset, the environment (``OPENPOP_BACKEND``, ``OPENPOP_COMPILE_AFTER``)."""
         backend = options.openpop_backend if options.explicitlySet("openpop_backend") else backend_from_env()
-        return cls(backend, options.compile_after)
+        compile_after = options.compile_after
+        if not options.explicitlySet("compile_after") and os.environ.get(COMPILE_AFTER_ENV):
+            compile_after = float(os.environ[COMPILE_AFTER_ENV])
+        return cls(backend, compile_after)
 
     @property
     def forced(self) -> bool:
