@@ -16,7 +16,6 @@ from ..weights import bump_weights_version
 from .cuda_graphs import compile_options, mark_step_begin
 from .eligibility import Ineligible, check_static, probe
 from .functional_optim import FunctionalOptimizer, signature
-from .program import Layout, Program
 from .selection import Selection
 
 DECLINED = object()
@@ -71,6 +70,7 @@ class CompiledBackend:
 
     # ------------------------------------------------------------------ building
     def _program_for(self, executor, inputs, compiled):
+        from .program import Layout, Program  # torch's while_loop and Inductor: only when compiling
         optimizer = executor._optimizer
         key = (id(compiled), signature(optimizer) if executor._training else None)
         if self._key == key:
