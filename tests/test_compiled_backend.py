@@ -8,9 +8,9 @@ import logging
 import pytest
 import torch
 import torch.nn.functional as F
+from oracle import micro_batches, train_loop
 
 import poptorch
-from oracle import micro_batches, train_loop
 
 
 class Regressor(torch.nn.Module):

@@ -4,12 +4,18 @@ run still equals the plain-PyTorch oracle."""
 import copy
 import logging
 
-from lightning_helpers import IPUStrategy, Regressor, loader, make_net, regression_data, trainer
-from lightning_helpers import one_thread  # noqa: F401  (autouse fixture)
+import torch
+from lightning_helpers import (
+    IPUStrategy,
+    Regressor,
+    loader,
+    make_net,
+    one_thread,  # noqa: F401  (autouse fixture)
+    regression_data,
+    trainer,
+)
 
-import torch  # noqa: E402
-
-import poptorch  # noqa: E402
+import poptorch
 
 
 def test_ipu_strategy_with_auto_backend_stays_eager_and_exact(caplog, monkeypatch):

@@ -9,4 +9,4 @@
 """
 from .backend import DECLINED, CompiledBackend
 
-__all__ = ["CompiledBackend", "DECLINED"]
+__all__ = ["DECLINED", "CompiledBackend"]

@@ -24,7 +24,7 @@ from torch._higher_order_ops import while_loop
 from torch.func import functional_call
 
 from ...enums import MeanReductionStrategy, OutputMode, ReductionType
-from ..outputs import _DEMOTE, flatten_output, protect_output, _unflatten
+from ..outputs import _DEMOTE, _unflatten, flatten_output, protect_output
 
 
 class Layout:
