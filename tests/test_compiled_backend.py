@@ -8,7 +8,7 @@ import logging
 import pytest
 import torch
 import torch.nn.functional as F
-from oracle import micro_batches, train_loop
+from helpers.oracle import micro_batches, train_loop
 
 import poptorch
 

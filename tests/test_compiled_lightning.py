@@ -4,18 +4,13 @@ run still equals the plain-PyTorch oracle."""
 import copy
 import logging
 
+import pytest
 import torch
-from lightning_helpers import (
-    IPUStrategy,
-    Regressor,
-    loader,
-    make_net,
-    one_thread,  # noqa: F401  (autouse fixture)
-    regression_data,
-    trainer,
-)
+from helpers.lightning_models import IPUStrategy, Regressor, loader, make_net, regression_data, trainer
 
 import poptorch
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_ipu_strategy_with_auto_backend_stays_eager_and_exact(caplog, monkeypatch):

@@ -12,6 +12,7 @@ import torch
 from ... import errors
 from ...log import logger
 from .. import context
+from ..compile_cache import compile_cache_for
 from ..weights import bump_weights_version
 from .cuda_graphs import compile_options, mark_step_begin
 from .eligibility import Ineligible, check_static, probe
@@ -49,7 +50,11 @@ class CompiledBackend:
             except Ineligible as exc:
                 return self._decline(str(exc))
             try:
-                result = self._execute(executor, inputs, compiled, program)
+                if program.ran:
+                    result = self._execute(executor, inputs, compiled, program)
+                else:  # torch.compile compiles now: with the executable cache, if enabled
+                    with compile_cache_for(executor._compile_cache):
+                        result = self._execute(executor, inputs, compiled, program)
             except Exception as exc:  # torch.compile's errors have many types
                 if program.ran:
                     raise

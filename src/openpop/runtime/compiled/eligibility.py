@@ -11,6 +11,7 @@ import torch
 
 from ...enums import OutputMode
 from .. import context
+from ..distributed_reduce import GlobalReplication
 from ..outputs import flatten_output
 from ..weights import BufferSnapshot
 from .functional_optim import unsupported_reason
@@ -20,28 +21,27 @@ class Ineligible(Exception):
     """The reason, naming the construct, why a model runs eagerly."""
 
 
-def static_reasons(executor, compiled):
+def static_reasons(executor, executable):
     """Reasons known without running the model (first one wins)."""
-    plan = compiled.plan
-    options = executor._options
+    plan, layout = executable.plan, executable.layout
+    settings = executor._settings
     precision = executor._precision
     checks = [
         (plan.pipelined or len(plan.blocks) > 1, "pipelined or multi-IPU execution (poptorch.BeginBlock)"),
-        (compiled.multi_device or compiled.placement is not None or compiled.concurrent,
-         "a device map placing the model on several devices"),
-        (compiled.replicas is not None, "replicas on devices of their own"),
-        (compiled.replica_buffers is not None, "buffers that differ between replicas"),
-        (compiled.global_replication is not None, "replicas in several processes (popdist)"),
-        (bool(compiled.anchors), "anchored tensors (Options.anchorTensor)"),
-        (compiled.track_losses, "a loss that the model does not return as one of its outputs"),
+        (not layout.on_host and not layout.replicas_apart, "a device map placing the model on other devices"),
+        (layout.replicas_apart, "replicas on devices of their own"),
+        (getattr(executable.replica_buffers, "per_replica", False), "buffers that differ between replicas"),
+        (isinstance(executor._processes, GlobalReplication), "replicas in several processes (popdist)"),
+        (bool(executable.anchors), "anchored tensors (Options.anchorTensor)"),
+        (executable.track_losses, "a loss that the model does not return as one of its outputs"),
         (precision.autocast_enabled, "Precision.autocast"),
         (precision.fp_exceptions, "Precision.enableFloatingPointExceptions"),
         (precision.stochastic_rounding, "Precision.enableStochasticRounding"),
         (precision.dynamic is not None, "automatic loss scaling"),
         (any(t.dtype != torch.float32 for t in list(executor._model.parameters()) + list(executor._model.buffers())
              if t.is_floating_point()), "float16/bfloat16/float64 weights or buffers"),
-        (OutputMode(options.output_mode) == OutputMode.EveryN
-         and executor._geometry.device_iterations % max(1, options.output_return_period) != 0,
+        (OutputMode(settings.output_mode) == OutputMode.EveryN
+         and executor._geometry.device_iterations % max(1, settings.output_return_period) != 0,
          "OutputMode.EveryN with a period that does not divide deviceIterations"),
     ]
     for failed, reason in checks:
@@ -62,12 +62,12 @@ def static_reasons(executor, compiled):
             yield "optimizer parameters that the model does not register"
 
 
-def check_static(executor, compiled):
-    for reason in static_reasons(executor, compiled):
+def check_static(executor, executable):
+    for reason in static_reasons(executor, executable):
         raise Ineligible(reason)
 
 
-def probe(executor, micro_args, micro_kwargs, compiled):
+def probe(executor, micro_args, micro_kwargs, executable):
     """Run one micro-batch eagerly, leaving no trace. Returns ``(spec, [(shape, dtype)])`` of
     the output leaves; raises ``Ineligible``."""
     model = executor._model
@@ -81,7 +81,7 @@ def probe(executor, micro_args, micro_kwargs, compiled):
             flat, spec = flatten_output(output)
             if executor._training:
                 params = [p for g in executor._optimizer.param_groups for p in g["params"]]
-                grads = torch.autograd.grad(flat[compiled.loss_index], params, allow_unused=True)
+                grads = torch.autograd.grad(flat[executable.loss_index], params, allow_unused=True)
             host_io = getattr(ctx, "host_io", None)
         mutated = snapshot.mutated()
     finally:

@@ -31,20 +31,18 @@ class Layout:
     """What a program needs to know of one executor's call (static: a change rebuilds it)."""
 
     def __init__(self, executor, inputs, output_spec, output_leaves):
-        options = executor._options
+        settings = executor._settings
         geometry = executor._geometry
         self.geometry = geometry
         self.training = executor._training
         self.chunks = [geometry.input_chunk_of_replica(r) for r in range(geometry.replication_factor)]
         self.inputs = inputs  # BoundInputs template (only its structure is used)
-        self.mode = OutputMode(options.output_mode)
-        self.period = options.output_return_period if self.mode == OutputMode.EveryN else 1
+        self.mode = OutputMode(settings.output_mode)
+        self.period = settings.output_return_period if self.mode == OutputMode.EveryN else 1
         self.output_spec = output_spec
         self.output_leaves = output_leaves  # (shape, dtype) per leaf of one micro-batch's output
-        training = options.Training
-        self.mean = training.accumulation_and_replication_reduction_type == ReductionType.Mean
-        self.running = self.mean and (training.meanAccumulationAndReplicationReductionStrategy
-                                      == MeanReductionStrategy.Running)
+        self.mean = settings.reduction == ReductionType.Mean
+        self.running = self.mean and settings.mean_strategy == MeanReductionStrategy.Running
 
 
 class Program:
