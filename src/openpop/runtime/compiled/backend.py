@@ -110,7 +110,8 @@ class CompiledBackend:
         split = [inputs.leaves[pos] for pos in inputs.tensor_positions]
         split = [t if t.dim() == 0 else geometry.split(t) for t in split]
         functional = program.optim
-        with compiled.weights.active(), context.running(executor._training), torch.no_grad():
+        with compiled.weights.active(), context.running(executor._training), torch.no_grad(), \
+                executor._precision.running(executor._model):  # CUDA matmul partials, as eager
             named = dict(executor._model.named_parameters())
             trained = [named[n] for n in program.trained_names]
             frozen = [named[n].detach() for n in program.frozen_names]

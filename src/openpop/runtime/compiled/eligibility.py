@@ -28,7 +28,7 @@ def static_reasons(executor, executable):
     precision = executor._precision
     checks = [
         (plan.pipelined or len(plan.blocks) > 1, "pipelined or multi-IPU execution (poptorch.BeginBlock)"),
-        (not layout.on_host and not layout.replicas_apart, "a device map placing the model on other devices"),
+        (layout.multi_device or layout.concurrent, "a device map placing the model on several devices"),
         (layout.replicas_apart, "replicas on devices of their own"),
         (getattr(executable.replica_buffers, "per_replica", False), "buffers that differ between replicas"),
         (isinstance(executor._processes, GlobalReplication), "replicas in several processes (popdist)"),

@@ -101,6 +101,7 @@ class FunctionalOptimizer:
         self._cache = {}
         self.groups = [list(group["params"]) for group in optimizer.param_groups]
         self.params = [p for params in self.groups for p in params]
+        self.device = self.params[0].device if self.params else torch.device("cpu")
         self.combined = bool(getattr(optimizer, "use_combined_accum", False))
         self.max_grad_norm = float(getattr(optimizer, "max_grad_norm", math.inf) or math.inf)
 
@@ -117,8 +118,12 @@ class FunctionalOptimizer:
         costs microseconds: creating a tensor per hyperparameter per call would show)."""
         cached = self._cache.get(slot)
         if cached is None or cached[0] != values:
-            cached = self._cache[slot] = (values, [torch.tensor(float(v), dtype=torch.float32) for v in values])
+            cached = self._cache[slot] = (values, [self._scalar(v) for v in values])
         return cached[1]
+
+    def _scalar(self, value):
+        """A 0-d float32 program input on the parameters' device (CUDA graphs take no CPU inputs)."""
+        return torch.tensor(float(value), dtype=torch.float32, device=self.device)
 
     def hyper(self):
         values = []
@@ -135,7 +140,7 @@ class FunctionalOptimizer:
         key = [tuple(float(x) for x in v.values()) for v in values]
         cached = self._cache.get("hyper")
         if cached is None or cached[0] != key:
-            tensors = [{k: torch.tensor(float(x), dtype=torch.float32) for k, x in v.items()} for v in values]
+            tensors = [{k: self._scalar(x) for k, x in v.items()} for v in values]
             cached = self._cache["hyper"] = (key, tensors)
         return cached[1]
 
@@ -151,17 +156,18 @@ class FunctionalOptimizer:
                         continue
                     buf = st.get("momentum_buffer")
                     if buf is None:
-                        state.append({"momentum_buffer": torch.zeros_like(p), "has_buffer": torch.tensor(False)})
+                        state.append({"momentum_buffer": torch.zeros_like(p), "has_buffer": torch.tensor(False, device=p.device)})
                         continue
                     buf = buf.to(torch.float32)
                     previous = st.get(_VELOCITY_SCALE_KEY, 1.0)
                     scale = self._velocity_scale(group)
                     if previous != scale:  # velocity_scaling changed: keep the velocity itself
                         buf = buf * (scale / previous)
-                    state.append({"momentum_buffer": buf, "has_buffer": torch.tensor(True)})
+                    state.append({"momentum_buffer": buf, "has_buffer": torch.tensor(True, device=p.device)})
                 else:
                     step = st.get("step")
-                    step = torch.tensor(0.0) if step is None else torch.as_tensor(step, dtype=torch.float32)
+                    step = torch.zeros((), device=p.device) if step is None else \
+                        torch.as_tensor(step, dtype=torch.float32).to(p.device)
                     state.append({"step": step.reshape(()),
                                   "exp_avg": _or_zeros(st.get("exp_avg"), p),
                                   "exp_avg_sq": _or_zeros(st.get("exp_avg_sq"), p)})

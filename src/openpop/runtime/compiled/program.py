@@ -65,6 +65,7 @@ class Program:
 
     def finish(self, rows):
         """The host call's result from the program's assembled leaves (dtypes as PopTorch returns)."""
+        rows = [out.cpu() for out in rows]  # one device-to-host copy per output, as eager
         leaves = [protect_output(out.to(_DEMOTE[out.dtype]) if out.dtype in _DEMOTE else out) for out in rows]
         return _unflatten(leaves, self.layout.output_spec)
 
@@ -108,7 +109,8 @@ class Program:
         micro_count = layout.geometry.micro_batches_per_step
         shapes = [(micro_count, *shape) for shape, _ in layout.output_leaves]
         dtypes = [dtype for _, dtype in layout.output_leaves]
-        outs0 = [torch.zeros((steps, *s) if keep_all else s, dtype=d) for s, d in zip(shapes, dtypes)]
+        device = next((x.device for x in split_inputs), torch.device("cpu"))
+        outs0 = [torch.zeros((steps, *s) if keep_all else s, dtype=d, device=device) for s, d in zip(shapes, dtypes)]
         fixed = list(trained)  # inference: the weights are read, not carried (no aliasing in while_loop)
         if not layout.training:
             trained = []
@@ -131,7 +133,7 @@ class Program:
             carried_params = params if layout.training else []
             return (i + 1, *carried_params, *torch.utils._pytree.tree_flatten(st)[0], *outs)
 
-        result = while_loop(cond, body, (torch.tensor(0), *trained, *flat_state, *outs0))
+        result = while_loop(cond, body, (torch.tensor(0, device=outs0[0].device), *trained, *flat_state, *outs0))
         trained = list(result[1:1 + n_trained])
         state = torch.utils._pytree.tree_unflatten(list(result[1 + n_trained:1 + n_trained + n_state]), state_spec)
         outs = list(result[1 + n_trained + n_state:])
