@@ -11,7 +11,6 @@ import torch
 
 from ...enums import OutputMode
 from .. import context
-from ..distributed_reduce import GlobalReplication
 from ..outputs import flatten_output
 from ..weights import BufferSnapshot
 from .functional_optim import unsupported_reason
@@ -31,7 +30,7 @@ def static_reasons(executor, executable):
         (layout.multi_device or layout.concurrent, "a device map placing the model on several devices"),
         (layout.replicas_apart, "replicas on devices of their own"),
         (getattr(executable.replica_buffers, "per_replica", False), "buffers that differ between replicas"),
-        (isinstance(executor._processes, GlobalReplication), "replicas in several processes (popdist)"),
+        (getattr(executor._processes, "num_processes", 1) > 1, "replicas in several processes (popdist)"),
         (bool(executable.anchors), "anchored tensors (Options.anchorTensor)"),
         (executable.track_losses, "a loss that the model does not return as one of its outputs"),
         (precision.autocast_enabled, "Precision.autocast"),
