@@ -156,7 +156,8 @@ class FunctionalOptimizer:
                         continue
                     buf = st.get("momentum_buffer")
                     if buf is None:
-                        state.append({"momentum_buffer": torch.zeros_like(p), "has_buffer": torch.tensor(False, device=p.device)})
+                        state.append({"momentum_buffer": torch.zeros_like(p),
+                                      "has_buffer": torch.tensor(False, device=p.device)})
                         continue
                     buf = buf.to(torch.float32)
                     previous = st.get(_VELOCITY_SCALE_KEY, 1.0)
