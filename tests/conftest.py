@@ -15,6 +15,11 @@ if TESTS not in sys.path:  # ``helpers`` imports whatever pytest's import mode (
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+# The suite runs the eager backend (the reference) unless a test forces another with
+# Options.openpopBackend: "auto" would compile any model whose eager calls pass 30 s, making a
+# test's path depend on the machine's speed. Subprocesses inherit it.
+os.environ.setdefault("OPENPOP_BACKEND", "eager")
+
 
 @pytest.fixture(autouse=True)
 def _deterministic_seed():

@@ -129,7 +129,9 @@ def ipu_print_tensor(tensor: torch.Tensor, title: str = "", print_gradient: bool
     _require_tensor(tensor, errors.PRINT_TENSOR_NOT_TENSOR)
     fmt = _TensorFormat(summarise_threshold, edge_items, max_line_width, digits, float_format,
                         separator, open_bracket, close_bracket)
-    if getattr(context.current(), "tracing", False):
+    ctx = context.current()
+    if getattr(ctx, "tracing", False):
+        ctx.host_io = "ipu_print_tensor"  # the compiled backend cannot run it: runtime/compiled
         return tensor  # the executor's compile pass is a dry run: print when the model runs
     _print_titled(title, fmt.format(tensor))
     if print_gradient and tensor.requires_grad and torch.is_grad_enabled():

@@ -28,6 +28,7 @@ import torch
 
 from . import enums
 from .enums import CommGroupType, ConnectionType, OutputMode, ReductionType, SyncPattern
+from . import errors
 from .errors import FROZEN_OPTIONS, ConfigFileError
 from .log import logger
 from .strategies import PipelinedExecution, _IExecutionStrategy
@@ -523,6 +524,8 @@ class Options(OptionsDict):
             updatable_named_buffers=[],
             device_map=[],
             source_location_excludes=["openpop/", "poptorch/", "torch/", "site-packages/"],
+            openpop_backend="auto",
+            compile_after=30.0,
         )
         cache_dir = os.environ.get("POPTORCH_CACHE_DIR", "")
         if cache_dir:
@@ -742,6 +745,22 @@ class Options(OptionsDict):
 
     def showCompilationProgressBar(self, show: bool = True) -> "Options":
         self.set(show_compilation_progress_bar=show)
+        return self
+
+    def openpopBackend(self, backend: str, compile_after: Optional[float] = None) -> "Options":
+        """openpop extension: how host calls run. ``"eager"`` (the reference), ``"compiled"``
+        (one compiled program per host call, ``runtime/compiled/``; an error naming the construct
+        for a model it cannot compile) or ``"auto"`` (default; environment ``OPENPOP_BACKEND``):
+        eager until eager host calls have taken ``compile_after`` seconds (default 30), then
+        compiled where possible. See the README's "Compiled backend"."""
+        from .runtime.compiled.selection import check_backend
+        check_backend(backend)
+        if compile_after is not None:
+            if not _is_real(compile_after) or compile_after < 0:
+                raise errors.createPoptorchError(
+                    f"compile_after must be a number of seconds >= 0, not {compile_after!r}")
+            self.set(compile_after=float(compile_after))
+        self.set(openpop_backend=backend)
         return self
 
     def relaxOptimizerAttributesChecks(self, relax: bool = True) -> "Options":

@@ -22,6 +22,7 @@ from . import trace
 from .anchors import AnchoredTensors
 from .args import BoundInputs, InputSignature, prepare_tensors
 from .compile_cache import CompileCache
+from .compiled import DECLINED, CompiledBackend
 from .distributed_reduce import GlobalReplication
 from .executable import Executable, trace_model
 from .gradients import GradientReduction, MeanPolicy, ReplicaSum
@@ -66,6 +67,7 @@ class PoplarExecutor:
         self._perf = empty_counters()
         self._precision = RunPrecision(run_options)
         self._last_run_seconds = None
+        self._backend = CompiledBackend(run_options)
         self._compile_seconds = 0.0
         self._optimizer_snapshot = None  # constant optimizer attributes as compiled (training)
         self._compile_cache = compile_cache  # for compile_cache_for() around torch.compile
@@ -170,12 +172,17 @@ class PoplarExecutor:
         session.move_inputs(inputs, callers)
         if not self._training:
             session.upload_weights_if_stale()
+        result = self._backend.run(self, inputs, self._executable)  # runtime/compiled: DECLINED -> eager
+        if result is not DECLINED:
+            callers.write_back()
+            return result
         started = time.perf_counter()
         host_call = session.host_call(self._optimizer, self._precision) if self._training else contextlib.nullcontext()
         with session.running(self._training, self._precision, host_call), \
                 contextlib.nullcontext() if self._training else torch.no_grad():
             result = self._run(inputs, self._executable, host_call)
         self._last_run_seconds = time.perf_counter() - started
+        self._backend.record_eager(self._last_run_seconds)
         callers.write_back()
         return result
 
@@ -303,6 +310,7 @@ class PoplarExecutor:
         if self._session is not None:
             self._session.close(self._optimizer)
         self._executable = self._session = self._schedule = self._processes = None
+        self._backend.reset()
         if self._training:
             unwrap(self._user_model, self)
 

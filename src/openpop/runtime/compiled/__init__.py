@@ -1,0 +1,12 @@
+"""The executor's compiled backend (issue 15): a host call as one ``torch.compile``d program.
+
+* ``selection.py``       auto | eager | compiled, and the ski-rental rule of ``auto``
+* ``eligibility.py``     what cannot be compiled exactly, found before compiling
+* ``functional_optim.py`` SGD / Adam / AdamW updates as pure tensor functions
+* ``program.py``         DI x GA x R micro-batches, gradients, update, outputs, compiled
+* ``cuda_graphs.py``     CUDA graph capture of the program on GPUs
+* ``backend.py``         ``CompiledBackend.run``: what the executor calls
+"""
+from .backend import DECLINED, CompiledBackend
+
+__all__ = ["DECLINED", "CompiledBackend"]

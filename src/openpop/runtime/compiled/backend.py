@@ -1,0 +1,169 @@
+"""The compiled backend as the executor sees it: ``run`` either runs a whole host call as one
+compiled program and returns its outputs, or returns ``DECLINED`` and the eager backend runs it.
+
+Declining in ``auto`` logs one line naming the reason and the executor stays eager; with
+``Options.openpopBackend("compiled")`` the same reason is a ``poptorch.Error``.
+"""
+import contextlib
+import time
+
+import torch
+
+from ... import errors
+from ...log import logger
+from .. import context
+from ..compile_cache import compile_cache_for
+from ..weights import bump_weights_version
+from .cuda_graphs import compile_options, mark_step_begin
+from .eligibility import Ineligible, check_static, probe
+from .functional_optim import FunctionalOptimizer, signature
+from .selection import Selection
+
+DECLINED = object()
+_ONE = torch.tensor(1.0)
+
+
+class CompiledBackend:
+    """One executor's compiled backend (see the module docstring)."""
+
+    def __init__(self, options):
+        self.selection = Selection.from_options(options)
+        self._program = None
+        self._key = None
+        self.last = None  # "compiled" or "eager": which backend ran the last host call
+
+    def record_eager(self, seconds: float) -> None:
+        self.selection.record_eager(seconds)
+        self.last = "eager"
+
+    def reset(self) -> None:
+        """The executor was destroyed: its programs go too."""
+        self._program = None
+        self._key = None
+
+    def run(self, executor, inputs, compiled):
+        if not self.selection.wants_compiled():
+            return DECLINED
+        with _compiled_modes(compiled):
+            try:
+                program = self._program_for(executor, inputs, compiled)
+            except Ineligible as exc:
+                return self._decline(str(exc))
+            try:
+                if program.ran:
+                    result = self._execute(executor, inputs, compiled, program)
+                else:  # torch.compile compiles now: with the executable cache, if enabled
+                    with compile_cache_for(executor._compile_cache):
+                        result = self._execute(executor, inputs, compiled, program)
+            except Exception as exc:  # torch.compile's errors have many types
+                if program.ran:
+                    raise
+                self.reset()
+                return self._decline(f"what torch.compile(fullgraph=True) rejects: {_first_line(exc)}", exc)
+        program.ran = True
+        self.last = "compiled"
+        return result
+
+    def _decline(self, reason, cause=None):
+        if self.selection.forced:
+            raise errors.createPoptorchError(
+                f"Options.openpopBackend('compiled') cannot run this model: {reason}. "
+                "Use openpopBackend('auto') or 'eager' to run it eagerly.") from cause
+        self.selection.declined = reason
+        logger.warning("openpop runs this model eagerly: the compiled backend does not support %s", reason)
+        return DECLINED
+
+    # ------------------------------------------------------------------ building
+    def _program_for(self, executor, inputs, compiled):
+        from .program import Layout, Program  # torch's while_loop and Inductor: only when compiling
+        optimizer = executor._optimizer
+        key = (id(compiled), signature(optimizer) if executor._training else None)
+        if self._key == key:
+            if executor._training and self._program.optim.optimizer is not optimizer:
+                self._program.optim.bind(optimizer)
+            return self._program
+        check_static(executor, compiled)
+        if not all(isinstance(leaf, torch.Tensor) for leaf in inputs.leaves):
+            raise Ineligible("inputs that are not tensors")
+        with compiled.weights.active():
+            spec, leaves = probe(executor, *_first_micro_batch(executor, inputs), compiled)
+        model = executor._model
+        names = [n for n, _ in model.named_parameters()]
+        if executor._training:
+            functional = FunctionalOptimizer(optimizer)
+            by_id = {id(p): n for n, p in model.named_parameters()}
+            trained = [by_id[id(p)] for p in functional.params]
+        else:
+            functional, trained = None, names
+        frozen = [n for n in names if n not in set(trained)]
+        layout = Layout(executor, inputs, spec, leaves)
+        device = next(iter(model.parameters()), torch.empty(0)).device
+        program = Program(model, layout, functional, compiled.loss_index, trained, frozen,
+                          lambda fn: torch.compile(fn, fullgraph=True, dynamic=False, **compile_options(device)))
+        self._program, self._key = program, key
+        return program
+
+    # ------------------------------------------------------------------ running
+    def _execute(self, executor, inputs, compiled, program):
+        geometry = executor._geometry
+        started = time.time()
+        split = [inputs.leaves[pos] for pos in inputs.tensor_positions]
+        split = [t if t.dim() == 0 else geometry.split(t) for t in split]
+        functional = program.optim
+        with compiled.weights.active(), context.running(executor._training), torch.no_grad(), \
+                executor._precision.running(executor._model):  # CUDA matmul partials, as eager
+            named = dict(executor._model.named_parameters())
+            trained = [named[n] for n in program.trained_names]
+            frozen = [named[n].detach() for n in program.frozen_names]
+            if functional is not None:
+                state, hyper = functional.state_in(), functional.hyper()
+                loss_scale = functional.loss_scale()
+            else:
+                state, hyper, loss_scale = [], [], _ONE
+            graphed = mark_step_begin(trained)
+            new_params, new_state, outs = program.run(split, [p.detach() for p in trained], frozen,
+                                                      state, hyper, loss_scale)
+            if graphed:  # the graph's outputs are overwritten by its next replay
+                new_state = [{k: v.clone() for k, v in st.items()} for st in new_state]
+            if functional is not None:
+                torch._foreach_copy_(trained, list(new_params))
+                functional.commit(list(new_state))
+                for p in trained:
+                    p.grad = None
+        if executor._training:
+            bump_weights_version(executor._user_model)
+        result = program.finish(outs)
+        done = time.time()
+        steps = geometry.device_iterations
+        executor._perf = {"input": [[started] * steps], "input_complete": [[started] * steps],
+                          "output": [[done] * steps], "output_complete": [[done] * steps]}
+        executor._last_run_seconds = done - started
+        return result
+
+
+@contextlib.contextmanager
+def _compiled_modes(compiled):
+    """The model runs in the train/eval mode it was compiled in (as the eager backend does)."""
+    changed = [module for module, mode in compiled.training_flags if module.training != mode]
+    for module in changed:
+        module.training = not module.training
+    try:
+        yield
+    finally:
+        for module in changed:
+            module.training = not module.training
+
+
+def _first_micro_batch(executor, inputs):
+    leaves = list(inputs.leaves)
+    for pos in inputs.tensor_positions:
+        tensor = leaves[pos]
+        leaves[pos] = tensor if tensor.dim() == 0 else executor._geometry.split(tensor)[0, 0, 0]
+    return inputs.rebuild(leaves)
+
+
+def _first_line(exc) -> str:
+    """The exception's type and its first meaningful lines (torch.compile's messages are long)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = " ".join(lines[:2])
+    return f"{type(exc).__name__}: {text[:300]}"

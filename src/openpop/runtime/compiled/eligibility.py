@@ -1,0 +1,101 @@
+"""Whether the compiled backend can run an executor's model with exactly eager's results.
+
+``static_reasons`` looks at the compiled plan, the options and the optimizer; ``probe`` runs one
+micro-batch eagerly (as the compile pass does: no trace left - buffers and RNG restored, nothing
+printed) to find what only running shows: host I/O such as ``ipu_print_tensor``, buffers
+updated in place, parameters that get no gradient (eager skips their update; a functional
+update would not), outputs that are not tensors. Data-dependent Python control flow and
+unsupported ops are found by ``torch.compile(fullgraph=True)`` itself (``backend.py``).
+"""
+import torch
+
+from ...enums import OutputMode
+from .. import context
+from ..outputs import flatten_output
+from ..weights import BufferSnapshot
+from .functional_optim import unsupported_reason
+
+
+class Ineligible(Exception):
+    """The reason, naming the construct, why a model runs eagerly."""
+
+
+def static_reasons(executor, executable):
+    """Reasons known without running the model (first one wins)."""
+    plan, layout = executable.plan, executable.layout
+    settings = executor._settings
+    precision = executor._precision
+    checks = [
+        (plan.pipelined or len(plan.blocks) > 1, "pipelined or multi-IPU execution (poptorch.BeginBlock)"),
+        (layout.multi_device or layout.concurrent, "a device map placing the model on several devices"),
+        (layout.replicas_apart, "replicas on devices of their own"),
+        (getattr(executable.replica_buffers, "per_replica", False), "buffers that differ between replicas"),
+        (getattr(executor._processes, "num_processes", 1) > 1, "replicas in several processes (popdist)"),
+        (bool(executable.anchors), "anchored tensors (Options.anchorTensor)"),
+        (executable.track_losses, "a loss that the model does not return as one of its outputs"),
+        (precision.autocast_enabled, "Precision.autocast"),
+        (precision.fp_exceptions, "Precision.enableFloatingPointExceptions"),
+        (precision.stochastic_rounding, "Precision.enableStochasticRounding"),
+        (precision.dynamic is not None, "automatic loss scaling"),
+        (any(t.dtype != torch.float32 for t in list(executor._model.parameters()) + list(executor._model.buffers())
+             if t.is_floating_point()), "float16/bfloat16/float64 weights or buffers"),
+        (OutputMode(settings.output_mode) == OutputMode.EveryN
+         and executor._geometry.device_iterations % max(1, settings.output_return_period) != 0,
+         "OutputMode.EveryN with a period that does not divide deviceIterations"),
+    ]
+    for failed, reason in checks:
+        if failed:
+            yield reason
+    for module in executor._model.modules():
+        if module.training and isinstance(module, torch.nn.modules.batchnorm._NormBase) \
+                and module.track_running_stats:
+            yield f"{type(module).__name__} running statistics (updated in place)"
+        if module.training and isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.p > 0:
+            yield f"{type(module).__name__} (random numbers must follow eager's RNG stream)"
+    if executor._training:
+        reason = unsupported_reason(executor._optimizer)
+        if reason is not None:
+            yield reason
+        registered = {id(p) for p in executor._model.parameters()}
+        if any(id(p) not in registered for g in executor._optimizer.param_groups for p in g["params"]):
+            yield "optimizer parameters that the model does not register"
+
+
+def check_static(executor, executable):
+    for reason in static_reasons(executor, executable):
+        raise Ineligible(reason)
+
+
+def probe(executor, micro_args, micro_kwargs, executable):
+    """Run one micro-batch eagerly, leaving no trace. Returns ``(spec, [(shape, dtype)])`` of
+    the output leaves; raises ``Ineligible``."""
+    model = executor._model
+    buffers = list(model.buffers())
+    snapshot = BufferSnapshot(buffers)
+    rng = torch.random.get_rng_state()
+    try:
+        with context.running(executor._training, tracing=True) as ctx, \
+                torch.set_grad_enabled(executor._training):
+            output = model(*micro_args, **micro_kwargs)
+            flat, spec = flatten_output(output)
+            if executor._training:
+                params = [p for g in executor._optimizer.param_groups for p in g["params"]]
+                grads = torch.autograd.grad(flat[executable.loss_index], params, allow_unused=True)
+            host_io = getattr(ctx, "host_io", None)
+        mutated = snapshot.mutated()
+    finally:
+        snapshot.restore()
+        torch.random.set_rng_state(rng)
+    if host_io is not None:
+        raise Ineligible(f"{host_io} (host I/O inside the model)")
+    if mutated:
+        names = {id(b): n for n, b in model.named_buffers()}
+        raise Ineligible(f"buffer {names.get(id(mutated[0]), '?')} updated in place by the forward pass")
+    if not all(isinstance(leaf, torch.Tensor) for leaf in flat):
+        raise Ineligible("outputs that are not tensors")
+    if executor._training:
+        names = {id(p): n for n, p in model.named_parameters()}
+        unused = [names[id(p)] for p, g in zip(params, grads) if g is None]
+        if unused:
+            raise Ineligible(f"parameter {unused[0]} gets no gradient (eager leaves it and its state untouched)")
+    return spec, [(tuple(leaf.shape), leaf.dtype) for leaf in flat]

@@ -1,0 +1,258 @@
+"""Optimizer updates as pure functions of tensors, for the compiled backend.
+
+Each ``FunctionalOptimizer`` reads an optimizer (``poptorch.optim`` or torch's SGD / Adam /
+AdamW) and gives:
+
+* ``hyper()``   per group, the hyperparameters a user may change between host calls (``lr``,
+  ``weight_decay``, ...) as 0-d tensors: program inputs, so a new value never recompiles;
+* ``state_in()`` per parameter, the state tensors the update reads (created as the eager
+  optimizer would create them on its first step);
+* ``update(params, grads, state, hyper)`` the new parameters and state, numerically what
+  ``optimizer.step()`` computes (``optim/sgd.py``, ``optim/adam.py``);
+* ``commit(state)`` writes the new state back into ``optimizer.state`` in torch's format.
+
+Static choices (optimizer family, Nesterov, momentum on/off, clipping on/off, bias correction)
+are part of ``signature()``: a change of them builds a new program.
+"""
+import inspect
+import math
+
+import torch
+import torch.optim.optimizer as _torch_optimizer
+
+_VELOCITY_SCALE_KEY = "velocity_scaling"  # optim/sgd.py: momentum_buffer is stored times this
+
+
+def family_of(optimizer):
+    """'sgd', 'adam', 'adamw' or None (not supported by the compiled backend)."""
+    for cls in type(optimizer).__mro__:
+        if cls is torch.optim.AdamW:
+            return "adamw"
+        if cls is torch.optim.Adam:
+            return "adam"
+        if cls is torch.optim.SGD:
+            return "sgd"
+    return None
+
+
+def _known_step(cls) -> bool:
+    """Whether ``cls.step`` is the library's own (torch wraps ``step`` for its hooks: unwrap)."""
+    from ...optim import adam, sgd
+    from ...optim._base import Optimizer
+    step = inspect.unwrap(cls.step)
+    if step in [inspect.unwrap(c.step) for c in (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)]:
+        return True
+    return step is inspect.unwrap(Optimizer.step) and cls._update in (sgd.SGD._update, adam._AdamBase._update)
+
+
+def unsupported_reason(optimizer):
+    """Why the compiled backend cannot run ``optimizer`` functionally, or None."""
+    family = family_of(optimizer)
+    if family is None:
+        return f"optimizer {type(optimizer).__name__} has no functional update (SGD, Adam, AdamW have)"
+    for attr in ("accum_type", "velocity_accum_type", "first_order_momentum_accum_type",
+                 "second_order_momentum_accum_type"):
+        if getattr(optimizer, attr, torch.float32) != torch.float32:
+            return f"optimizer {attr}={getattr(optimizer, attr)} (float16 optimizer state)"
+    if not _known_step(type(optimizer)):
+        return f"{type(optimizer).__name__}.step overridden (only the library's update is known)"
+    if (getattr(optimizer, "_optimizer_step_pre_hooks", None) or getattr(optimizer, "_optimizer_step_post_hooks", None)
+            or _torch_optimizer._global_optimizer_pre_hooks or _torch_optimizer._global_optimizer_post_hooks):
+        # e.g. Lightning's per-optimizer-step work (lightning/optimizer_steps.py): step() must run
+        return "optimizer step hooks (optimizer.register_step_pre_hook / post_hook, e.g. Lightning's)"
+    for group in optimizer.param_groups:
+        if group.get("amsgrad", False):
+            return "amsgrad"
+        if group.get("differentiable", False):
+            return "a differentiable optimizer"
+        for p in group["params"]:
+            if p.dtype != torch.float32:
+                return f"a {p.dtype} parameter (the compiled backend updates float32 parameters)"
+    return None
+
+
+def signature(optimizer):
+    """The static choices an update program is built for: (family, clipping, per group
+    (parameter count, momentum on, nesterov, maximize, decoupled weight decay, bias correction))."""
+    family = family_of(optimizer)
+    groups = []
+    for group in optimizer.param_groups:
+        momentum_on = family == "sgd" and float(group["momentum"]) != 0.0
+        groups.append((len(group["params"]), momentum_on, bool(group.get("nesterov", False)),
+                       bool(group.get("maximize", False)),
+                       family == "adamw" or bool(group.get("decoupled_weight_decay", False)),
+                       bool(getattr(optimizer, "bias_correction", True))))
+    clipping = not math.isinf(float(getattr(optimizer, "max_grad_norm", math.inf) or math.inf))
+    return (family, clipping, tuple(groups))
+
+
+class FunctionalOptimizer:
+    """See the module docstring."""
+
+    def __init__(self, optimizer):
+        self.family = family_of(optimizer)
+        self.bind(optimizer)
+        self.static = signature(optimizer)
+
+    def bind(self, optimizer) -> None:
+        """Read hyperparameters and state from ``optimizer`` from now on (``setOptimizer``):
+        the caller has checked ``signature(optimizer)`` is this one's."""
+        self.optimizer = optimizer
+        self._cache = {}
+        self.groups = [list(group["params"]) for group in optimizer.param_groups]
+        self.params = [p for params in self.groups for p in params]
+        self.device = self.params[0].device if self.params else torch.device("cpu")
+        self.combined = bool(getattr(optimizer, "use_combined_accum", False))
+        self.max_grad_norm = float(getattr(optimizer, "max_grad_norm", math.inf) or math.inf)
+
+    def _velocity_scale(self, group):
+        return float(group.get("velocity_scaling", 1.0)) if self.combined else 1.0
+
+    # ------------------------------------------------------------------ inputs
+    def loss_scale(self):
+        """The optimizer's ``loss_scaling`` as a program input."""
+        return self._as_tensors((float(getattr(self.optimizer, "loss_scaling", 1.0)),), "loss_scale")[0]
+
+    def _as_tensors(self, values, slot):
+        """0-d float32 tensors of ``values``, made again only when a value changes (a host call
+        costs microseconds: creating a tensor per hyperparameter per call would show)."""
+        cached = self._cache.get(slot)
+        if cached is None or cached[0] != values:
+            cached = self._cache[slot] = (values, [self._scalar(v) for v in values])
+        return cached[1]
+
+    def _scalar(self, value):
+        """A 0-d float32 program input on the parameters' device (CUDA graphs take no CPU inputs)."""
+        return torch.tensor(float(value), dtype=torch.float32, device=self.device)
+
+    def hyper(self):
+        values = []
+        for group in self.optimizer.param_groups:
+            v = {"lr": group["lr"], "weight_decay": group["weight_decay"]}
+            if self.family == "sgd":
+                v.update(momentum=group["momentum"], dampening=group["dampening"],
+                         velocity_scale=self._velocity_scale(group))
+            else:
+                v.update(beta1=group["betas"][0], beta2=group["betas"][1], eps=group["eps"])
+            values.append(v)
+        if self.static[1]:
+            values[0]["max_grad_norm"] = self.max_grad_norm
+        key = [tuple(float(x) for x in v.values()) for v in values]
+        cached = self._cache.get("hyper")
+        if cached is None or cached[0] != key:
+            tensors = [{k: self._scalar(x) for k, x in v.items()} for v in values]
+            cached = self._cache["hyper"] = (key, tensors)
+        return cached[1]
+
+    def state_in(self):
+        """Per parameter a dict of state tensors (copies: the program's result replaces them)."""
+        state = []
+        for group, params in zip(self.optimizer.param_groups, self.groups):
+            for p in params:
+                st = self.optimizer.state.get(p, {})
+                if self.family == "sgd":
+                    if float(group["momentum"]) == 0.0:
+                        state.append({})
+                        continue
+                    buf = st.get("momentum_buffer")
+                    if buf is None:
+                        state.append({"momentum_buffer": torch.zeros_like(p),
+                                      "has_buffer": torch.tensor(False, device=p.device)})
+                        continue
+                    buf = buf.to(torch.float32)
+                    previous = st.get(_VELOCITY_SCALE_KEY, 1.0)
+                    scale = self._velocity_scale(group)
+                    if previous != scale:  # velocity_scaling changed: keep the velocity itself
+                        buf = buf * (scale / previous)
+                    state.append({"momentum_buffer": buf, "has_buffer": torch.tensor(True, device=p.device)})
+                else:
+                    step = st.get("step")
+                    step = torch.zeros((), device=p.device) if step is None else \
+                        torch.as_tensor(step, dtype=torch.float32).to(p.device)
+                    state.append({"step": step.reshape(()),
+                                  "exp_avg": _or_zeros(st.get("exp_avg"), p),
+                                  "exp_avg_sq": _or_zeros(st.get("exp_avg_sq"), p)})
+        return state
+
+    # ------------------------------------------------------------------ the update (traced)
+    def update(self, params, grads, state, hyper):
+        """New (params, state): pure, traced by torch.compile."""
+        if self.static[1]:
+            norms = torch.stack([torch.linalg.vector_norm(g, 2) for g in grads])
+            coefficient = torch.clamp(hyper[0]["max_grad_norm"] / (torch.linalg.vector_norm(norms, 2) + 1e-6),
+                                      max=1.0)
+            grads = [g * coefficient for g in grads]
+        new_params, new_state = [], []
+        i = 0
+        for group, h in zip(self.static[2], hyper):
+            n = group[0]
+            for k in range(i, i + n):
+                update = self._sgd if self.family == "sgd" else self._adam
+                p, st = update(group, params[k], grads[k], state[k], h)
+                new_params.append(p)
+                new_state.append(st)
+            i += n
+        return new_params, new_state
+
+    def _sgd(self, group, p, g, st, h):
+        _, momentum_on, nesterov, maximize, _, _ = group
+        if maximize:
+            g = -g
+        g = g + h["weight_decay"] * p
+        if not momentum_on:
+            return p - h["lr"] * g, st
+        scale = h["velocity_scale"]
+        buf = torch.where(st["has_buffer"],
+                          st["momentum_buffer"] * h["momentum"] + g * ((1.0 - h["dampening"]) * scale),
+                          g * scale)
+        if nesterov:
+            p = p - h["lr"] * (g + buf * (h["momentum"] / scale))
+        else:
+            p = p - buf * (h["lr"] / scale)
+        return p, {"momentum_buffer": buf, "has_buffer": torch.ones_like(st["has_buffer"])}
+
+    def _adam(self, group, p, g, st, h):
+        _, _, _, maximize, decoupled, bias_correction = group
+        lr, beta1, beta2 = h["lr"], h["beta1"], h["beta2"]
+        if decoupled:
+            p = p * (1.0 - lr * h["weight_decay"])
+        if maximize:
+            g = -g
+        if not decoupled:
+            g = g + h["weight_decay"] * p
+        step = st["step"] + 1.0
+        m = torch.lerp(st["exp_avg"], g, 1.0 - beta1)
+        v = st["exp_avg_sq"] * beta2 + g * g * (1.0 - beta2)
+        if bias_correction:
+            denom = torch.sqrt(v) / torch.sqrt(1.0 - torch.pow(beta2, step)) + h["eps"]
+            p = p - (lr / (1.0 - torch.pow(beta1, step))) * m / denom
+        else:
+            p = p - lr * m / (torch.sqrt(v) + h["eps"])
+        return p, {"step": step, "exp_avg": m, "exp_avg_sq": v}
+
+    # ------------------------------------------------------------------ results
+    def commit(self, new_state):
+        """``optimizer.state`` as ``step()`` would have left it."""
+        for group, params in zip(self.optimizer.param_groups, self.groups):
+            scale = self._velocity_scale(group) if self.family == "sgd" else 1.0
+            for p in params:
+                st = new_state.pop(0)
+                if not st:
+                    continue
+                state = self.optimizer.state[p]
+                if self.family == "sgd":
+                    state["momentum_buffer"] = st["momentum_buffer"]
+                    if scale != 1.0:
+                        state[_VELOCITY_SCALE_KEY] = scale
+                    else:
+                        state.pop(_VELOCITY_SCALE_KEY, None)
+                else:
+                    state["step"] = st["step"]
+                    state["exp_avg"] = st["exp_avg"]
+                    state["exp_avg_sq"] = st["exp_avg_sq"]
+
+
+def _or_zeros(tensor, param):
+    if tensor is None:
+        return torch.zeros_like(param, memory_format=torch.preserve_format)
+    return tensor.to(torch.float32)

@@ -1,0 +1,197 @@
+"""One host call as one compiled program: DI steps x GA x R micro-batches, forward, backward,
+gradient reduction, loss scaling, optimizer update and output collection.
+
+The program is a pure function of tensors - parameters, optimizer state, hyperparameters and the
+call's inputs split ``[DI, GA, R_in, micro, ...]`` - compiled by ``torch.compile`` (Inductor):
+
+* one optimizer step (``_step``): for each micro-batch ``torch.func.grad`` of
+  ``loss * loss_scaling`` through ``torch.func.functional_call`` of the user's module; the
+  gradients reduced as the executor does (``gradients.py``: Sum, Mean post hoc or running
+  mean) and unscaled; then the functional optimizer update (``functional_optim.py``);
+* DI > 1: ``torch._higher_order_ops.while_loop`` over the steps, the state carried; gradients
+  are computed *inside* the loop body (differentiating through ``while_loop`` is not used);
+* outputs: every micro-batch's output leaves stacked ``[DI, GA*R, ...]`` (``Final``: only the
+  last step's, carried), assembled per output mode as ``outputs.py`` assembles them.
+
+Nothing the program computes reaches the model or the optimizer until it has finished: a call
+that raises changes nothing.
+"""
+import itertools
+import types
+
+import torch
+from torch._higher_order_ops import while_loop
+from torch.func import functional_call
+
+from ...enums import MeanReductionStrategy, OutputMode, ReductionType
+from ..outputs import _DEMOTE, _unflatten, flatten_output, protect_output
+
+
+class Layout:
+    """What a program needs to know of one executor's call (static: a change rebuilds it)."""
+
+    def __init__(self, executor, inputs, output_spec, output_leaves):
+        settings = executor._settings
+        geometry = executor._geometry
+        self.geometry = geometry
+        self.training = executor._training
+        self.chunks = [geometry.input_chunk_of_replica(r) for r in range(geometry.replication_factor)]
+        self.inputs = inputs  # BoundInputs template (only its structure is used)
+        self.mode = OutputMode(settings.output_mode)
+        self.period = settings.output_return_period if self.mode == OutputMode.EveryN else 1
+        self.output_spec = output_spec
+        self.output_leaves = output_leaves  # (shape, dtype) per leaf of one micro-batch's output
+        self.mean = settings.reduction == ReductionType.Mean
+        self.running = self.mean and settings.mean_strategy == MeanReductionStrategy.Running
+
+
+class Program:
+    """The compiled function for one executor, model, optimizer signature and layout."""
+
+    def __init__(self, model, layout, functional_optimizer, loss_index, trained_names, frozen_names, compile_fn):
+        self.model = model
+        self.layout = layout
+        self.optim = functional_optimizer
+        self.loss_index = loss_index
+        self.trained_names = trained_names  # the optimizer's parameters (inference: all)
+        self.frozen_names = frozen_names
+        self.ran = False  # a first run that fails is a compile failure (backend.py)
+        self._compiled = compile_fn(_own_code(self._program))
+
+    # ------------------------------------------------------------------ host side
+    def run(self, split_inputs, trained, frozen, state, hyper, loss_scale):
+        """Run the program. Returns (new_params, new_state, outputs) - nothing committed."""
+        return self._compiled(tuple(split_inputs), tuple(trained), tuple(frozen), state, hyper, loss_scale)
+
+    def finish(self, rows):
+        """The host call's result from the program's assembled leaves (dtypes as PopTorch returns)."""
+        rows = [out.cpu() for out in rows]  # one device-to-host copy per output, as eager
+        leaves = [protect_output(out.to(_DEMOTE[out.dtype]) if out.dtype in _DEMOTE else out) for out in rows]
+        return _unflatten(leaves, self.layout.output_spec)
+
+    def _assemble(self, stacked):
+        """Per leaf ``[DI, GA*R, ...]`` -> the rows the output mode returns, shaped as
+        ``OutputCollector`` shapes them (traced: part of the program)."""
+        layout = self.layout
+        g = layout.geometry
+        replicas, accumulation = g.replication_factor, g.gradient_accumulation
+        leaves = []
+        for values in stacked:
+            leaf_shape = values.shape[2:]
+            if layout.mode == OutputMode.Final:
+                rows = values[-1].reshape(accumulation, replicas, *leaf_shape)[-1]
+            elif layout.mode == OutputMode.Sum:
+                rows = values.reshape(-1, accumulation, replicas, *leaf_shape).sum(dim=(0, 1))
+            elif layout.mode == OutputMode.EveryN:
+                rows = values[layout.period - 1::layout.period].reshape(-1, *leaf_shape)
+            else:
+                rows = values.reshape(-1, *leaf_shape)
+            if rows.shape[0] == 1:
+                out = rows[0].clone()
+            elif len(leaf_shape) == 0:
+                out = rows.clone()
+            else:
+                out = rows.reshape(-1, *leaf_shape[1:]).clone()
+            leaves.append(out)
+        return leaves
+
+    # ------------------------------------------------------------------ traced
+    def _program(self, split_inputs, trained, frozen, state, hyper, loss_scale):
+        layout = self.layout
+        steps = layout.geometry.device_iterations
+        keep_all = layout.mode != OutputMode.Final
+        if steps == 1:
+            trained, state, outs = self._step([x if x.dim() == 0 else x[0] for x in split_inputs],
+                                              trained, frozen, state, hyper, loss_scale)
+            return trained, state, self._assemble([o.unsqueeze(0) for o in outs])
+
+        flat_state, state_spec = torch.utils._pytree.tree_flatten(state)
+        micro_count = layout.geometry.micro_batches_per_step
+        shapes = [(micro_count, *shape) for shape, _ in layout.output_leaves]
+        dtypes = [dtype for _, dtype in layout.output_leaves]
+        device = next((x.device for x in split_inputs), torch.device("cpu"))
+        outs0 = [torch.zeros((steps, *s) if keep_all else s, dtype=d, device=device) for s, d in zip(shapes, dtypes)]
+        fixed = list(trained)  # inference: the weights are read, not carried (no aliasing in while_loop)
+        if not layout.training:
+            trained = []
+        n_trained, n_state = len(trained), len(flat_state)
+
+        def cond(i, *carried):
+            return i < steps
+
+        def body(i, *carried):
+            params = list(carried[:n_trained]) if layout.training else fixed
+            st = torch.utils._pytree.tree_unflatten(list(carried[n_trained:n_trained + n_state]), state_spec)
+            outs = list(carried[n_trained + n_state:])
+            index = i.reshape(1)
+            step_inputs = [x if x.dim() == 0 else x.index_select(0, index)[0] for x in split_inputs]
+            params, st, step_outs = self._step(step_inputs, params, frozen, st, hyper, loss_scale)
+            if keep_all:
+                outs = [o.index_copy(0, index, s.unsqueeze(0)) for o, s in zip(outs, step_outs)]
+            else:
+                outs = [s.clone() for s in step_outs]
+            carried_params = params if layout.training else []
+            return (i + 1, *carried_params, *torch.utils._pytree.tree_flatten(st)[0], *outs)
+
+        result = while_loop(cond, body, (torch.tensor(0, device=outs0[0].device), *trained, *flat_state, *outs0))
+        trained = list(result[1:1 + n_trained])
+        state = torch.utils._pytree.tree_unflatten(list(result[1 + n_trained:1 + n_trained + n_state]), state_spec)
+        outs = list(result[1 + n_trained + n_state:])
+        if not keep_all:
+            outs = [o.unsqueeze(0) for o in outs]
+        return trained, state, self._assemble(outs)
+
+    def _forward(self, params, micro_inputs):
+        leaves = list(self.layout.inputs.leaves)
+        for pos, value in zip(self.layout.inputs.tensor_positions, micro_inputs):
+            leaves[pos] = value
+        args, kwargs = self.layout.inputs.rebuild(leaves)
+        output = functional_call(self.model, params, args, kwargs)
+        return flatten_output(output)[0]
+
+    def _step(self, step_inputs, trained, frozen, state, hyper, loss_scale):
+        """One device iteration: every micro-batch, then (training) the update."""
+        layout = self.layout
+        g = layout.geometry
+        frozen_params = dict(zip(self.frozen_names, frozen))
+        outs = []
+        grads = None
+        for a in range(g.gradient_accumulation):
+            for r in range(g.replication_factor):
+                micro = [x if x.dim() == 0 else x[a, layout.chunks[r]] for x in step_inputs]
+                if not layout.training:
+                    outs.append(self._forward({**frozen_params, **dict(zip(self.trained_names, trained))}, micro))
+                    continue
+
+                def scaled_loss(ps, micro=micro):
+                    flat = self._forward({**frozen_params, **dict(zip(self.trained_names, ps))}, micro)
+                    return flat[self.loss_index] * loss_scale, [leaf.detach() for leaf in flat]
+
+                micro_grads, flat = torch.func.grad(scaled_loss, has_aux=True)(list(trained))
+                outs.append(flat)
+                k = a * g.replication_factor + r
+                if grads is None:
+                    grads = list(micro_grads)
+                elif layout.running:
+                    grads = [acc * (k / (k + 1)) + mg / (k + 1) for acc, mg in zip(grads, micro_grads)]
+                else:
+                    grads = [acc + mg for acc, mg in zip(grads, micro_grads)]
+        stacked = [torch.stack([flat[i] for flat in outs]) for i in range(len(outs[0]))]
+        if not layout.training:
+            return trained, state, stacked
+        divisor = loss_scale * g.micro_batches_per_step if (layout.mean and not layout.running) else loss_scale
+        grads = [gr / divisor for gr in grads]
+        new_params, new_state = self.optim.update(list(trained), grads, state, hyper)
+        return new_params, new_state, stacked
+
+
+_programs = itertools.count()
+
+
+def _own_code(method):
+    """``method`` with a code object of its own: torch.compile keeps its compiled graphs (and
+    its recompile limit) per code object, so programs of different executors must not share one."""
+    code = method.__func__.__code__
+    function = types.FunctionType(code.replace(co_name=f"{code.co_name}_{next(_programs)}"),
+                                  method.__func__.__globals__)
+    return types.MethodType(function, method.__self__)

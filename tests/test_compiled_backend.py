@@ -1,0 +1,282 @@
+"""The compiled backend (``Options.openpopBackend("compiled")``, runtime/compiled/) against
+plain-PyTorch oracles, and its fallbacks. The suite's default backend stays ``auto``, which
+never compiles within a test's few seconds of eager host calls (README "Compiled backend"); the
+tests here force it. All cases share one tiny model shape so Inductor's cache serves repeats."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from helpers.oracle import micro_batches, train_loop
+
+import poptorch
+
+
+class Regressor(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(6, 8)
+        self.fc2 = torch.nn.Linear(8, 2)
+
+    def forward(self, x, target):
+        out = self.fc2(torch.tanh(self.fc1(x)))
+        return out, F.mse_loss(out, target)
+
+
+def regressor_loss(model, x, t):
+    return model(x, t)[1]
+
+
+def make_data(rows, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, 6, generator=g), torch.randn(rows, 2, generator=g)
+
+
+def compiled_options(di=1, ga=1, r=1, mode=poptorch.OutputMode.All, backend="compiled"):
+    opts = poptorch.Options().deviceIterations(di).replicationFactor(r).openpopBackend(backend)
+    opts.Training.gradientAccumulation(ga)
+    opts.outputMode(mode, output_return_period=2 if mode == poptorch.OutputMode.EveryN else None)
+    opts.showCompilationProgressBar(False)
+    return opts
+
+
+SGD_ARGS = dict(lr=0.1, momentum=0.9, dampening=0.1, weight_decay=0.01, nesterov=False)
+CASES = {
+    # name: (di, ga, r, optimizer factories (openpop, oracle), options tweak, reduction)
+    "sgd_momentum_di3_ga2_r2": (3, 2, 2, lambda p: poptorch.optim.SGD(p, **SGD_ARGS),
+                                lambda p: torch.optim.SGD(p, **SGD_ARGS), None, "mean"),
+    "sgd_nesterov_velocity_scaling_loss_scaling_running_mean_di2_ga3": (
+        2, 3, 1,
+        lambda p: poptorch.optim.SGD(p, lr=0.05, momentum=0.8, nesterov=True, use_combined_accum=True,
+                                     velocity_scaling=4.0, loss_scaling=64.0),
+        lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.8, nesterov=True),
+        lambda o: o.Training.setMeanAccumulationAndReplicationReductionStrategy(
+            poptorch.MeanReductionStrategy.Running), "mean"),
+    "adam_sum_reduction_di1_ga2": (1, 2, 1, lambda p: poptorch.optim.Adam(p, lr=0.01, weight_decay=0.1),
+                                   lambda p: torch.optim.Adam(p, lr=0.01, weight_decay=0.1),
+                                   lambda o: o.Training.accumulationAndReplicationReductionType(
+                                       poptorch.ReductionType.Sum), "sum"),
+    "adamw_clipped_di2_r2": (2, 1, 2, lambda p: poptorch.optim.AdamW(p, lr=0.02, max_grad_norm=0.05),
+                             lambda p: torch.optim.AdamW(p, lr=0.02), None, "mean"),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_training_matches_oracle(case):
+    di, ga, r, make_opt, make_ref_opt, tweak, reduction = CASES[case]
+    model = Regressor()
+    reference = copy.deepcopy(model)
+    opts = compiled_options(di, ga, r)
+    if tweak is not None:
+        tweak(opts)
+    pop = poptorch.trainingModel(model, opts, make_opt(model.parameters()))
+    ref_opt = make_ref_opt(reference.parameters())
+    clip = "clipped" in case
+    for call in range(2):
+        x, t = make_data(di * ga * r * 3, seed=call)
+        out, losses = pop(x, t)
+        assert pop._backend.last == "compiled"
+        if clip:
+            ref_losses = _clipped_loop(reference, ref_opt, (x, t), di, ga, r, 0.05)
+        else:
+            ref_losses = train_loop(reference, ref_opt, (x, t), regressor_loss, di, ga, r, reduction)
+        torch.testing.assert_close(losses.reshape(-1), ref_losses, rtol=1e-5, atol=1e-6)
+        assert out.shape == (di * ga * r * 3, 2)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    # The optimizer state is torch's, as eager leaves it.
+    state = pop._optimizer.state_dict()["state"]
+    for index, q in enumerate(reference.parameters()):
+        for key, value in ref_opt.state[q].items():
+            torch.testing.assert_close(torch.as_tensor(state[index][key]).float(), torch.as_tensor(value).float(),
+                                       rtol=1e-5, atol=1e-6)
+
+
+def _clipped_loop(model, optimizer, inputs, di, ga, r, max_norm):
+    splits = [micro_batches(t, di, ga, r) for t in inputs]
+    losses = []
+    for d in range(di):
+        optimizer.zero_grad(set_to_none=True)
+        for g in range(ga):
+            for k in range(r):
+                loss = regressor_loss(model, *[s[d][g][k] for s in splits])
+                losses.append(loss.detach())
+                (loss / (ga * r)).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        optimizer.step()
+    return torch.stack(losses)
+
+
+@pytest.mark.parametrize("mode", [poptorch.OutputMode.Final, poptorch.OutputMode.Sum,
+                                  poptorch.OutputMode.EveryN])
+def test_output_modes_and_lr_changes_match_eager(mode):
+    """Output modes as eager returns them; setOptimizer / an LR scheduler between calls take
+    effect without a recompile (lr is a program input)."""
+    results = {}
+    for backend in ("eager", "compiled"):
+        torch.manual_seed(0)
+        model = Regressor()
+        opts = compiled_options(4, 1, 2, mode, backend)
+        optimizer = poptorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)
+        pop = poptorch.trainingModel(model, opts, optimizer)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+        outs = []
+        for call in range(3):
+            x, t = make_data(4 * 2 * 2, seed=call)
+            outs.append(pop(x, t))
+            optimizer.step()  # no gradients: only keeps the scheduler's order check quiet
+            scheduler.step()
+            pop.setOptimizer(optimizer)
+        new = poptorch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
+        pop.setOptimizer(new)
+        outs.append(pop(*make_data(4 * 2 * 2, seed=9)))
+        assert pop._backend.last == backend
+        results[backend] = outs, [p.detach().clone() for p in model.parameters()]
+    for eager, compiled in zip(results["eager"][0], results["compiled"][0]):
+        for a, b in zip(eager, compiled):
+            assert a.shape == b.shape and a.dtype == b.dtype
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    for a, b in zip(results["eager"][1], results["compiled"][1]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_inference_matches_oracle_and_follows_host_weights():
+    model = Regressor()
+    pop = poptorch.inferenceModel(model, compiled_options(3, 1, 2))
+    x, t = make_data(3 * 2 * 4)
+    out, loss = pop(x, t)
+    assert pop._backend.last == "compiled"
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x, t)[0], rtol=1e-6, atol=1e-6)
+        ref_losses = torch.stack([model(xm, tm)[1] for xm, tm in zip(x.split(4), t.split(4))])
+    torch.testing.assert_close(loss, ref_losses, rtol=1e-6, atol=1e-6)
+    with torch.no_grad():
+        model.fc2.bias.add_(1.0)
+    pop.copyWeightsToDevice()  # the program reads the device copies, as eager does
+    out2, _ = pop(x, t)
+    torch.testing.assert_close(out2, out + 1.0, rtol=1e-6, atol=1e-6)
+
+
+class BatchNormed(Regressor):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.BatchNorm1d(6)
+
+    def forward(self, x, target):
+        return super().forward(self.norm(x), target)
+
+
+class Printing(Regressor):
+    def forward(self, x, target):
+        return super().forward(poptorch.ipu_print_tensor(x, "x"), target)
+
+
+class Branching(Regressor):
+    def forward(self, x, target):
+        if x.sum() > 0:  # data-dependent Python control flow
+            x = x * 2
+        return super().forward(x, target)
+
+
+@pytest.mark.parametrize("model_class,construct", [
+    (BatchNormed, "BatchNorm1d running statistics"),
+    (Printing, "ipu_print_tensor"),
+    (Branching, "torch.compile(fullgraph=True) rejects"),
+])
+def test_unsupported_model_auto_logs_once_forced_raises(model_class, construct, warnings_logged):
+    x, t = make_data(8)
+    torch.manual_seed(0)
+    forced = model_class()
+    pop = poptorch.trainingModel(forced, compiled_options(2))
+    state = copy.deepcopy(forced.state_dict())
+    with pytest.raises(poptorch.Error, match=construct.replace("(", r"\(").replace(")", r"\)")):
+        pop(x, t)
+    for key, value in forced.state_dict().items():  # raised before anything changed
+        torch.testing.assert_close(value, state[key])
+
+    torch.manual_seed(0)
+    model, reference = model_class(), model_class()
+    reference.load_state_dict(model.state_dict())
+    auto = compiled_options(2, backend="auto")
+    auto.openpopBackend("auto", compile_after=0.0)
+    pop = poptorch.trainingModel(model, auto)
+    eager = poptorch.trainingModel(reference, compiled_options(2, backend="eager"))
+    for _ in range(2):
+        _, loss = pop(x, t)
+        _, ref_loss = eager(x, t)
+        torch.testing.assert_close(loss, ref_loss)
+    assert pop._backend.last == "eager"
+    lines = [m for m in warnings_logged() if "compiled backend does not support" in m]
+    assert len(lines) == 1 and construct in lines[0]
+
+
+def test_auto_compiles_after_its_eager_budget():
+    """Ski rental: eager until the eager host calls have cost compile_after seconds."""
+    model = Regressor()
+    opts = compiled_options(2, backend="auto")
+    opts.openpopBackend("auto", compile_after=3600.0)
+    pop = poptorch.trainingModel(model, opts)
+    x, t = make_data(2 * 3)
+    pop(x, t)
+    assert pop._backend.last == "eager"
+    pop._backend.selection.compile_after = 0.0  # as if an hour of eager calls had passed
+    reference = copy.deepcopy(model)
+    _, loss = pop(x, t)
+    assert pop._backend.last == "compiled"
+    ref_losses = train_loop(reference, torch.optim.SGD(reference.parameters(), lr=0.01), (x, t),
+                            regressor_loss, 2, 1, 1)
+    torch.testing.assert_close(loss, ref_losses, rtol=1e-6, atol=1e-6)
+
+
+def test_backend_option_and_environment(monkeypatch):
+    assert poptorch.Options().openpop_backend == "auto"
+    with pytest.raises(poptorch.Error, match="Unknown openpop backend 'fast'"):
+        poptorch.Options().openpopBackend("fast")
+    with pytest.raises(poptorch.Error, match="compile_after"):
+        poptorch.Options().openpopBackend("auto", compile_after=-1)
+    from openpop.runtime.compiled.selection import Selection
+    monkeypatch.setenv("OPENPOP_BACKEND", "eager")
+    assert Selection.from_options(poptorch.Options()).backend == "eager"
+    assert Selection.from_options(poptorch.Options().openpopBackend("compiled")).backend == "compiled"
+    assert "openpop_backend" in poptorch.Options().outputMode(poptorch.OutputMode.All).toDict()
+
+
+def test_cuda_graph_helpers_are_off_on_cpu():
+    from openpop.runtime.compiled import cuda_graphs
+    cpu = torch.device("cpu")
+    assert cuda_graphs.compile_options(cpu) == {}
+    assert cuda_graphs.mark_step_begin([torch.zeros(1)]) is False
+    assert cuda_graphs.compile_options(torch.device("cuda", 0)) == {"mode": "reduce-overhead"}
+
+
+@pytest.mark.gpu
+def test_cuda_graphs_training_matches_eager():
+    results = []
+    for backend in ("eager", "compiled"):
+        torch.manual_seed(0)
+        model = Regressor().cuda()
+        opts = compiled_options(4, backend=backend).deviceMap(["cuda:0"])
+        pop = poptorch.trainingModel(model, opts, poptorch.optim.Adam(model.parameters(), lr=0.01))
+        x, t = make_data(4 * 3)
+        for _ in range(3):
+            losses = pop(x.cuda(), t.cuda())[1]
+        results.append((losses.cpu(), [p.detach().cpu() for p in model.parameters()]))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-5, atol=1e-6)
+
+
+def test_optimizers_without_a_functional_update_are_named():
+    from openpop.runtime.compiled.functional_optim import unsupported_reason
+    params = list(Regressor().parameters())
+
+    class OwnStep(torch.optim.SGD):
+        def step(self, closure=None):
+            return None
+
+    hooked = torch.optim.SGD(params, lr=0.1)
+    hooked.register_step_post_hook(lambda *args: None)  # as Lightning's per-step work does
+    assert unsupported_reason(poptorch.optim.AdamW(params)) is None
+    assert unsupported_reason(torch.optim.SGD(params, lr=0.1, momentum=0.9)) is None
+    assert "LAMB" in unsupported_reason(poptorch.optim.LAMB(params))
+    assert "OwnStep.step overridden" in unsupported_reason(OwnStep(params, lr=0.1))
+    assert "step hooks" in unsupported_reason(hooked)
+    assert "float16" in unsupported_reason(poptorch.optim.SGD(params, lr=0.1, accum_type=torch.float16))
