@@ -381,16 +381,13 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
         call = self._call(_STEP_METHODS[stage], self._inference_opts, args, kwargs, training=False)
         batch, runner = args[0], self._runners[stage]
         size = leading_size(batch)
-        per_call = call.geometry.batches_per_call
-        compiled_size = runner.combined_size
-        if size is not None and (size % per_call != 0 or (compiled_size is not None and size < compiled_size)):
-            # The loader's incomplete last batch: on the host, without recompiling for its shape.
-            micro = runner.micro_size or runner.loader_micro_size or max(1, size // per_call)
-            with self._step_module.running(call):
-                result = run_in_chunks(self._step_module, batch, size, micro)
-            self._flush_logs(stage, call)
-            return result
-        return self._host_call(stage, call, batch)
+        if not runner.is_incomplete(size, call.geometry.batches_per_call):
+            return self._host_call(stage, call, batch)
+        # The loader's incomplete last batch: on the host, without recompiling for its shape.
+        with self._step_module.running(call):
+            result = run_in_chunks(self._step_module, batch, size, runner.host_micro_size(size, call.geometry))
+        self._flush_logs(stage, call)
+        return result
 
     def _manual_training_step(self, args, kwargs):
         call = self._call("training_step", self._training_opts, args, kwargs, training=False)
