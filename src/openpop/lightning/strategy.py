@@ -43,7 +43,6 @@ Model parallelism
     ``device_iterations >= stages``) and the options did not choose an execution strategy, the
     model runs with ``ShardedExecution`` (same results) and one warning says how to pipeline.
 """
-import os
 import time
 from typing import Any, Dict, List, Optional
 
