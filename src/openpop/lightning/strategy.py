@@ -306,23 +306,19 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
     # ------------------------------------------------------------------ stage hooks
     @override
     def on_train_start(self) -> None:
-        self._start_profile(RunningStage.TRAINING)
+        self._stage_starts(RunningStage.TRAINING)
 
     @override
     def on_validation_start(self) -> None:
-        stage = self.lightning_module.trainer.state.stage
-        self._runners[stage].refresh_weights()
-        self._start_profile(stage)
+        self._stage_starts(self.lightning_module.trainer.state.stage)
 
     @override
     def on_test_start(self) -> None:
-        self._runners[RunningStage.TESTING].refresh_weights()
-        self._start_profile(RunningStage.TESTING)
+        self._stage_starts(RunningStage.TESTING)
 
     @override
     def on_predict_start(self) -> None:
-        self._runners[RunningStage.PREDICTING].refresh_weights()
-        self._start_profile(RunningStage.PREDICTING)
+        self._stage_starts(RunningStage.PREDICTING)
 
     @override
     def on_train_end(self) -> None:
@@ -454,10 +450,14 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
         return inferenceModel(self._step_module, options)
 
     # ------------------------------------------------------------------ autoreport
-    def _start_profile(self, stage) -> None:
+    def _stage_starts(self, stage) -> None:
+        runner = self._runners.get(stage)
+        if runner is None:
+            return
+        if not runner.training:  # weights may have changed since its last call (training, a checkpoint, user code)
+            runner.refresh_weights()
         if self.autoreport:
-            directory = self.autoreport_dir or self.lightning_module.trainer.default_root_dir
-            self._runners[stage].start_profile(str(directory))
+            runner.start_profile(str(self.autoreport_dir or self.lightning_module.trainer.default_root_dir))
 
     def _write_profile(self, stage) -> None:
         runner = self._runners.get(stage)
