@@ -22,8 +22,8 @@ the fix.
 
 Training loaders drop an incomplete last combined batch (``poptorch.DataLoader``'s default;
 Lightning's epoch then has ``len(dataset) // combined`` batches). Evaluation and prediction
-loaders keep it (the user's ``drop_last``): the strategy runs it on the host in micro-batches, so
-no sample is lost.
+loaders keep it (the user's ``drop_last``): the strategy runs it on the host in micro-batches
+(``steps.run_in_chunks``), so no sample is lost.
 """
 from typing import Optional
 
