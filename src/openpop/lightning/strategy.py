@@ -67,7 +67,6 @@ from .steps import StepCall, StepModule, leading_size, lightning_training_output
 _states = module("trainer.states")
 RunningStage, TrainerFn = _states.RunningStage, _states.TrainerFn
 MisconfigurationException = module("utilities.exceptions").MisconfigurationException
-_signature_utils = module("utilities.signature_utils")
 _rank_zero = module("utilities.rank_zero")
 
 _LOADER_HOOKS = {RunningStage.TRAINING: "train_dataloader", RunningStage.VALIDATING: "val_dataloader",
@@ -115,7 +114,6 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
         self._runners: Dict[Any, StageRunner] = {}  # RunningStage -> its runner (built in setup)
         self._step_module: Optional[StepModule] = None
         self._restore_accumulation: Optional[int] = None
-        self._takes_batch_idx: Dict[str, bool] = {}  # step method name -> whether it takes batch_idx
         self._warned_sharded = False
 
     @classmethod
@@ -234,7 +232,6 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
         self._options.training = self._stage_options(training=True, in_place=True)
         self._options.inference = self._stage_options(training=False, in_place=True)
         self._step_module = StepModule(lightning_module)
-        self._takes_batch_idx = {}
         if fn == TrainerFn.FITTING:
             training = StageRunner("training", training=True)  # manual optimization: no executor
             if automatic_training:
@@ -344,12 +341,7 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
         return self._inference_step(RunningStage.PREDICTING, args, kwargs)
 
     def _call(self, method: str, options: Options, args, kwargs, training: bool) -> StepCall:
-        takes_batch_idx = self._takes_batch_idx.get(method)
-        if takes_batch_idx is None:
-            step = getattr(self.lightning_module, method)
-            takes_batch_idx = _signature_utils.is_param_in_hook_signature(step, "batch_idx", min_args=2)
-            self._takes_batch_idx[method] = takes_batch_idx
-        pass_batch_idx = len(args) > 1 and takes_batch_idx
+        pass_batch_idx = len(args) > 1 and self._step_module.takes_batch_idx(method)
         return StepCall(method, BatchGeometry.from_options(options), args, kwargs, StepLogs(self.lightning_module),
                         self.precision_plugin, training=training, pass_batch_idx=pass_batch_idx)
 
