@@ -24,7 +24,7 @@ and ``inference_opts`` with gradient accumulation, which inference runs with 1 (
 inference model never accumulates).
 """
 import os
-from typing import List, Optional, Tuple
+from typing import Optional
 
 from openpop.enums import AutoStage
 from openpop.options import Options
@@ -88,7 +88,7 @@ def _unset(group, default_group, name: str) -> bool:
 
 
 def fill_in(options: Options, *, training: bool, device_iterations: int, replicas: int, accumulation: int,
-            loss_scaling: bool) -> List[str]:
+            loss_scaling: bool) -> list[str]:
     """Give ``options`` (not frozen) the settings it leaves unset, in place.
 
     Returns the changes that alter the run, as the setter calls that made them (for messages)."""
@@ -160,7 +160,7 @@ def user_chose_execution_strategy(options: Options) -> bool:
                 and strategy.auto_stage == AutoStage.SameAsIpu)
 
 
-def sharded_fallback(options: Options, *, training: bool, stages: int) -> Tuple[Options, str]:
+def sharded_fallback(options: Options, *, training: bool, stages: int) -> tuple[Options, str]:
     """A copy of ``options`` with ``ShardedExecution``, for a model of ``stages`` forward stages
     the default ``PipelinedExecution`` cannot pipeline, and the warning that says how to pipeline."""
     options = options.clone()

@@ -8,7 +8,7 @@ import contextlib
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple
+from typing import Any, Optional
 
 from openpop import PoplarExecutor
 from openpop.runtime.geometry import BatchGeometry
@@ -79,7 +79,7 @@ class StageRunner:
         """Rows per host-side chunk of an incomplete batch: the loader's ``batch_size``."""
         return self.micro_size or self.loader_micro_size or max(1, size // geometry.batches_per_call)
 
-    def run(self, batch, positions, step_module: StepModule) -> Tuple[Any, float]:
+    def run(self, batch, positions, step_module: StepModule) -> tuple[Any, float]:
         """One host call on the compiled executor; returns its result and seconds."""
         if self.profile is not None:
             self.profile.hook_blocks(self.executor, step_module)

@@ -124,7 +124,8 @@ class StepModule(torch.nn.Module):
         if isinstance(output, Mapping):
             if "loss" not in output:
                 raise pl_module("utilities.exceptions").MisconfigurationException(
-                    "In automatic_optimization, when `training_step` returns a dict, the 'loss' key needs to be present")
+                    "In automatic_optimization, when `training_step` returns a dict, the 'loss' key needs to be "
+                    "present")
             loss, extra, kind = output["loss"], {k: v for k, v in output.items() if k != "loss"}, "dict"
         elif isinstance(output, torch.Tensor):
             loss, extra, kind = output, None, "tensor"

@@ -44,7 +44,7 @@ Model parallelism
     model runs with ``ShardedExecution`` (same results) and one warning says how to pipeline.
 """
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Optional
 
 import torch
 from typing_extensions import override
@@ -89,7 +89,7 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
         device_iterations: int = 1,
         autoreport: bool = False,
         autoreport_dir: Optional[str] = None,
-        parallel_devices: Optional[List[Any]] = None,
+        parallel_devices: Optional[list[Any]] = None,
         cluster_environment=None,
         checkpoint_io=None,
         precision_plugin=None,
@@ -111,7 +111,7 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
         self.autoreport = autoreport
         self.autoreport_dir = autoreport_dir
         self._options = run_options.StrategyOptions(training_opts, inference_opts)
-        self._runners: Dict[Any, StageRunner] = {}  # RunningStage -> its runner (built in setup)
+        self._runners: dict[Any, StageRunner] = {}  # RunningStage -> its runner (built in setup)
         self._step_module: Optional[StepModule] = None
         self._restore_accumulation: Optional[int] = None
         self._warned_sharded = False
@@ -122,7 +122,7 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
         strategy_registry.register(cls.strategy_name, cls, description="openpop's IPU strategy", override=True)
 
     @property
-    def poptorch_models(self) -> Dict[Any, Any]:
+    def poptorch_models(self) -> dict[Any, Any]:
         """``RunningStage`` -> the stage's ``trainingModel`` / ``inferenceModel`` (as in Lightning)."""
         return {stage: runner.executor for stage, runner in self._runners.items() if runner.executor is not None}
 
@@ -175,7 +175,7 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
 
     @property
     @override
-    def distributed_sampler_kwargs(self) -> Dict[str, Any]:
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
         return {"num_replicas": 1, "rank": 0}
 
     # ------------------------------------------------------------------ options
