@@ -36,7 +36,7 @@ from .strategy import IPUStrategy
 IPUPrecisionPlugin = IPUPrecision  # Lightning 2.0's name
 IPUPlugin = IPUStrategy            # Lightning 1.x's name
 
-__all__ = ["IPUAccelerator", "IPUStrategy", "IPUPrecision", "IPUPrecisionPlugin", "IPUPlugin"]
+__all__ = ["IPUAccelerator", "IPUPlugin", "IPUPrecision", "IPUPrecisionPlugin", "IPUStrategy"]
 
 integrate()
 

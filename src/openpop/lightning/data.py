@@ -28,7 +28,8 @@ loaders keep it (the user's ``drop_last``): the strategy runs it on the host in 
 from typing import Optional
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader as TorchDataLoader, RandomSampler, SequentialSampler
+from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
+from torch.utils.data import DataLoader as TorchDataLoader
 
 from openpop.data import DataLoader
 from openpop.log import logger
