@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("lightning.pytorch")
 
-from openpop.lightning import IPUStrategy  # noqa: E402
+from openpop.lightning import IPUStrategy
 
 
 def _functions(value):

@@ -11,12 +11,16 @@ One concept per module:
 
 * ``accelerator.py``   ``IPUAccelerator``: virtual IPUs, ``devices`` = replicas
 * ``strategy.py``      ``IPUStrategy``: the loops on openpop's executor (what a batch and a step are)
+* ``stage_runner.py``  ``StageRunner``: one stage's executor, compiled shapes, per-step hooks, report
+* ``manual_optimization.py`` manual optimization on the host; ``lockstep.py`` its replicas as DDP ranks
 * ``precision.py``     ``IPUPrecision``: ``32-true``, ``16-mixed``, ``bf16-mixed``, ``16-true``, ``bf16-true``
-* ``run_options.py``   the ``poptorch.Options`` each stage runs with
+* ``run_options.py``   the ``poptorch.Options`` each stage runs with (and the Sharded fallback's)
+* ``trainer_checks.py`` Trainer settings the strategy refuses or warns about
 * ``steps.py``         a LightningModule step as one micro-batch of a host call
 * ``logs.py``          ``self.log`` reduced over micro-batches
 * ``optimizer_steps.py`` per-optimizer-step hooks, clipping, ``global_step``, LR schedulers
 * ``data.py``          dataloaders -> ``poptorch.DataLoader``
+* ``instances.py``     Lightning's collectives across poprun's instances
 * ``report.py``        ``autoreport`` profile reports
 * ``integration.py``   names, registries and the Trainer's accelerator/strategy/precision choice
 * ``hook.py``          the import hook; ``_framework.py`` the Lightning distribution bound to
@@ -32,7 +36,7 @@ from .strategy import IPUStrategy
 IPUPrecisionPlugin = IPUPrecision  # Lightning 2.0's name
 IPUPlugin = IPUStrategy            # Lightning 1.x's name
 
-__all__ = ["IPUAccelerator", "IPUStrategy", "IPUPrecision", "IPUPrecisionPlugin", "IPUPlugin"]
+__all__ = ["IPUAccelerator", "IPUPlugin", "IPUPrecision", "IPUPrecisionPlugin", "IPUStrategy"]
 
 integrate()
 

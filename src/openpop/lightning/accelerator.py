@@ -6,7 +6,7 @@ A virtual IPU is a slot in openpop's execution plan, mapped onto a real ``torch.
 be a power of two, as on IPU systems. A model split into blocks over ``k`` IPUs uses
 ``k * devices`` virtual IPUs in total, as on real hardware.
 """
-from typing import Any, Dict, List
+from typing import Any
 
 import torch
 
@@ -40,7 +40,7 @@ def parse_replicas(devices: Any) -> int:
     return value
 
 
-def virtual_ipus(count: int) -> List[torch.device]:
+def virtual_ipus(count: int) -> list[torch.device]:
     return [torch.device(DEVICE_TYPE, index) for index in range(count)]
 
 
@@ -50,7 +50,7 @@ class IPUAccelerator(pl.accelerators.Accelerator):
     def setup_device(self, device: torch.device) -> None:
         pass
 
-    def get_device_stats(self, device) -> Dict[str, Any]:
+    def get_device_stats(self, device) -> dict[str, Any]:
         return {}
 
     def teardown(self) -> None:
@@ -61,7 +61,7 @@ class IPUAccelerator(pl.accelerators.Accelerator):
         return parse_replicas(devices)
 
     @staticmethod
-    def get_parallel_devices(devices: Any) -> List[torch.device]:
+    def get_parallel_devices(devices: Any) -> list[torch.device]:
         return virtual_ipus(parse_replicas(devices))
 
     @staticmethod

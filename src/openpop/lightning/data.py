@@ -22,13 +22,14 @@ the fix.
 
 Training loaders drop an incomplete last combined batch (``poptorch.DataLoader``'s default;
 Lightning's epoch then has ``len(dataset) // combined`` batches). Evaluation and prediction
-loaders keep it (the user's ``drop_last``): the strategy runs it on the host in micro-batches, so
-no sample is lost.
+loaders keep it (the user's ``drop_last``): the strategy runs it on the host in micro-batches
+(``steps.run_in_chunks``), so no sample is lost.
 """
 from typing import Optional
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader as TorchDataLoader, RandomSampler, SequentialSampler
+from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
+from torch.utils.data import DataLoader as TorchDataLoader
 
 from openpop.data import DataLoader
 from openpop.log import logger

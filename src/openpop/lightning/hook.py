@@ -68,7 +68,7 @@ def flavour_package(pl_name: str):
         return importlib.import_module(name)
     # The classic copy: the files of openpop.lightning loaded again under another name.
     main = importlib.util.find_spec("openpop.lightning")
-    directory = list(main.submodule_search_locations)[0]
+    directory = next(iter(main.submodule_search_locations))
     spec = importlib.util.spec_from_file_location(name, os.path.join(directory, "__init__.py"),
                                                   submodule_search_locations=[directory])
     package = importlib.util.module_from_spec(spec)

@@ -17,7 +17,7 @@ every rank. Replicas that disagree (one calls ``optimizer.step()`` while another
 an error, where DDP would hang.
 """
 import threading
-from typing import Callable, List, Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -47,7 +47,7 @@ class Lockstep:
         self.params = list(module.parameters())
         self._go = [threading.Event() for _ in range(replicas)]
         self._paused = threading.Event()
-        self._states: List[object] = [None] * replicas
+        self._states: list[object] = [None] * replicas
         self._aborted = False
 
     # ------------------------------------------------------------------ replica side
@@ -65,10 +65,10 @@ class Lockstep:
             raise _Aborted()
 
     # ------------------------------------------------------------------ coordinator side
-    def run(self, steps: List[Callable[[], object]], on_step: Callable) -> list:
+    def run(self, steps: list[Callable[[], object]], on_step: Callable) -> list:
         """Run ``steps[r]()`` for every replica r; ``on_step(optimizer)`` applies a step."""
-        outputs: List[object] = [None] * self.replicas
-        errors: List[Optional[BaseException]] = [None] * self.replicas
+        outputs: list[object] = [None] * self.replicas
+        errors: list[Optional[BaseException]] = [None] * self.replicas
         private = [self._capture(clone=r > 0) for r in range(self.replicas)]
 
         def body(index):
@@ -141,7 +141,7 @@ class Lockstep:
     def _average(self, private) -> None:
         """DDP's all-reduce: every replica's gradients become their mean."""
         count = self.replicas
-        for i, p in enumerate(self.params):
+        for i in range(len(self.params)):
             grads = [state[0][i] for state in private]
             present = [g for g in grads if g is not None]
             if not present:

@@ -20,7 +20,7 @@ index). Records made during the compile pass are discarded.
 import contextlib
 import inspect
 import threading
-from typing import Any, Dict, List
+from typing import Any
 
 import torch
 
@@ -39,7 +39,7 @@ _MEAN, _SUM, _MAX, _MIN = ("mean", torch.mean), ("sum", torch.sum), ("max", torc
 
 
 class _Record:
-    __slots__ = ("position", "value", "options", "batch_size")
+    __slots__ = ("batch_size", "options", "position", "value")
 
     def __init__(self, position, value, options, batch_size):
         self.position = position
@@ -54,7 +54,7 @@ class StepLogs:
 
     def __init__(self, lightning_module):
         self.module = lightning_module
-        self._records: Dict[str, List[_Record]] = {}
+        self._records: dict[str, list[_Record]] = {}
         self._lock = threading.Lock()
         self._local = threading.local()
 
@@ -93,7 +93,7 @@ class StepLogs:
             self._records.setdefault(name, []).append(_Record(position, value, options, batch_size))
         return None
 
-    def reduced(self) -> Dict[str, tuple]:
+    def reduced(self) -> dict[str, tuple]:
         """``{name: (value, options)}`` with the micro-batch values reduced (see the module doc)."""
         result = {}
         with self._lock:
@@ -144,7 +144,7 @@ class StepLogs:
 
 
 class _MicroBatch:
-    __slots__ = ("local", "state", "previous")
+    __slots__ = ("local", "previous", "state")
 
     def __init__(self, local, state):
         self.local, self.state = local, state

@@ -21,7 +21,7 @@ neither matches what such a script did on IPUs.
 
 With automatic optimization the executor does backward and the optimizer steps, so this
 plugin's ``backward`` and ``optimizer_step`` only hand over to it; with manual optimization they
-behave as Lightning's (the steps run on the host, see ``strategy.py``).
+behave as Lightning's (the steps run on the host, see ``manual_optimization.py``).
 """
 import contextlib
 from typing import Any, Callable, Optional

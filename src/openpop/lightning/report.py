@@ -22,14 +22,15 @@ ends. Format ``openpop-profile-1``::
 
 ``step_seconds`` are the device iterations of one host call (optimizer steps when training);
 ``stages`` are forward times per pipeline stage summed over the run (each forward pass is cut
-where blocks start) and how many micro-batches ran through the stage; ``memory`` is per virtual IPU (replica x IPU of the plan):
-the bytes of the parameters, buffers and optimizer state placed on it. Everything is plain data
-so a fuller PopVision-like report can add sections without changing these.
+where blocks start) and how many micro-batches ran through the stage; ``memory`` is per virtual
+IPU (replica x IPU of the plan): the bytes of the parameters, buffers and optimizer state placed
+on it. Everything is plain data so a fuller PopVision-like report can add sections without
+changing these.
 """
 import json
 import os
 import time
-from typing import Dict, List, Optional
+from typing import Optional
 
 import torch
 
@@ -45,10 +46,10 @@ class StageProfile:
     def __init__(self, stage: str, directory: str):
         self.stage = stage
         self.directory = directory
-        self.host_calls: List[dict] = []
+        self.host_calls: list[dict] = []
         self.samples = 0
-        self._stage_seconds: Dict[int, float] = {}
-        self._stage_calls: Dict[int, int] = {}
+        self._stage_seconds: dict[int, float] = {}
+        self._stage_calls: dict[int, int] = {}
         self._handles = []
         self._hooked = None
 
@@ -177,7 +178,7 @@ def _memory(model: torch.nn.Module, plan, options, optimizer) -> list:
             name = name.rsplit(".", 1)[0] if "." in name else ""
         return ipu_of_module.get(name, 0)
 
-    per_ipu: Dict[int, dict] = {}
+    per_ipu: dict[int, dict] = {}
     seen = set()
     states = optimizer.state if optimizer is not None else {}
     for kind, items in (("parameter_bytes", model.named_parameters()), ("buffer_bytes", model.named_buffers())):

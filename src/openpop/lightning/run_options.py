@@ -24,11 +24,15 @@ and ``inference_opts`` with gradient accumulation, which inference runs with 1 (
 inference model never accumulates).
 """
 import os
-from typing import List, Optional, Tuple
+from typing import Optional
 
 from openpop.enums import AutoStage
 from openpop.options import Options
 from openpop.strategies import PipelinedExecution, ShardedExecution
+
+from ._framework import module
+
+_rank_zero = module("utilities.rank_zero")
 
 USER_OPTIONS_FROZEN = (
     "IPUStrategy({name}=...) is frozen (a poptorch.DataLoader or a model already uses it), so openpop cannot "
@@ -45,6 +49,36 @@ SHARDED_FALLBACK_INFERENCE = (
     "results). To pipeline, set IPUStrategy(device_iterations={fwd}) or more.")
 
 
+class StrategyOptions:
+    """An ``IPUStrategy``'s options: the user's ``training_opts`` / ``inference_opts`` and, from
+    ``setup``, the ones the run uses (``training`` / ``inference``; a ``ShardedExecution`` copy
+    after a pipelining fallback)."""
+
+    def __init__(self, training: Optional[Options], inference: Optional[Options]):
+        self.user_training, self.user_inference = training, inference
+        self.training: Optional[Options] = None
+        self.inference: Optional[Options] = None
+
+    def of(self, training: bool) -> Optional[Options]:
+        return self.training if training else self.inference
+
+    def current(self, inference: bool) -> Optional[Options]:
+        """The running stage's options, else the other kind's; None before ``setup``."""
+        first, second = (self.inference, self.training) if inference else (self.training, self.inference)
+        return first if first is not None else second
+
+    def derive(self, *, training: bool, in_place: bool, **settings) -> Options:
+        """``stage_options`` for the user's object of that kind (``settings``: its keywords), with
+        one warning when a frozen user object runs as a copy."""
+        user = self.user_training if training else self.user_inference
+        options, changes = stage_options(user, training=training, in_place=in_place, **settings,
+                                         shared=not training and user is not None and user is self.user_training)
+        if changes:
+            _rank_zero.rank_zero_warn(USER_OPTIONS_FROZEN.format(
+                name="training_opts" if training else "inference_opts", changes=", ".join(changes)))
+        return options
+
+
 def is_frozen(options: Options) -> bool:
     return bool(options.__dict__.get("_is_frozen", False))
 
@@ -54,7 +88,7 @@ def _unset(group, default_group, name: str) -> bool:
 
 
 def fill_in(options: Options, *, training: bool, device_iterations: int, replicas: int, accumulation: int,
-            loss_scaling: bool) -> List[str]:
+            loss_scaling: bool) -> list[str]:
     """Give ``options`` (not frozen) the settings it leaves unset, in place.
 
     Returns the changes that alter the run, as the setter calls that made them (for messages)."""
@@ -126,7 +160,7 @@ def user_chose_execution_strategy(options: Options) -> bool:
                 and strategy.auto_stage == AutoStage.SameAsIpu)
 
 
-def sharded_fallback(options: Options, *, training: bool, stages: int) -> Tuple[Options, str]:
+def sharded_fallback(options: Options, *, training: bool, stages: int) -> tuple[Options, str]:
     """A copy of ``options`` with ``ShardedExecution``, for a model of ``stages`` forward stages
     the default ``PipelinedExecution`` cannot pipeline, and the warning that says how to pipeline."""
     options = options.clone()

@@ -8,7 +8,7 @@ import contextlib
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Optional, Tuple
+from typing import Any, Optional
 
 from openpop import PoplarExecutor
 from openpop.runtime.geometry import BatchGeometry
@@ -68,7 +68,18 @@ class StageRunner:
             self.micro_size = size // BatchGeometry.from_options(executor.options).batches_per_call
             self.combined_size = size
 
-    def run(self, batch, positions, step_module: StepModule) -> Tuple[Any, float]:
+    def is_incomplete(self, size: Optional[int], batches_per_call: int) -> bool:
+        """An evaluation batch of ``size`` rows the executor cannot run as compiled: the loader's
+        last, smaller batch (``run_in_chunks`` runs it on the host instead of recompiling)."""
+        if size is None:
+            return False
+        return size % batches_per_call != 0 or (self.combined_size is not None and size < self.combined_size)
+
+    def host_micro_size(self, size: int, geometry: BatchGeometry) -> int:
+        """Rows per host-side chunk of an incomplete batch: the loader's ``batch_size``."""
+        return self.micro_size or self.loader_micro_size or max(1, size // geometry.batches_per_call)
+
+    def run(self, batch, positions, step_module: StepModule) -> tuple[Any, float]:
         """One host call on the compiled executor; returns its result and seconds."""
         if self.profile is not None:
             self.profile.hook_blocks(self.executor, step_module)

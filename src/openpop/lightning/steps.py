@@ -83,6 +83,13 @@ class StepModule(torch.nn.Module):
         super().__init__()
         self.module = lightning_module
         self.call: Optional[StepCall] = None
+        self._takes_batch_idx = {}  # step method name -> whether its signature has batch_idx
+
+    def takes_batch_idx(self, method: str) -> bool:
+        if method not in self._takes_batch_idx:
+            self._takes_batch_idx[method] = pl_module("utilities.signature_utils").is_param_in_hook_signature(
+                getattr(self.module, method), "batch_idx", min_args=2)
+        return self._takes_batch_idx[method]
 
     @contextlib.contextmanager
     def running(self, call: StepCall):
@@ -117,7 +124,8 @@ class StepModule(torch.nn.Module):
         if isinstance(output, Mapping):
             if "loss" not in output:
                 raise pl_module("utilities.exceptions").MisconfigurationException(
-                    "In automatic_optimization, when `training_step` returns a dict, the 'loss' key needs to be present")
+                    "In automatic_optimization, when `training_step` returns a dict, the 'loss' key needs to be "
+                    "present")
             loss, extra, kind = output["loss"], {k: v for k, v in output.items() if k != "loss"}, "dict"
         elif isinstance(output, torch.Tensor):
             loss, extra, kind = output, None, "tensor"

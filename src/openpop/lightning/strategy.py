@@ -43,9 +43,8 @@ Model parallelism
     ``device_iterations >= stages``) and the options did not choose an execution strategy, the
     model runs with ``ShardedExecution`` (same results) and one warning says how to pipeline.
 """
-import os
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Optional
 
 import torch
 from typing_extensions import override
@@ -68,7 +67,6 @@ from .steps import StepCall, StepModule, leading_size, lightning_training_output
 _states = module("trainer.states")
 RunningStage, TrainerFn = _states.RunningStage, _states.TrainerFn
 MisconfigurationException = module("utilities.exceptions").MisconfigurationException
-_signature_utils = module("utilities.signature_utils")
 _rank_zero = module("utilities.rank_zero")
 
 _LOADER_HOOKS = {RunningStage.TRAINING: "train_dataloader", RunningStage.VALIDATING: "val_dataloader",
@@ -91,7 +89,7 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
         device_iterations: int = 1,
         autoreport: bool = False,
         autoreport_dir: Optional[str] = None,
-        parallel_devices: Optional[List[Any]] = None,
+        parallel_devices: Optional[list[Any]] = None,
         cluster_environment=None,
         checkpoint_io=None,
         precision_plugin=None,
@@ -112,14 +110,10 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
         self.device_iterations = device_iterations
         self.autoreport = autoreport
         self.autoreport_dir = autoreport_dir
-        self._user_training_opts = training_opts
-        self._user_inference_opts = inference_opts
-        self._training_opts: Optional[Options] = None
-        self._inference_opts: Optional[Options] = None
-        self._runners: Dict[Any, StageRunner] = {}  # RunningStage -> its runner (built in setup)
+        self._options = run_options.StrategyOptions(training_opts, inference_opts)
+        self._runners: dict[Any, StageRunner] = {}  # RunningStage -> its runner (built in setup)
         self._step_module: Optional[StepModule] = None
         self._restore_accumulation: Optional[int] = None
-        self._takes_batch_idx: Dict[str, bool] = {}  # step method name -> whether it takes batch_idx
         self._warned_sharded = False
 
     @classmethod
@@ -128,7 +122,7 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
         strategy_registry.register(cls.strategy_name, cls, description="openpop's IPU strategy", override=True)
 
     @property
-    def poptorch_models(self) -> Dict[Any, Any]:
+    def poptorch_models(self) -> dict[Any, Any]:
         """``RunningStage`` -> the stage's ``trainingModel`` / ``inferenceModel`` (as in Lightning)."""
         return {stage: runner.executor for stage, runner in self._runners.items() if runner.executor is not None}
 
@@ -181,58 +175,44 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
 
     @property
     @override
-    def distributed_sampler_kwargs(self) -> Dict[str, Any]:
+    def distributed_sampler_kwargs(self) -> dict[str, Any]:
         return {"num_replicas": 1, "rank": 0}
 
     # ------------------------------------------------------------------ options
     @property
     def replication_factor(self) -> int:
         """The replicas of the current stage (training or inference options), as in Lightning 2.0;
-        before the run, what the options will say."""
-        options = self._current_options()
-        if options is None:  # before the run: the training options it will have
-            options = self.training_opts
-        return options.replication_factor
-
-    def _current_options(self) -> Optional[Options]:
+        before the run, what the training options will say."""
         trainer = getattr(self.lightning_module, "_trainer", None) if self.lightning_module is not None else None
         stage = trainer.state.stage if trainer is not None else None
-        inference = stage is not None and stage != RunningStage.TRAINING
-        first, second = ((self._inference_opts, self._training_opts) if inference
-                         else (self._training_opts, self._inference_opts))
-        return first if first is not None else second
+        options = self._options.current(inference=stage is not None and stage != RunningStage.TRAINING)
+        return (options if options is not None else self.training_opts).replication_factor
 
     @property
     def training_opts(self) -> Options:
         """The options training runs with: the user's ``training_opts`` object, configured in
         place (see ``run_options.py``), or openpop's."""
-        if self._training_opts is None:
-            return self._stage_options(training=True, in_place=False)
-        return self._training_opts
+        return self._stage_options(training=True)
 
     @property
     def inference_opts(self) -> Options:
         """The options validation, test and predict run with (see ``training_opts``)."""
-        if self._inference_opts is None:
-            return self._stage_options(training=False, in_place=False)
-        return self._inference_opts
+        return self._stage_options(training=False)
 
-    def _stage_options(self, training: bool, in_place: bool) -> Options:
+    def _stage_options(self, training: bool, in_place: bool = False) -> Options:
+        """The run's options of that kind; before the run (or ``in_place`` in ``setup``), derived
+        from the user's, the Trainer's and the precision plugin's settings."""
+        if not in_place and self._options.of(training) is not None:
+            return self._options.of(training)
         trainer = getattr(self.lightning_module, "_trainer", None) if self.lightning_module is not None else None
         accumulation = trainer.accumulate_grad_batches if trainer is not None else 1
         if self._restore_accumulation is not None:  # during the run the Trainer reads 1
             accumulation = self._restore_accumulation
-        user = self._user_training_opts if training else self._user_inference_opts
         plugin = self.precision_plugin
-        options, changes = run_options.stage_options(
-            user, training=training, device_iterations=self.device_iterations,
+        return self._options.derive(
+            training=training, in_place=in_place, device_iterations=self.device_iterations,
             replicas=len(self.parallel_devices) if self.parallel_devices else 1, accumulation=accumulation,
-            loss_scaling=isinstance(plugin, IPUPrecision) and plugin.wants_loss_scaling, in_place=in_place,
-            shared=not training and user is not None and user is self._user_training_opts)
-        if changes:
-            _rank_zero.rank_zero_warn(run_options.USER_OPTIONS_FROZEN.format(
-                name="training_opts" if training else "inference_opts", changes=", ".join(changes)))
-        return options
+            loss_scaling=isinstance(plugin, IPUPrecision) and plugin.wants_loss_scaling)
 
     # ------------------------------------------------------------------ setup / teardown
     @override
@@ -249,10 +229,9 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
         # From here the executor accumulates; Lightning must see every batch as a full step.
         self._restore_accumulation = trainer.accumulate_grad_batches
         trainer.accumulate_grad_batches = 1
-        self._training_opts = self._stage_options(training=True, in_place=True)
-        self._inference_opts = self._stage_options(training=False, in_place=True)
+        self._options.training = self._stage_options(training=True, in_place=True)
+        self._options.inference = self._stage_options(training=False, in_place=True)
         self._step_module = StepModule(lightning_module)
-        self._takes_batch_idx = {}
         if fn == TrainerFn.FITTING:
             training = StageRunner("training", training=True)  # manual optimization: no executor
             if automatic_training:
@@ -260,13 +239,13 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
             self._runners = {RunningStage.TRAINING: training}
             if trainer.enable_validation:
                 validation = StageRunner("validation", training=False,
-                                         executor=inferenceModel(self._step_module, self._inference_opts))
+                                         executor=inferenceModel(self._step_module, self._options.inference))
                 self._runners[RunningStage.VALIDATING] = self._runners[RunningStage.SANITY_CHECKING] = validation
-            trainer_checks.warn_about_rounded_steps(trainer, self._training_opts.device_iterations)
+            trainer_checks.warn_about_rounded_steps(trainer, self._options.training.device_iterations)
         else:
             stage = _EVALUATION_STAGES[fn]
             self._runners = {stage: StageRunner(STAGE_NAMES[stage], training=False,
-                                                executor=inferenceModel(self._step_module, self._inference_opts))}
+                                                executor=inferenceModel(self._step_module, self._options.inference))}
         _rank_zero.rank_zero_info(
             f"IPU available: True (openpop virtual IPUs on {self.root_device.type}), using: "
             f"{self.replication_factor} IPUs")
@@ -274,10 +253,10 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
     def _automatic_training(self, trainer, optimizer):
         """The training executor and the per-optimizer-step hooks around its host calls."""
         if isinstance(self.precision_plugin, IPUPrecision):
-            self.precision_plugin.prepare_optimizer(optimizer, self._training_opts)
-        executor = trainingModel(self._step_module, self._training_opts, optimizer)
-        per_step = PerStepHooks(trainer, optimizer, self.precision_plugin, self._training_opts.device_iterations,
-                                self._training_opts.Training.gradient_accumulation)
+            self.precision_plugin.prepare_optimizer(optimizer, self._options.training)
+        executor = trainingModel(self._step_module, self._options.training, optimizer)
+        per_step = PerStepHooks(trainer, optimizer, self.precision_plugin, self._options.training.device_iterations,
+                                self._options.training.Training.gradient_accumulation)
         return executor, per_step
 
     @override
@@ -295,9 +274,7 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
     def process_dataloader(self, dataloader):
         stage = self.lightning_module.trainer.state.stage
         training = stage == RunningStage.TRAINING
-        options = self._training_opts if training else self._inference_opts
-        if options is None:
-            options = self._stage_options(training=training, in_place=False)
+        options = self._stage_options(training)
         converted = to_openpop_loader(dataloader, options, training, _LOADER_HOOKS.get(stage, "train_dataloader"))
         runner = self._runners.get(stage)
         if runner is not None and not training:
@@ -307,23 +284,19 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
     # ------------------------------------------------------------------ stage hooks
     @override
     def on_train_start(self) -> None:
-        self._start_profile(RunningStage.TRAINING)
+        self._stage_starts(RunningStage.TRAINING)
 
     @override
     def on_validation_start(self) -> None:
-        stage = self.lightning_module.trainer.state.stage
-        self._runners[stage].refresh_weights()
-        self._start_profile(stage)
+        self._stage_starts(self.lightning_module.trainer.state.stage)
 
     @override
     def on_test_start(self) -> None:
-        self._runners[RunningStage.TESTING].refresh_weights()
-        self._start_profile(RunningStage.TESTING)
+        self._stage_starts(RunningStage.TESTING)
 
     @override
     def on_predict_start(self) -> None:
-        self._runners[RunningStage.PREDICTING].refresh_weights()
-        self._start_profile(RunningStage.PREDICTING)
+        self._stage_starts(RunningStage.PREDICTING)
 
     @override
     def on_train_end(self) -> None:
@@ -350,7 +323,7 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
             raise RuntimeError(trainer_checks.ACCUMULATION_CHANGED)
         if not lightning_module.automatic_optimization:
             return self._manual_training_step(args, kwargs)
-        call = self._call("training_step", self._training_opts, args, kwargs, training=True)
+        call = self._call("training_step", self._options.training, args, kwargs, training=True)
         call.batch_idx = trainer.fit_loop.epoch_loop.batch_idx
         result = self._host_call(RunningStage.TRAINING, call, args[0])
         return lightning_training_output(call, result)
@@ -368,36 +341,28 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
         return self._inference_step(RunningStage.PREDICTING, args, kwargs)
 
     def _call(self, method: str, options: Options, args, kwargs, training: bool) -> StepCall:
-        takes_batch_idx = self._takes_batch_idx.get(method)
-        if takes_batch_idx is None:
-            step = getattr(self.lightning_module, method)
-            takes_batch_idx = _signature_utils.is_param_in_hook_signature(step, "batch_idx", min_args=2)
-            self._takes_batch_idx[method] = takes_batch_idx
-        pass_batch_idx = len(args) > 1 and takes_batch_idx
+        pass_batch_idx = len(args) > 1 and self._step_module.takes_batch_idx(method)
         return StepCall(method, BatchGeometry.from_options(options), args, kwargs, StepLogs(self.lightning_module),
                         self.precision_plugin, training=training, pass_batch_idx=pass_batch_idx)
 
     def _inference_step(self, stage, args, kwargs):
-        call = self._call(_STEP_METHODS[stage], self._inference_opts, args, kwargs, training=False)
+        call = self._call(_STEP_METHODS[stage], self._options.inference, args, kwargs, training=False)
         batch, runner = args[0], self._runners[stage]
         size = leading_size(batch)
-        per_call = call.geometry.batches_per_call
-        compiled_size = runner.combined_size
-        if size is not None and (size % per_call != 0 or (compiled_size is not None and size < compiled_size)):
-            # The loader's incomplete last batch: on the host, without recompiling for its shape.
-            micro = runner.micro_size or runner.loader_micro_size or max(1, size // per_call)
-            with self._step_module.running(call):
-                result = run_in_chunks(self._step_module, batch, size, micro)
-            self._flush_logs(stage, call)
-            return result
-        return self._host_call(stage, call, batch)
+        if not runner.is_incomplete(size, call.geometry.batches_per_call):
+            return self._host_call(stage, call, batch)
+        # The loader's incomplete last batch: on the host, without recompiling for its shape.
+        with self._step_module.running(call):
+            result = run_in_chunks(self._step_module, batch, size, runner.host_micro_size(size, call.geometry))
+        self._flush_logs(stage, call)
+        return result
 
     def _manual_training_step(self, args, kwargs):
-        call = self._call("training_step", self._training_opts, args, kwargs, training=False)
+        call = self._call("training_step", self._options.training, args, kwargs, training=False)
         call.batch_idx = self.lightning_module.trainer.fit_loop.epoch_loop.batch_idx
         started = time.perf_counter()
         result = manual_optimization.training_step(
-            self._step_module, call, args[0], self._training_opts, precision_plugin=self.precision_plugin,
+            self._step_module, call, args[0], self._options.training, precision_plugin=self.precision_plugin,
             lightning_optimizers=self._lightning_optimizers,
             schedulers=[config.scheduler for config in self.lightning_module.trainer.lr_scheduler_configs])
         self._flush_logs(RunningStage.TRAINING, call)
@@ -439,7 +404,7 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
         try:
             runner.compile(batch, positions)
         except PipelineDepthError as error:
-            options = self._training_opts if runner.training else self._inference_opts
+            options = self._options.of(runner.training)
             if run_options.user_chose_execution_strategy(options):
                 raise
             runner.executor = self._sharded(runner, options, error.stages)
@@ -452,16 +417,20 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
             self._warned_sharded = True
             _rank_zero.rank_zero_warn(message)
         if runner.training:
-            self._training_opts = options
+            self._options.training = options
             return trainingModel(self._step_module, options, runner.executor._optimizer)
-        self._inference_opts = options
+        self._options.inference = options
         return inferenceModel(self._step_module, options)
 
     # ------------------------------------------------------------------ autoreport
-    def _start_profile(self, stage) -> None:
+    def _stage_starts(self, stage) -> None:
+        runner = self._runners.get(stage)
+        if runner is None:
+            return
+        if not runner.training:  # weights may have changed since its last call (training, a checkpoint, user code)
+            runner.refresh_weights()
         if self.autoreport:
-            directory = self.autoreport_dir or self.lightning_module.trainer.default_root_dir
-            self._runners[stage].start_profile(str(directory))
+            runner.start_profile(str(self.autoreport_dir or self.lightning_module.trainer.default_root_dir))
 
     def _write_profile(self, stage) -> None:
         runner = self._runners.get(stage)
