@@ -34,7 +34,7 @@ def screenshot(html_path, png_path, width=1280, height=2000, timeout=120):
              "--enable-logging=stderr", "--v=0", f"--user-data-dir={profile}",
              f"--window-size={width},{height}", f"--screenshot={os.path.abspath(png_path)}",
              "file://" + os.path.abspath(html_path)],
-            capture_output=True, text=True, timeout=timeout)
+            capture_output=True, text=True, timeout=timeout, check=False)
     if not os.path.exists(png_path):
         raise RuntimeError(f"Chromium wrote no screenshot (exit {result.returncode}): {result.stderr[-2000:]}")
     return [m.group(1) for m in map(CONSOLE.search, result.stderr.splitlines()) if m]

@@ -10,11 +10,11 @@ import sys
 import torch
 import torch.nn.functional as F
 
-import poptorch  # noqa: E402
-from openpop.runtime.trace import TraceSession  # noqa: E402
+import poptorch
+from openpop.runtime.trace import TraceSession
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from headless_chromium import screenshot  # noqa: E402
+from headless_chromium import screenshot
 
 
 class FourStages(torch.nn.Module):

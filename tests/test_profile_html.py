@@ -4,7 +4,6 @@ import importlib.util
 import os
 
 import pytest
-
 from test_profile_report import recorded  # noqa: F401  (the recorded 4-stage pipeline)
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")

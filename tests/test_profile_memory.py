@@ -43,14 +43,22 @@ def directly_measured_per_stage():
     backward (the input micro-batch arrives on stage 0; the loss belongs to the last stage)."""
     stages = stage_modules()
     x = torch.randn(ROWS, WIDTH)
+
+    def first(stage):
+        arrived = x.clone()
+        return stage(arrived), arrived
+
+    def middle(stage, h):
+        return stage(h), None
+
+    def last(stage, h):
+        out = stage(h)
+        return out, out.square().mean()
+
     measured, kept, h = [], [], None
     for i, stage in enumerate(stages):
-        if i == 0:
-            nbytes, (h, held) = retained_bytes(lambda: (lambda inp: (stage(inp), inp))(x.clone()))
-        elif i == STAGES - 1:
-            nbytes, (h, held) = retained_bytes(lambda: (lambda out: (out, out.square().mean()))(stage(h)))
-        else:
-            nbytes, (h, held) = retained_bytes(lambda: (stage(h), None))
+        run = first if i == 0 else last if i == STAGES - 1 else middle
+        nbytes, (h, held) = retained_bytes(lambda run=run, stage=stage, h=h: run(stage) if run is first else run(stage, h))
         measured.append(nbytes)
         kept.append(held)
     return measured

@@ -14,7 +14,7 @@ import json
 import os
 import sys
 
-from .runtime.trace import TRACE_FILE, parse_stage_span
+from .runtime.trace import TRACE_FILE
 
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"

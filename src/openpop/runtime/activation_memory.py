@@ -57,7 +57,7 @@ class ActivationMemory:
 
 class _Saved:
     """What autograd keeps instead of the tensor: released (uncounted) when autograd drops it."""
-    __slots__ = ("owner", "key", "tensor")
+    __slots__ = ("key", "owner", "tensor")
 
     def __init__(self, owner, key, tensor):
         self.owner, self.key, self.tensor = owner, key, tensor
