@@ -102,3 +102,19 @@ def test_recomputation_keeps_only_the_stage_inputs(tmp_path, no_environment_sess
     # Each checkpointed stage stashes only its input; the last stage's output is also kept for
     # the loss (square saves it).
     assert peaks == [tensor, tensor, tensor, 2 * tensor]
+
+
+def test_disabled_saved_tensor_hooks_leave_activations_unmeasured(tmp_path, no_environment_session):
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(GA)
+    opts._Popart.set("autoRecomputation", 0)  # torch.utils.checkpoint needs the hooks too
+    model = FourStages()
+    training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.01))
+    training.compile(torch.randn(GA * ROWS, WIDTH))
+    with TraceSession(tmp_path, calls=range(1)), \
+            torch.autograd.graph.disable_saved_tensors_hooks("not here"):
+        training(torch.randn(GA * ROWS, WIDTH))
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [m["activation_peak_bytes"] for m in report["memory"]] == [None] * STAGES
+    assert report["memory"][0]["parameter_bytes"] == (WIDTH * WIDTH + WIDTH) * 4
+    training.destroy()

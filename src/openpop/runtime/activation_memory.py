@@ -20,6 +20,7 @@ class ActivationMemory:
         self.excluded = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
         self.alive = [0] * max(ipus, 1)
         self.peak = [0] * max(ipus, 1)
+        self.measured = True  # False once the hooks could not be entered
         self._saved = {}   # (data_ptr, bytes) -> [ipu, references]
         self._lock = threading.Lock()
 

@@ -237,7 +237,7 @@ class TraceSession:
         else:
             function = torch.profiler.record_function(SPAN_PREFIX + name)
         if name in ("forward", "backward") and self.activations is not None:
-            return _entered_together(function, self.activations.hooks())
+            return _with_saved_tensor_hooks(function, self.activations)
         return function
 
     def run_call(self, run, executor, inputs, compiled, *rest):
@@ -266,7 +266,7 @@ class TraceSession:
             seconds = time.perf_counter() - started
             _recording = None
             self.stage_spans = None
-            if self.activations is not None:
+            if self.activations is not None and self.activations.measured:
                 for ipu, peak in enumerate(self.activations.peak):
                     self.activation_peaks[ipu] = max(self.activation_peaks.get(ipu, 0), peak)
                 self.activations = None
@@ -325,9 +325,21 @@ def _start_profiler():
 
 
 @contextlib.contextmanager
-def _entered_together(first, second):
-    with first, second:
-        yield
+def _with_saved_tensor_hooks(function, activations):
+    """``function`` (a span) with ``activations``' hooks; where saved-tensor hooks are disabled
+    (``torch.autograd.graph.disable_saved_tensors_hooks``) the span alone, peaks unmeasured."""
+    with function:
+        hooks = activations.hooks()
+        try:
+            hooks.__enter__()
+        except RuntimeError:
+            activations.measured = False
+            yield
+            return
+        try:
+            yield
+        finally:
+            hooks.__exit__(None, None, None)
 
 
 def _check_writable(directory: str) -> None:
