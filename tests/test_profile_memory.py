@@ -118,3 +118,20 @@ def test_disabled_saved_tensor_hooks_leave_activations_unmeasured(tmp_path, no_e
     assert [m["activation_peak_bytes"] for m in report["memory"]] == [None] * STAGES
     assert report["memory"][0]["parameter_bytes"] == (WIDTH * WIDTH + WIDTH) * 4
     training.destroy()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_device_peak_per_ipu(tmp_path, no_environment_session):
+    opts = poptorch.Options().deviceMap(["cuda:0"])
+    opts.Training.gradientAccumulation(GA)
+    opts.setExecutionStrategy(poptorch.PipelinedExecution())
+    model = FourStages()
+    training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.01))
+    with TraceSession(tmp_path, calls=range(1)):
+        training(torch.randn(GA * ROWS, WIDTH))
+    memory = json.loads((tmp_path / "report.json").read_text())["memory"]
+    weights = sum(m["parameter_bytes"] for m in memory)
+    # One device holds all four stages: its peak covers every weight and the activations.
+    assert {m["device_peak_bytes"] for m in memory} == {memory[0]["device_peak_bytes"]}
+    assert memory[0]["device_peak_bytes"] >= weights + max(m["activation_peak_bytes"] for m in memory)
+    training.destroy()

@@ -200,10 +200,13 @@ def render_html(summary: dict) -> str:
     calls = _table(["host call", "wall (ms)", "compute (ms)", "host (ms)", "steps", "samples"],
                    [[c["call"], f'{c["seconds"] * 1000:.3f}', f'{c["compute_seconds"] * 1000:.3f}',
                      f'{c["host_seconds"] * 1000:.3f}', c["steps"], c["samples"]] for c in summary["host_calls"]])
+    rows = summary.get("memory", [])
+    cuda = any(m.get("device_peak_bytes") is not None for m in rows)
     memory = _table(["virtual IPU", "parameters (bytes)", "buffers (bytes)", "optimizer state (bytes)",
-                     "peak activations (bytes, measured)"],
+                     "peak activations (bytes, measured)"] + (["CUDA device peak (bytes)"] if cuda else []),
                     [[m["ipu"], m["parameter_bytes"], m["buffer_bytes"], m["optimizer_state_bytes"],
-                      _fmt(m.get("activation_peak_bytes"), "{}")] for m in summary.get("memory", [])])
+                      _fmt(m.get("activation_peak_bytes"), "{}")]
+                     + ([_fmt(m.get("device_peak_bytes"), "{}")] if cuda else []) for m in rows])
     options = _table(["option", "value"], sorted([k, v] for k, v in summary["options"].items()))
     throughput = summary["throughput_samples_per_second"]
     bubble = summary["bubble_fraction"]

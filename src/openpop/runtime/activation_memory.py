@@ -67,5 +67,28 @@ class _Saved:
         self.owner._release(self.key)
 
 
+class CudaPeaks:
+    """The CUDA allocator's peak bytes per device over a host call (``torch.cuda.memory_stats``),
+    by virtual IPU; nothing for virtual IPUs on other devices."""
+
+    def __init__(self, plan):
+        device_map = getattr(plan, "device_map", None)
+        ipus = plan.ipus_per_replica if device_map is not None else 0
+        self.devices = {ipu: device_map.device(ipu) for ipu in range(ipus)
+                        if device_map.device(ipu).type == "cuda"}
+        self.peaks = {}
+
+    def __enter__(self):
+        for device in set(self.devices.values()):
+            torch.cuda.reset_peak_memory_stats(device)
+        return self
+
+    def __exit__(self, *exc):
+        self.peaks = {ipu: torch.cuda.max_memory_allocated(device) for ipu, device in self.devices.items()}
+
+    def per_ipu(self) -> dict:
+        return self.peaks
+
+
 def _unpack(saved):
     return saved.tensor if isinstance(saved, _Saved) else saved

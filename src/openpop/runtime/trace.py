@@ -38,7 +38,7 @@ import torch
 
 from .. import errors
 from ..log import logger
-from .activation_memory import ActivationMemory
+from .activation_memory import ActivationMemory, CudaPeaks
 from .engine_options import (  # noqa: F401
     ENGINE_OPTIONS_ENV,
     FIRST_RUN_KEY,
@@ -212,6 +212,7 @@ class TraceSession:
         self.memory = []
         self.activations = None   # ActivationMemory of the host call recorded now
         self.activation_peaks = {}  # virtual IPU -> peak activation bytes over the recorded calls
+        self.device_peaks = {}      # virtual IPU -> its CUDA device's peak allocated bytes
         self.written = False
         self._last_call = max(calls) if len(calls) else -1
         if activate:
@@ -257,10 +258,11 @@ class TraceSession:
             ipus = compiled.plan.ipus_per_replica if compiled.plan is not None else 1
             self.activations = ActivationMemory(executor._model, ipus, self.stage_spans.current_ipu)
         _recording = self
+        device_peaks = CudaPeaks(compiled.plan)
         started = time.perf_counter()
         try:
             with torch.profiler.record_function(f"{SPAN_PREFIX}host_call:{index}"), \
-                    self.stage_spans or contextlib.nullcontext():
+                    self.stage_spans, device_peaks:
                 result = run(executor, inputs, compiled, *rest)
         finally:
             seconds = time.perf_counter() - started
@@ -269,9 +271,11 @@ class TraceSession:
             if self.activations is not None and self.activations.measured:
                 for ipu, peak in enumerate(self.activations.peak):
                     self.activation_peaks[ipu] = max(self.activation_peaks.get(ipu, 0), peak)
-                self.activations = None
+            self.activations = None
+            for ipu, peak in device_peaks.per_ipu().items():
+                self.device_peaks[ipu] = max(self.device_peaks.get(ipu, 0), peak)
         self.memory = memory_per_ipu(executor._model, compiled.plan, getattr(executor, "_optimizer", None),
-                                     self.activation_peaks)
+                                     self.activation_peaks, self.device_peaks)
         self.host_calls.append(_host_call_summary(index, seconds, executor.getPerfCounters(),
                                                   _samples(inputs), executor.training))
         if index >= self._last_call:
@@ -363,10 +367,12 @@ def _options_dict(options) -> dict:
         return {"error": str(exc)}
 
 
-def memory_per_ipu(model, plan, optimizer, activation_peaks=None) -> list:
+def memory_per_ipu(model, plan, optimizer, activation_peaks=None, device_peaks=None) -> list:
     """Bytes of the parameters, buffers and optimizer state held for each virtual IPU, counted
     from the tensors themselves (a module's tensors belong to the IPU of the block it ran in),
-    and the measured peak activation bytes (``activation_memory``; None when not measured)."""
+    the measured peak activation bytes (``activation_memory``; None when not measured) and, on
+    CUDA, the peak bytes allocated on the IPU's device during the recorded calls (``memory_stats``:
+    everything on that device, shared by the IPUs mapped to it)."""
     ipu_of_module = {}
     for block in plan.blocks if plan is not None else ():
         for name in block.modules:
@@ -379,9 +385,9 @@ def memory_per_ipu(model, plan, optimizer, activation_peaks=None) -> list:
         return ipu_of_module.get(name, 0)
 
     ipus = plan.ipus_per_replica if plan is not None else 1
-    peaks = activation_peaks or {}
+    peaks, device_peaks = activation_peaks or {}, device_peaks or {}
     table = [{"ipu": i, "parameter_bytes": 0, "buffer_bytes": 0, "optimizer_state_bytes": 0,
-              "activation_peak_bytes": peaks.get(i)} for i in range(ipus)]
+              "activation_peak_bytes": peaks.get(i), "device_peak_bytes": device_peaks.get(i)} for i in range(ipus)]
     states = optimizer.state if optimizer is not None else {}
     seen = set()
     for kind, items in (("parameter_bytes", model.named_parameters()), ("buffer_bytes", model.named_buffers())):
