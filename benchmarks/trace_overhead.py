@@ -5,8 +5,9 @@
 * off: a tiny MLP (the worst case: host overhead dominates) trained with tracing off, against
   the same run with the executor's ``host_call`` decorator bypassed; plus the cost of one
   ``trace.span()`` call when off, times the spans per step, relative to a step.
-* on: a 4-stage pipelined model, host calls inside a ``TraceSession`` window against calls
-  outside it (same process, interleaved).
+  The data loader's ``WaitSpans`` wrapper when off: its cost per ``next()`` (one per host call).
+* on: a 4-stage pipelined model, host calls inside a ``TraceSession`` window (torch.profiler on
+  all threads, stage spans, activation-memory hooks) against calls outside it (same process).
 
 Prints a table and one JSON line.
 """
@@ -99,6 +100,11 @@ def main():
     span_seconds = min(timeit.repeat(lambda: trace.span("forward").__enter__(), number=100_000, repeat=5)) / 100_000
     spans_per_step = 5  # forward, backward, gradient_reduction, optimizer_step (+ output collection per call)
     span_share = spans_per_step * span_seconds / off
+    # poptorch.DataLoader's iterator: one WaitSpans.__next__ per host call (di steps).
+    plain = min(timeit.repeat("next(it)", setup="it = iter(range(10**8))", number=100_000, repeat=5)) / 100_000
+    wrapped = min(timeit.repeat("next(it)", setup="it = WaitSpans(iter(range(10**8)))", number=100_000, repeat=5,
+                                globals={"WaitSpans": trace.WaitSpans})) / 100_000
+    loader_share = (wrapped - plain) / (di * off)
     with tempfile.TemporaryDirectory() as directory:
         untraced, traced = pipelined_call_seconds(8, range(3, 5), directory)
     print(f"{'measurement':<44}{'value':>14}")
@@ -107,12 +113,15 @@ def main():
     print(f"{'off vs bypassed':<44}{off / bypassed:>13.3f}x")
     print(f"{'one span() call when off (ns)':<44}{span_seconds * 1e9:>14.1f}")
     print(f"{'spans per MLP step / step time':<44}{span_share:>13.4%}")
+    print(f"{'loader next() wrapper when off (ns)':<44}{(wrapped - plain) * 1e9:>14.1f}")
+    print(f"{'loader wrapper per MLP step / step time':<44}{loader_share:>13.4%}")
     print(f"{'4-stage host call, untraced (ms)':<44}{untraced * 1e3:>14.2f}")
     print(f"{'4-stage host call, traced window (ms)':<44}{traced * 1e3:>14.2f}")
     print(f"{'traced vs untraced':<44}{traced / untraced:>13.3f}x")
     print(json.dumps({"benchmark": "trace_overhead", "mlp_us_per_step_off": off * 1e6,
                       "mlp_us_per_step_bypassed": bypassed * 1e6, "off_vs_bypassed": off / bypassed,
                       "span_off_ns": span_seconds * 1e9, "span_share_of_step": span_share,
+                      "loader_wrapper_off_ns": (wrapped - plain) * 1e9, "loader_wrapper_share_of_step": loader_share,
                       "pipelined_call_ms_untraced": untraced * 1e3, "pipelined_call_ms_traced": traced * 1e3,
                       "traced_vs_untraced": traced / untraced}))
 

@@ -43,14 +43,22 @@ def directly_measured_per_stage():
     backward (the input micro-batch arrives on stage 0; the loss belongs to the last stage)."""
     stages = stage_modules()
     x = torch.randn(ROWS, WIDTH)
+
+    def first(stage):
+        arrived = x.clone()
+        return stage(arrived), arrived
+
+    def middle(stage, h):
+        return stage(h), None
+
+    def last(stage, h):
+        out = stage(h)
+        return out, out.square().mean()
+
     measured, kept, h = [], [], None
     for i, stage in enumerate(stages):
-        if i == 0:
-            nbytes, (h, held) = retained_bytes(lambda: (lambda inp: (stage(inp), inp))(x.clone()))
-        elif i == STAGES - 1:
-            nbytes, (h, held) = retained_bytes(lambda: (lambda out: (out, out.square().mean()))(stage(h)))
-        else:
-            nbytes, (h, held) = retained_bytes(lambda: (stage(h), None))
+        run = first if i == 0 else last if i == STAGES - 1 else middle
+        nbytes, (h, held) = retained_bytes(lambda run=run, stage=stage, h=h: run(stage) if run is first else run(stage, h))
         measured.append(nbytes)
         kept.append(held)
     return measured
@@ -94,3 +102,36 @@ def test_recomputation_keeps_only_the_stage_inputs(tmp_path, no_environment_sess
     # Each checkpointed stage stashes only its input; the last stage's output is also kept for
     # the loss (square saves it).
     assert peaks == [tensor, tensor, tensor, 2 * tensor]
+
+
+def test_disabled_saved_tensor_hooks_leave_activations_unmeasured(tmp_path, no_environment_session):
+    opts = poptorch.Options()
+    opts.Training.gradientAccumulation(GA)
+    opts._Popart.set("autoRecomputation", 0)  # torch.utils.checkpoint needs the hooks too
+    model = FourStages()
+    training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.01))
+    training.compile(torch.randn(GA * ROWS, WIDTH))
+    with TraceSession(tmp_path, calls=range(1)), \
+            torch.autograd.graph.disable_saved_tensors_hooks("not here"):
+        training(torch.randn(GA * ROWS, WIDTH))
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert [m["activation_peak_bytes"] for m in report["memory"]] == [None] * STAGES
+    assert report["memory"][0]["parameter_bytes"] == (WIDTH * WIDTH + WIDTH) * 4
+    training.destroy()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_device_peak_per_ipu(tmp_path, no_environment_session):
+    opts = poptorch.Options().deviceMap(["cuda:0"])
+    opts.Training.gradientAccumulation(GA)
+    opts.setExecutionStrategy(poptorch.PipelinedExecution())
+    model = FourStages()
+    training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.01))
+    with TraceSession(tmp_path, calls=range(1)):
+        training(torch.randn(GA * ROWS, WIDTH))
+    memory = json.loads((tmp_path / "report.json").read_text())["memory"]
+    weights = sum(m["parameter_bytes"] for m in memory)
+    # One device holds all four stages: its peak covers every weight and the activations.
+    assert {m["device_peak_bytes"] for m in memory} == {memory[0]["device_peak_bytes"]}
+    assert memory[0]["device_peak_bytes"] >= weights + max(m["activation_peak_bytes"] for m in memory)
+    training.destroy()

@@ -148,6 +148,7 @@ def test_report_numbers_equal_perf_counters_and_plan(recorded):
     assert set(report["options"]) == set(recorded["options"]) and len(report["options"]) > 10
     layer_bytes = (8 * 8 + 8) * 4
     activations = [m.pop("activation_peak_bytes") for m in report["memory"]]
+    assert [m.pop("device_peak_bytes") for m in report["memory"]] == [None] * STAGES  # CPU: no CUDA stats
     assert report["memory"] == [{"ipu": i, "parameter_bytes": layer_bytes, "buffer_bytes": 0,
                                  "optimizer_state_bytes": 0} for i in range(STAGES)]
     assert all(a > 0 for a in activations)  # measured: tests/test_profile_memory.py

@@ -58,10 +58,11 @@ def test_concurrent_micro_batches_get_stage_spans_from_their_threads(tmp_path, m
     model.destroy()
 
 
-def test_data_loader_wait_is_a_span_between_recorded_calls(tmp_path, no_environment_session):
+@pytest.mark.parametrize("mode", ["Sync", "Async"])
+def test_data_loader_wait_is_a_span_between_recorded_calls(tmp_path, no_environment_session, mode):
     opts = poptorch.Options()
     dataset = torch.utils.data.TensorDataset(torch.randn(12, 8), torch.randn(12, 8))
-    loader = poptorch.DataLoader(opts, dataset, batch_size=2)
+    loader = poptorch.DataLoader(opts, dataset, batch_size=2, mode=getattr(poptorch.DataLoaderMode, mode))
     model = poptorch.trainingModel(OneLayer(), opts)
     with TraceSession(tmp_path, calls=range(3)):
         for x, target in loader:
@@ -74,6 +75,7 @@ def test_data_loader_wait_is_a_span_between_recorded_calls(tmp_path, no_environm
     for wait, (before, after) in zip(sorted(waits, key=lambda e: e["ts"]), zip(calls, calls[1:])):
         assert before["ts"] + before["dur"] <= wait["ts"] and wait["ts"] + wait["dur"] <= after["ts"]
     model.destroy()
+    loader.terminate()
 
 
 def test_poprun_all_reduce_is_a_span_in_each_instance_report(tmp_path):

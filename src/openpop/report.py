@@ -14,7 +14,7 @@ import json
 import os
 import sys
 
-from .runtime.trace import TRACE_FILE, parse_stage_span
+from .runtime.trace import TRACE_FILE
 
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"
@@ -119,6 +119,18 @@ def _table(headers, rows):
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
+def _lanes(spans):
+    """Greedy lane per span so that spans in one lane never overlap; returns (lanes, count)."""
+    ends, lanes = [], []
+    for span in spans:
+        lane = next((i for i, end in enumerate(ends) if end <= span["start"]), len(ends))
+        if lane == len(ends):
+            ends.append(0.0)
+        ends[lane] = span["end"]
+        lanes.append(lane)
+    return lanes, max(len(ends), 1)
+
+
 def _gantt_svg(gantt):
     if not gantt:
         return "<p>No stage spans were recorded.</p>"
@@ -133,23 +145,27 @@ def _gantt_svg(gantt):
         parts.append(f'<text x="4" y="{i * row + 18}" font-size="12">stage {stage} (IPU {ipu})</text>')
         parts.append(f'<rect x="{left}" y="{i * row + 2}" width="{width - left - 10}" height="{row - 4}" '
                      f'fill="#f3f3f3"/>')
-    for s in gantt:
-        i = stages.index(s["stage"])
-        x = left + s["start"] * scale
-        w = max((s["end"] - s["start"]) * scale, 1.0)
-        colour = COLOURS[s["micro_batch"] % len(COLOURS)]
-        opacity = "1.0" if s["kind"] == "forward" else "0.55"
-        label = f'{s["kind"]} mb{s["micro_batch"]}: {s["end"] - s["start"]:.0f} us'
-        parts.append(f'<rect x="{x:.1f}" y="{i * row + 2}" width="{w:.1f}" height="{row - 4}" fill="{colour}" '
-                     f'fill-opacity="{opacity}" stroke="#333" stroke-width="0.3"><title>{html.escape(label)}</title></rect>')
-        if w > 24:
-            parts.append(f'<text x="{x + 2:.1f}" y="{i * row + 18}" font-size="10" fill="#fff">'
-                         f'{"F" if s["kind"] == "forward" else "B"}{s["micro_batch"]}</text>')
+        # Concurrent micro-batches may overlap on a stage: each gets a sub-row.
+        spans = sorted((s for s in gantt if s["stage"] == stage), key=lambda s: s["start"])
+        lanes, count = _lanes(spans)
+        lane_height = (row - 4) / count
+        for s, lane in zip(spans, lanes):
+            x = left + s["start"] * scale
+            y = i * row + 2 + lane * lane_height
+            w = max((s["end"] - s["start"]) * scale, 1.0)
+            colour = COLOURS[s["micro_batch"] % len(COLOURS)]
+            opacity = "1.0" if s["kind"] == "forward" else "0.55"
+            label = f'{s["kind"]} mb{s["micro_batch"]}: {s["end"] - s["start"]:.0f} us'
+            parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{lane_height:.1f}" fill="{colour}" '
+                         f'fill-opacity="{opacity}" stroke="#333" stroke-width="0.3"><title>{html.escape(label)}</title></rect>')
+            if w > 24 and count == 1:
+                parts.append(f'<text x="{x + 2:.1f}" y="{i * row + 18}" font-size="10" fill="#fff">'
+                             f'{"F" if s["kind"] == "forward" else "B"}{s["micro_batch"]}</text>')
     axis_y = row * len(stages) + 16
     parts.append(f'<text x="{left}" y="{axis_y}" font-size="11">0</text>')
     parts.append(f'<text x="{width - 90}" y="{axis_y}" font-size="11">{length / 1000:.2f} ms</text>')
     parts.append(f'<text x="{left}" y="{axis_y + 16}" font-size="11">solid: forward, light: backward; '
-                 f'colour: micro-batch</text>')
+                 f'colour: micro-batch; overlapping micro-batches in sub-rows</text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -184,10 +200,13 @@ def render_html(summary: dict) -> str:
     calls = _table(["host call", "wall (ms)", "compute (ms)", "host (ms)", "steps", "samples"],
                    [[c["call"], f'{c["seconds"] * 1000:.3f}', f'{c["compute_seconds"] * 1000:.3f}',
                      f'{c["host_seconds"] * 1000:.3f}', c["steps"], c["samples"]] for c in summary["host_calls"]])
+    rows = summary.get("memory", [])
+    cuda = any(m.get("device_peak_bytes") is not None for m in rows)
     memory = _table(["virtual IPU", "parameters (bytes)", "buffers (bytes)", "optimizer state (bytes)",
-                     "peak activations (bytes, measured)"],
+                     "peak activations (bytes, measured)"] + (["CUDA device peak (bytes)"] if cuda else []),
                     [[m["ipu"], m["parameter_bytes"], m["buffer_bytes"], m["optimizer_state_bytes"],
-                      _fmt(m.get("activation_peak_bytes"), "{}")] for m in summary.get("memory", [])])
+                      _fmt(m.get("activation_peak_bytes"), "{}")]
+                     + ([_fmt(m.get("device_peak_bytes"), "{}")] if cuda else []) for m in rows])
     options = _table(["option", "value"], sorted([k, v] for k, v in summary["options"].items()))
     throughput = summary["throughput_samples_per_second"]
     bubble = summary["bubble_fraction"]

@@ -20,6 +20,7 @@ class ActivationMemory:
         self.excluded = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
         self.alive = [0] * max(ipus, 1)
         self.peak = [0] * max(ipus, 1)
+        self.measured = True  # False once the hooks could not be entered
         self._saved = {}   # (data_ptr, bytes) -> [ipu, references]
         self._lock = threading.Lock()
 
@@ -57,13 +58,36 @@ class ActivationMemory:
 
 class _Saved:
     """What autograd keeps instead of the tensor: released (uncounted) when autograd drops it."""
-    __slots__ = ("owner", "key", "tensor")
+    __slots__ = ("key", "owner", "tensor")
 
     def __init__(self, owner, key, tensor):
         self.owner, self.key, self.tensor = owner, key, tensor
 
     def __del__(self):
         self.owner._release(self.key)
+
+
+class CudaPeaks:
+    """The CUDA allocator's peak bytes per device over a host call (``torch.cuda.memory_stats``),
+    by virtual IPU; nothing for virtual IPUs on other devices."""
+
+    def __init__(self, plan):
+        device_map = getattr(plan, "device_map", None)
+        ipus = plan.ipus_per_replica if device_map is not None else 0
+        self.devices = {ipu: device_map.device(ipu) for ipu in range(ipus)
+                        if device_map.device(ipu).type == "cuda"}
+        self.peaks = {}
+
+    def __enter__(self):
+        for device in set(self.devices.values()):
+            torch.cuda.reset_peak_memory_stats(device)
+        return self
+
+    def __exit__(self, *exc):
+        self.peaks = {ipu: torch.cuda.max_memory_allocated(device) for ipu, device in self.devices.items()}
+
+    def per_ipu(self) -> dict:
+        return self.peaks
 
 
 def _unpack(saved):

@@ -122,7 +122,6 @@ class StageSpans:
 
     def _gradient_arrived(self, stage, ipu, micro_batch, grad):
         self._open("backward", stage, ipu, micro_batch)
-        return None
 
     @contextlib.contextmanager
     def backward_span(self):
@@ -143,3 +142,60 @@ def stage_of_block(plan, block) -> int:
         if b is block:
             return stage
     return stage
+
+
+def parse_stage_span(name: str):
+    """``openpop:ipu1:stage1:forward:mb0:step0`` -> dict, or None for other names."""
+    if not name.startswith(SPAN_PREFIX + "ipu"):
+        return None
+    parts = name[len(SPAN_PREFIX):].split(":")
+    if len(parts) != 5:
+        return None
+    try:
+        return {"ipu": int(parts[0][3:]), "stage": int(parts[1][5:]), "kind": parts[2],
+                "micro_batch": int(parts[3][2:]), "step": int(parts[4][4:])}
+    except ValueError:
+        return None
+
+
+IPU_TID_BASE = 1_000_000
+LANE_TID_STRIDE = 1_000
+
+
+def tracks_per_ipu(trace: dict, plan) -> dict:
+    """Move stage spans to one track per virtual IPU, named by metadata events. Spans that
+    overlap on one IPU (concurrent micro-batches, one waiting for the device) go to extra
+    tracks ``virtual IPU <i> (<device>) overlap <k>``: a track's spans never cross."""
+    events = trace.get("traceEvents", [])
+    pid = None
+    stage_events = []
+    for event in events:
+        info = parse_stage_span(event.get("name", "")) if event.get("ph") == "X" else None
+        if info is None:
+            continue
+        pid = event.get("pid", pid)
+        info["thread"] = event.get("tid")
+        event["name"] = f"stage{info['stage']} {info['kind']} mb{info['micro_batch']}"
+        event["cat"] = "openpop_stage"
+        event.setdefault("args", {}).update(info)
+        stage_events.append(event)
+    lane_ends = {}  # ipu -> end time of each lane's last span
+    for event in sorted(stage_events, key=lambda e: float(e["ts"])):
+        ends = lane_ends.setdefault(event["args"]["ipu"], [])
+        start = float(event["ts"])
+        lane = next((i for i, end in enumerate(ends) if end <= start), len(ends))
+        if lane == len(ends):
+            ends.append(0.0)
+        ends[lane] = start + float(event.get("dur", 0))
+        event["tid"] = IPU_TID_BASE + event["args"]["ipu"] + LANE_TID_STRIDE * lane
+    device_map = getattr(plan, "device_map", None)
+    for ipu, ends in sorted(lane_ends.items()):
+        device = device_map.device(ipu) if device_map is not None else "?"
+        for lane in range(len(ends)):
+            tid = IPU_TID_BASE + ipu + LANE_TID_STRIDE * lane
+            name = f"virtual IPU {ipu} ({device})" + (f" overlap {lane}" if lane else "")
+            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
+            events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
+                           "args": {"sort_index": ipu * 100 + lane}})
+    trace["traceEvents"] = events
+    return trace

@@ -3,14 +3,17 @@
 A ``TraceSession`` (``openpop.runtime.trace.TraceSession(directory, calls=...)``, or
 ``POPLAR_ENGINE_OPTIONS='{"autoReport.all":"true","autoReport.directory":"DIR"}'`` as on IPUs,
 or ``Options.enableProfiling(DIR)``) records a window of host calls with ``torch.profiler`` —
-operator-level events included — plus openpop's own ``record_function`` spans:
+operator-level events included, on every thread — plus openpop's own ``record_function`` spans:
 
-* ``openpop:host_call``, ``openpop:input``, ``openpop:forward``, ``openpop:backward``,
-  ``openpop:gradient_reduction``, ``openpop:optimizer_step``, ``openpop:output_collection``
-  (placed by the executor with ``span(name)``);
+* ``openpop:host_call``, ``openpop:forward``, ``openpop:backward``, ``openpop:gradient_reduction``,
+  ``openpop:optimizer_step``, ``openpop:output_collection`` (placed by the executor with
+  ``span(name)``), ``openpop:all_reduce`` (poprun, ``spanned``), ``openpop:dataloader_wait``
+  (the loader's ``next()`` while the profiler runs, between recorded calls too: ``window_span``);
 * per pipeline stage and micro-batch, ``openpop:ipu<I>:stage<S>:<forward|backward>:mb<M>:step<D>``
-  (forward hooks on each planned block's modules; backward opens when the gradient of the
-  stage's output arrives and closes when the next stage's backward opens or backward ends).
+  (``stage_spans.py``; per thread, so concurrent micro-batches get theirs too).
+
+While a training call is recorded, ``activation_memory.py`` measures the peak activation bytes
+per virtual IPU (saved-tensor hooks, entered with the forward and backward spans).
 
 When the window closes the Chrome-trace JSON is rewritten so that stage spans sit on one
 track (``tid``) per virtual IPU, named by metadata events, and ``report.json`` / ``report.html``
@@ -19,7 +22,9 @@ are written next to it (``openpop.report``).
 Tracing off costs one global read per span: no profiler is entered and no hooks are installed.
 The window counts host calls of each executor from 0; ``POPLAR_ENGINE_OPTIONS``'s
 ``autoReport.executionProfileProgramRunCount`` (Poplar's "how many runs to profile", default
-2 here) sets how many calls the environment-driven session records.
+2 here) sets how many calls the environment-driven session records, and
+``openpop.firstProfiledRun`` (default 0) the first one. Under poprun each instance reports to
+``<directory>/instance<i>``.
 """
 import atexit
 import contextlib
@@ -33,17 +38,23 @@ import torch
 
 from .. import errors
 from ..log import logger
-from .activation_memory import ActivationMemory
-from .stage_spans import SPAN_PREFIX, StageSpans, stage_of_block  # noqa: F401  (re-exported)
+from .activation_memory import ActivationMemory, CudaPeaks
+from .engine_options import (  # noqa: F401
+    ENGINE_OPTIONS_ENV,
+    FIRST_RUN_KEY,
+    KNOWN_AUTOREPORT_KEYS,
+    count_option,
+    parse_engine_options,
+    truthy,
+)
+from .stage_spans import (  # noqa: F401
+    SPAN_PREFIX,
+    StageSpans,
+    parse_stage_span,
+    stage_of_block,
+    tracks_per_ipu,
+)
 
-ENGINE_OPTIONS_ENV = "POPLAR_ENGINE_OPTIONS"
-KNOWN_AUTOREPORT_KEYS = (
-    "autoReport.all", "autoReport.directory", "autoReport.outputGraphProfile",
-    "autoReport.outputExecutionProfile", "autoReport.outputLoweredVars", "autoReport.outputDebugInfo",
-    "autoReport.outputSerializedGraph", "autoReport.outputArchive", "autoReport.streamAtEveryRun",
-    "autoReport.executionProfileProgramRunCount", "autoReport.optimizeForLongExecutions")
-FIRST_RUN_KEY = "openpop.firstProfiledRun"
-KNOWN_OPENPOP_KEYS = (FIRST_RUN_KEY,)
 DEFAULT_ENV_CALLS = 2
 TRACE_FILE = "trace.json"
 
@@ -131,54 +142,19 @@ def host_call(run):
 
 
 # ---------------------------------------------------------------------- configuration
-def parse_engine_options(text: str, source: str = ENGINE_OPTIONS_ENV) -> dict:
-    """``POPLAR_ENGINE_OPTIONS``'s JSON: a clear error when malformed, a warning per unknown
-    ``autoReport.*`` key."""
-    if not text.strip():
-        return {}
-    try:
-        options = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise errors.createPoptorchError(
-            f"{source} is not valid JSON ({exc.msg} at character {exc.pos}): {text!r}. "
-            f"Expected e.g. '{{\"autoReport.all\":\"true\",\"autoReport.directory\":\"./report\"}}'.") from None
-    if not isinstance(options, dict):
-        raise errors.createPoptorchError(f"{source} must be a JSON object, got {type(options).__name__}: {text!r}")
-    for key in options:
-        for prefix, known in (("autoReport.", KNOWN_AUTOREPORT_KEYS), ("openpop.", KNOWN_OPENPOP_KEYS)):
-            if key.startswith(prefix) and key not in known:
-                logger.warning("%s: unknown option %r is ignored (known: %s)", source, key, ", ".join(known))
-    return options
-
-
-def _truthy(value) -> bool:
-    return str(value).strip().lower() in ("true", "1", "yes", "on")
-
-
 def session_from_engine_options(options: dict, instance=None):
     """A TraceSession if ``autoReport.all`` (or ``outputExecutionProfile``) is on, else None.
     Under poprun (``instance``: this process's index) each instance reports to
     ``<autoReport.directory>/instance<i>``."""
-    if not (_truthy(options.get("autoReport.all", False))
-            or _truthy(options.get("autoReport.outputExecutionProfile", False))):
+    if not (truthy(options.get("autoReport.all", False))
+            or truthy(options.get("autoReport.outputExecutionProfile", False))):
         return None
     directory = options.get("autoReport.directory", ".")
     if instance is not None:
         directory = os.path.join(directory, f"instance{instance}")
-    count = _count_option(options, "autoReport.executionProfileProgramRunCount", DEFAULT_ENV_CALLS)
-    first = _count_option(options, FIRST_RUN_KEY, 0)
+    count = count_option(options, "autoReport.executionProfileProgramRunCount", DEFAULT_ENV_CALLS)
+    first = count_option(options, FIRST_RUN_KEY, 0)
     return TraceSession(directory, calls=range(first, first + count), activate=False)
-
-
-def _count_option(options, key, default) -> int:
-    value = options.get(key, default)
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        number = -1
-    if number < 0 or isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-        raise errors.createPoptorchError(f"{key} must be a non-negative integer, got {value!r}")
-    return number
 
 
 def _session_from_engine_options(executor):
@@ -236,6 +212,7 @@ class TraceSession:
         self.memory = []
         self.activations = None   # ActivationMemory of the host call recorded now
         self.activation_peaks = {}  # virtual IPU -> peak activation bytes over the recorded calls
+        self.device_peaks = {}      # virtual IPU -> its CUDA device's peak allocated bytes
         self.written = False
         self._last_call = max(calls) if len(calls) else -1
         if activate:
@@ -261,7 +238,7 @@ class TraceSession:
         else:
             function = torch.profiler.record_function(SPAN_PREFIX + name)
         if name in ("forward", "backward") and self.activations is not None:
-            return _entered_together(function, self.activations.hooks())
+            return _with_saved_tensor_hooks(function, self.activations)
         return function
 
     def run_call(self, run, executor, inputs, compiled, *rest):
@@ -281,21 +258,24 @@ class TraceSession:
             ipus = compiled.plan.ipus_per_replica if compiled.plan is not None else 1
             self.activations = ActivationMemory(executor._model, ipus, self.stage_spans.current_ipu)
         _recording = self
+        device_peaks = CudaPeaks(compiled.plan)
         started = time.perf_counter()
         try:
             with torch.profiler.record_function(f"{SPAN_PREFIX}host_call:{index}"), \
-                    self.stage_spans or contextlib.nullcontext():
+                    self.stage_spans, device_peaks:
                 result = run(executor, inputs, compiled, *rest)
         finally:
             seconds = time.perf_counter() - started
             _recording = None
             self.stage_spans = None
-            if self.activations is not None:
+            if self.activations is not None and self.activations.measured:
                 for ipu, peak in enumerate(self.activations.peak):
                     self.activation_peaks[ipu] = max(self.activation_peaks.get(ipu, 0), peak)
-                self.activations = None
+            self.activations = None
+            for ipu, peak in device_peaks.per_ipu().items():
+                self.device_peaks[ipu] = max(self.device_peaks.get(ipu, 0), peak)
         self.memory = memory_per_ipu(executor._model, compiled.plan, getattr(executor, "_optimizer", None),
-                                     self.activation_peaks)
+                                     self.activation_peaks, self.device_peaks)
         self.host_calls.append(_host_call_summary(index, seconds, executor.getPerfCounters(),
                                                   _samples(inputs), executor.training))
         if index >= self._last_call:
@@ -349,9 +329,21 @@ def _start_profiler():
 
 
 @contextlib.contextmanager
-def _entered_together(first, second):
-    with first, second:
-        yield
+def _with_saved_tensor_hooks(function, activations):
+    """``function`` (a span) with ``activations``' hooks; where saved-tensor hooks are disabled
+    (``torch.autograd.graph.disable_saved_tensors_hooks``) the span alone, peaks unmeasured."""
+    with function:
+        hooks = activations.hooks()
+        try:
+            hooks.__enter__()
+        except RuntimeError:
+            activations.measured = False
+            yield
+            return
+        try:
+            yield
+        finally:
+            hooks.__exit__(None, None, None)
 
 
 def _check_writable(directory: str) -> None:
@@ -375,10 +367,12 @@ def _options_dict(options) -> dict:
         return {"error": str(exc)}
 
 
-def memory_per_ipu(model, plan, optimizer, activation_peaks=None) -> list:
+def memory_per_ipu(model, plan, optimizer, activation_peaks=None, device_peaks=None) -> list:
     """Bytes of the parameters, buffers and optimizer state held for each virtual IPU, counted
     from the tensors themselves (a module's tensors belong to the IPU of the block it ran in),
-    and the measured peak activation bytes (``activation_memory``; None when not measured)."""
+    the measured peak activation bytes (``activation_memory``; None when not measured) and, on
+    CUDA, the peak bytes allocated on the IPU's device during the recorded calls (``memory_stats``:
+    everything on that device, shared by the IPUs mapped to it)."""
     ipu_of_module = {}
     for block in plan.blocks if plan is not None else ():
         for name in block.modules:
@@ -391,9 +385,9 @@ def memory_per_ipu(model, plan, optimizer, activation_peaks=None) -> list:
         return ipu_of_module.get(name, 0)
 
     ipus = plan.ipus_per_replica if plan is not None else 1
-    peaks = activation_peaks or {}
+    peaks, device_peaks = activation_peaks or {}, device_peaks or {}
     table = [{"ipu": i, "parameter_bytes": 0, "buffer_bytes": 0, "optimizer_state_bytes": 0,
-              "activation_peak_bytes": peaks.get(i)} for i in range(ipus)]
+              "activation_peak_bytes": peaks.get(i), "device_peak_bytes": device_peaks.get(i)} for i in range(ipus)]
     states = optimizer.state if optimizer is not None else {}
     seen = set()
     for kind, items in (("parameter_bytes", model.named_parameters()), ("buffer_bytes", model.named_buffers())):
@@ -427,61 +421,3 @@ def _host_call_summary(index, seconds, perf, samples, training) -> dict:
     return {"call": index, "seconds": seconds, "compute_seconds": compute,
             "host_seconds": max(seconds - compute, 0.0), "steps": len(steps),
             "step_seconds": steps, "perf_counters": perf, "training": training, "samples": samples}
-
-
-# ---------------------------------------------------------------------- tracks
-def parse_stage_span(name: str):
-    """``openpop:ipu1:stage1:forward:mb0:step0`` -> dict, or None for other names."""
-    if not name.startswith(SPAN_PREFIX + "ipu"):
-        return None
-    parts = name[len(SPAN_PREFIX):].split(":")
-    if len(parts) != 5:
-        return None
-    try:
-        return {"ipu": int(parts[0][3:]), "stage": int(parts[1][5:]), "kind": parts[2],
-                "micro_batch": int(parts[3][2:]), "step": int(parts[4][4:])}
-    except ValueError:
-        return None
-
-
-IPU_TID_BASE = 1_000_000
-LANE_TID_STRIDE = 1_000
-
-
-def tracks_per_ipu(trace: dict, plan) -> dict:
-    """Move stage spans to one track per virtual IPU, named by metadata events. Spans that
-    overlap on one IPU (concurrent micro-batches, one waiting for the device) go to extra
-    tracks ``virtual IPU <i> (<device>) overlap <k>``: a track's spans never cross."""
-    events = trace.get("traceEvents", [])
-    pid = None
-    stage_events = []
-    for event in events:
-        info = parse_stage_span(event.get("name", "")) if event.get("ph") == "X" else None
-        if info is None:
-            continue
-        pid = event.get("pid", pid)
-        info["thread"] = event.get("tid")
-        event["name"] = f"stage{info['stage']} {info['kind']} mb{info['micro_batch']}"
-        event["cat"] = "openpop_stage"
-        event.setdefault("args", {}).update(info)
-        stage_events.append(event)
-    lane_ends = {}  # ipu -> end time of each lane's last span
-    for event in sorted(stage_events, key=lambda e: float(e["ts"])):
-        ends = lane_ends.setdefault(event["args"]["ipu"], [])
-        start = float(event["ts"])
-        lane = next((i for i, end in enumerate(ends) if end <= start), len(ends))
-        if lane == len(ends):
-            ends.append(0.0)
-        ends[lane] = start + float(event.get("dur", 0))
-        event["tid"] = IPU_TID_BASE + event["args"]["ipu"] + LANE_TID_STRIDE * lane
-    device_map = getattr(plan, "device_map", None)
-    for ipu, ends in sorted(lane_ends.items()):
-        device = device_map.device(ipu) if device_map is not None else "?"
-        for lane in range(len(ends)):
-            tid = IPU_TID_BASE + ipu + LANE_TID_STRIDE * lane
-            name = f"virtual IPU {ipu} ({device})" + (f" overlap {lane}" if lane else "")
-            events.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
-            events.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid,
-                           "args": {"sort_index": ipu * 100 + lane}})
-    trace["traceEvents"] = events
-    return trace

@@ -1,0 +1,50 @@
+"""``POPLAR_ENGINE_OPTIONS`` (and ``Options.enableProfiling``'s engine options) as JSON: the
+keys openpop reads, checked before the first host call runs."""
+import json
+
+from .. import errors
+from ..log import logger
+
+ENGINE_OPTIONS_ENV = "POPLAR_ENGINE_OPTIONS"
+KNOWN_AUTOREPORT_KEYS = (
+    "autoReport.all", "autoReport.directory", "autoReport.outputGraphProfile",
+    "autoReport.outputExecutionProfile", "autoReport.outputLoweredVars", "autoReport.outputDebugInfo",
+    "autoReport.outputSerializedGraph", "autoReport.outputArchive", "autoReport.streamAtEveryRun",
+    "autoReport.executionProfileProgramRunCount", "autoReport.optimizeForLongExecutions")
+FIRST_RUN_KEY = "openpop.firstProfiledRun"
+KNOWN_OPENPOP_KEYS = (FIRST_RUN_KEY,)
+
+
+def parse_engine_options(text: str, source: str = ENGINE_OPTIONS_ENV) -> dict:
+    """``POPLAR_ENGINE_OPTIONS``'s JSON: a clear error when malformed, a warning per unknown
+    ``autoReport.*`` key."""
+    if not text.strip():
+        return {}
+    try:
+        options = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise errors.createPoptorchError(
+            f"{source} is not valid JSON ({exc.msg} at character {exc.pos}): {text!r}. "
+            f"Expected e.g. '{{\"autoReport.all\":\"true\",\"autoReport.directory\":\"./report\"}}'.") from None
+    if not isinstance(options, dict):
+        raise errors.createPoptorchError(f"{source} must be a JSON object, got {type(options).__name__}: {text!r}")
+    for key in options:
+        for prefix, known in (("autoReport.", KNOWN_AUTOREPORT_KEYS), ("openpop.", KNOWN_OPENPOP_KEYS)):
+            if key.startswith(prefix) and key not in known:
+                logger.warning("%s: unknown option %r is ignored (known: %s)", source, key, ", ".join(known))
+    return options
+
+
+def truthy(value) -> bool:
+    return str(value).strip().lower() in ("true", "1", "yes", "on")
+
+
+def count_option(options, key, default) -> int:
+    value = options.get(key, default)
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        number = -1
+    if number < 0 or isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise errors.createPoptorchError(f"{key} must be a non-negative integer, got {value!r}")
+    return number

@@ -1,0 +1,38 @@
+"""The HTML profile report rendered by headless Chromium (issue 16): it loads with no console
+messages (errors included) and draws. Skips without Chromium (scripts/install_chromium.sh)."""
+import importlib.util
+import os
+
+import pytest
+from test_profile_report import recorded  # noqa: F401  (the recorded 4-stage pipeline)
+
+SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("headless_chromium", os.path.join(SCRIPTS, "headless_chromium.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+chromium = load_script()
+pytestmark = pytest.mark.skipif(chromium.find_chromium() is None,
+                                reason="no Chromium on PATH: run scripts/install_chromium.sh (Debian: apt-get install chromium)")
+
+
+def test_console_messages_are_caught(tmp_path):
+    page = tmp_path / "bad.html"
+    page.write_text('<!DOCTYPE html><html><body><svg width="10" height="10"><rect width="-4" height="x"/></svg>'
+                    '<script>missingFunction()</script></body></html>')
+    messages = chromium.screenshot(page, tmp_path / "bad.png", 200, 200)
+    assert any("missingFunction is not defined" in m for m in messages), messages
+    assert any("<rect> attribute" in m for m in messages), messages
+
+
+def test_report_renders_with_no_console_messages(recorded, tmp_path):  # noqa: F811
+    png = tmp_path / "report.png"
+    messages = chromium.screenshot(recorded["dir"] / "report.html", png, 1100, 1200)
+    assert messages == []
+    data = png.read_bytes()
+    assert data.startswith(b"\x89PNG") and len(data) > 20_000  # a page of tables and a chart, not blank
