@@ -77,8 +77,7 @@ def check_type(value, expected, where: str, name: str) -> None:
         raise AssertionError(WRONG_TYPE.format(where=where, name=name, expected=wanted,
                                                got=type(value).__name__, value=value))
 
-
-# --- executor ------------------------------------------------------------------
+# --- executor -------------------------------------------------------------------
 NO_EXECUTABLE = "Model has not been compiled or has been destroyed."
 ALREADY_WRAPPED = ("Model has already been wrapped in 'poptorch.trainingModel'. Call model.destroy() "
                    "on the model to unwrap before wrapping again.")
@@ -142,50 +141,53 @@ PARAMETER_REASSIGNED = (
     "the name of the source tensor.")
 ZERO_SIZED = "Zero-sized tensors are unsupported (Got shape {shape})"
 
-# --- options -------------------------------------------------------------------
+# --- options --------------------------------------------------------------------
 WRONG_TYPE = "{where}: {name} must be a {expected}, got {got} {value!r}"
 FROZEN_OPTIONS = "Can't modify frozen Options"
+INVALID_ATTRIBUTE = "Invalid attribute {name}."
+TRACE_MODEL_TRUE = "options.Jit.traceModel(True) is no longer supported"
+INTEGER_AT_LEAST = "{setter}: {option} must be an integer >= {minimum}, not {value!r}"
+AUTOCAST_ENABLED = "Precision.autocast(enabled=...) needs a bool, not {enabled!r}"
+AUTOCAST_DTYPE = "Precision.autocast(dtype=...) must be torch.bfloat16 or torch.float16, not {dtype!r}"
+FLOATING_POINT_EXCEPTIONS_BOOL = "enableFloatingPointExceptions needs to be set to a bool"
+STOCHASTIC_ROUNDING_BOOL = "enableStochasticRounding needs to be set to a bool"
+RUNNING_STATISTICS_FLOAT_BOOL = "runningStatisticsAlwaysFloat needs to be set to a bool"
+REDUCTION_TYPE = (
+    "accumulationAndReplicationReductionType must be set to poptorch.ReductionType.Mean or "
+    "poptorch.ReductionType.Sum")
+AUTOMATIC_LOSS_SCALING_BOOL = "setAutomaticLossScaling needs to be set to a bool"
+ROLLBACK_FAILED_CALLS_BOOL = "Training.rollbackFailedCalls needs a bool, not {enabled!r}"
+PROCESS_ID_OUT_OF_RANGE = (
+    "Options.Distributed.configureProcessId: process_id ({process_id}) must be smaller than num_processes "
+    "({num_processes})")
+NUM_IO_TILES = "numIOTiles must be an even number between 32 and 192."
+INPUT_GROUP_TYPE_ALL = "input_group_type cannot be All"
+INPUT_GROUP_SIZE_TOO_LARGE = "input_group_size cannot be larger than replication_factor"
+INPUT_GROUP_SIZE_NOT_FACTOR = "input_group_size must be a factor of replication_factor"
+OUTPUT_MODE_NOT_PICKED = "An output mode must be picked before serialisation"
+INVALID_PRIVATE_ATTRIBUTE = (
+    "Invalid private attribute {name}: private attributes must be created in __init__ before the options "
+    "values")
+INVALID_OPTION = "Invalid option %s, valid options are %s"
+UNEXPECTED_OPTION_TYPE = "Unexpected type %s for option %s. Expected %s"
+PARTIALS_TYPE_SETTER = "parameter to setPartialsType should be eithertorch.float or torch.half"
+LOSS_SCALING_GROWTH_FACTOR = "setAutomaticLossScaling: growth_factor must be a number > 1, not {growth_factor!r}"
+LOSS_SCALING_BACKOFF_FACTOR = (
+    "setAutomaticLossScaling: backoff_factor must be a number between 0 and 1, not {backoff_factor!r}")
+LOSS_SCALING_GROWTH_INTERVAL = (
+    "setAutomaticLossScaling: growth_interval must be a positive int, not {growth_interval!r}")
+EVERY_N_PERIOD = "EveryN anchor must have output_return_period set to valid positive integer"
+MEMORY_PROPORTION_KEYS = (
+    "Available memory proportions are expected to be in a dictionary of {\"IPU0\": 0.5} where the 0 in IPU "
+    "is the index of the IPU. Invalid key: %s")
+MERGE_COMMON_KEYS = "Can't merge dictionaries, they have some keys in common: {common}"
+CONFIG_FILE_SYNTAX_ERROR = "SyntaxError at line {number} of file: {msg}\n> {line}"
+SINGLE_VALUE = "{path} takes a single value, got {value!r}"
 
-# --- ops -----------------------------------------------------------------------
+# --- ops ------------------------------------------------------------------------
 FOR_LOOP_TRAINING = "poptorch.for_loop() is only supported in inference."
 COND_TRAINING = "poptorch.cond() is only supported in inference."
 NO_ACTIVE_BLOCK = "No active Block, all the ops must belong to a Block"
-
-# --- openpop/strategies.py ------------------------------------------------------------
-UNKNOWN_BLOCK = "Unknown Block '{block_id}' list of expected Blocks: {expected}"
-BLOCK_IN_TWO_STAGES = "{block_id} associated with more than one stage"
-SAME_AS_IPU_WITHOUT_IPU = ("poptorch.AutoStage.SameAsIpu was selected but no IPU was specified for "
-                           "block {block_id}")
-NO_PHASES = ("There is currently no AutoStage for PhasedExecution, please explicitly specify the "
-             "phases")
-PARALLEL_PHASE_PARITY = ("When phases are executed in parallel: even phases must run on even IPUs "
-                         "and odd phases on odd IPUs")
-
-# --- openpop/__init__.py -------------------------------------------------------------------
-NO_SUCH_ATTRIBUTE = "module 'poptorch' has no attribute '{name}'"
-
-# --- openpop/annotations.py ----------------------------------------------------------------
-BLOCK_TARGET_TYPE = "module is not an instance of torch.nn.Module or function."
-ALREADY_IN_BLOCK = "module has already been assigned to a block."
-REMOVE_BLOCKS_NOT_MODULE = "removeBlocks expects a torch.nn.Module"
-
-# --- openpop/arg_parsers.py ----------------------------------------------------------------
-ARG_PARSER_TYPE = "arg_parser must inherit from ICustomArgParser"
-
-# --- openpop/compile_hooks.py --------------------------------------------------------------
-PRE_COMPILE_HOOK_NOT_CALLABLE = "Pre-compile hook must be callable"
-POST_COMPILE_HOOK_NOT_CALLABLE = "Post-compile hook must be callable"
-
-# --- openpop/log.py ------------------------------------------------------------------------
-LOG_LEVEL_UNKNOWN = "Unknown log level: {level}. Valid values are DEBUG, ERR, INFO, OFF, TRACE and WARN"
-LOG_LEVEL_INTEGER = "Invalid log level integer"
-
-# --- openpop/models.py ---------------------------------------------------------------------
-EXECUTABLE_WITHOUT_MODEL = (
-    "{filename} was saved with export_model=False: create the model, wrap it, then call "
-    "loadExecutable(filename) on the wrapper.")
-
-# --- openpop/ops.py ------------------------------------------------------------------------
 PRINT_TENSOR_NOT_TENSOR = "ipu print tensor must take a torch.tensor argument."
 NOP_NOT_TENSOR = "nop must take a torch.tensor argument."
 AVAILABLE_MEMORY_NOT_TENSOR = "You may only set available memory for torch.tensor values."
@@ -240,48 +242,15 @@ CYCLE_BACK_OFF = "cycleBackOff expects a float, got {value!r}"
 NAME_SCOPE_NOT_STRING = "Parameter to NameScope must be a string"
 PARTIALS_TYPE = "Invalid partials types. Expecting torch.float or torch.half"
 
-# --- openpop/options.py --------------------------------------------------------------------
-INVALID_ATTRIBUTE = "Invalid attribute {name}."
-TRACE_MODEL_TRUE = "options.Jit.traceModel(True) is no longer supported"
-INTEGER_AT_LEAST = "{setter}: {option} must be an integer >= {minimum}, not {value!r}"
-AUTOCAST_ENABLED = "Precision.autocast(enabled=...) needs a bool, not {enabled!r}"
-AUTOCAST_DTYPE = "Precision.autocast(dtype=...) must be torch.bfloat16 or torch.float16, not {dtype!r}"
-FLOATING_POINT_EXCEPTIONS_BOOL = "enableFloatingPointExceptions needs to be set to a bool"
-STOCHASTIC_ROUNDING_BOOL = "enableStochasticRounding needs to be set to a bool"
-RUNNING_STATISTICS_FLOAT_BOOL = "runningStatisticsAlwaysFloat needs to be set to a bool"
-REDUCTION_TYPE = (
-    "accumulationAndReplicationReductionType must be set to poptorch.ReductionType.Mean or "
-    "poptorch.ReductionType.Sum")
-AUTOMATIC_LOSS_SCALING_BOOL = "setAutomaticLossScaling needs to be set to a bool"
-ROLLBACK_FAILED_CALLS_BOOL = "Training.rollbackFailedCalls needs a bool, not {enabled!r}"
-PROCESS_ID_OUT_OF_RANGE = (
-    "Options.Distributed.configureProcessId: process_id ({process_id}) must be smaller than num_processes "
-    "({num_processes})")
-NUM_IO_TILES = "numIOTiles must be an even number between 32 and 192."
-INPUT_GROUP_TYPE_ALL = "input_group_type cannot be All"
-INPUT_GROUP_SIZE_TOO_LARGE = "input_group_size cannot be larger than replication_factor"
-INPUT_GROUP_SIZE_NOT_FACTOR = "input_group_size must be a factor of replication_factor"
-OUTPUT_MODE_NOT_PICKED = "An output mode must be picked before serialisation"
-INVALID_PRIVATE_ATTRIBUTE = (
-    "Invalid private attribute {name}: private attributes must be created in __init__ before the options "
-    "values")
-INVALID_OPTION = "Invalid option %s, valid options are %s"
-UNEXPECTED_OPTION_TYPE = "Unexpected type %s for option %s. Expected %s"
-PARTIALS_TYPE_SETTER = "parameter to setPartialsType should be eithertorch.float or torch.half"
-LOSS_SCALING_GROWTH_FACTOR = "setAutomaticLossScaling: growth_factor must be a number > 1, not {growth_factor!r}"
-LOSS_SCALING_BACKOFF_FACTOR = (
-    "setAutomaticLossScaling: backoff_factor must be a number between 0 and 1, not {backoff_factor!r}")
-LOSS_SCALING_GROWTH_INTERVAL = (
-    "setAutomaticLossScaling: growth_interval must be a positive int, not {growth_interval!r}")
-EVERY_N_PERIOD = "EveryN anchor must have output_return_period set to valid positive integer"
-MEMORY_PROPORTION_KEYS = (
-    "Available memory proportions are expected to be in a dictionary of {\"IPU0\": 0.5} where the 0 in IPU "
-    "is the index of the IPU. Invalid key: %s")
-MERGE_COMMON_KEYS = "Can't merge dictionaries, they have some keys in common: {common}"
-CONFIG_FILE_SYNTAX_ERROR = "SyntaxError at line {number} of file: {msg}\n> {line}"
-SINGLE_VALUE = "{path} takes a single value, got {value!r}"
-
-# --- openpop/strategies.py -----------------------------------------------------------------
+# --- strategies -----------------------------------------------------------------
+UNKNOWN_BLOCK = "Unknown Block '{block_id}' list of expected Blocks: {expected}"
+BLOCK_IN_TWO_STAGES = "{block_id} associated with more than one stage"
+SAME_AS_IPU_WITHOUT_IPU = ("poptorch.AutoStage.SameAsIpu was selected but no IPU was specified for "
+                           "block {block_id}")
+NO_PHASES = ("There is currently no AutoStage for PhasedExecution, please explicitly specify the "
+             "phases")
+PARALLEL_PHASE_PARITY = ("When phases are executed in parallel: even phases must run on even IPUs "
+                         "and odd phases on odd IPUs")
 IPU_INDEX = "{where}: {name} must be an integer >= 0 (the index of an IPU), not {ipu!r}"
 STAGE_ARGUMENT = "Each stage must be a poptorch.Stage, a block id or a list of block ids, got {arg!r}"
 BLOCK_IDS_NOT_STRINGS = "Block IDs are supposed to be strings but got {block_ids}"
@@ -291,7 +260,31 @@ NO_SUCH_BLOCK = "Unknown block {block_id}"
 AUTO_STAGE_NOT_ALONE = "An AutoStage must be the only argument of the execution strategy"
 PHASE_INDEX = "Phases are identified by positive integers"
 
-# --- openpop/special_ops.py ----------------------------------------------------------------
+# --- __init__ -------------------------------------------------------------------
+NO_SUCH_ATTRIBUTE = "module 'poptorch' has no attribute '{name}'"
+
+# --- annotations ----------------------------------------------------------------
+BLOCK_TARGET_TYPE = "module is not an instance of torch.nn.Module or function."
+ALREADY_IN_BLOCK = "module has already been assigned to a block."
+REMOVE_BLOCKS_NOT_MODULE = "removeBlocks expects a torch.nn.Module"
+
+# --- arg_parsers ----------------------------------------------------------------
+ARG_PARSER_TYPE = "arg_parser must inherit from ICustomArgParser"
+
+# --- compile_hooks --------------------------------------------------------------
+PRE_COMPILE_HOOK_NOT_CALLABLE = "Pre-compile hook must be callable"
+POST_COMPILE_HOOK_NOT_CALLABLE = "Post-compile hook must be callable"
+
+# --- log ------------------------------------------------------------------------
+LOG_LEVEL_UNKNOWN = "Unknown log level: {level}. Valid values are DEBUG, ERR, INFO, OFF, TRACE and WARN"
+LOG_LEVEL_INTEGER = "Invalid log level integer"
+
+# --- models ---------------------------------------------------------------------
+EXECUTABLE_WITHOUT_MODEL = (
+    "{filename} was saved with export_model=False: create the model, wrap it, then call "
+    "loadExecutable(filename) on the wrapper.")
+
+# --- special_ops ----------------------------------------------------------------
 CTC_PROBS_TYPE = "ctc_beam_search_decoder: probs must be a torch.tensor argument. {probs_type} is not supported."
 CTC_LENGTHS_TYPE = (
     "ctc_beam_search_decoder: lengths must be a torch.tensor argument. {lengths_type} is not supported.")

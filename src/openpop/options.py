@@ -26,13 +26,12 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from . import enums
+from . import enums, errors
 from .enums import CommGroupType, ConnectionType, OutputMode, ReductionType, SyncPattern
 from . import errors
 from .errors import FROZEN_OPTIONS, ConfigFileError
 from .log import logger
 from .strategies import PipelinedExecution, _IExecutionStrategy
-from . import errors
 
 _NO_REPEAT_LIMIT = 2**64 - 1
 
@@ -84,12 +83,10 @@ class OptionsDict:
         self._check_not_frozen()
         for option, value in kwargs.items():
             if not self.exists(option):
-                raise AssertionError(errors.INVALID_OPTION % (
-                option, self._values.keys()))
+                raise AssertionError(errors.INVALID_OPTION % (option, self._values.keys()))
             expected = type(self._values[option])
             if not isinstance(value, expected):
-                raise AssertionError(errors.UNEXPECTED_OPTION_TYPE % (
-                type(value), option, expected))
+                raise AssertionError(errors.UNEXPECTED_OPTION_TYPE % (type(value), option, expected))
             self._check_value(option, value)
         self._values.update(kwargs)
         self._explicit.update(kwargs)

@@ -1,10 +1,10 @@
 """The texts of poprun's, popdist's and the horovod layer's errors (popdist's exact words where it had them)."""
 
-# --- openpop/distributed/horovod_compat.py -------------------------------------------------
+# --- horovod_compat -------------------------------------------------------------
 OP_AND_AVERAGE = "The op parameter supersedes average; pass only one of them."
 NO_ADASUM = "Adasum is not part of openpop's horovod compatibility layer"
 
-# --- openpop/distributed/poprun.py ---------------------------------------------------------
+# --- poprun ---------------------------------------------------------------------
 YES_NO_VALUE = "expected yes/no or 1/0, got {text!r}"
 SECONDS_NOT_POSITIVE = "expected a positive number of seconds, got {text!r}"
 HOST_NAMES_NO_HOST = "--host {spec!r} names no host"
@@ -35,5 +35,5 @@ NO_MASTER_ADDRESS = (
     "PET_NNODES > 1 but no PET_MASTER_ADDR/PET_MASTER_PORT (or MASTER_ADDR/MASTER_PORT) in the "
     "environment: the pods cannot meet")
 
-# --- popdist/__init__.py -------------------------------------------------------------------
+# --- __init__ -------------------------------------------------------------------
 NON_UNIFORM_REPLICAS = "popdist.{function}() can only be used with a uniform number of replicas per instance"
