@@ -209,15 +209,15 @@ MATMUL_KEEP_PRECISION = "keep_precision must be a bool, got {keep_precision!r}"
 OVERLAP_MODE = "mode must be a poptorch.OverlapMode, got {mode!r}."
 DIMENSION_NOT_INTEGER = "Dimension must be an integer."
 SIZE_NOT_INTEGER = "Size must be an integer."
-DIMENSION_OUT_OF_RANGE = "Dimension {dim} is out of range for a tensor of {dim2} dimensions."
+DIMENSION_OUT_OF_RANGE = "Dimension {dim} is out of range for a tensor of {rank} dimensions."
 SLICE_START_NOT_ONE_INTEGER = (
     "Slice start argument to {op} must hold one integer, got a {dtype} tensor of shape {shape}.")
 SLICE_EMPTY = "The start and end of a slice must be different."
 SLICE_END_BEFORE_START = "Taking a slice of a tensor with the end less than the start is not supported."
 STEP_NOT_INTEGER = "Step must be an integer."
 STEP_NOT_POSITIVE = "Step must be a positive integer, got {step}."
-DYNAMIC_UPDATE_DIMENSIONALITY = "input and src tensors must have same dimensionality. ({dim}) vs ({dim2})"
-DYNAMIC_UPDATE_DTYPE = "input and src tensor must have same dtype. ({dtype} vs {dtype2})"
+DYNAMIC_UPDATE_DIMENSIONALITY = "input and src tensors must have same dimensionality. ({input_rank}) vs ({src_rank})"
+DYNAMIC_UPDATE_DTYPE = "input and src tensor must have same dtype. ({input_dtype} vs {src_dtype})"
 DYNAMIC_UPDATE_SHAPE = (
     "dynamic_update: src must have shape {expected} (input shape with dimension {dim} of size {size}), got "
     "{shape}.")
@@ -228,7 +228,7 @@ COND_INPUTS_NOT_LIST = (
     "poptorch.cond expects then_inps and else_inps tensors to be a list of tensors. (Object is not list)")
 FLOAT_FORMAT = "Invalid float_format '{float_format}': expected one of {choices}"
 INPUTS_NOT_TENSORS = "All inputs must be tensors"
-SLICE_OUTSIDE_DIMENSION = "{op}: the slice [{first}, {value}) is outside dimension {dim} of size {shape}."
+SLICE_OUTSIDE_DIMENSION = "{op}: the slice [{first}, {end}) is outside dimension {dim} of size {length}."
 FOR_LOOP_INPUT_NOT_TENSOR = (
     "poptorch.for_loop expects input tensors (inputs) to be a list of tensors. (Object contained in list "
     "at index {index} is not torch.tensor)")
