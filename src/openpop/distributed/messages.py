@@ -30,10 +30,14 @@ OUTPUT_INSTANCE_OUT_OF_RANGE = (
 PET_NNODES_VALUE = "PET_NNODES={value!r} is not a number of nodes"
 CONFIGURATION_UNREADABLE = "cannot read the configuration {path}: {exc}"
 ENV_VARIABLE_FORMAT = "{option}: -x needs NAME or NAME=VALUE"
-NOT_AMONG_HOSTS = "this machine ({gethostname}) is not among the hosts {hosts}: run poprun on each of them"
+NOT_AMONG_HOSTS = "this machine ({hostname}) is not among the hosts {hosts}: run poprun on each of them"
 NO_MASTER_ADDRESS = (
     "PET_NNODES > 1 but no PET_MASTER_ADDR/PET_MASTER_PORT (or MASTER_ADDR/MASTER_PORT) in the "
     "environment: the pods cannot meet")
 
-# --- __init__ -------------------------------------------------------------------
+# --- popdist --------------------------------------------------------------------
 NON_UNIFORM_REPLICAS = "popdist.{function}() can only be used with a uniform number of replicas per instance"
+IPUS_PER_REPLICA_MISMATCH = (
+    "{where} asks for {asked} IPUs per replica but poprun was started with --ipus-per-replica {started}: "
+    "pass the same number to both")
+FORBIDDEN_WITH_POPDIST_OPTIONS = "Cannot call `{name}` with popdist.poptorch.Options"

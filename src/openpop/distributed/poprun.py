@@ -326,7 +326,7 @@ class Plan:
             for host in hosts:
                 check_resolvable(host)
             if not any(is_this_machine(h) for h in hosts):
-                raise UsageError(messages.NOT_AMONG_HOSTS.format(gethostname=socket.gethostname(),
+                raise UsageError(messages.NOT_AMONG_HOSTS.format(hostname=socket.gethostname(),
                                                                  hosts=','.join(hosts)))
             self.hosts = hosts
             self.endpoint = f"{hosts[0]}:{args.rendezvous_port}" if len(hosts) > 1 else "localhost:0"
