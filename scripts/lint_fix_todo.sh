@@ -18,12 +18,15 @@ for path in src/openpop/runtime src/openpop/lightning src/openpop/popart src/pop
 done
 
 if [ "${1:-}" = "--fix" ]; then
-    # typing.List -> list etc.: ruff marks it unsafe only because annotations are evaluated at
-    # run time; every Python openpop supports (>= 3.9) accepts list[int] there.
-    ruff check --no-cache --fix --unsafe-fixes --select UP006,UP035 "${PATHS[@]}" || true
-    # F401 is left to a person: an "unused" import in a module may be what another module
-    # imports from it (ops.py re-exports the compile-hook runners for runtime.executor).
-    ruff check --no-cache --fix --unfixable F401 "${PATHS[@]}" || true
+    # "Unsafe" only in ruff's general sense: typing.List -> list (every Python openpop supports,
+    # >= 3.9, accepts list[int]), `x: int = None` -> Optional[int], unused unpacked names -> _name.
+    ruff check --no-cache --fix --unsafe-fixes --select UP006,UP035,RUF013,RUF059 "${PATHS[@]}" > /dev/null || true
+    # An "unused" import may be what another module imports from this one (ops.py re-exports the
+    # compile-hook runners for runtime.executor): these are removed now; if the tests then fail
+    # with an ImportError, restore that one as `from .x import name as name`.
+    echo "== imports ruff removes:"
+    ruff check --no-cache --select F401 --output-format concise "${PATHS[@]}" | grep F401 || true
+    ruff check --no-cache --fix "${PATHS[@]}" > /dev/null || true
 fi
 
 echo "== ruff findings left there (fix by hand; F401: keep re-exports as 'import x as x')"
