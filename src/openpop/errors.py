@@ -2,11 +2,12 @@
 
 The rule for messages (checked by tests/test_error_messages.py):
 
-* Every error text lives in one module and is raised by name. PopTorch's API (the modules
-  directly under ``openpop/``, ``runtime/``, ``poptorch/``) keeps its texts here; each other
-  package keeps its own in its ``messages.py`` (``data``, ``optim``, ``bert``, ``distributed``,
-  ``k8s``; ``popart`` and ``lightning`` follow). A raise site may fill a text in with
-  ``.format(...)`` or ``%`` but never spells prose itself.
+* Every error and warning text lives in one module and is raised or logged by name. PopTorch's
+  API (the modules directly under ``openpop/``, ``runtime/``, ``poptorch/``) keeps its texts
+  here; each other package keeps its own in its ``messages.py`` (``data``, ``optim``, ``bert``,
+  ``distributed``, ``k8s``; ``popart`` and ``lightning`` follow). A raise or warning site may
+  fill a text in with ``.format(...)`` or ``%`` but never spells prose itself (info and debug
+  log lines may).
 * Where PopTorch (or PopART, popdist, Lightning) had a text, the constant holds its exact words.
 * User input is checked with explicit raises, never ``assert``: ``python -O`` changes nothing.
 
@@ -183,6 +184,8 @@ MEMORY_PROPORTION_KEYS = (
 MERGE_COMMON_KEYS = "Can't merge dictionaries, they have some keys in common: {common}"
 CONFIG_FILE_SYNTAX_ERROR = "SyntaxError at line {number} of file: {msg}\n> {line}"
 SINGLE_VALUE = "{path} takes a single value, got {value!r}"
+PROFILING_OVERRIDDEN = ("Profiling setting overriden by environment variable. Check content of "
+                        "POPLAR_ENGINE_OPTIONS.")
 
 # --- ops ------------------------------------------------------------------------
 FOR_LOOP_TRAINING = "poptorch.for_loop() is only supported in inference."
@@ -262,6 +265,8 @@ PHASE_INDEX = "Phases are identified by positive integers"
 
 # --- __init__ -------------------------------------------------------------------
 NO_SUCH_ATTRIBUTE = "module 'poptorch' has no attribute '{name}'"
+ANCHOR_MODE_DEPRECATED = ("poptorch.AnchorMode is deprecated: use poptorch.OutputMode instead, previous name "
+                          "was misleading")
 
 # --- annotations ----------------------------------------------------------------
 BLOCK_TARGET_TYPE = "module is not an instance of torch.nn.Module or function."

@@ -717,8 +717,7 @@ class Options(OptionsDict):
         env_engine_options = os.environ.get("POPLAR_ENGINE_OPTIONS", "")
         if any(k in env_engine_options
                for k in ("debug.allowOutOfMemory", "autoReport.directory", "autoReport.all")):
-            logger.warning("Profiling setting overriden by environment variable. "
-                           "Check content of POPLAR_ENGINE_OPTIONS.")
+            logger.warning(errors.PROFILING_OVERRIDDEN)
         engine_options = dict(self._popart.options.get("engineOptions", {}))
         engine_options.update({"debug.allowOutOfMemory": "true",
                                "autoReport.directory": profile_dir or ".",

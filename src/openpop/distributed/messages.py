@@ -34,6 +34,10 @@ NOT_AMONG_HOSTS = "this machine ({hostname}) is not among the hosts {hosts}: run
 NO_MASTER_ADDRESS = (
     "PET_NNODES > 1 but no PET_MASTER_ADDR/PET_MASTER_PORT (or MASTER_ADDR/MASTER_PORT) in the "
     "environment: the pods cannot meet")
+OPTION_HAS_NO_EFFECT = "--{option} has no effect: {reason}"
+MPIRUN_ARGUMENTS_IGNORED = (
+    "mpirun arguments ignored (instances are started by torchrun's agent and talk through torch.distributed, "
+    "not MPI): {arguments}")
 
 # --- popdist --------------------------------------------------------------------
 NON_UNIFORM_REPLICAS = "popdist.{function}() can only be used with a uniform number of replicas per instance"

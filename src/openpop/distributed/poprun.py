@@ -449,10 +449,9 @@ def main(argv=None) -> int:
     log = Log(2 if args.vv else 1 if args.verbose else 0)
     for dest, reason in _NO_EFFECT.items():
         if getattr(args, dest) is not None:
-            log.warning(f"--{dest.replace('_', '-')} has no effect: {reason}")
+            log.warning(messages.OPTION_HAS_NO_EFFECT.format(option=dest.replace("_", "-"), reason=reason))
     if plan.mpi_ignored:
-        log.warning("mpirun arguments ignored (instances are started by torchrun's agent and talk through "
-                    "torch.distributed, not MPI): " + " ".join(plan.mpi_ignored))
+        log.warning(messages.MPIRUN_ARGUMENTS_IGNORED.format(arguments=" ".join(plan.mpi_ignored)))
     if args.print_topology or args.vv:
         sys.stdout.write(plan.topology())
         sys.stdout.flush()

@@ -106,3 +106,9 @@ RESTART_POLICY = "must be one of {restart_policies}, got {policy!r}"
 ELASTIC_POLICY_WITHOUT_WORKER = "an elasticPolicy needs a Worker replica spec"
 NPROC_PER_NODE_DEPRECATED = "is deprecated and must not be set together with spec.nprocPerNode"
 RESERVED_ENV_VAR = "{env} is reserved: the Trainer sets it for torchrun"
+
+# --- pod_template ---------------------------------------------------------------
+PRIVILEGED_REMOVED = "removed: Kubeflow training pods do not run privileged"
+IPC_LOCK_REMOVED = "removed IPC_LOCK: it locked IPU host buffers in memory; --keep-ipc-lock keeps it"
+HOST_NAMESPACE_REMOVED = "removed: pods of the Kubeflow job do not share the node's {namespace} namespace"
+HOST_NET_DNS_POLICY_REMOVED = "removed ClusterFirstWithHostNet: it only served hostNetwork"
