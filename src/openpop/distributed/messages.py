@@ -35,6 +35,25 @@ NO_MASTER_ADDRESS = (
     "PET_NNODES > 1 but no PET_MASTER_ADDR/PET_MASTER_PORT (or MASTER_ADDR/MASTER_PORT) in the "
     "environment: the pods cannot meet")
 OPTION_HAS_NO_EFFECT = "--{option} has no effect: {reason}"
+# Options of Graphcore's poprun that have no counterpart here (accepted, reported once), and why.
+NO_EFFECT_REASONS = {
+    "num_ilds": "openpop has no IPU-Link domains",
+    "vipu_server_host": "openpop has no V-IPU server",
+    "vipu_server_port": "openpop has no V-IPU server",
+    "vipu_server_timeout": "openpop has no V-IPU server",
+    "vipu_partition": "openpop has no V-IPU partitions",
+    "vipu_partition_attempts": "openpop has no V-IPU partitions",
+    "update_partition": "openpop has no V-IPU partitions",
+    "reset_partition": "openpop has no V-IPU partitions",
+    "remove_partition": "openpop has no V-IPU partitions",
+    "vipu_cluster": "openpop has no V-IPU clusters",
+    "vipu_allocation": "openpop has no V-IPU allocations",
+    "numa_aware": "instances are not bound to NUMA nodes; the host's cores are split between them",
+    "offline_mode": "there are no IPUs to attach to",
+    "sync_type": "openpop has no IPU sync types",
+    "host_subnet": "the rendezvous uses the --host names",
+    "allow_run_as_root": "there is no mpirun root check",
+}
 MPIRUN_ARGUMENTS_IGNORED = (
     "mpirun arguments ignored (instances are started by torchrun's agent and talk through torch.distributed, "
     "not MPI): {arguments}")
