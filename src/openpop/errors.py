@@ -184,6 +184,7 @@ MEMORY_PROPORTION_KEYS = (
 MERGE_COMMON_KEYS = "Can't merge dictionaries, they have some keys in common: {common}"
 CONFIG_FILE_SYNTAX_ERROR = "SyntaxError at line {number} of file: {msg}\n> {line}"
 SINGLE_VALUE = "{path} takes a single value, got {value!r}"
+COMPILE_AFTER = "compile_after must be a number of seconds >= 0, not {compile_after!r}"
 PROFILING_OVERRIDDEN = ("Profiling setting overriden by environment variable. Check content of "
                         "POPLAR_ENGINE_OPTIONS.")
 

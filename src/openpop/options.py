@@ -753,8 +753,7 @@ class Options(OptionsDict):
         check_backend(backend)
         if compile_after is not None:
             if not _is_real(compile_after) or compile_after < 0:
-                raise errors.createPoptorchError(
-                    f"compile_after must be a number of seconds >= 0, not {compile_after!r}")
+                raise errors.createPoptorchError(errors.COMPILE_AFTER.format(compile_after=compile_after))
             self.set(compile_after=float(compile_after))
         self.set(openpop_backend=backend)
         return self
