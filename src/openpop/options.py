@@ -28,7 +28,6 @@ import torch
 
 from . import enums, errors
 from .enums import CommGroupType, ConnectionType, OutputMode, ReductionType, SyncPattern
-from . import errors
 from .errors import FROZEN_OPTIONS, ConfigFileError
 from .log import logger
 from .strategies import PipelinedExecution, _IExecutionStrategy
