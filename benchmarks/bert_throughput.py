@@ -27,7 +27,6 @@ import statistics
 import time
 
 import torch
-from _machine import cpu_name
 
 import poptorch
 from openpop.bert.config import make_config
@@ -35,6 +34,8 @@ from openpop.bert.metrics import training_flops_per_sample
 from openpop.bert.model import PipelinedBertForPretraining
 from openpop.bert.optimization import get_optimizer
 from openpop.bert.train import get_options
+
+from _machine import cpu_name
 
 TARGETS = {"framework_tax": 0.97, "fp32_mfu": 0.30, "bf16_speedup": 2.5}
 

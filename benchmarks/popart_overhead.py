@@ -14,10 +14,11 @@ import time
 
 import numpy as np
 import torch
-from _machine import cpu_name
 
 import popart
 import poptorch
+
+from _machine import cpu_name
 
 LAYERS = 3
 

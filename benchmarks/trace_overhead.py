@@ -20,11 +20,12 @@ import timeit
 
 import torch
 import torch.nn.functional as F
-from host_overhead import MLP  # the same tiny MLP as the host-overhead benchmark
 
 import poptorch
 from openpop.runtime import executor as executor_module
 from openpop.runtime import trace
+
+from host_overhead import MLP  # the same tiny MLP as the host-overhead benchmark
 
 
 class FourStages(torch.nn.Module):

@@ -1,4 +1,5 @@
-"""The errors rule (see openpop/errors.py): raise sites name their message, they never spell it.
+"""The errors rule (see openpop/errors.py): raise and warning sites name their message, they never
+spell it.
 
 A message is a constant from ``openpop/errors.py`` (PopTorch's API) or from its package's
 ``messages.py``; a raise site may fill it in (``.format``) but holds no prose of its own.
@@ -39,18 +40,25 @@ def literal_prose(node):
     return [text for text in texts if PROSE.search(text)]
 
 
+def is_warning(node):
+    """``warnings.warn(...)``, ``logger.warning(...)``, a report's ``.warning(...)``."""
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("warn", "warning")
+
+
 def rule_breaks(source):
     found = []
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Raise) and node.exc is not None:
             found += [f"line {node.lineno}: raise with its own text {text!r}" for text in literal_prose(node.exc)]
+        elif is_warning(node):
+            found += [f"line {node.lineno}: warning with its own text {text!r}" for text in literal_prose(node)]
         elif isinstance(node, ast.Assert):
             found.append(f"line {node.lineno}: assert (python -O removes it): raise explicitly")
     return found
 
 
 @pytest.mark.parametrize("module", list(covered_modules()))
-def test_raise_sites_use_message_constants(module):
+def test_raise_and_warning_sites_use_message_constants(module):
     assert rule_breaks((SRC / module).read_text()) == []
 
 
@@ -58,8 +66,9 @@ def test_the_rule_catches_literals_fstrings_and_asserts():
     source = ('raise ValueError("the value is bad")\n'
               'raise ValueError(f"got {x} instead")\n'
               'raise ValueError("got %s instead" % x)\n'
+              'logger.warning("this is ignored")\n'
               'assert x, M.X\n')
-    assert len(rule_breaks(source)) == 4
+    assert len(rule_breaks(source)) == 5
     assert rule_breaks('raise ValueError(M.X.format(x=", ".join(names)))\nraise ManifestError("spec.x", M.Y)\n'
                        'raise\nraise exc from None\n') == []
 

@@ -30,7 +30,6 @@ from .strategies import (
 
 def __getattr__(name):
     if name == "AnchorMode":
-        _warnings.warn("poptorch.AnchorMode is deprecated: use poptorch.OutputMode instead, previous name "
-                       "was misleading", DeprecationWarning, stacklevel=2)
+        _warnings.warn(errors.ANCHOR_MODE_DEPRECATED, DeprecationWarning, stacklevel=2)
         return _OutputMode
     raise AttributeError(errors.NO_SUCH_ATTRIBUTE.format(name=name))

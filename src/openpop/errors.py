@@ -2,11 +2,12 @@
 
 The rule for messages (checked by tests/test_error_messages.py):
 
-* Every error text lives in one module and is raised by name. PopTorch's API (the modules
-  directly under ``openpop/``, ``runtime/``, ``poptorch/``) keeps its texts here; each other
-  package keeps its own in its ``messages.py`` (``data``, ``optim``, ``bert``, ``distributed``,
-  ``k8s``; ``popart`` and ``lightning`` follow). A raise site may fill a text in with
-  ``.format(...)`` or ``%`` but never spells prose itself.
+* Every error and warning text lives in one module and is raised or logged by name. PopTorch's
+  API (the modules directly under ``openpop/``, ``runtime/``, ``poptorch/``) keeps its texts
+  here; each other package keeps its own in its ``messages.py`` (``data``, ``optim``, ``bert``,
+  ``distributed``, ``k8s``; ``popart`` and ``lightning`` follow). A raise or warning site may
+  fill a text in with ``.format(...)`` or ``%`` but never spells prose itself (info and debug
+  log lines may).
 * Where PopTorch (or PopART, popdist, Lightning) had a text, the constant holds its exact words.
 * User input is checked with explicit raises, never ``assert``: ``python -O`` changes nothing.
 
@@ -77,8 +78,7 @@ def check_type(value, expected, where: str, name: str) -> None:
         raise AssertionError(WRONG_TYPE.format(where=where, name=name, expected=wanted,
                                                got=type(value).__name__, value=value))
 
-
-# --- executor ------------------------------------------------------------------
+# --- executor -------------------------------------------------------------------
 NO_EXECUTABLE = "Model has not been compiled or has been destroyed."
 ALREADY_WRAPPED = ("Model has already been wrapped in 'poptorch.trainingModel'. Call model.destroy() "
                    "on the model to unwrap before wrapping again.")
@@ -142,105 +142,9 @@ PARAMETER_REASSIGNED = (
     "the name of the source tensor.")
 ZERO_SIZED = "Zero-sized tensors are unsupported (Got shape {shape})"
 
-# --- options -------------------------------------------------------------------
+# --- options --------------------------------------------------------------------
 WRONG_TYPE = "{where}: {name} must be a {expected}, got {got} {value!r}"
 FROZEN_OPTIONS = "Can't modify frozen Options"
-
-# --- ops -----------------------------------------------------------------------
-FOR_LOOP_TRAINING = "poptorch.for_loop() is only supported in inference."
-COND_TRAINING = "poptorch.cond() is only supported in inference."
-NO_ACTIVE_BLOCK = "No active Block, all the ops must belong to a Block"
-
-# --- openpop/strategies.py ------------------------------------------------------------
-UNKNOWN_BLOCK = "Unknown Block '{block_id}' list of expected Blocks: {expected}"
-BLOCK_IN_TWO_STAGES = "{block_id} associated with more than one stage"
-SAME_AS_IPU_WITHOUT_IPU = ("poptorch.AutoStage.SameAsIpu was selected but no IPU was specified for "
-                           "block {block_id}")
-NO_PHASES = ("There is currently no AutoStage for PhasedExecution, please explicitly specify the "
-             "phases")
-PARALLEL_PHASE_PARITY = ("When phases are executed in parallel: even phases must run on even IPUs "
-                         "and odd phases on odd IPUs")
-
-# --- openpop/__init__.py -------------------------------------------------------------------
-NO_SUCH_ATTRIBUTE = "module 'poptorch' has no attribute '{name}'"
-
-# --- openpop/annotations.py ----------------------------------------------------------------
-BLOCK_TARGET_TYPE = "module is not an instance of torch.nn.Module or function."
-ALREADY_IN_BLOCK = "module has already been assigned to a block."
-REMOVE_BLOCKS_NOT_MODULE = "removeBlocks expects a torch.nn.Module"
-
-# --- openpop/arg_parsers.py ----------------------------------------------------------------
-ARG_PARSER_TYPE = "arg_parser must inherit from ICustomArgParser"
-
-# --- openpop/compile_hooks.py --------------------------------------------------------------
-PRE_COMPILE_HOOK_NOT_CALLABLE = "Pre-compile hook must be callable"
-POST_COMPILE_HOOK_NOT_CALLABLE = "Post-compile hook must be callable"
-
-# --- openpop/log.py ------------------------------------------------------------------------
-LOG_LEVEL_UNKNOWN = "Unknown log level: {level}. Valid values are DEBUG, ERR, INFO, OFF, TRACE and WARN"
-LOG_LEVEL_INTEGER = "Invalid log level integer"
-
-# --- openpop/models.py ---------------------------------------------------------------------
-EXECUTABLE_WITHOUT_MODEL = (
-    "{filename} was saved with export_model=False: create the model, wrap it, then call "
-    "loadExecutable(filename) on the wrapper.")
-
-# --- openpop/ops.py ------------------------------------------------------------------------
-PRINT_TENSOR_NOT_TENSOR = "ipu print tensor must take a torch.tensor argument."
-NOP_NOT_TENSOR = "nop must take a torch.tensor argument."
-AVAILABLE_MEMORY_NOT_TENSOR = "You may only set available memory for torch.tensor values."
-OVERLAP_NOT_TENSOR = "You may only set overlap for torch.tensor {what}."
-SLICE_INPUT_NOT_TENSOR = "{op} must take a torch.tensor input."
-SLICE_START_NOT_TENSOR = "Slice start argument to {op} must be a torch.tensor."
-DYNAMIC_UPDATE_SRC_NOT_TENSOR = "Src argument to dynamic_update must be a torch.tensor."
-CUSTOM_OP_UNAVAILABLE = (
-    "poptorch.custom_op('{name}', domain '{domain}'): PopART custom ops are IPU binaries (Poplar/PopART "
-    "C++ codelets) and cannot run in openpop. Implement the op in PyTorch (for example as a "
-    "torch.autograd.Function, or with torch.library for a custom kernel) and call it in place of "
-    "poptorch.custom_op.")
-UNSUPPORTED_VALUE_TYPE = "{message} {value_type} is not supported."
-AVAILABLE_MEMORY_PROPORTION = (
-    "available_memory_proportion must be a number between 0 and 1, got {value!r}")
-MATMUL_SERIALIZATION_MODE = "mode must be a poptorch.MatMulSerializationMode, got {mode!r}"
-MATMUL_SERIALIZATION_FACTOR = "factor must be an int, got {factor!r}"
-MATMUL_KEEP_PRECISION = "keep_precision must be a bool, got {keep_precision!r}"
-OVERLAP_MODE = "mode must be a poptorch.OverlapMode, got {mode!r}."
-DIMENSION_NOT_INTEGER = "Dimension must be an integer."
-SIZE_NOT_INTEGER = "Size must be an integer."
-DIMENSION_OUT_OF_RANGE = "Dimension {dim} is out of range for a tensor of {dim2} dimensions."
-SLICE_START_NOT_ONE_INTEGER = (
-    "Slice start argument to {op} must hold one integer, got a {dtype} tensor of shape {shape}.")
-SLICE_EMPTY = "The start and end of a slice must be different."
-SLICE_END_BEFORE_START = "Taking a slice of a tensor with the end less than the start is not supported."
-STEP_NOT_INTEGER = "Step must be an integer."
-STEP_NOT_POSITIVE = "Step must be a positive integer, got {step}."
-DYNAMIC_UPDATE_DIMENSIONALITY = "input and src tensors must have same dimensionality. ({dim}) vs ({dim2})"
-DYNAMIC_UPDATE_DTYPE = "input and src tensor must have same dtype. ({dtype} vs {dtype2})"
-DYNAMIC_UPDATE_SHAPE = (
-    "dynamic_update: src must have shape {expected} (input shape with dimension {dim} of size {size}), got "
-    "{shape}.")
-FOR_LOOP_INPUTS_NOT_LIST = (
-    "poptorch.for_loop expects input tensors (inputs) to be a list of tensors. (Object is not list)")
-FOR_LOOP_COUNT = "poptorch.for_loop expects count to be a non-negative int, got {count!r}"
-COND_INPUTS_NOT_LIST = (
-    "poptorch.cond expects then_inps and else_inps tensors to be a list of tensors. (Object is not list)")
-FLOAT_FORMAT = "Invalid float_format '{float_format}': expected one of {choices}"
-INPUTS_NOT_TENSORS = "All inputs must be tensors"
-SLICE_OUTSIDE_DIMENSION = "{op}: the slice [{first}, {value}) is outside dimension {dim} of size {shape}."
-FOR_LOOP_INPUT_NOT_TENSOR = (
-    "poptorch.for_loop expects input tensors (inputs) to be a list of tensors. (Object contained in list "
-    "at index {index} is not torch.tensor)")
-FOR_LOOP_BODY_OUTPUTS = (
-    "poptorch.for_loop: the body returned {values_count} tensors but takes {inputs_count}: it must return "
-    "as many tensors as it takes.")
-ENABLE_CONV_DITHERING_VALUE = "value must be bool or list of bools"
-CONVOLUTION_PLAN_TYPE = "Invalid plan type!"
-PER_CONV_RESERVED_TILES = "perConvReservedTiles expects an int, got {value!r}"
-CYCLE_BACK_OFF = "cycleBackOff expects a float, got {value!r}"
-NAME_SCOPE_NOT_STRING = "Parameter to NameScope must be a string"
-PARTIALS_TYPE = "Invalid partials types. Expecting torch.float or torch.half"
-
-# --- openpop/options.py --------------------------------------------------------------------
 INVALID_ATTRIBUTE = "Invalid attribute {name}."
 TRACE_MODEL_TRUE = "options.Jit.traceModel(True) is no longer supported"
 INTEGER_AT_LEAST = "{setter}: {option} must be an integer >= {minimum}, not {value!r}"
@@ -280,8 +184,77 @@ MEMORY_PROPORTION_KEYS = (
 MERGE_COMMON_KEYS = "Can't merge dictionaries, they have some keys in common: {common}"
 CONFIG_FILE_SYNTAX_ERROR = "SyntaxError at line {number} of file: {msg}\n> {line}"
 SINGLE_VALUE = "{path} takes a single value, got {value!r}"
+COMPILE_AFTER = "compile_after must be a number of seconds >= 0, not {compile_after!r}"
+PROFILING_OVERRIDDEN = ("Profiling setting overriden by environment variable. Check content of "
+                        "POPLAR_ENGINE_OPTIONS.")
 
-# --- openpop/strategies.py -----------------------------------------------------------------
+# --- ops ------------------------------------------------------------------------
+FOR_LOOP_TRAINING = "poptorch.for_loop() is only supported in inference."
+COND_TRAINING = "poptorch.cond() is only supported in inference."
+NO_ACTIVE_BLOCK = "No active Block, all the ops must belong to a Block"
+PRINT_TENSOR_NOT_TENSOR = "ipu print tensor must take a torch.tensor argument."
+NOP_NOT_TENSOR = "nop must take a torch.tensor argument."
+AVAILABLE_MEMORY_NOT_TENSOR = "You may only set available memory for torch.tensor values."
+OVERLAP_NOT_TENSOR = "You may only set overlap for torch.tensor {what}."
+SLICE_INPUT_NOT_TENSOR = "{op} must take a torch.tensor input."
+SLICE_START_NOT_TENSOR = "Slice start argument to {op} must be a torch.tensor."
+DYNAMIC_UPDATE_SRC_NOT_TENSOR = "Src argument to dynamic_update must be a torch.tensor."
+CUSTOM_OP_UNAVAILABLE = (
+    "poptorch.custom_op('{name}', domain '{domain}'): PopART custom ops are IPU binaries (Poplar/PopART "
+    "C++ codelets) and cannot run in openpop. Implement the op in PyTorch (for example as a "
+    "torch.autograd.Function, or with torch.library for a custom kernel) and call it in place of "
+    "poptorch.custom_op.")
+UNSUPPORTED_VALUE_TYPE = "{message} {value_type} is not supported."
+AVAILABLE_MEMORY_PROPORTION = (
+    "available_memory_proportion must be a number between 0 and 1, got {value!r}")
+MATMUL_SERIALIZATION_MODE = "mode must be a poptorch.MatMulSerializationMode, got {mode!r}"
+MATMUL_SERIALIZATION_FACTOR = "factor must be an int, got {factor!r}"
+MATMUL_KEEP_PRECISION = "keep_precision must be a bool, got {keep_precision!r}"
+OVERLAP_MODE = "mode must be a poptorch.OverlapMode, got {mode!r}."
+DIMENSION_NOT_INTEGER = "Dimension must be an integer."
+SIZE_NOT_INTEGER = "Size must be an integer."
+DIMENSION_OUT_OF_RANGE = "Dimension {dim} is out of range for a tensor of {rank} dimensions."
+SLICE_START_NOT_ONE_INTEGER = (
+    "Slice start argument to {op} must hold one integer, got a {dtype} tensor of shape {shape}.")
+SLICE_EMPTY = "The start and end of a slice must be different."
+SLICE_END_BEFORE_START = "Taking a slice of a tensor with the end less than the start is not supported."
+STEP_NOT_INTEGER = "Step must be an integer."
+STEP_NOT_POSITIVE = "Step must be a positive integer, got {step}."
+DYNAMIC_UPDATE_DIMENSIONALITY = "input and src tensors must have same dimensionality. ({input_rank}) vs ({src_rank})"
+DYNAMIC_UPDATE_DTYPE = "input and src tensor must have same dtype. ({input_dtype} vs {src_dtype})"
+DYNAMIC_UPDATE_SHAPE = (
+    "dynamic_update: src must have shape {expected} (input shape with dimension {dim} of size {size}), got "
+    "{shape}.")
+FOR_LOOP_INPUTS_NOT_LIST = (
+    "poptorch.for_loop expects input tensors (inputs) to be a list of tensors. (Object is not list)")
+FOR_LOOP_COUNT = "poptorch.for_loop expects count to be a non-negative int, got {count!r}"
+COND_INPUTS_NOT_LIST = (
+    "poptorch.cond expects then_inps and else_inps tensors to be a list of tensors. (Object is not list)")
+FLOAT_FORMAT = "Invalid float_format '{float_format}': expected one of {choices}"
+INPUTS_NOT_TENSORS = "All inputs must be tensors"
+SLICE_OUTSIDE_DIMENSION = "{op}: the slice [{first}, {end}) is outside dimension {dim} of size {length}."
+FOR_LOOP_INPUT_NOT_TENSOR = (
+    "poptorch.for_loop expects input tensors (inputs) to be a list of tensors. (Object contained in list "
+    "at index {index} is not torch.tensor)")
+FOR_LOOP_BODY_OUTPUTS = (
+    "poptorch.for_loop: the body returned {values_count} tensors but takes {inputs_count}: it must return "
+    "as many tensors as it takes.")
+ENABLE_CONV_DITHERING_VALUE = "value must be bool or list of bools"
+CONVOLUTION_PLAN_TYPE = "Invalid plan type!"
+PER_CONV_RESERVED_TILES = "perConvReservedTiles expects an int, got {value!r}"
+CYCLE_BACK_OFF = "cycleBackOff expects a float, got {value!r}"
+NAME_SCOPE_NOT_STRING = "Parameter to NameScope must be a string"
+PARTIALS_TYPE = "Invalid partials types. Expecting torch.float or torch.half"
+
+# --- strategies -----------------------------------------------------------------
+UNKNOWN_BLOCK = "Unknown Block '{block_id}' list of expected Blocks: {expected}"
+BLOCK_IN_TWO_STAGES = "{block_id} associated with more than one stage"
+SAME_AS_IPU_WITHOUT_IPU = ("poptorch.AutoStage.SameAsIpu was selected but no IPU was specified for "
+                           "block {block_id}")
+NO_PHASES = ("There is currently no AutoStage for PhasedExecution, please explicitly specify the "
+             "phases")
+PARALLEL_PHASE_PARITY = ("When phases are executed in parallel: even phases must run on even IPUs "
+                         "and odd phases on odd IPUs")
 IPU_INDEX = "{where}: {name} must be an integer >= 0 (the index of an IPU), not {ipu!r}"
 STAGE_ARGUMENT = "Each stage must be a poptorch.Stage, a block id or a list of block ids, got {arg!r}"
 BLOCK_IDS_NOT_STRINGS = "Block IDs are supposed to be strings but got {block_ids}"
@@ -291,7 +264,33 @@ NO_SUCH_BLOCK = "Unknown block {block_id}"
 AUTO_STAGE_NOT_ALONE = "An AutoStage must be the only argument of the execution strategy"
 PHASE_INDEX = "Phases are identified by positive integers"
 
-# --- openpop/special_ops.py ----------------------------------------------------------------
+# --- __init__ -------------------------------------------------------------------
+NO_SUCH_ATTRIBUTE = "module 'poptorch' has no attribute '{name}'"
+ANCHOR_MODE_DEPRECATED = ("poptorch.AnchorMode is deprecated: use poptorch.OutputMode instead, previous name "
+                          "was misleading")
+
+# --- annotations ----------------------------------------------------------------
+BLOCK_TARGET_TYPE = "module is not an instance of torch.nn.Module or function."
+ALREADY_IN_BLOCK = "module has already been assigned to a block."
+REMOVE_BLOCKS_NOT_MODULE = "removeBlocks expects a torch.nn.Module"
+
+# --- arg_parsers ----------------------------------------------------------------
+ARG_PARSER_TYPE = "arg_parser must inherit from ICustomArgParser"
+
+# --- compile_hooks --------------------------------------------------------------
+PRE_COMPILE_HOOK_NOT_CALLABLE = "Pre-compile hook must be callable"
+POST_COMPILE_HOOK_NOT_CALLABLE = "Post-compile hook must be callable"
+
+# --- log ------------------------------------------------------------------------
+LOG_LEVEL_UNKNOWN = "Unknown log level: {level}. Valid values are DEBUG, ERR, INFO, OFF, TRACE and WARN"
+LOG_LEVEL_INTEGER = "Invalid log level integer"
+
+# --- models ---------------------------------------------------------------------
+EXECUTABLE_WITHOUT_MODEL = (
+    "{filename} was saved with export_model=False: create the model, wrap it, then call "
+    "loadExecutable(filename) on the wrapper.")
+
+# --- special_ops ----------------------------------------------------------------
 CTC_PROBS_TYPE = "ctc_beam_search_decoder: probs must be a torch.tensor argument. {probs_type} is not supported."
 CTC_LENGTHS_TYPE = (
     "ctc_beam_search_decoder: lengths must be a torch.tensor argument. {lengths_type} is not supported.")

@@ -234,7 +234,7 @@ def _check_slice_args(op: str, tensor, dim, start, size) -> int:
     if not isinstance(size, int):
         raise createPoptorchError(errors.SIZE_NOT_INTEGER)
     if not -tensor.dim() <= dim < max(tensor.dim(), 1):
-        raise createPoptorchError(errors.DIMENSION_OUT_OF_RANGE.format(dim=dim, dim2=tensor.dim()))
+        raise createPoptorchError(errors.DIMENSION_OUT_OF_RANGE.format(dim=dim, rank=tensor.dim()))
     if start.numel() != 1 or start.is_floating_point() or start.is_complex():
         raise createPoptorchError(errors.SLICE_START_NOT_ONE_INTEGER.format(op=op, dtype=start.dtype,
                                                                             shape=list(start.shape)))
@@ -252,8 +252,8 @@ def _slice_indices(tensor, dim, start, size, step, op):
         first = int(start.reshape(()))
         if first < 0 or first + size > tensor.shape[dim]:
             raise createPoptorchError(
-                errors.SLICE_OUTSIDE_DIMENSION.format(op=op, first=first, value=first + size, dim=dim,
-                                                      shape=tensor.shape[dim]))
+                errors.SLICE_OUTSIDE_DIMENSION.format(op=op, first=first, end=first + size, dim=dim,
+                                                      length=tensor.shape[dim]))
     offsets = torch.arange(0, size, step, device=tensor.device)
     return start.reshape(()).to(device=tensor.device, dtype=torch.long) + offsets
 
@@ -278,9 +278,10 @@ def dynamic_update(input: torch.Tensor, src: torch.Tensor, dim: int, start: torc
     _require_tensor(src, errors.DYNAMIC_UPDATE_SRC_NOT_TENSOR)
     dim = _check_slice_args("dynamic_update", input, dim, start, size)
     if input.dim() != src.dim():
-        raise createPoptorchError(errors.DYNAMIC_UPDATE_DIMENSIONALITY.format(dim=input.dim(), dim2=src.dim()))
+        raise createPoptorchError(errors.DYNAMIC_UPDATE_DIMENSIONALITY.format(
+            input_rank=input.dim(), src_rank=src.dim()))
     if input.dtype != src.dtype:
-        raise createPoptorchError(errors.DYNAMIC_UPDATE_DTYPE.format(dtype=input.dtype, dtype2=src.dtype))
+        raise createPoptorchError(errors.DYNAMIC_UPDATE_DTYPE.format(input_dtype=input.dtype, src_dtype=src.dtype))
     expected = list(input.shape)
     expected[dim] = size
     if list(src.shape) != expected:

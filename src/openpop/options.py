@@ -26,13 +26,11 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
-from . import enums
+from . import enums, errors
 from .enums import CommGroupType, ConnectionType, OutputMode, ReductionType, SyncPattern
-from . import errors
 from .errors import FROZEN_OPTIONS, ConfigFileError
 from .log import logger
 from .strategies import PipelinedExecution, _IExecutionStrategy
-from . import errors
 
 _NO_REPEAT_LIMIT = 2**64 - 1
 
@@ -84,12 +82,10 @@ class OptionsDict:
         self._check_not_frozen()
         for option, value in kwargs.items():
             if not self.exists(option):
-                raise AssertionError(errors.INVALID_OPTION % (
-                option, self._values.keys()))
+                raise AssertionError(errors.INVALID_OPTION % (option, self._values.keys()))
             expected = type(self._values[option])
             if not isinstance(value, expected):
-                raise AssertionError(errors.UNEXPECTED_OPTION_TYPE % (
-                type(value), option, expected))
+                raise AssertionError(errors.UNEXPECTED_OPTION_TYPE % (type(value), option, expected))
             self._check_value(option, value)
         self._values.update(kwargs)
         self._explicit.update(kwargs)
@@ -720,8 +716,7 @@ class Options(OptionsDict):
         env_engine_options = os.environ.get("POPLAR_ENGINE_OPTIONS", "")
         if any(k in env_engine_options
                for k in ("debug.allowOutOfMemory", "autoReport.directory", "autoReport.all")):
-            logger.warning("Profiling setting overriden by environment variable. "
-                           "Check content of POPLAR_ENGINE_OPTIONS.")
+            logger.warning(errors.PROFILING_OVERRIDDEN)
         engine_options = dict(self._popart.options.get("engineOptions", {}))
         engine_options.update({"debug.allowOutOfMemory": "true",
                                "autoReport.directory": profile_dir or ".",
@@ -757,8 +752,7 @@ class Options(OptionsDict):
         check_backend(backend)
         if compile_after is not None:
             if not _is_real(compile_after) or compile_after < 0:
-                raise errors.createPoptorchError(
-                    f"compile_after must be a number of seconds >= 0, not {compile_after!r}")
+                raise errors.createPoptorchError(errors.COMPILE_AFTER.format(compile_after=compile_after))
             self.set(compile_after=float(compile_after))
         self.set(openpop_backend=backend)
         return self

@@ -28,10 +28,9 @@ stages -> virtual IPUs with these rules:
 """
 from typing import Dict, List, Optional, Tuple, Union
 
-from . import enums
+from . import enums, errors
 from .errors import Error, createPoptorchError
 from .log import logger
-from . import errors
 
 BlockId = str
 

@@ -72,8 +72,8 @@ def checkNumIpusPerReplica(ipus_per_replica: int) -> bool:
 
 def ipus_per_replica_mismatch(ipus_per_replica: int, where: str) -> str:
     """The error text for a script whose IPUs per replica differ from poprun's."""
-    return (f"{where} asks for {ipus_per_replica} IPUs per replica but poprun was started with "
-            f"--ipus-per-replica {getNumIpusPerReplica()}: pass the same number to both")
+    return distributed_messages.IPUS_PER_REPLICA_MISMATCH.format(
+        where=where, asked=ipus_per_replica, started=getNumIpusPerReplica())
 
 
 def getDeviceId(ipusPerReplica: int = 0) -> int:

@@ -8,12 +8,13 @@ PopTorch's ``RuntimeError``. Outside poprun it is a one-instance, one-replica ``
 from typing import Optional
 
 import popdist
+from openpop.distributed import messages as distributed_messages
 from openpop.options import Options as _Options
 from openpop.options import _DistributedOptions
 
 
 def _forbidden(name: str) -> RuntimeError:
-    return RuntimeError(f"Cannot call `{name}` with popdist.poptorch.Options")
+    return RuntimeError(distributed_messages.FORBIDDEN_WITH_POPDIST_OPTIONS.format(name=name))
 
 
 class _PopdistDistributedOptions(_DistributedOptions):

@@ -1,6 +1,6 @@
 """The texts of openpop-bert's errors (ConfigError, DataError, CheckpointError): each names the flag or file to fix."""
 
-# --- openpop/bert/checkpoint.py ------------------------------------------------------------
+# --- checkpoint -----------------------------------------------------------------
 NO_SUCH_CHECKPOINT = (
     "checkpoint {source} does not exist: point --checkpoint-input-dir at a step_N.pt file or a directory "
     "of them")
@@ -19,7 +19,7 @@ CHECKPOINT_DAMAGED = (
     "checkpoint {path} is damaged or not an openpop-bert checkpoint ({exc_type}). Delete it and resume "
     "from an earlier step_N.pt, or start without --resume-training-from-checkpoint")
 
-# --- openpop/bert/config.py ----------------------------------------------------------------
+# --- config ---------------------------------------------------------------------
 BOOLEAN_VALUE = "expected a boolean (true/false), got {value!r}"
 JSON_OBJECT_VALUE = "expected a JSON object, got {value!r}"
 UNKNOWN_CONFIG = "unknown config '{name}': choose one of {configs} (defined in {path})"
@@ -65,7 +65,7 @@ NOT_REQUIREMENT = "{flag} must be {requirement}, got {value!r}"
 NOT_POSITIVE_INTEGER = "{flag} must be a positive integer, got {value!r}"
 NOT_AN_INTEGER = "{flag} must be an integer, got {value!r}"
 
-# --- openpop/bert/data.py ------------------------------------------------------------------
+# --- data -----------------------------------------------------------------------
 PAD_TOKEN_ID = "the tokenizer's [PAD] token must have id 0 (padding and ignored labels are 0)"
 TOKENIZER_VOCAB_TOO_LARGE = (
     "the tokenizer has {tokens} tokens but the model's vocab_size is {vocab_size}: raise "
@@ -95,7 +95,7 @@ NOT_WORDPIECE_VOCABULARY = (
     "vocab file {vocab_file} is not a WordPiece vocabulary ({exc}): give a vocab.txt with one token per "
     "line")
 
-# --- openpop/bert/train.py -----------------------------------------------------------------
+# --- train ----------------------------------------------------------------------
 NOTHING_LEFT_TO_TRAIN = (
     "checkpoint {checkpoint_file} is at step {start_step} and training_steps is {training_steps}: nothing "
     "left to train. Raise --training-steps.")

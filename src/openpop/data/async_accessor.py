@@ -82,10 +82,9 @@ class AsynchronousDataAccessor:
         self._process = None  # first, so that terminate() works whatever fails below
         if getattr(dataset, "_accessor", None) is not None:
             raise Error(messages.ALREADY_ASYNC)
-        if not (rebatched_size is None or rebatched_size > 1):
-            raise AssertionError(messages.REBATCHED_SIZE_TOO_SMALL.format(
-            size=rebatched_size))
-        if not (buffer_size >= 1):
+        if rebatched_size is not None and rebatched_size <= 1:
+            raise AssertionError(messages.REBATCHED_SIZE_TOO_SMALL.format(size=rebatched_size))
+        if buffer_size < 1:
             raise AssertionError(messages.BUFFER_SIZE_TOO_SMALL.format(size=buffer_size))
         self._source = dataset
         self._rebatched_size = rebatched_size

@@ -80,7 +80,7 @@ class DataLoader(torch.utils.data.DataLoader):
             combined_batch_size = None if batch_size is None else batch_size * num_batches_to_combine
 
         if is_iterable:
-            if not (num_processes == 1 or not auto_distributed_partitioning):
+            if num_processes != 1 and auto_distributed_partitioning:
                 raise AssertionError(messages.ITERABLE_PARTITIONING)
             if num_workers > 1 and kwargs.get("worker_init_fn") is None:
                 logger.warning(messages.ITERABLE_WORKERS, num_workers, num_workers)
@@ -105,9 +105,9 @@ class DataLoader(torch.utils.data.DataLoader):
             if combined_batch_size is None:
                 raise AssertionError(messages.REBATCHED_NEEDS_BATCH_SIZE)
             worker_size = rebatched_worker_size or combined_batch_size
-            if not (worker_size <= combined_batch_size):
+            if worker_size > combined_batch_size:
                 raise AssertionError(messages.REBATCHED_WORKER_SIZE.format(
-                worker=worker_size, combined=combined_batch_size))
+                    worker=worker_size, combined=combined_batch_size))
             rebatched_size = combined_batch_size
             # The re-batching applies drop_last to combined batches; dropping partial worker
             # batches too would lose elements a synchronous loader keeps.

@@ -1,6 +1,6 @@
 """The texts of the data package's errors and warnings (PopTorch's exact words where it had them)."""
 
-# --- DataLoader ------------------------------------------------------------------
+# --- DataLoader -----------------------------------------------------------------
 BATCH_SAMPLER_EXCLUSIVE = "`batch_sampler` option is mutually exclusive with batch_size, shuffle."
 BATCH_SAMPLER_DISTRIBUTED = (
     "`batch_sampler` option is mutually exclusive with auto_distributed_partitioning=True when "
@@ -25,13 +25,14 @@ ASYNC_OPTIONS_REBATCHED = (
     "rebatched_worker_size to choose the batch size of the workers)")
 NOT_OPTIONS = "options must be a poptorch.Options, got {type}"
 
-# --- distributed sharding -----------------------------------------------------------
+# --- distributed sharding -------------------------------------------------------
 BATCH_SIZE_REQUIRED = ("auto_distributed_partitioning requires a batch_size: pass batch_size to the "
                        "DataLoader or set auto_distributed_partitioning=False")
 RANDOM_SEED_REQUIRED = ("When using auto_distributed_partitioning you must set poptorch.Options.randomSeed() "
                         "to ensure that tensors are in the same order in all processes.")
+SHARD_INDEX_OUT_OF_RANGE = "index {index} is out of range for a shard of {length} elements"
 
-# --- AsynchronousDataAccessor ---------------------------------------------------------
+# --- AsynchronousDataAccessor ---------------------------------------------------
 ALREADY_ASYNC = ("The DataLoader already uses an AsynchronousDataAccessor internally. Either use the existing "
                  "one or set mode='poptorch.DataLoaderMode.Sync' in the DataLoader.")
 REBATCHED_SIZE_TOO_SMALL = "rebatched_size must be None or greater than 1 (got {size})"
@@ -43,13 +44,8 @@ WORKER_DIED = ("The AsynchronousDataAccessor worker process exited unexpectedly 
 WORKER_FAILED = "The AsynchronousDataAccessor worker process stopped after an error: {error}"
 TERMINATED = "The AsynchronousDataAccessor has been terminated: create a new one to load more data"
 WORKER_RAISED = "The AsynchronousDataAccessor worker raised {summary}"
-
-# --- openpop/data/async_accessor.py --------------------------------------------------------
 WORKER_FIRST_MESSAGE = "unexpected first message from the worker: {message}"
 
-# --- openpop/data/batch_tree.py ------------------------------------------------------------
+# --- batch_tree -----------------------------------------------------------------
 REBATCH_NOT_BATCHED = "Rebatching needs batches whose leaves are tensors with a batch dimension, got {tree_type}"
 REBATCH_LEAF_TYPE = "Rebatching supports batches of tensors only, got a leaf of type {leaf_type}"
-
-# --- openpop/data/distributed.py -----------------------------------------------------------
-SHARD_INDEX_OUT_OF_RANGE = "index {index} is out of range for a shard of {length} elements"

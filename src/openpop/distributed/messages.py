@@ -1,10 +1,10 @@
 """The texts of poprun's, popdist's and the horovod layer's errors (popdist's exact words where it had them)."""
 
-# --- openpop/distributed/horovod_compat.py -------------------------------------------------
+# --- horovod_compat -------------------------------------------------------------
 OP_AND_AVERAGE = "The op parameter supersedes average; pass only one of them."
 NO_ADASUM = "Adasum is not part of openpop's horovod compatibility layer"
 
-# --- openpop/distributed/poprun.py ---------------------------------------------------------
+# --- poprun ---------------------------------------------------------------------
 YES_NO_VALUE = "expected yes/no or 1/0, got {text!r}"
 SECONDS_NOT_POSITIVE = "expected a positive number of seconds, got {text!r}"
 HOST_NAMES_NO_HOST = "--host {spec!r} names no host"
@@ -30,10 +30,37 @@ OUTPUT_INSTANCE_OUT_OF_RANGE = (
 PET_NNODES_VALUE = "PET_NNODES={value!r} is not a number of nodes"
 CONFIGURATION_UNREADABLE = "cannot read the configuration {path}: {exc}"
 ENV_VARIABLE_FORMAT = "{option}: -x needs NAME or NAME=VALUE"
-NOT_AMONG_HOSTS = "this machine ({gethostname}) is not among the hosts {hosts}: run poprun on each of them"
+NOT_AMONG_HOSTS = "this machine ({hostname}) is not among the hosts {hosts}: run poprun on each of them"
 NO_MASTER_ADDRESS = (
     "PET_NNODES > 1 but no PET_MASTER_ADDR/PET_MASTER_PORT (or MASTER_ADDR/MASTER_PORT) in the "
     "environment: the pods cannot meet")
+OPTION_HAS_NO_EFFECT = "--{option} has no effect: {reason}"
+# Options of Graphcore's poprun that have no counterpart here (accepted, reported once), and why.
+NO_EFFECT_REASONS = {
+    "num_ilds": "openpop has no IPU-Link domains",
+    "vipu_server_host": "openpop has no V-IPU server",
+    "vipu_server_port": "openpop has no V-IPU server",
+    "vipu_server_timeout": "openpop has no V-IPU server",
+    "vipu_partition": "openpop has no V-IPU partitions",
+    "vipu_partition_attempts": "openpop has no V-IPU partitions",
+    "update_partition": "openpop has no V-IPU partitions",
+    "reset_partition": "openpop has no V-IPU partitions",
+    "remove_partition": "openpop has no V-IPU partitions",
+    "vipu_cluster": "openpop has no V-IPU clusters",
+    "vipu_allocation": "openpop has no V-IPU allocations",
+    "numa_aware": "instances are not bound to NUMA nodes; the host's cores are split between them",
+    "offline_mode": "there are no IPUs to attach to",
+    "sync_type": "openpop has no IPU sync types",
+    "host_subnet": "the rendezvous uses the --host names",
+    "allow_run_as_root": "there is no mpirun root check",
+}
+MPIRUN_ARGUMENTS_IGNORED = (
+    "mpirun arguments ignored (instances are started by torchrun's agent and talk through torch.distributed, "
+    "not MPI): {arguments}")
 
-# --- popdist/__init__.py -------------------------------------------------------------------
+# --- popdist --------------------------------------------------------------------
 NON_UNIFORM_REPLICAS = "popdist.{function}() can only be used with a uniform number of replicas per instance"
+IPUS_PER_REPLICA_MISMATCH = (
+    "{where} asks for {asked} IPUs per replica but poprun was started with --ipus-per-replica {started}: "
+    "pass the same number to both")
+FORBIDDEN_WITH_POPDIST_OPTIONS = "Cannot call `{name}` with popdist.poptorch.Options"

@@ -38,25 +38,6 @@ from .topology import topology_table
 
 USAGE_ERROR = 2
 
-# Options of Graphcore's poprun that have no counterpart here: accepted, reported once.
-_NO_EFFECT = {
-    "num_ilds": "openpop has no IPU-Link domains",
-    "vipu_server_host": "openpop has no V-IPU server",
-    "vipu_server_port": "openpop has no V-IPU server",
-    "vipu_server_timeout": "openpop has no V-IPU server",
-    "vipu_partition": "openpop has no V-IPU partitions",
-    "vipu_partition_attempts": "openpop has no V-IPU partitions",
-    "update_partition": "openpop has no V-IPU partitions",
-    "reset_partition": "openpop has no V-IPU partitions",
-    "remove_partition": "openpop has no V-IPU partitions",
-    "vipu_cluster": "openpop has no V-IPU clusters",
-    "vipu_allocation": "openpop has no V-IPU allocations",
-    "numa_aware": "instances are not bound to NUMA nodes; the host's cores are split between them",
-    "offline_mode": "there are no IPUs to attach to",
-    "sync_type": "openpop has no IPU sync types",
-    "host_subnet": "the rendezvous uses the --host names",
-    "allow_run_as_root": "there is no mpirun root check",
-}
 
 # mpirun arguments that poprun itself passes or that change nothing here.
 _MPI_ACCEPTED = {"--tag-output", "--allow-run-as-root"}
@@ -326,7 +307,7 @@ class Plan:
             for host in hosts:
                 check_resolvable(host)
             if not any(is_this_machine(h) for h in hosts):
-                raise UsageError(messages.NOT_AMONG_HOSTS.format(gethostname=socket.gethostname(),
+                raise UsageError(messages.NOT_AMONG_HOSTS.format(hostname=socket.gethostname(),
                                                                  hosts=','.join(hosts)))
             self.hosts = hosts
             self.endpoint = f"{hosts[0]}:{args.rendezvous_port}" if len(hosts) > 1 else "localhost:0"
@@ -447,12 +428,11 @@ def main(argv=None) -> int:
         sys.stderr.write(f"poprun: error: {exc}\n")
         return USAGE_ERROR
     log = Log(2 if args.vv else 1 if args.verbose else 0)
-    for dest, reason in _NO_EFFECT.items():
+    for dest, reason in messages.NO_EFFECT_REASONS.items():
         if getattr(args, dest) is not None:
-            log.warning(f"--{dest.replace('_', '-')} has no effect: {reason}")
+            log.warning(messages.OPTION_HAS_NO_EFFECT.format(option=dest.replace("_", "-"), reason=reason))
     if plan.mpi_ignored:
-        log.warning("mpirun arguments ignored (instances are started by torchrun's agent and talk through "
-                    "torch.distributed, not MPI): " + " ".join(plan.mpi_ignored))
+        log.warning(messages.MPIRUN_ARGUMENTS_IGNORED.format(arguments=" ".join(plan.mpi_ignored)))
     if args.print_topology or args.vv:
         sys.stdout.write(plan.topology())
         sys.stdout.flush()

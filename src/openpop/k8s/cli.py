@@ -8,6 +8,7 @@ import argparse
 import signal
 import sys
 
+from openpop.k8s import messages
 from openpop.k8s.convert import TARGETS, ConvertOptions, convert_documents, write_job
 from openpop.k8s.documents import dump_documents, read_documents
 from openpop.k8s.errors import ManifestError
@@ -16,8 +17,6 @@ from openpop.k8s.render import plan_from_command
 from openpop.k8s.report import ConversionReport, ReportLine
 from openpop.k8s.run_local import JobFailed, prepare_local_job
 from openpop.k8s.validation import validate_kubeflow_job
-
-from . import messages
 
 EXIT_JOB_FAILED = 1
 EXIT_BAD_INPUT = 2

@@ -26,6 +26,7 @@ field without a counterpart is named there (``dropped``), as is every privilege 
 from dataclasses import dataclass
 from typing import Optional
 
+from openpop.k8s import messages
 from openpop.k8s.errors import ManifestError
 from openpop.k8s.ipujob import is_ipujob, parse_ipujob
 from openpop.k8s.job_plan import JobPlan, device_resources, split_instances
@@ -36,8 +37,6 @@ from openpop.k8s.report import ConversionReport
 from openpop.k8s.trainjob import DEFAULT_RUNTIME, write_trainjob
 from openpop.k8s.validation import validate_kubeflow_job
 from openpop.k8s.webhook import check_dns1035_name
-
-from . import messages
 
 TARGETS = ("pytorchjob", "trainjob")
 
@@ -74,8 +73,7 @@ def _pod_command_source(job, template, report):
                            "spec.workers.template.spec.containers[0].command")
     launch = find_poprun(job.launcher_command, None, "spec.launcher.command")
     if launch is None:
-        raise ManifestError("spec.launcher.command",
-                            messages.MPIRUN_LAUNCHER)
+        raise ManifestError("spec.launcher.command", messages.MPIRUN_LAUNCHER)
     report.mapped("spec.launcher.command", "-> the command of every pod (the worker "
                                            "container's own command is replaced)")
     container["command"] = list(job.launcher_command)

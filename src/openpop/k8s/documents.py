@@ -9,9 +9,8 @@ import sys
 
 import yaml
 
+from openpop.k8s import messages
 from openpop.k8s.errors import ManifestError
-
-from . import messages
 
 
 def load_documents(text, source="<input>"):

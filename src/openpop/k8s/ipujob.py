@@ -10,10 +10,9 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
+from openpop.k8s import messages
 from openpop.k8s.errors import ManifestError, join_path
 from openpop.k8s.sdk_models import check_pod_template
-
-from . import messages
 
 API_VERSION = "graphcore.ai/v1alpha1"
 KIND = "IPUJob"
@@ -118,8 +117,7 @@ def parse_ipujob(document):
     check_pod_template(template, "spec.workers.template")
     containers = (template.get("spec") or {}).get("containers")
     if not containers:
-        raise ManifestError("spec.workers.template.spec.containers",
-                            messages.WORKER_POD_WITHOUT_CONTAINER)
+        raise ManifestError("spec.workers.template.spec.containers", messages.WORKER_POD_WITHOUT_CONTAINER)
     for index, container in enumerate(containers):
         if not container.get("image"):
             raise ManifestError(f"spec.workers.template.spec.containers[{index}].image",

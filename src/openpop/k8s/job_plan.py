@@ -7,9 +7,8 @@ The converter (from an IPUJob) and the renderer (from a command line) both produ
 from dataclasses import dataclass, field
 from typing import Optional
 
+from openpop.k8s import messages
 from openpop.k8s.errors import ManifestError
-
-from . import messages
 
 # A node with more than this many GPUs is rare: a pod asking for more is never scheduled.
 MAX_GPUS_PER_POD = 8

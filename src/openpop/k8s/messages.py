@@ -1,10 +1,10 @@
 """The texts of openpop-k8s's errors: each completes a ManifestError raised at the offending field's path."""
 
-# --- openpop/k8s/cli.py --------------------------------------------------------------------
+# --- cli ------------------------------------------------------------------------
 AT_LEAST_ONE = "must be at least 1, got {value}"
 WHOLE_NUMBER = "must be a whole number, got {text!r}"
 
-# --- openpop/k8s/convert.py ----------------------------------------------------------------
+# --- convert --------------------------------------------------------------------
 MPIRUN_LAUNCHER = (
     "an mpirun launcher needs Kubeflow's MPIJob (mpi-operator); openpop-k8s converts launchers that run "
     "poprun")
@@ -21,13 +21,13 @@ REPLICAS_PER_WORKER_MISMATCH = (
 CONVERT_TARGET = "must be one of {targets}, got {to!r}"
 CONVERT_KIND = "openpop-k8s convert reads IPUJob (graphcore.ai/v1alpha1) documents, got kind {got!r}"
 
-# --- openpop/k8s/documents.py --------------------------------------------------------------
+# --- documents ------------------------------------------------------------------
 NO_YAML_DOCUMENT = "contains no YAML document"
 INVALID_YAML = "not valid YAML{where}: {problem}"
 DOCUMENT_NOT_MAPPING = "must be a mapping (apiVersion, kind, metadata, spec), got {doc_type}"
 FILE_UNREADABLE = "cannot read the file: {strerror}"
 
-# --- openpop/k8s/ipujob.py -----------------------------------------------------------------
+# --- ipujob ---------------------------------------------------------------------
 NOT_INTEGER = "must be an integer, got {value!r}"
 TOO_SMALL = "must be at least {minimum}, got {value}"
 IPUJOB_STRING = "must be a string (the IPUJob CRD types it so: write \"{value}\"), got {value_type} {value!r}"
@@ -46,13 +46,13 @@ NOT_ENV_VAR_ARRAY = "must be an array of EnvVar"
 RESTART_POLICY_TYPE = "must be one of {restart_types}, got {policy!r}"
 EXIT_CODES = "must be a list of exit codes or ranges like \"1,3-5\", got {codes!r}"
 
-# --- openpop/k8s/job_plan.py ---------------------------------------------------------------
+# --- job_plan -------------------------------------------------------------------
 PODS_TOO_FEW = "the number of pods must be at least 1, got {pods}"
 INSTANCES_NOT_DIVISIBLE_BY_PODS = (
     "poprun --num-instances {instances} cannot be divided evenly among {pods} pods: choose --pods dividing "
     "{instances}")
 
-# --- openpop/k8s/poprun_command.py ---------------------------------------------------------
+# --- poprun_command -------------------------------------------------------------
 POPRUN_OPTION_NOT_POSITIVE = "poprun {option} must be a positive whole number, got {value!r}"
 POPRUN_WITHOUT_PROGRAM = "poprun is given no program to run (poprun [options] program [args])"
 POPRUN_REPLICAS_NOT_DIVISIBLE = (
@@ -65,7 +65,7 @@ POPRUN_MORE_THAN_ONCE = "the command runs poprun more than once"
 SHELL_LINE_UNREADABLE = "cannot read the shell command line {line!r}: {exc}"
 POPRUN_OPTION_WITHOUT_VALUE = "poprun {name} needs a value"
 
-# --- openpop/k8s/render.py -----------------------------------------------------------------
+# --- render ---------------------------------------------------------------------
 RENDER_POPRUN_TOPOLOGY = "the command already runs poprun: give its topology in the poprun command only"
 RENDER_NO_COMMAND = (
     "give the command to run after --, e.g. openpop-k8s render --image IMAGE -- openpop-bert --config "
@@ -73,11 +73,11 @@ RENDER_NO_COMMAND = (
 RENDER_NO_IMAGE = "required: the container image the pods run (it must contain openpop)"
 RENDER_NO_NAME = "required: the job's name (a DNS-1035 label)"
 
-# --- openpop/k8s/run_local.py --------------------------------------------------------------
+# --- run_local ------------------------------------------------------------------
 CONTAINER_WITHOUT_COMMAND = (
     "the container has no command: locally there is no image entrypoint to run; give --command")
 
-# --- openpop/k8s/sdk_models.py -------------------------------------------------------------
+# --- sdk_models -----------------------------------------------------------------
 NO_MODEL_CLASS = "no model class {name}"
 NOT_MODEL_OBJECT = "must be an object ({class_name}), got {type_name}"
 NOT_MODEL_OBJECT_PYDANTIC = "must be an object ({model_name}), got {type_name}"
@@ -90,10 +90,10 @@ TRAINJOB_REJECTED = "kubeflow-trainer-api rejects the TrainJob: {exc}"
 SDK_PACKAGE_MISSING = "validating this manifest needs the `{package}` package: pip install 'openpop[k8s]'"
 NOT_ONE_OF_SCHEMAS = "must be one of {choices}, got {type_name} {value!r}"
 
-# --- openpop/k8s/validation.py -------------------------------------------------------------
+# --- validation -----------------------------------------------------------------
 UNKNOWN_API_VERSION_KIND = "unknown apiVersion/kind {key!r}/{key2!r}: expected {known}"
 
-# --- openpop/k8s/webhook.py ----------------------------------------------------------------
+# --- webhook --------------------------------------------------------------------
 NOT_DNS_LABEL = (
     "{name!r} is not a DNS-1035 label: at most 63 characters, lower-case letters, digits and '-', starting "
     "with a letter and not ending with '-'")
@@ -106,3 +106,9 @@ RESTART_POLICY = "must be one of {restart_policies}, got {policy!r}"
 ELASTIC_POLICY_WITHOUT_WORKER = "an elasticPolicy needs a Worker replica spec"
 NPROC_PER_NODE_DEPRECATED = "is deprecated and must not be set together with spec.nprocPerNode"
 RESERVED_ENV_VAR = "{env} is reserved: the Trainer sets it for torchrun"
+
+# --- pod_template ---------------------------------------------------------------
+PRIVILEGED_REMOVED = "removed: Kubeflow training pods do not run privileged"
+IPC_LOCK_REMOVED = "removed IPC_LOCK: it locked IPU host buffers in memory; --keep-ipc-lock keeps it"
+HOST_NAMESPACE_REMOVED = "removed: pods of the Kubeflow job do not share the node's {namespace} namespace"
+HOST_NET_DNS_POLICY_REMOVED = "removed ClusterFirstWithHostNet: it only served hostNetwork"

@@ -10,6 +10,8 @@ network goes with them. ``IPC_LOCK`` stays when asked for (``--keep-ipc-lock``).
 
 import copy
 
+from . import messages
+
 _HOST_NAMESPACES = {"hostNetwork": "network", "hostIPC": "IPC", "hostPID": "process ID"}
 
 
@@ -26,15 +28,12 @@ def _secure_container(container, path, report, keep_ipc_lock):
     if "privileged" in context:
         value = context.pop("privileged")
         if value:
-            report.warning(f"{path}.securityContext.privileged",
-                           "removed: Kubeflow training pods do not run privileged")
+            report.warning(f"{path}.securityContext.privileged", messages.PRIVILEGED_REMOVED)
     capabilities = context.get("capabilities") or {}
     added = capabilities.get("add") or []
     if "IPC_LOCK" in added and not keep_ipc_lock:
         capabilities["add"] = [cap for cap in added if cap != "IPC_LOCK"]
-        report.warning(f"{path}.securityContext.capabilities.add",
-                       "removed IPC_LOCK: it locked IPU host buffers in memory; "
-                       "--keep-ipc-lock keeps it")
+        report.warning(f"{path}.securityContext.capabilities.add", messages.IPC_LOCK_REMOVED)
     _prune_empty(capabilities, "add")
     _prune_empty(context, "capabilities")
     _prune_empty(container, "securityContext")
@@ -53,12 +52,10 @@ def secure_pod_template(template, path, report, keep_ipc_lock=False):
             value = spec.pop(key)
             if value:
                 report.warning(f"{path}.spec.{key}",
-                               f"removed: pods of the Kubeflow job do not share the node's "
-                               f"{_HOST_NAMESPACES[key]} namespace")
+                               messages.HOST_NAMESPACE_REMOVED.format(namespace=_HOST_NAMESPACES[key]))
     if spec.get("dnsPolicy") == "ClusterFirstWithHostNet":
         del spec["dnsPolicy"]
-        report.warning(f"{path}.spec.dnsPolicy",
-                       "removed ClusterFirstWithHostNet: it only served hostNetwork")
+        report.warning(f"{path}.spec.dnsPolicy", messages.HOST_NET_DNS_POLICY_REMOVED)
     for group in ("initContainers", "containers"):
         for index, container in enumerate(spec.get(group) or []):
             _secure_container(container, f"{path}.spec.{group}[{index}]", report, keep_ipc_lock)

@@ -11,9 +11,8 @@ import os
 import shlex
 from dataclasses import dataclass
 
+from openpop.k8s import messages
 from openpop.k8s.errors import ManifestError
-
-from . import messages
 
 # Options of poprun (reference B.1) that are followed by a value when written without "=".
 _VALUE_OPTIONS = {

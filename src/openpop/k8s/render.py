@@ -10,12 +10,11 @@ resources (one GPU or one CPU per IPU the pod's instances use) and a memory-back
 is 64 MiB).
 """
 
+from openpop.k8s import messages
 from openpop.k8s.errors import ManifestError
 from openpop.k8s.job_plan import JobPlan, PodLayout, device_resources, split_instances
 from openpop.k8s.poprun_command import find_poprun
 from openpop.k8s.webhook import check_dns1035_name
-
-from . import messages
 
 SHM_VOLUME = "dshm"
 

@@ -33,11 +33,10 @@ import threading
 import time
 from dataclasses import dataclass
 
+from openpop.k8s import messages
 from openpop.k8s.controller_env import job_pods
 from openpop.k8s.errors import ManifestError
 from openpop.k8s.validation import validate_kubeflow_job
-
-from . import messages
 
 LOCAL_ADDRESS = "127.0.0.1"
 GRACE_SECONDS = 5.0

@@ -17,9 +17,8 @@ import importlib
 import re
 import typing
 
+from openpop.k8s import messages
 from openpop.k8s.errors import ManifestError, join_path
-
-from . import messages
 
 # Kubernetes "Quantity" and "IntOrString" values: YAML writes them as numbers or strings.
 _QUANTITY_ATTRIBUTES = {"limits", "requests", "size_limit", "overhead", "allocatable"}

@@ -1,11 +1,9 @@
 """Validating a Kubeflow job manifest: structure (the SDKs' models) then webhook rules."""
 
-from openpop.k8s import pytorchjob, trainjob
+from openpop.k8s import messages, pytorchjob, trainjob
 from openpop.k8s.errors import ManifestError
 from openpop.k8s.sdk_models import check_pytorchjob, check_trainjob
 from openpop.k8s.webhook import check_pytorchjob_rules, check_trainjob_rules
-
-from . import messages
 
 KINDS = {
     (pytorchjob.API_VERSION, pytorchjob.KIND): (check_pytorchjob, check_pytorchjob_rules),

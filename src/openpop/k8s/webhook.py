@@ -15,9 +15,8 @@ set the variables the torch plugin reserves for torchrun.
 
 import re
 
+from openpop.k8s import messages
 from openpop.k8s.errors import ManifestError
-
-from . import messages
 
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _RESTART_POLICIES = ("Always", "OnFailure", "Never", "ExitCode")
@@ -56,15 +55,12 @@ def check_pytorchjob_rules(job):
             raise ManifestError(path, messages.REPLICA_TYPE.format(key=key))
         containers = ((replica.get("template") or {}).get("spec") or {}).get("containers") or []
         if not containers:
-            raise ManifestError(f"{path}.template.spec.containers",
-                                messages.POD_TEMPLATE_WITHOUT_CONTAINER)
+            raise ManifestError(f"{path}.template.spec.containers", messages.POD_TEMPLATE_WITHOUT_CONTAINER)
         for index, container in enumerate(containers):
             if not container.get("image"):
-                raise ManifestError(f"{path}.template.spec.containers[{index}].image",
-                                    messages.CONTAINER_IMAGE_MISSING)
+                raise ManifestError(f"{path}.template.spec.containers[{index}].image", messages.CONTAINER_IMAGE_MISSING)
         if not any(container.get("name") == "pytorch" for container in containers):
-            raise ManifestError(f"{path}.template.spec.containers",
-                                messages.NO_PYTORCH_CONTAINER)
+            raise ManifestError(f"{path}.template.spec.containers", messages.NO_PYTORCH_CONTAINER)
         replicas = replica.get("replicas")
         if replica_type(key) == "Master" and replicas != 1:
             raise ManifestError(f"{path}.replicas", messages.MASTER_REPLICAS.format(replicas=replicas))
@@ -82,8 +78,7 @@ def check_pytorchjob_rules(job):
         if not any(replica_type(key) == "Worker" for key in replica_specs):
             raise ManifestError("spec.elasticPolicy", messages.ELASTIC_POLICY_WITHOUT_WORKER)
         if elastic.get("nProcPerNode") is not None and spec.get("nprocPerNode") is not None:
-            raise ManifestError("spec.elasticPolicy.nProcPerNode",
-                                messages.NPROC_PER_NODE_DEPRECATED)
+            raise ManifestError("spec.elasticPolicy.nProcPerNode", messages.NPROC_PER_NODE_DEPRECATED)
 
 
 def check_trainjob_rules(job):

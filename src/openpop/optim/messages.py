@@ -1,10 +1,12 @@
 """The texts of ``poptorch.optim``'s errors and warnings (PopTorch's exact words where it had them)."""
 
-# --- openpop/optim/_base.py ------------------------------------------------------------
+# --- _base ----------------------------------------------------------------------
 ACCUM_TYPE_ERROR = "Accumulation types must be either torch.float32 or torch.float16"
 AMSGRAD_ERROR = "Only non-amsgrad Adam/AdamW optimizers are supported."
+UNKNOWN_VARIABLE_ATTRIBUTE = "Unknown attribute {attr}, allowed values: {allowed_attributes}"
+NO_SPARSE_GRADIENTS = "{self_type} does not support sparse gradients"
 
-# --- openpop/optim/checks.py ------------------------------------------------------------
+# --- checks ---------------------------------------------------------------------
 SUPPORTED_TYPES = ["torch.optim.SGD", "torch.optim.Adam", "torch.optim.AdamW", "torch.optim.RMSprop",
                    "poptorch.optim.SGD", "poptorch.optim.Adam", "poptorch.optim.AdamW",
                    "poptorch.optim.RMSprop", "poptorch.optim.LAMB"]
@@ -24,17 +26,6 @@ CONSTANT_ATTRIBUTE_CHANGED = (
     "- pass {it} explicitly to the optimizer's constructor or call "
     "optimizer.variable_attrs.markAsVariable({names}) - or call destroy() on the model and run it again "
     "to recompile it with the new values.")
-
-# --- openpop/optim/sgd.py ------------------------------------------------------------
-VELOCITY_SCALING_IGNORED = (
-    "velocity_scaling value ignored when using the separate variant (use_combined_accum=False). "
-    "In future, this will lead to an error. Please update your code.")
-
-# --- openpop/optim/_base.py ----------------------------------------------------------------
-UNKNOWN_VARIABLE_ATTRIBUTE = "Unknown attribute {attr}, allowed values: {allowed_attributes}"
-NO_SPARSE_GRADIENTS = "{self_type} does not support sparse gradients"
-
-# --- openpop/optim/checks.py ---------------------------------------------------------------
 UNSUPPORTED_OPTIMIZER = (
     "Unsupported optimizer type. Types supported {supported} (got {module}.{qualname}). openpop also "
     "runs any other torch.optim optimizer whose step() needs no closure; LBFGS re-evaluates the model in "
@@ -42,7 +33,12 @@ UNSUPPORTED_OPTIMIZER = (
 TF_VARIANT_NOT_RMSPROP = "use_tf_variant is only available with RMSProp optimizers."
 ACCUM_TYPE_VALUE = "{name} must be set to either torch.float16 or torch.float32 not {value}"
 
-# --- openpop/optim/lamb.py -----------------------------------------------------------------
+# --- sgd ------------------------------------------------------------------------
+VELOCITY_SCALING_IGNORED = (
+    "velocity_scaling value ignored when using the separate variant (use_combined_accum=False). "
+    "In future, this will lead to an error. Please update your code.")
+
+# --- lamb -----------------------------------------------------------------------
 INVALID_LEARNING_RATE = "Invalid learning rate: {lr}"
 INVALID_EPSILON = "Invalid epsilon value: {eps}"
 INVALID_WEIGHT_DECAY = "Invalid weight_decay value: {weight_decay}"
