@@ -86,11 +86,14 @@ def worker(config_name, cache_dir, threads):
         started = time.perf_counter()
         step(batch)
         steady.append(time.perf_counter() - started)
+    from torch._dynamo.utils import counters
+    torch_counters = {group: dict(counters[group]) for group in ("aot_autograd", "inductor", "stats")}
     dynamo_and_backend, backend = _backend_seconds()
     step_seconds = statistics.median(steady)
     print(json.dumps(dict(outcome.as_dict(), config=config_name, first_loss=first_loss, step_seconds=step_seconds,
                           compile_seconds=outcome.seconds - step_seconds, backend_seconds=backend,
-                          dynamo_seconds=dynamo_and_backend - backend)))
+                          dynamo_seconds=dynamo_and_backend - backend,
+                          torch_counters=torch_counters)))
 
 
 def run_worker(config_name, cache_dir, threads):
