@@ -155,7 +155,8 @@ def main():
                   f"{'loaded from cache' if r['loaded_from_cache'] else 'compiled'} "
                   f"(FX {r['fx_graph_hits']} hit / {r['fx_graph_misses']} miss, "
                   f"AOT {r['autograd_hits']} hit / {r['autograd_misses']} miss)")
-        print(f"{name:<14}cached/first compile: {runs['warm']['compile_seconds'] / runs['cold']['compile_seconds']:.2f}x"
+        speedup = runs['warm']['compile_seconds'] / runs['cold']['compile_seconds']
+        print(f"{name:<14}cached/first compile: {speedup:.2f}x"
               f"; same first loss: {runs['warm']['first_loss'] == runs['cold']['first_loss']}")
     met = {}
     if TARGET_CONFIG in results:

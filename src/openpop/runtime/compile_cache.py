@@ -18,7 +18,8 @@ import os
 import sys
 import tempfile
 import time
-from typing import Iterator, Optional
+from collections.abc import Iterator
+from typing import Optional
 
 from .. import errors
 
