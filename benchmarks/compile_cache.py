@@ -20,11 +20,12 @@ whose CPU time is not counted.
 Targets (issue 15, this 2-core machine): first compile <= 60 s, cached compile <= 10 s, for
 BERT-base (cpu_base_128). Prints a table and one JSON line.
 
-Measured 2026-11-25, 2 cores, torch 2.13, load average ~2 (other jobs running): BERT-base first
-compile 163 s (Dynamo 10 s + AOTAutograd/Inductor 153 s; 141 CPU-s), warm cache 14.4 s (Dynamo
-9.9 s + 4.5 s loading 3 FX graphs), same first loss. Neither target is met: Inductor's C++ code
-generation for BERT-base takes minutes on 2 cores, and torch does not cache Dynamo's tracing, which
-alone takes ~10 s per process.
+Measured 2026-11-25, 2 cores, torch 2.13, load average ~1-2 (other jobs running), BERT-base:
+torch's default compile threads: first compile 135 s (Dynamo 12 s + AOTAutograd/Inductor 123 s),
+warm cache 19.8 s (Dynamo 15 s + 4.7 s loading the 3 FX graphs); --compile-threads 1: 163 s
+(Dynamo 10 s + 153 s; 141 CPU-s) and 14.4 s (Dynamo 9.9 s + 4.5 s). Same first loss cold and warm.
+Neither target is met: Inductor's C++ code generation for BERT-base takes minutes on 2 cores, and
+torch does not cache Dynamo's tracing, which alone takes 10-15 s per process.
 """
 import argparse
 import json
