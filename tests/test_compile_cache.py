@@ -154,6 +154,19 @@ def test_bert_reports_the_compile_and_checks_the_cache_dir_first(tmp_path, capsy
     assert "--executable-cache-dir: cannot use" in err and "Data Loading Started" not in err
 
 
+def test_outcome_counts_inductor_graphs():
+    from openpop.runtime.compile_cache import CompileOutcome
+    cache = CompileCache("/cache")
+    loaded = CompileOutcome(cache, fx_graph_hits=3, autograd_hits=2, autograd_misses=1)  # unsaved empty graph
+    assert loaded.loaded_from_cache and loaded.describe().startswith("loaded from cache (FX graphs: 3 from cache")
+    assert loaded.describe().endswith("; executable cache /cache")
+    fresh = CompileOutcome(None, fx_graph_misses=2, autograd_misses=1)
+    assert not fresh.loaded_from_cache and fresh.describe().startswith("compiled fresh")
+    assert fresh.describe().endswith("executable cache off")
+    assert CompileOutcome(cache, fx_graph_hits=1, fx_graph_bypasses=1).describe().startswith("partly loaded")
+    assert not CompileOutcome(cache).compiled_anything
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
     print(json.dumps(compile_tiny_step(sys.argv[1])))

@@ -18,7 +18,8 @@ import os
 import sys
 import tempfile
 import time
-from typing import Iterator, Optional
+from collections.abc import Iterator
+from typing import Optional
 
 from .. import errors
 
@@ -139,18 +140,22 @@ class CompileOutcome:
 
     @property
     def hits(self) -> int:
-        return self.fx_graph_hits + self.autograd_hits
+        """Inductor graphs loaded from the cache."""
+        return self.fx_graph_hits
 
     @property
     def misses(self) -> int:
-        return self.fx_graph_misses + self.autograd_misses + self.fx_graph_bypasses + self.autograd_bypasses
+        """Inductor graphs generated afresh (the expensive part of a compile)."""
+        return self.fx_graph_misses + self.fx_graph_bypasses
 
     @property
     def compiled_anything(self) -> bool:
-        return self.hits + self.misses > 0
+        return self.hits + self.misses + self.autograd_hits + self.autograd_misses + self.autograd_bypasses > 0
 
     @property
     def loaded_from_cache(self) -> bool:
+        """Every Inductor graph came from the cache. AOTAutograd may still have re-run for a graph
+        it does not save (e.g. an empty graph after a graph break), which costs little."""
         return self.hits > 0 and self.misses == 0
 
     def describe(self) -> str:
