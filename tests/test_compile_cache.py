@@ -58,28 +58,29 @@ def test_second_process_loads_from_cache(tmp_path, monkeypatch):
 def test_settings_restored_after_the_block(tmp_path, monkeypatch):
     import torch._functorch.config as functorch_config
     import torch._inductor.config as inductor_config
-    monkeypatch.setattr(inductor_config, "fx_graph_cache", False)
-    monkeypatch.setattr(functorch_config, "enable_autograd_cache", False)
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "before"))
-    monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
-    cache = CompileCache.at(str(tmp_path / "cache"))
-    with pytest.raises(RuntimeError, match="inside"):
-        with compile_cache_for(cache):
-            assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == cache.path
-            assert os.environ["TRITON_CACHE_DIR"] == os.path.join(cache.path, "triton")
-            from torch._inductor.runtime.cache_dir_utils import cache_dir
-            assert cache_dir() == cache.path
-            assert inductor_config.fx_graph_cache and functorch_config.enable_autograd_cache
-            raise RuntimeError("inside")
-    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "before")
-    assert "TRITON_CACHE_DIR" not in os.environ
-    assert inductor_config.fx_graph_cache is False and functorch_config.enable_autograd_cache is False
+    # torch's own config patching: monkeypatch's undo deletes the attribute (pytest >= 9.2), which
+    # hides the entry from every later torch.compile in the process.
+    with inductor_config.patch(fx_graph_cache=False), functorch_config.patch(enable_autograd_cache=False):
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "before"))
+        monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+        cache = CompileCache.at(str(tmp_path / "cache"))
+        with pytest.raises(RuntimeError, match="inside"):
+            with compile_cache_for(cache):
+                assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == cache.path
+                assert os.environ["TRITON_CACHE_DIR"] == os.path.join(cache.path, "triton")
+                from torch._inductor.runtime.cache_dir_utils import cache_dir
+                assert cache_dir() == cache.path
+                assert inductor_config.fx_graph_cache and functorch_config.enable_autograd_cache
+                raise RuntimeError("inside")
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "before")
+        assert "TRITON_CACHE_DIR" not in os.environ
+        assert inductor_config.fx_graph_cache is False and functorch_config.enable_autograd_cache is False
 
-    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
-    with compile_cache_for(cache):
-        from torch._inductor.runtime.cache_dir_utils import cache_dir
-        cache_dir()  # Inductor writes the variable when it resolves the directory
-    assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ
+        monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR")
+        with compile_cache_for(cache):
+            from torch._inductor.runtime.cache_dir_utils import cache_dir
+            cache_dir()  # Inductor writes the variable when it resolves the directory
+        assert "TORCHINDUCTOR_CACHE_DIR" not in os.environ
 
 
 def test_option_wins_over_environment(tmp_path, monkeypatch):
