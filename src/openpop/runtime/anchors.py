@@ -14,7 +14,7 @@ works):
 Each anchor follows its own output mode (default: the model's): ``All`` stacks the value of
 every step, ``EveryN`` every N-th, ``Final`` keeps the last, ``Sum`` adds them up.
 """
-from typing import Callable, Dict, List
+from typing import Callable
 
 import torch
 
@@ -31,7 +31,7 @@ class Anchor:
         self.read = read
         self.mode = mode
         self.period = period
-        self.values: List[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
 
     def record(self, step: int, last: bool) -> None:
         mode = self.mode
@@ -59,11 +59,11 @@ class Anchor:
 class AnchoredTensors:
     """The anchors of one executor, resolved against its model at compile."""
 
-    def __init__(self, anchored: Dict[str, list], model: torch.nn.Module, default_mode: OutputMode,
+    def __init__(self, anchored: dict[str, list], model: torch.nn.Module, default_mode: OutputMode,
                  default_period: int, training: bool):
         params = dict(model.named_parameters(remove_duplicate=False))
         buffers = dict(model.named_buffers(remove_duplicate=False))
-        self._anchors: Dict[str, Anchor] = {}
+        self._anchors: dict[str, Anchor] = {}
         for short_name, (long_name, use_default, mode, period) in anchored.items():
             read = _reader(long_name, params, buffers, training)
             if use_default or mode is None:  # the model's output mode, period included
@@ -75,7 +75,7 @@ class AnchoredTensors:
                 raise errors.createPoptorchError(
                     f"anchorTensor('{short_name}'): OutputMode.EveryN needs output_return_period >= 1, got {period}.")
             self._anchors[short_name] = Anchor(read, mode, period if mode == OutputMode.EveryN else 1)
-        self.memory: Dict[str, torch.Tensor] = {}
+        self.memory: dict[str, torch.Tensor] = {}
 
     def __bool__(self) -> bool:
         return bool(self._anchors)

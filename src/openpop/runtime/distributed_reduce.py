@@ -35,7 +35,7 @@ naming the collective, the step and the instance.
 """
 import os
 import weakref
-from typing import List, Optional
+from typing import Optional
 
 import torch
 
@@ -56,7 +56,7 @@ def _bucket_bytes() -> int:
     return int(float(os.environ.get(BUCKET_MB_ENV, DEFAULT_BUCKET_MB)) * 1024 * 1024)
 
 
-def buckets_of(tensors: List[torch.Tensor], cap_bytes: int) -> List[List[int]]:
+def buckets_of(tensors: list[torch.Tensor], cap_bytes: int) -> list[list[int]]:
     """Indices of ``tensors`` grouped by device and dtype, last tensor first (the last layers'
     gradients are ready first, as in DDP), each group cut into buckets of at most ``cap_bytes``
     (a larger tensor gets a bucket of its own)."""
@@ -163,7 +163,7 @@ class GlobalReplication:
         for bucket in buckets_of(tensors, _bucket_bytes()):
             members = [tensors[i] for i in bucket]
             flat = torch.cat([t.reshape(-1) for t in members])
-            self._collective(what, lambda: dist.broadcast(flat, src=0))
+            self._collective(what, lambda flat=flat: dist.broadcast(flat, src=0))
             _copy_back(flat, members)
 
     def _broadcast_optimizer(self, optimizer) -> None:
@@ -200,7 +200,7 @@ class GlobalReplication:
             for i in bucket:
                 self._bucket_of[i] = b
 
-    def start_step(self, params: List[torch.nn.Parameter], micro_batches: int, overlap: bool) -> None:
+    def start_step(self, params: list[torch.nn.Parameter], micro_batches: int, overlap: bool) -> None:
         """Before a step's micro-batches. ``overlap``: they run one after another in this thread,
         each back-propagating once into every parameter it uses."""
         self._layout(params)
@@ -230,6 +230,7 @@ class GlobalReplication:
 
     def _launch(self, b: int) -> None:
         import torch.distributed as dist
+
         from ..distributed import process_group
         members = [self._params[i] for i in self._buckets[b]]
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1)
@@ -241,10 +242,11 @@ class GlobalReplication:
         self._launched.append((flat, work))
 
     @trace.spanned("all_reduce")
-    def all_reduce(self, params: List[torch.nn.Parameter]) -> None:
+    def all_reduce(self, params: list[torch.nn.Parameter]) -> None:
         """Replace every parameter's gradient by its all-reduce over the processes (finishing the
         buckets ``start_step`` let the backward start)."""
         import torch.distributed as dist
+
         from ..distributed import process_group
         self._layout(params)
         self._armed = False

@@ -110,7 +110,7 @@ class PoplarExecutor:
         self._compile(inputs)
 
     def _compile(self, inputs: BoundInputs) -> None:
-        from ..ops import run_post_compile_hooks, run_pre_compile_hooks
+        from ..compile_hooks import run_post_compile_hooks, run_pre_compile_hooks
         self._check_batch_dims(inputs)
         if self._training:
             self._claim_model()

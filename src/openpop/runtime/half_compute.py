@@ -48,7 +48,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Optional
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -72,7 +72,7 @@ class _Op:
     autocast_lowers: bool  # torch.autocast (CPU) computes it in the autocast dtype
 
 
-def _op_table() -> Dict[object, _Op]:
+def _op_table() -> dict[object, _Op]:
     table = {}
 
     def add(op, owner, names):
@@ -116,7 +116,7 @@ def _timed(fn, repeats: int) -> float:
     return best
 
 
-def measure_cpu_rates(dtype: torch.dtype, family: str) -> Tuple[float, float]:
+def measure_cpu_rates(dtype: torch.dtype, family: str) -> tuple[float, float]:
     """(``dtype`` GFLOP/s, float32 GFLOP/s) of one matmul or convolution on one core of this CPU.
 
     One thread: on a busy machine multi-threaded kernels wait for their threads' time slices, which
@@ -160,7 +160,7 @@ class CpuHalfSpeeds:
         self._rates = None
         self._lock = threading.Lock()
 
-    def rates(self) -> Dict[Tuple[torch.dtype, str], Tuple[float, float]]:
+    def rates(self) -> dict[tuple[torch.dtype, str], tuple[float, float]]:
         if self._rates is None:
             with self._lock:
                 if self._rates is None:

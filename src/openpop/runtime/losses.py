@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from . import context
 from .. import errors
+from . import context
 
 _REDUCTIONS = {"sum": 0, "mean": 1, "none": 2}
 

@@ -41,7 +41,6 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from .. import errors
-from ..log import logger
 from ..optim.checks import optimizer_method
 from .half_compute import LOW_PRECISION, HalfComputePolicy, LowPrecisionOps, op_name
 from .loss_scaling import DynamicLossScaling, StaticLossScaling
@@ -83,7 +82,7 @@ class RunPrecision:
         if self.autocast_enabled:
             low.add(self.autocast_dtype)
         on_cpu = not tensors or any(t.device.type == "cpu" for t in tensors)
-        slow = on_cpu and not all([self.half_compute.all_native("cpu", dtype) for dtype in low])
+        slow = on_cpu and not all(self.half_compute.all_native("cpu", dtype) for dtype in low)
         return slow or any(t.dtype in LOW_PRECISION for t in tensors)
 
     @contextlib.contextmanager
