@@ -14,6 +14,7 @@ import json
 import os
 import sys
 
+from .runtime import messages
 from .runtime.trace import TRACE_FILE
 
 REPORT_JSON = "report.json"
@@ -248,7 +249,7 @@ def _fmt(value, pattern):
 def terminal_summary(directory: str) -> str:
     path = os.path.join(directory, REPORT_JSON)
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{directory!r} is not an openpop profile directory: {path} not found")
+        raise FileNotFoundError(messages.NOT_A_PROFILE.format(directory=directory, path=path))
     with open(path) as stream:
         summary = json.load(stream)
     lines = [f"openpop profile report: {directory}", "", "Execution plan:"]

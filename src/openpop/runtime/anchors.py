@@ -20,6 +20,7 @@ import torch
 
 from .. import errors
 from ..enums import OutputMode
+from . import messages
 from .outputs import returned
 
 GRADIENT = "Gradient___"
@@ -72,8 +73,7 @@ class AnchoredTensors:
             if mode == OutputMode.Default:
                 mode = OutputMode.Final if training else OutputMode.All
             if mode == OutputMode.EveryN and (not isinstance(period, int) or period < 1):
-                raise errors.createPoptorchError(
-                    f"anchorTensor('{short_name}'): OutputMode.EveryN needs output_return_period >= 1, got {period}.")
+                raise errors.createPoptorchError(messages.ANCHOR_PERIOD.format(name=short_name, period=period))
             self._anchors[short_name] = Anchor(read, mode, period if mode == OutputMode.EveryN else 1)
         self.memory: dict[str, torch.Tensor] = {}
 
@@ -101,10 +101,8 @@ def _reader(long_name: str, params: dict, buffers: dict, training: bool):
     tensor = _find(name, params) if kind else _find(name, {**params, **buffers})
     if tensor is None or (kind and not training):
         known = ", ".join(list(params)[:4] + (["..."] if len(params) > 4 else []))
-        raise errors.createPoptorchError(
-            f"anchorTensor: no tensor named '{long_name}'. openpop anchors parameters and buffers by "
-            f"their names ({known})" + (", as 'Gradient___<name>' and 'UpdatedVar___<name>' in training models"
-                                        if training else "; gradients exist in training models only") + ".")
+        hint = messages.ANCHOR_HINT_TRAINING if training else messages.ANCHOR_HINT_INFERENCE
+        raise errors.createPoptorchError(messages.ANCHOR_NOT_FOUND.format(name=long_name, known=known, hint=hint))
     if kind == GRADIENT:
         return lambda: tensor.grad
     return lambda: tensor

@@ -20,6 +20,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .. import errors
+from . import messages
 
 DEVICE_MAP_ENV = "OPENPOP_DEVICE_MAP"
 HOST = torch.device("cpu")
@@ -87,21 +88,17 @@ def _checked_device(name, source) -> torch.device:
     try:
         device = torch.device(name)
     except (RuntimeError, TypeError) as exc:
-        raise errors.createPoptorchError(
-            f"{source} names '{name}', which is not a torch device ({exc}). Use names like 'cpu', "
-            "'cuda:0'.") from None
+        raise errors.createPoptorchError(messages.NOT_A_DEVICE.format(source=source, name=name, error=exc)) from None
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         index = 0 if device.index is None else device.index
         if index >= count:
-            raise errors.createPoptorchError(
-                f"{source} names '{name}' but this machine has {count} CUDA device(s). Name an existing "
-                f"device or unset {DEVICE_MAP_ENV}.")
+            raise errors.createPoptorchError(messages.NO_SUCH_CUDA_DEVICE.format(
+                source=source, name=name, count=count, env=DEVICE_MAP_ENV))
         if device.index is None:  # one name per device: locks and generators are per device
             device = torch.device("cuda", torch.cuda.current_device())
     elif device.type != "cpu":
-        raise errors.createPoptorchError(
-            f"{source} names '{name}': openpop runs virtual IPUs on 'cpu' and 'cuda' devices only.")
+        raise errors.createPoptorchError(messages.DEVICE_TYPE.format(source=source, name=name))
     else:
         device = torch.device("cpu")  # 'cpu:1' is the same CPU, with the same random generator
     return device

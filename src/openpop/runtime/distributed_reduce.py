@@ -41,7 +41,7 @@ import torch
 
 from .. import errors
 from ..enums import ReductionType
-from . import trace
+from . import messages, trace
 
 BUCKET_MB_ENV = "OPENPOP_ALLREDUCE_BUCKET_MB"
 DEFAULT_BUCKET_MB = 25.0
@@ -125,16 +125,11 @@ class GlobalReplication:
         from ..distributed import process_group
         process_id = options.Distributed.processId
         if not process_group.initialize():
-            raise errors.createPoptorchError(
-                f"Options.Distributed.numProcesses is {num_processes} but this process was not started by "
-                f"poprun (or torchrun): launch it with `poprun --num-instances {num_processes} ...`, "
-                "or call Options.Distributed.disable() to train in this process alone.")
+            raise errors.createPoptorchError(messages.NOT_LAUNCHED.format(n=num_processes))
         import torch.distributed as dist
         if dist.get_world_size() != num_processes or dist.get_rank() != process_id:
-            raise errors.createPoptorchError(
-                f"Options.Distributed says process {process_id} of {num_processes} but torch.distributed "
-                f"says rank {dist.get_rank()} of {dist.get_world_size()}: use popdist.poptorch.Options() "
-                "(or leave Options.Distributed to read poprun's environment).")
+            raise errors.createPoptorchError(messages.RANK_MISMATCH.format(
+                process_id=process_id, n=num_processes, rank=dist.get_rank(), world_size=dist.get_world_size()))
         mean = options.Training.accumulation_and_replication_reduction_type == ReductionType.Mean
         return cls(num_processes, process_id, mean)
 
@@ -150,9 +145,7 @@ class GlobalReplication:
         for process, other in enumerate(gathered):
             difference = _first_difference(gathered[0], other)
             if difference is not None:  # every process sees it and raises: none waits in a collective
-                raise errors.createPoptorchError(
-                    f"Instance {process}'s model differs from instance 0's: {difference}. Every "
-                    "instance must build the same model (same parameters and buffers, same shapes).")
+                raise errors.createPoptorchError(messages.MODELS_DIFFER.format(process=process, difference=difference))
         tensors = [t for _, _, t in _named_state(model)]
         with torch.no_grad():
             self._broadcast_tensors(tensors, "the broadcast of instance 0's weights")
@@ -280,11 +273,9 @@ class GlobalReplication:
         try:
             return call()
         except RuntimeError as exc:  # gloo/NCCL timeouts and closed connections
-            raise CollectiveTimeout(
-                f"{what} across the {self.num_processes} poprun instances failed on instance "
-                f"{self.process_id} (timeout {process_group.collective_timeout():g} s): another instance is "
-                f"stuck or has stopped. Set OPENPOP_COLLECTIVE_TIMEOUT or poprun --collective-timeout to "
-                f"change the timeout. ({exc})") from exc
+            raise CollectiveTimeout(messages.COLLECTIVE_FAILED.format(
+                what=what, n=self.num_processes, process_id=self.process_id,
+                timeout=process_group.collective_timeout(), error=exc)) from exc
 
 
 def _accumulation_hook(owner: "weakref.ref", index: int):

@@ -55,6 +55,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from ..log import logger
+from . import messages
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 SETTING_ENV = "OPENPOP_HALF_COMPUTE"
@@ -102,8 +103,7 @@ def setting_from_env() -> str:
     """``OPENPOP_HALF_COMPUTE`` (default ``auto``); a bad value raises ``ValueError`` naming the fix."""
     value = os.environ.get(SETTING_ENV, "auto").strip().lower() or "auto"
     if value not in SETTINGS:
-        raise ValueError(f"{SETTING_ENV}={os.environ.get(SETTING_ENV)!r} is not valid: set it to auto, native "
-                         "or float32 (or unset it for auto).")
+        raise ValueError(messages.HALF_COMPUTE_ENV.format(env=SETTING_ENV, value=os.environ.get(SETTING_ENV)))
     return value
 
 
@@ -199,7 +199,7 @@ class HalfComputePolicy:
 
     def __init__(self, setting: str = "auto", speeds: CpuHalfSpeeds = None):
         if setting not in SETTINGS:
-            raise ValueError(f"half compute setting must be one of {SETTINGS}, not {setting!r}")
+            raise ValueError(messages.HALF_COMPUTE_SETTING.format(settings=SETTINGS, setting=setting))
         self.setting = setting
         self.speeds = speeds if speeds is not None else CPU_SPEEDS
 

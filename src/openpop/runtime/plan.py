@@ -172,9 +172,7 @@ def build_plan(recorder: BlockRecorder, settings) -> ExecutionPlan:
                     auto_counter += 1
                 else:
                     if block.ipu_id is None:
-                        raise errors.createPoptorchError(
-                            f"poptorch.AutoStage.SameAsIpu was selected but no IPU was specified for block "
-                            f"{block.user_id}")
+                        raise errors.createPoptorchError(errors.SAME_AS_IPU_WITHOUT_IPU.format(block_id=block.user_id))
                     stage = block.ipu_id
             ipu = chosen if chosen is not None else (block.ipu_id if block.ipu_id is not None else stage)
             if hasattr(strategy, "check_phase_ipu") and stage_obj is not None:
@@ -210,8 +208,7 @@ def _check_ipu_count(n: int, auto_round: bool) -> None:
     if rounded != n:
         if not auto_round:
             raise errors.createPoptorchError(IPU_COUNT_POW2.format(n=n, rounded=rounded))
-        logger.warning("Reserving %d IPUs when the model specifices the use of only %d. %d will be reserved but "
-                       "not used.", rounded, n, rounded - n)
+        logger.warning(errors.RESERVING_IPUS, rounded, n, rounded - n)
 
 
 def top_modules(names: list[str]) -> list[str]:

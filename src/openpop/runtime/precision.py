@@ -42,6 +42,7 @@ from torch.utils import _pytree as pytree
 
 from .. import errors
 from ..optim.checks import optimizer_method
+from . import messages
 from .half_compute import LOW_PRECISION, HalfComputePolicy, LowPrecisionOps, op_name
 from .loss_scaling import DynamicLossScaling, StaticLossScaling
 
@@ -309,8 +310,7 @@ class FloatingPointChecker(TorchFunctionMode):
                 problem = "compared with NaN (invalid operation)"
         if problem is not None:
             raise errors.createPoptorchError(
-                f"Floating point exception in the forward pass: {self._where(func)} {problem}. "
-                "Options.Precision.enableFloatingPointExceptions(True) is set.")
+                messages.FP_EXCEPTION_FORWARD.format(where=self._where(func), problem=problem))
         if torch.is_grad_enabled():
             self._watch_backward(func, outputs)
         return result
@@ -335,6 +335,5 @@ def _backward_check(where: str, node_name: str):
         problem = _violation(received, produced)
         if problem is not None:
             raise errors.createPoptorchError(
-                f"Floating point exception in the backward pass: {node_name}, the gradient of {where}, "
-                f"{problem}. Options.Precision.enableFloatingPointExceptions(True) is set.")
+                messages.FP_EXCEPTION_BACKWARD.format(node=node_name, where=where, problem=problem))
     return hook

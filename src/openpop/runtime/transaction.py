@@ -47,6 +47,7 @@ import threading
 import torch
 
 from ..log import logger
+from . import messages
 from .weights import SharedBuffers
 
 try:  # the C functions: signal.py's wrappers convert to and from enums, which costs more
@@ -282,8 +283,7 @@ class _HeldInterrupts:
         if pending is None:
             return
         if completed and previous is signal.default_int_handler:
-            raise KeyboardInterrupt("interrupted while the host call applied its last optimizer update: the "
-                                    "call completed, its updates are applied")
+            raise KeyboardInterrupt(messages.INTERRUPTED_AFTER_UPDATE)
         previous(*pending)
 
 
