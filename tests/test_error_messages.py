@@ -16,8 +16,7 @@ import pytest
 SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
 MESSAGE_MODULES = ("openpop/errors.py", "messages.py")
 # TEMPORARY: brought under the rule by the lead after merging the branches that are editing them.
-NOT_YET_COVERED = ("openpop/runtime/", "openpop/lightning/", "openpop/popart/", "popart/",
-                   "openpop/report.py", "openpop/profiling.py")
+NOT_YET_COVERED = ("openpop/popart/", "popart/")
 PROSE = re.compile(r"[A-Za-z]+\s+[A-Za-z]+")  # two words: a message, not a key, a path or a separator
 
 
@@ -75,13 +74,15 @@ def test_the_rule_catches_literals_fstrings_and_asserts():
 
 def test_checks_survive_python_dash_O():
     # The asserts on user input became raises: with -O they still raise the same AssertionError.
-    program = ("import poptorch\n"
+    program = ("import poptorch\nimport torch\n"
                "for call in (lambda: poptorch.Options().randomSeed('1'),\n"
                "             lambda: poptorch.Options().Precision.enableStochasticRounding(1),\n"
                "             lambda: poptorch.Options().outputMode(poptorch.OutputMode.EveryN),\n"
                "             lambda: poptorch.Options().Training.set(noSuchOption=1),\n"
                "             lambda: poptorch.Phase(['a']).ipus(0, 1),\n"
-               "             lambda: poptorch.optim.SGD([], lr=0.1, accum_type=int)):\n"
+               "             lambda: poptorch.optim.SGD([], lr=0.1, accum_type=int),\n"
+               "             lambda: poptorch.identity_loss(torch.ones(2), reduction='max'),\n"
+               "             lambda: poptorch.inferenceModel(torch.nn.Linear(1, 1)).setOptimizer(None)):\n"
                "    try:\n"
                "        call()\n"
                "    except AssertionError as error:\n"
@@ -90,4 +91,4 @@ def test_checks_survive_python_dash_O():
                "        print('no error')\n")
     result = subprocess.run([sys.executable, "-O", "-c", program], capture_output=True, text=True, check=True)
     lines = result.stdout.splitlines()
-    assert len(lines) == 6 and all(line.startswith("AssertionError ") for line in lines), result.stdout
+    assert len(lines) == 8 and all(line.startswith("AssertionError ") for line in lines), result.stdout

@@ -4,8 +4,10 @@ The rule for messages (checked by tests/test_error_messages.py):
 
 * Every error and warning text lives in one module and is raised or logged by name. PopTorch's
   API (the modules directly under ``openpop/``, ``runtime/``, ``poptorch/``) keeps its texts
-  here; each other package keeps its own in its ``messages.py`` (``data``, ``optim``, ``bert``,
-  ``distributed``, ``k8s``; ``popart`` and ``lightning`` follow). A raise or warning site may
+  here, except the runtime's openpop-specific ones (devices, backends, caches, poprun instances,
+  reports), which are in ``runtime/messages.py``; each other package keeps its own in its
+  ``messages.py`` (``data``, ``optim``, ``bert``, ``distributed``, ``k8s``, ``lightning``;
+  ``popart`` follows). A raise or warning site may
   fill a text in with ``.format(...)`` or ``%`` but never spells prose itself (info and debug
   log lines may).
 * Where PopTorch (or PopART, popdist, Lightning) had a text, the constant holds its exact words.
@@ -313,3 +315,17 @@ NEAREST_BATCH_SHAPE = "`{name}` must hold one batch index per point ({n}), got s
 NEAREST_X_TYPE = "`nearest` must take a torch.tensor `x` input. {x_type} is not supported."
 NEAREST_Y_TYPE = "`nearest` must take a torch.tensor `y` input. {y_type} is not supported."
 NEAREST_EMPTY_EXAMPLE = "`nearest`: some example of `x` has no point in `y`."
+
+# --- runtime (PopTorch's texts; openpop's own are in runtime/messages.py) -------
+MANDATORY_PARAMETER = "Mandatory parameter {name} missing"
+OPTIONS_TYPE = "Invalid type: 'options' is of type {type} (Expected poptorch.Options)"
+INFERENCE_OPTIMIZER = "An inference model cannot have an optimizer"
+SET_OPTIMIZER_INFERENCE = "setOptimizer is only available on a training model"
+OPTIMIZER_NEEDS_RUNNING_MEAN = (
+    "Invalid optimizer: the new optimizer would require changing "
+    "options.Training.meanAccumulationAndReplicationReductionStrategy to "
+    "poptorch.MeanReductionStrategy.Running but the executable is already compiled.")
+ATTACH_OFFLINE = "Trying to attach to an offline device (ConnectionType.Never)"
+NO_ANCHORED_TENSOR = "No tensor with name {name} found."
+UNSUPPORTED_REDUCTION = "Unsupported reduction type!"
+RESERVING_IPUS = "Reserving %d IPUs when the model specifices the use of only %d. %d will be reserved but not used."

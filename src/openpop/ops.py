@@ -13,10 +13,6 @@ import torch
 from . import enums, errors
 from .arg_parsers import ICustomArgParser, registerCustomArgParser
 from .compile_hooks import registerPostCompileHook, registerPreCompileHook
-
-# runtime.executor imports the hook runners from here (the `as` marks them re-exported).
-from .compile_hooks import run_post_compile_hooks as run_post_compile_hooks
-from .compile_hooks import run_pre_compile_hooks as run_pre_compile_hooks
 from .errors import COND_TRAINING, FOR_LOOP_TRAINING, Error, createPoptorchError
 from .printing import module_repr, print  # pylint: disable=redefined-builtin
 from .runtime import context

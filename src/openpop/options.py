@@ -22,7 +22,7 @@ import json
 import os
 import re
 import warnings
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -76,7 +76,7 @@ class OptionsDict:
         object.__setattr__(self, name, value)
 
     # option -> check(option, value) run by set() and createOrSet(), before anything changes.
-    _value_checks: Dict[str, Callable[[str, Any], None]] = {}
+    _value_checks: dict[str, Callable[[str, Any], None]] = {}
 
     def set(self, **kwargs: Any) -> None:
         self._check_not_frozen()
@@ -116,7 +116,7 @@ class OptionsDict:
         self._check_not_frozen()
         self._values.pop(option, None)
 
-    def toDict(self) -> Dict[str, Any]:
+    def toDict(self) -> dict[str, Any]:
         return dict(self._values)
 
     # --- freezing and copying -------------------------------------------------------
@@ -149,7 +149,7 @@ class _PopartOptions:
 
     def __init__(self) -> None:
         self._is_frozen = False
-        self.options: Dict[str, Any] = {}
+        self.options: dict[str, Any] = {}
         self.set("instrumentWithHardwareCycleCounter", False)
         self.set("rearrangeAnchorsOnHost", False)
 
@@ -159,11 +159,11 @@ class _PopartOptions:
         self.options[key] = value
         return self
 
-    def setEngineOptions(self, options: Dict[str, Any]) -> "_PopartOptions":
+    def setEngineOptions(self, options: dict[str, Any]) -> "_PopartOptions":
         errors.check_type(options, dict, "_PopartOptions.setEngineOptions", "options")
         return self.set("engineOptions", dict(options))
 
-    def setPatterns(self, patterns: Dict[str, bool], level: int = 2) -> "_PopartOptions":
+    def setPatterns(self, patterns: dict[str, bool], level: int = 2) -> "_PopartOptions":
         errors.check_type(level, int, "_PopartOptions.setPatterns", "level")
         errors.check_type(patterns, dict, "_PopartOptions.setPatterns", "patterns")
         self.set("patterns_level", level)
@@ -728,7 +728,7 @@ class Options(OptionsDict):
         self._popart.set("enableStableNorm", enabled)
         return self
 
-    def setAvailableMemoryProportion(self, available_memory_proportion: Dict[str, float]) -> "Options":
+    def setAvailableMemoryProportion(self, available_memory_proportion: dict[str, float]) -> "Options":
         """Temporary-memory proportion per IPU, e.g. ``{"IPU0": 0.5}`` (stored as ``{0: 0.5}``)."""
         per_ipu = {}
         for key, proportion in available_memory_proportion.items():
@@ -766,19 +766,19 @@ class Options(OptionsDict):
         self.set(module_namescope_enabled=False)
         return self
 
-    def updatableNamedBuffers(self, buffers: List[str]) -> "Options":
+    def updatableNamedBuffers(self, buffers: list[str]) -> "Options":
         """Names of buffers the host may update between runs."""
         self.set(updatable_named_buffers=list(buffers))
         return self
 
-    def deviceMap(self, devices: List[str]) -> "Options":
+    def deviceMap(self, devices: list[str]) -> "Options":
         """openpop extension: the torch devices virtual IPUs run on, in the order
         ``replica * ipus_per_replica + ipu`` (reused round-robin). Empty (default): every CUDA
         GPU round-robin, else the CPU; the ``OPENPOP_DEVICE_MAP`` variable applies when empty."""
         self.set(device_map=[str(d) for d in devices])
         return self
 
-    def sourceLocationExcludes(self, excludes: List[str]) -> "Options":
+    def sourceLocationExcludes(self, excludes: list[str]) -> "Options":
         """Replace the path fragments skipped when attributing ops to source lines."""
         self.set(source_location_excludes=list(excludes))
         return self
@@ -861,7 +861,7 @@ class Options(OptionsDict):
         """An unfrozen deep copy."""
         return copy.deepcopy(self)
 
-    def toDict(self) -> Dict[str, Any]:
+    def toDict(self) -> dict[str, Any]:
         """Every setting in one flat dict: the strategy's backend options, the PopART
         options, then this object's, Training's, Precision's, Distributed's and
         TensorLocations' values. A key set by two of them is an error."""
@@ -895,7 +895,7 @@ def _from_json_value(value: Any) -> Any:
     return value
 
 
-def _config_namespace(options: Options) -> Dict[str, Any]:
+def _config_namespace(options: Options) -> dict[str, Any]:
     """Names a config-file line may use: ``options``, ``torch``, ``poptorch`` (openpop's whole
     public API, as ``import poptorch`` gives it) and the enums by name."""
     import openpop  # the package that imports this module: complete by the time a file is loaded
@@ -904,4 +904,4 @@ def _config_namespace(options: Options) -> Dict[str, Any]:
             "poptorch": openpop, **enum_classes}
 
 
-__all__ = ["Options", "TensorLocationSettings", "ConfigFileError"]
+__all__ = ["ConfigFileError", "Options", "TensorLocationSettings"]

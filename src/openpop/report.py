@@ -14,6 +14,7 @@ import json
 import os
 import sys
 
+from .runtime import messages
 from .runtime.trace import TRACE_FILE
 
 REPORT_JSON = "report.json"
@@ -157,7 +158,8 @@ def _gantt_svg(gantt):
             opacity = "1.0" if s["kind"] == "forward" else "0.55"
             label = f'{s["kind"]} mb{s["micro_batch"]}: {s["end"] - s["start"]:.0f} us'
             parts.append(f'<rect x="{x:.1f}" y="{y:.1f}" width="{w:.1f}" height="{lane_height:.1f}" fill="{colour}" '
-                         f'fill-opacity="{opacity}" stroke="#333" stroke-width="0.3"><title>{html.escape(label)}</title></rect>')
+                         f'fill-opacity="{opacity}" stroke="#333" stroke-width="0.3">'
+                         f'<title>{html.escape(label)}</title></rect>')
             if w > 24 and count == 1:
                 parts.append(f'<text x="{x + 2:.1f}" y="{i * row + 18}" font-size="10" fill="#fff">'
                              f'{"F" if s["kind"] == "forward" else "B"}{s["micro_batch"]}</text>')
@@ -247,7 +249,7 @@ def _fmt(value, pattern):
 def terminal_summary(directory: str) -> str:
     path = os.path.join(directory, REPORT_JSON)
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{directory!r} is not an openpop profile directory: {path} not found")
+        raise FileNotFoundError(messages.NOT_A_PROFILE.format(directory=directory, path=path))
     with open(path) as stream:
         summary = json.load(stream)
     lines = [f"openpop profile report: {directory}", "", "Execution plan:"]
@@ -264,8 +266,8 @@ def terminal_summary(directory: str) -> str:
                      f" / {_fmt(m.get('activation_peak_bytes'), '{}')}")
     lines += ["", "Host calls:"]
     for c in summary["host_calls"]:
-        lines.append(f"  call {c['call']}: wall {c['seconds'] * 1000:.3f} ms  compute {c['compute_seconds'] * 1000:.3f} ms"
-                     f"  host {c['host_seconds'] * 1000:.3f} ms")
+        lines.append(f"  call {c['call']}: wall {c['seconds'] * 1000:.3f} ms"
+                     f"  compute {c['compute_seconds'] * 1000:.3f} ms  host {c['host_seconds'] * 1000:.3f} ms")
     lines.append(f"Throughput: {_fmt(summary['throughput_samples_per_second'], '{:.1f} samples/s')}")
     lines.append(f"Trace: {os.path.join(directory, summary['trace'])}")
     return "\n".join(lines)

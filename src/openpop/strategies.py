@@ -26,7 +26,7 @@ stages -> virtual IPUs with these rules:
   for every resolved IPU; ``validate()`` checks the IPUs assigned with ``.ipu()`` /
   ``Phase.ipus()`` up front.
 """
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Optional, Union
 
 from . import enums, errors
 from .errors import Error, createPoptorchError
@@ -54,7 +54,7 @@ class Stage:
         self._phase_id = -1  # owning phase, phased strategies only
 
     @property
-    def blocks(self) -> List[BlockId]:
+    def blocks(self) -> list[BlockId]:
         """The ids of the blocks this stage is made of."""
         return list(self._blocks)
 
@@ -79,7 +79,7 @@ class Phase:
 
     def __init__(self, *arg: Union[BlockId, Stage]) -> None:
         if all(isinstance(elt, Stage) for elt in arg):
-            self.stages: List[Stage] = list(arg)
+            self.stages: list[Stage] = list(arg)
         else:
             if not all(isinstance(elt, str) for elt in arg):
                 raise AssertionError(errors.PHASE_ARGUMENTS.format(types=[type(elt) for elt in arg]))
@@ -105,7 +105,7 @@ class _IExecutionStrategy:
 
     pipelines = False  # micro-batches flow through the stages concurrently (PipelinedExecution)
 
-    def __init__(self, stages: List[Stage], auto_stage: Optional[enums.AutoStage]) -> None:
+    def __init__(self, stages: list[Stage], auto_stage: Optional[enums.AutoStage]) -> None:
         self._stages = stages
         self.auto_stage = auto_stage
         self._block_map = _map_blocks(stages)
@@ -116,7 +116,7 @@ class _IExecutionStrategy:
                              "" if stage._ipu is None else f" on IPU {stage._ipu}")
 
     @property
-    def stages(self) -> List[Stage]:
+    def stages(self) -> list[Stage]:
         """The explicitly defined stages, in order (empty when an AutoStage rule is used)."""
         return list(self._stages)
 
@@ -126,7 +126,7 @@ class _IExecutionStrategy:
             raise AssertionError(errors.NO_SUCH_BLOCK.format(block_id=block_id))
         return self._block_map[block_id]
 
-    def stage_of(self, block_id: BlockId) -> Optional[Tuple[int, Stage]]:
+    def stage_of(self, block_id: BlockId) -> Optional[tuple[int, Stage]]:
         """``(stage_index, Stage)`` of an explicitly placed block, else None."""
         stage = self._block_map.get(block_id)
         if stage is None:
@@ -143,7 +143,7 @@ class _IExecutionStrategy:
     def validate(self) -> None:
         """Check what can be checked before tracing (see ``ParallelPhasedExecution``)."""
 
-    def backendOptions(self) -> Dict[str, Union[int, bool]]:
+    def backendOptions(self) -> dict[str, Union[int, bool]]:
         raise NotImplementedError
 
 
@@ -156,7 +156,7 @@ class PipelinedExecution(_IExecutionStrategy):
 
     pipelines = True
 
-    def __init__(self, *args: Union[enums.AutoStage, Stage, BlockId, List[BlockId]]) -> None:
+    def __init__(self, *args: Union[enums.AutoStage, Stage, BlockId, list[BlockId]]) -> None:
         if not args:
             super().__init__([], enums.AutoStage.SameAsIpu)
             return
@@ -167,7 +167,7 @@ class PipelinedExecution(_IExecutionStrategy):
             raise AssertionError(errors.AUTO_STAGE_NOT_ALONE)
         super().__init__([_as_stage(arg) for arg in args], None)
 
-    def backendOptions(self) -> Dict[str, Union[int, bool]]:
+    def backendOptions(self) -> dict[str, Union[int, bool]]:
         return {"execution_mode": 0}
 
 
@@ -176,7 +176,7 @@ class ShardedExecution(PipelinedExecution):
 
     pipelines = False
 
-    def backendOptions(self) -> Dict[str, Union[int, bool]]:
+    def backendOptions(self) -> dict[str, Union[int, bool]]:
         return {"execution_mode": 1}
 
 
@@ -187,10 +187,10 @@ class _IPhasedExecution(_IExecutionStrategy):
     Stages are numbered in order across phases.
     """
 
-    def __init__(self, *phases: Union[Phase, List[Stage], List[BlockId], Stage, BlockId]) -> None:
+    def __init__(self, *phases: Union[Phase, list[Stage], list[BlockId], Stage, BlockId]) -> None:
         if not phases:
             raise AssertionError(errors.NO_PHASES)
-        self._phases: List[Phase] = [_as_phase(p) for p in phases]
+        self._phases: list[Phase] = [_as_phase(p) for p in phases]
         self._tensors_liveness = enums.Liveness.AlwaysLive
         self._separate_backward_phase = False
         stages = [stage for phase in self._phases for stage in phase.stages]
@@ -201,7 +201,7 @@ class _IPhasedExecution(_IExecutionStrategy):
         super().__init__(stages, None)
 
     @property
-    def phases(self) -> List[Phase]:
+    def phases(self) -> list[Phase]:
         return list(self._phases)
 
     def phase(self, phase: int) -> Phase:
@@ -216,7 +216,7 @@ class _IPhasedExecution(_IExecutionStrategy):
         self._separate_backward_phase = use
         return self
 
-    def backendOptions(self) -> Dict[str, Union[int, bool]]:
+    def backendOptions(self) -> dict[str, Union[int, bool]]:
         return {
             "execution_mode": 2,
             "separate_backward_phase": self._separate_backward_phase,
@@ -232,7 +232,7 @@ class SerialPhasedExecution(_IPhasedExecution):
         self._tensors_liveness = liveness
         return self
 
-    def backendOptions(self) -> Dict[str, Union[int, bool]]:
+    def backendOptions(self) -> dict[str, Union[int, bool]]:
         return {**super().backendOptions(), "serial_phases_execution": True}
 
 
@@ -256,12 +256,12 @@ class ParallelPhasedExecution(_IPhasedExecution):
             if stage._ipu is not None:
                 self.check_phase_ipu(stage._phase_id, stage._ipu)
 
-    def backendOptions(self) -> Dict[str, Union[int, bool]]:
+    def backendOptions(self) -> dict[str, Union[int, bool]]:
         return {**super().backendOptions(), "serial_phases_execution": False}
 
 
-def _map_blocks(stages: List[Stage]) -> Dict[BlockId, Stage]:
-    block_map: Dict[BlockId, Stage] = {}
+def _map_blocks(stages: list[Stage]) -> dict[BlockId, Stage]:
+    block_map: dict[BlockId, Stage] = {}
     for stage in stages:
         for block_id in stage.blocks:
             if block_id in block_map:
@@ -288,5 +288,11 @@ def _as_phase(arg) -> Phase:
     return Phase(arg)
 
 
-__all__ = ["Stage", "Phase", "PipelinedExecution", "ShardedExecution", "SerialPhasedExecution",
-           "ParallelPhasedExecution"]
+__all__ = [
+    "ParallelPhasedExecution",
+    "Phase",
+    "PipelinedExecution",
+    "SerialPhasedExecution",
+    "ShardedExecution",
+    "Stage",
+]

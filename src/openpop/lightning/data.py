@@ -35,6 +35,7 @@ from openpop.data import DataLoader
 from openpop.log import logger
 from openpop.runtime.geometry import BatchGeometry
 
+from . import messages
 from ._framework import fabric_module, module, pl
 
 _PASSED_THROUGH = ("num_workers", "collate_fn", "pin_memory", "timeout", "worker_init_fn", "multiprocessing_context",
@@ -70,11 +71,7 @@ def to_openpop_loader(loader, options, training: bool, hook: str = "train_datalo
         except TypeError:  # an iterable dataset without a length
             empty = False
         if empty:
-            logger.warning(
-                "The training dataset (%d samples) is smaller than one host call's combined batch (%s samples = "
-                "batch_size x device_iterations x devices x accumulate_grad_batches): no optimizer step will "
-                "run. Lower batch_size, devices, device_iterations or accumulate_grad_batches.",
-                len(loader.dataset), converted.combinedBatchSize)
+            logger.warning(messages.SMALL_TRAINING_DATASET, len(loader.dataset), converted.combinedBatchSize)
     return converted
 
 

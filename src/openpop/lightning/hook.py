@@ -82,6 +82,15 @@ def flavour_package(pl_name: str):
     return package
 
 
+def _messages():
+    """``messages.py`` loaded by its path: this module may run without the ``openpop`` package."""
+    spec = importlib.util.spec_from_file_location("openpop.lightning._hook_messages",
+                                                  os.path.join(os.path.dirname(__file__), "messages.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 class _IntegratingLoader(importlib.abc.Loader):
     """Runs the real loader, then integrates openpop with the freshly imported package."""
 
@@ -100,8 +109,8 @@ class _IntegratingLoader(importlib.abc.Loader):
         try:
             flavour_package(self._pl_name)
         except Exception as exc:  # never break the user's import of Lightning
-            warnings.warn(f"openpop could not add IPU support to {self._pl_name}: {exc!r}. "
-                          f"Run `import {FLAVOURS[self._pl_name]}` to see the full error.", stacklevel=2)
+            warnings.warn(_messages().HOOK_FAILED.format(package=self._pl_name, error=exc,
+                                                      flavour=FLAVOURS[self._pl_name]), stacklevel=2)
 
     def __getattr__(self, name):
         return getattr(self._loader, name)

@@ -12,12 +12,13 @@ import torch
 
 from openpop.distributed import process_group
 
+from . import messages
+
 
 def join(world_size: int) -> None:
     """Join poprun's process group when Lightning sees several processes."""
     if world_size > 1 and not process_group.initialize():
-        raise RuntimeError(f"Lightning sees {world_size} processes but there is no torch.distributed group to "
-                           "join: launch the script with poprun (or torchrun).")
+        raise RuntimeError(messages.NO_PROCESS_GROUP.format(world_size=world_size))
 
 
 def _active() -> bool:

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from . import instances
+from . import instances, messages
 from ._framework import module, pl
 
 _LOG_PARAMETERS = list(inspect.signature(pl.LightningModule.log).parameters.values())[3:]  # after self, name, value
@@ -82,7 +82,7 @@ class StepLogs:
         options.update(zip(_LOG_NAMES, args))
         unknown = set(kwargs) - options.keys()
         if unknown:
-            raise TypeError(f"LightningModule.log() got unexpected keyword arguments {sorted(unknown)}")
+            raise TypeError(messages.LOG_UNEXPECTED_KWARGS.format(names=sorted(unknown)))
         options.update(kwargs)
         batch_size = options.get("batch_size")
         if batch_size is None and not _is_metric(value):

@@ -41,6 +41,7 @@ from openpop.runtime.geometry import BatchGeometry
 from openpop.runtime.losses import identity_loss
 from openpop.runtime.outputs import OutputCollector
 
+from . import messages
 from ._framework import module as pl_module
 
 _NO_CONTEXT = contextlib.nullcontext()
@@ -123,9 +124,7 @@ class StepModule(torch.nn.Module):
     def _training_output(call: StepCall, output, tracing_ctx):
         if isinstance(output, Mapping):
             if "loss" not in output:
-                raise pl_module("utilities.exceptions").MisconfigurationException(
-                    "In automatic_optimization, when `training_step` returns a dict, the 'loss' key needs to be "
-                    "present")
+                raise pl_module("utilities.exceptions").MisconfigurationException(messages.MISSING_LOSS_KEY)
             loss, extra, kind = output["loss"], {k: v for k, v in output.items() if k != "loss"}, "dict"
         elif isinstance(output, torch.Tensor):
             loss, extra, kind = output, None, "tensor"

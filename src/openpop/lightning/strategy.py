@@ -54,7 +54,7 @@ from openpop.models import inferenceModel, trainingModel
 from openpop.options import Options
 from openpop.runtime.geometry import BatchGeometry
 
-from . import instances, manual_optimization, run_options, trainer_checks
+from . import instances, manual_optimization, messages, run_options, trainer_checks
 from ._framework import module, pl
 from .accelerator import DEVICE_TYPE
 from .data import micro_batch_size, to_openpop_loader
@@ -97,11 +97,10 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
         inference_opts: Optional[Options] = None,
     ) -> None:
         if isinstance(device_iterations, bool) or not isinstance(device_iterations, int) or device_iterations < 1:
-            raise ValueError(f"IPUStrategy(device_iterations={device_iterations!r}): device_iterations is the number "
-                             "of optimizer steps (or inference batches) one host call runs and must be an int >= 1.")
+            raise ValueError(messages.DEVICE_ITERATIONS.format(value=device_iterations))
         for name, opts in (("training_opts", training_opts), ("inference_opts", inference_opts)):
             if opts is not None and not isinstance(opts, Options):
-                raise TypeError(f"IPUStrategy({name}=...) must be a poptorch.Options, not {type(opts).__name__}.")
+                raise TypeError(messages.OPTIONS_TYPE.format(name=name, type=type(opts).__name__))
         if parallel_devices is not None:
             parallel_devices = [torch.device(DEVICE_TYPE, d) if isinstance(d, int) else d for d in parallel_devices]
         super().__init__(accelerator=accelerator, parallel_devices=parallel_devices,

@@ -14,12 +14,13 @@ works):
 Each anchor follows its own output mode (default: the model's): ``All`` stacks the value of
 every step, ``EveryN`` every N-th, ``Final`` keeps the last, ``Sum`` adds them up.
 """
-from typing import Callable, Dict, List
+from typing import Callable
 
 import torch
 
 from .. import errors
 from ..enums import OutputMode
+from . import messages
 from .outputs import returned
 
 GRADIENT = "Gradient___"
@@ -31,7 +32,7 @@ class Anchor:
         self.read = read
         self.mode = mode
         self.period = period
-        self.values: List[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
 
     def record(self, step: int, last: bool) -> None:
         mode = self.mode
@@ -59,11 +60,11 @@ class Anchor:
 class AnchoredTensors:
     """The anchors of one executor, resolved against its model at compile."""
 
-    def __init__(self, anchored: Dict[str, list], model: torch.nn.Module, default_mode: OutputMode,
+    def __init__(self, anchored: dict[str, list], model: torch.nn.Module, default_mode: OutputMode,
                  default_period: int, training: bool):
         params = dict(model.named_parameters(remove_duplicate=False))
         buffers = dict(model.named_buffers(remove_duplicate=False))
-        self._anchors: Dict[str, Anchor] = {}
+        self._anchors: dict[str, Anchor] = {}
         for short_name, (long_name, use_default, mode, period) in anchored.items():
             read = _reader(long_name, params, buffers, training)
             if use_default or mode is None:  # the model's output mode, period included
@@ -72,10 +73,9 @@ class AnchoredTensors:
             if mode == OutputMode.Default:
                 mode = OutputMode.Final if training else OutputMode.All
             if mode == OutputMode.EveryN and (not isinstance(period, int) or period < 1):
-                raise errors.createPoptorchError(
-                    f"anchorTensor('{short_name}'): OutputMode.EveryN needs output_return_period >= 1, got {period}.")
+                raise errors.createPoptorchError(messages.ANCHOR_PERIOD.format(name=short_name, period=period))
             self._anchors[short_name] = Anchor(read, mode, period if mode == OutputMode.EveryN else 1)
-        self.memory: Dict[str, torch.Tensor] = {}
+        self.memory: dict[str, torch.Tensor] = {}
 
     def __bool__(self) -> bool:
         return bool(self._anchors)
@@ -101,10 +101,8 @@ def _reader(long_name: str, params: dict, buffers: dict, training: bool):
     tensor = _find(name, params) if kind else _find(name, {**params, **buffers})
     if tensor is None or (kind and not training):
         known = ", ".join(list(params)[:4] + (["..."] if len(params) > 4 else []))
-        raise errors.createPoptorchError(
-            f"anchorTensor: no tensor named '{long_name}'. openpop anchors parameters and buffers by "
-            f"their names ({known})" + (", as 'Gradient___<name>' and 'UpdatedVar___<name>' in training models"
-                                        if training else "; gradients exist in training models only") + ".")
+        hint = messages.ANCHOR_HINT_TRAINING if training else messages.ANCHOR_HINT_INFERENCE
+        raise errors.createPoptorchError(messages.ANCHOR_NOT_FOUND.format(name=long_name, known=known, hint=hint))
     if kind == GRADIENT:
         return lambda: tensor.grad
     return lambda: tensor

@@ -26,7 +26,7 @@ class BoundInputs:
             except TypeError as exc:
                 missing = _missing_parameter(signature, args, kwargs)
                 if missing is not None:
-                    raise errors.createPoptorchError(f"Mandatory parameter {missing} missing") from None
+                    raise errors.createPoptorchError(errors.MANDATORY_PARAMETER.format(name=missing)) from None
                 raise errors.createPoptorchError(str(exc)) from None
             bound.apply_defaults()  # as PopTorch: an omitted default and the same value given compile alike
             self.arguments = _named_arguments(signature, bound.arguments)

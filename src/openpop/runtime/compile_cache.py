@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from typing import Optional
 
 from .. import errors
+from . import messages
 
 ENVIRONMENT_VARIABLE = "POPTORCH_CACHE_DIR"
 OPTION = "poptorch.Options.enableExecutableCaching()"
@@ -67,8 +68,7 @@ class CompileCache:
     def at(cls, path: str, source: str = OPTION) -> "CompileCache":
         """The cache in ``path``, created if missing; a clear error when it cannot be written."""
         if not isinstance(path, (str, os.PathLike)) or not str(path):
-            raise errors.createPoptorchError(
-                f"{source}: the executable cache path must be a non-empty directory path, got {path!r}.")
+            raise errors.createPoptorchError(messages.CACHE_PATH.format(source=source, path=path))
         cache = cls(os.path.abspath(os.path.expanduser(os.fspath(path))), source)
         cache._check_writable()
         return cache
@@ -79,10 +79,8 @@ class CompileCache:
             with tempfile.TemporaryFile(dir=self.path):
                 pass
         except OSError as exc:
-            raise errors.createPoptorchError(
-                f"{self.source}: cannot use {self.path} as the executable cache directory "
-                f"({exc.strerror or exc}). Pass a writable directory to {self.source}, or unset it "
-                "to compile without a cache.") from None
+            raise errors.createPoptorchError(messages.CACHE_NOT_WRITABLE.format(
+                source=self.source, path=self.path, reason=exc.strerror or exc)) from None
 
     @contextlib.contextmanager
     def active(self) -> Iterator["CompileCache"]:

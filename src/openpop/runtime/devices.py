@@ -13,14 +13,17 @@ replicas sharing replica 0's devices run one after another on its weights.
 """
 import os
 import threading
-from typing import List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 from .. import errors
+from . import messages
 
 DEVICE_MAP_ENV = "OPENPOP_DEVICE_MAP"
+HOST = torch.device("cpu")
 
 
 class DeviceMap:
@@ -34,7 +37,7 @@ class DeviceMap:
     def device(self, ipu: int, replica: int = 0) -> torch.device:
         return self.devices[(replica * self.ipus_per_replica + ipu) % len(self.devices)]
 
-    def distinct_devices(self, replica: int = 0) -> List[torch.device]:
+    def distinct_devices(self, replica: int = 0) -> list[torch.device]:
         seen = []
         for ipu in range(self.ipus_per_replica):
             device = self.device(ipu, replica)
@@ -47,7 +50,7 @@ class DeviceMap:
         return all(self.device(ipu, r) == self.device(ipu, 0)
                    for r in range(1, self.replicas) for ipu in range(self.ipus_per_replica))
 
-    def all_devices(self) -> List[torch.device]:
+    def all_devices(self) -> list[torch.device]:
         """Distinct devices used by any replica, in first-use order."""
         seen = []
         for r in range(self.replicas):
@@ -61,7 +64,7 @@ class DeviceMap:
         return all(d.type == "cpu" for d in self.devices)
 
 
-def parse_device_list(text: str) -> List[str]:
+def parse_device_list(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
 
@@ -85,21 +88,17 @@ def _checked_device(name, source) -> torch.device:
     try:
         device = torch.device(name)
     except (RuntimeError, TypeError) as exc:
-        raise errors.createPoptorchError(
-            f"{source} names '{name}', which is not a torch device ({exc}). Use names like 'cpu', "
-            "'cuda:0'.") from None
+        raise errors.createPoptorchError(messages.NOT_A_DEVICE.format(source=source, name=name, error=exc)) from None
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         index = 0 if device.index is None else device.index
         if index >= count:
-            raise errors.createPoptorchError(
-                f"{source} names '{name}' but this machine has {count} CUDA device(s). Name an existing "
-                f"device or unset {DEVICE_MAP_ENV}.")
+            raise errors.createPoptorchError(messages.NO_SUCH_CUDA_DEVICE.format(
+                source=source, name=name, count=count, env=DEVICE_MAP_ENV))
         if device.index is None:  # one name per device: locks and generators are per device
             device = torch.device("cuda", torch.cuda.current_device())
     elif device.type != "cpu":
-        raise errors.createPoptorchError(
-            f"{source} names '{name}': openpop runs virtual IPUs on 'cpu' and 'cuda' devices only.")
+        raise errors.createPoptorchError(messages.DEVICE_TYPE.format(source=source, name=name))
     else:
         device = torch.device("cpu")  # 'cpu:1' is the same CPU, with the same random generator
     return device
@@ -159,7 +158,7 @@ class DevicePlacement:
             for name, module in self.model.named_modules():
                 device = self.device_of_module(name)
                 for table in (module._parameters, module._buffers):
-                    for key, tensor in table.items():
+                    for tensor in table.values():
                         if tensor is not None and tensor.device != device:
                             tensor.data = tensor.data.to(device)
                             if tensor.grad is not None:
@@ -189,7 +188,7 @@ class DevicePlacement:
                 callers.replaced(pos, tensor, on_device)
                 inputs.leaves[pos] = on_device
 
-    def restore(self, host=torch.device("cpu")) -> None:
+    def restore(self, host=HOST) -> None:
         self.remove_hooks()
         with torch.no_grad():
             for module in self.model.modules():

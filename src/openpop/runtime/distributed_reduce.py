@@ -35,13 +35,13 @@ naming the collective, the step and the instance.
 """
 import os
 import weakref
-from typing import List, Optional
+from typing import Optional
 
 import torch
 
 from .. import errors
 from ..enums import ReductionType
-from . import trace
+from . import messages, trace
 
 BUCKET_MB_ENV = "OPENPOP_ALLREDUCE_BUCKET_MB"
 DEFAULT_BUCKET_MB = 25.0
@@ -56,7 +56,7 @@ def _bucket_bytes() -> int:
     return int(float(os.environ.get(BUCKET_MB_ENV, DEFAULT_BUCKET_MB)) * 1024 * 1024)
 
 
-def buckets_of(tensors: List[torch.Tensor], cap_bytes: int) -> List[List[int]]:
+def buckets_of(tensors: list[torch.Tensor], cap_bytes: int) -> list[list[int]]:
     """Indices of ``tensors`` grouped by device and dtype, last tensor first (the last layers'
     gradients are ready first, as in DDP), each group cut into buckets of at most ``cap_bytes``
     (a larger tensor gets a bucket of its own)."""
@@ -125,16 +125,11 @@ class GlobalReplication:
         from ..distributed import process_group
         process_id = options.Distributed.processId
         if not process_group.initialize():
-            raise errors.createPoptorchError(
-                f"Options.Distributed.numProcesses is {num_processes} but this process was not started by "
-                f"poprun (or torchrun): launch it with `poprun --num-instances {num_processes} ...`, "
-                "or call Options.Distributed.disable() to train in this process alone.")
+            raise errors.createPoptorchError(messages.NOT_LAUNCHED.format(n=num_processes))
         import torch.distributed as dist
         if dist.get_world_size() != num_processes or dist.get_rank() != process_id:
-            raise errors.createPoptorchError(
-                f"Options.Distributed says process {process_id} of {num_processes} but torch.distributed "
-                f"says rank {dist.get_rank()} of {dist.get_world_size()}: use popdist.poptorch.Options() "
-                "(or leave Options.Distributed to read poprun's environment).")
+            raise errors.createPoptorchError(messages.RANK_MISMATCH.format(
+                process_id=process_id, n=num_processes, rank=dist.get_rank(), world_size=dist.get_world_size()))
         mean = options.Training.accumulation_and_replication_reduction_type == ReductionType.Mean
         return cls(num_processes, process_id, mean)
 
@@ -150,9 +145,7 @@ class GlobalReplication:
         for process, other in enumerate(gathered):
             difference = _first_difference(gathered[0], other)
             if difference is not None:  # every process sees it and raises: none waits in a collective
-                raise errors.createPoptorchError(
-                    f"Instance {process}'s model differs from instance 0's: {difference}. Every "
-                    "instance must build the same model (same parameters and buffers, same shapes).")
+                raise errors.createPoptorchError(messages.MODELS_DIFFER.format(process=process, difference=difference))
         tensors = [t for _, _, t in _named_state(model)]
         with torch.no_grad():
             self._broadcast_tensors(tensors, "the broadcast of instance 0's weights")
@@ -163,7 +156,7 @@ class GlobalReplication:
         for bucket in buckets_of(tensors, _bucket_bytes()):
             members = [tensors[i] for i in bucket]
             flat = torch.cat([t.reshape(-1) for t in members])
-            self._collective(what, lambda: dist.broadcast(flat, src=0))
+            self._collective(what, lambda flat=flat: dist.broadcast(flat, src=0))
             _copy_back(flat, members)
 
     def _broadcast_optimizer(self, optimizer) -> None:
@@ -200,7 +193,7 @@ class GlobalReplication:
             for i in bucket:
                 self._bucket_of[i] = b
 
-    def start_step(self, params: List[torch.nn.Parameter], micro_batches: int, overlap: bool) -> None:
+    def start_step(self, params: list[torch.nn.Parameter], micro_batches: int, overlap: bool) -> None:
         """Before a step's micro-batches. ``overlap``: they run one after another in this thread,
         each back-propagating once into every parameter it uses."""
         self._layout(params)
@@ -230,6 +223,7 @@ class GlobalReplication:
 
     def _launch(self, b: int) -> None:
         import torch.distributed as dist
+
         from ..distributed import process_group
         members = [self._params[i] for i in self._buckets[b]]
         flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1)
@@ -241,10 +235,11 @@ class GlobalReplication:
         self._launched.append((flat, work))
 
     @trace.spanned("all_reduce")
-    def all_reduce(self, params: List[torch.nn.Parameter]) -> None:
+    def all_reduce(self, params: list[torch.nn.Parameter]) -> None:
         """Replace every parameter's gradient by its all-reduce over the processes (finishing the
         buckets ``start_step`` let the backward start)."""
         import torch.distributed as dist
+
         from ..distributed import process_group
         self._layout(params)
         self._armed = False
@@ -278,11 +273,9 @@ class GlobalReplication:
         try:
             return call()
         except RuntimeError as exc:  # gloo/NCCL timeouts and closed connections
-            raise CollectiveTimeout(
-                f"{what} across the {self.num_processes} poprun instances failed on instance "
-                f"{self.process_id} (timeout {process_group.collective_timeout():g} s): another instance is "
-                f"stuck or has stopped. Set OPENPOP_COLLECTIVE_TIMEOUT or poprun --collective-timeout to "
-                f"change the timeout. ({exc})") from exc
+            raise CollectiveTimeout(messages.COLLECTIVE_FAILED.format(
+                what=what, n=self.num_processes, process_id=self.process_id,
+                timeout=process_group.collective_timeout(), error=exc)) from exc
 
 
 def _accumulation_hook(owner: "weakref.ref", index: int):

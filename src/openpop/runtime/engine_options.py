@@ -4,6 +4,7 @@ import json
 
 from .. import errors
 from ..log import logger
+from . import messages
 
 ENGINE_OPTIONS_ENV = "POPLAR_ENGINE_OPTIONS"
 KNOWN_AUTOREPORT_KEYS = (
@@ -23,15 +24,15 @@ def parse_engine_options(text: str, source: str = ENGINE_OPTIONS_ENV) -> dict:
     try:
         options = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise errors.createPoptorchError(
-            f"{source} is not valid JSON ({exc.msg} at character {exc.pos}): {text!r}. "
-            f"Expected e.g. '{{\"autoReport.all\":\"true\",\"autoReport.directory\":\"./report\"}}'.") from None
+        raise errors.createPoptorchError(messages.ENGINE_OPTIONS_JSON.format(
+            source=source, error=exc.msg, pos=exc.pos, text=text)) from None
     if not isinstance(options, dict):
-        raise errors.createPoptorchError(f"{source} must be a JSON object, got {type(options).__name__}: {text!r}")
+        raise errors.createPoptorchError(messages.ENGINE_OPTIONS_OBJECT.format(
+            source=source, type=type(options).__name__, text=text))
     for key in options:
         for prefix, known in (("autoReport.", KNOWN_AUTOREPORT_KEYS), ("openpop.", KNOWN_OPENPOP_KEYS)):
             if key.startswith(prefix) and key not in known:
-                logger.warning("%s: unknown option %r is ignored (known: %s)", source, key, ", ".join(known))
+                logger.warning(messages.ENGINE_OPTION_UNKNOWN, source, key, ", ".join(known))
     return options
 
 
@@ -46,5 +47,5 @@ def count_option(options, key, default) -> int:
     except (TypeError, ValueError):
         number = -1
     if number < 0 or isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
-        raise errors.createPoptorchError(f"{key} must be a non-negative integer, got {value!r}")
+        raise errors.createPoptorchError(messages.ENGINE_OPTION_COUNT.format(key=key, value=value))
     return number

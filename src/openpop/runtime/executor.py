@@ -18,7 +18,7 @@ import torch
 from .. import errors
 from ..enums import ConnectionType, MeanReductionStrategy
 from ..log import logger
-from . import trace
+from . import messages, trace
 from .anchors import AnchoredTensors
 from .args import BoundInputs, InputSignature, prepare_tensors
 from .compile_cache import CompileCache
@@ -110,7 +110,7 @@ class PoplarExecutor:
         self._compile(inputs)
 
     def _compile(self, inputs: BoundInputs) -> None:
-        from ..ops import run_post_compile_hooks, run_pre_compile_hooks
+        from ..compile_hooks import run_post_compile_hooks, run_pre_compile_hooks
         self._check_batch_dims(inputs)
         if self._training:
             self._claim_model()
@@ -265,16 +265,14 @@ class PoplarExecutor:
 
     # ------------------------------------------------------------------ optimizer
     def setOptimizer(self, optimizer: torch.optim.Optimizer) -> None:
-        assert self._training, "setOptimizer is only available on a training model"
+        if not self._training:
+            raise AssertionError(errors.SET_OPTIMIZER_INFERENCE)
         optim = _optim()
         optim.validate_optimizer(optimizer, self._settings.relax_optimizer_checks)
         optim.checks.check_parameters_belong(optimizer, self._model)
         if (self._executable is not None and optim.uses_float16_accumulators(optimizer)
                 and self._settings.mean_strategy != MeanReductionStrategy.Running):
-            raise ValueError(
-                "Invalid optimizer: the new optimizer would require changing "
-                "options.Training.meanAccumulationAndReplicationReductionStrategy to "
-                "poptorch.MeanReductionStrategy.Running but the executable is already compiled.")
+            raise ValueError(errors.OPTIMIZER_NEEDS_RUNNING_MEAN)
         if self._executable is not None:
             changes = optim.constant_attribute_changes(self._optimizer_snapshot, optimizer)
             if changes:
@@ -300,8 +298,8 @@ class PoplarExecutor:
 
     def attachToDevice(self) -> None:
         self._require_compiled()
-        assert self._settings.connection_type != ConnectionType.Never, \
-            "Trying to attach to an offline device (ConnectionType.Never)"
+        if self._settings.connection_type == ConnectionType.Never:
+            raise AssertionError(errors.ATTACH_OFFLINE)
         if self._session.attached:
             raise errors.createPoptorchError(errors.ALREADY_ATTACHED)
         self._session.attach(self._optimizer)
@@ -337,8 +335,7 @@ class PoplarExecutor:
         saved = read_saved_executor(filename, self._poptorch_version)
         if saved["training"] != self._training:
             kind = "training" if saved["training"] else "inference"
-            raise errors.createPoptorchError(
-                f"{filename} holds a {kind} model: load it into a matching poptorch model.")
+            raise errors.createPoptorchError(messages.SAVED_KIND.format(filename=filename, kind=kind))
         if saved["rng_state"] is not None:
             torch.random.set_rng_state(torch.tensor(saved["rng_state"][1:], dtype=torch.uint8))
 
@@ -387,7 +384,8 @@ class PoplarExecutor:
     def getAnchoredTensor(self, short_name: str):
         """The tensor anchored as ``short_name`` (``Options.anchorTensor``) by the last call."""
         memory = self._executable.anchors.memory if self._executable is not None else {}
-        assert short_name in memory, "No tensor with name " + short_name + " found."
+        if short_name not in memory:
+            raise AssertionError(errors.NO_ANCHORED_TENSOR.format(name=short_name))
         return memory[short_name]
 
     def getTensorNames(self):

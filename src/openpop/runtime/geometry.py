@@ -5,8 +5,9 @@ A host call receives, for every input, a batch dimension of
 rows laid out in PopART's order ``[DI, GA, R, micro, ...]``. Outputs are assembled back in the
 same order (see ``outputs.py``).
 """
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, NamedTuple
+from typing import NamedTuple
 
 import torch
 

@@ -110,12 +110,12 @@ class GradientReduction:
     processes) onto these, first thing in ``finish_step``."""
 
     def __init__(self, policy: MeanPolicy, micro_batches: int, params, scaler, *, trainable=(),
-                 replica_sum=NoReduction()):
+                 replica_sum=None):
         self.policy = policy
         self.params = params
         self.trainable = trainable
         self.scaler = scaler
-        self.replica_sum = replica_sum
+        self.replica_sum = replica_sum if replica_sum is not None else NoReduction()
         self.micro_batches = micro_batches
         self.loss_scale = scaler.scale
         self._count = 0

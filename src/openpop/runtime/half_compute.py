@@ -48,13 +48,14 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Optional
 
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from ..log import logger
+from . import messages
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 SETTING_ENV = "OPENPOP_HALF_COMPUTE"
@@ -72,7 +73,7 @@ class _Op:
     autocast_lowers: bool  # torch.autocast (CPU) computes it in the autocast dtype
 
 
-def _op_table() -> Dict[object, _Op]:
+def _op_table() -> dict[object, _Op]:
     table = {}
 
     def add(op, owner, names):
@@ -102,8 +103,7 @@ def setting_from_env() -> str:
     """``OPENPOP_HALF_COMPUTE`` (default ``auto``); a bad value raises ``ValueError`` naming the fix."""
     value = os.environ.get(SETTING_ENV, "auto").strip().lower() or "auto"
     if value not in SETTINGS:
-        raise ValueError(f"{SETTING_ENV}={os.environ.get(SETTING_ENV)!r} is not valid: set it to auto, native "
-                         "or float32 (or unset it for auto).")
+        raise ValueError(messages.HALF_COMPUTE_ENV.format(env=SETTING_ENV, value=os.environ.get(SETTING_ENV)))
     return value
 
 
@@ -116,7 +116,7 @@ def _timed(fn, repeats: int) -> float:
     return best
 
 
-def measure_cpu_rates(dtype: torch.dtype, family: str) -> Tuple[float, float]:
+def measure_cpu_rates(dtype: torch.dtype, family: str) -> tuple[float, float]:
     """(``dtype`` GFLOP/s, float32 GFLOP/s) of one matmul or convolution on one core of this CPU.
 
     One thread: on a busy machine multi-threaded kernels wait for their threads' time slices, which
@@ -160,7 +160,7 @@ class CpuHalfSpeeds:
         self._rates = None
         self._lock = threading.Lock()
 
-    def rates(self) -> Dict[Tuple[torch.dtype, str], Tuple[float, float]]:
+    def rates(self) -> dict[tuple[torch.dtype, str], tuple[float, float]]:
         if self._rates is None:
             with self._lock:
                 if self._rates is None:
@@ -199,7 +199,7 @@ class HalfComputePolicy:
 
     def __init__(self, setting: str = "auto", speeds: CpuHalfSpeeds = None):
         if setting not in SETTINGS:
-            raise ValueError(f"half compute setting must be one of {SETTINGS}, not {setting!r}")
+            raise ValueError(messages.HALF_COMPUTE_SETTING.format(settings=SETTINGS, setting=setting))
         self.setting = setting
         self.speeds = speeds if speeds is not None else CPU_SPEEDS
 

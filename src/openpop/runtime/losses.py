@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from . import context
 from .. import errors
+from . import context
 
 _REDUCTIONS = {"sum": 0, "mean": 1, "none": 2}
 
@@ -24,7 +24,8 @@ _TORCH_LOSS_FUNCTIONS = frozenset(getattr(F, name) for name in (
 
 def identity_loss(x: torch.Tensor, reduction: str) -> torch.Tensor:
     """Mark ``x`` (reduced by ``"sum"``, ``"mean"`` or ``"none"``) as the model's final loss."""
-    assert reduction in _REDUCTIONS, "Unsupported reduction type!"
+    if reduction not in _REDUCTIONS:
+        raise AssertionError(errors.UNSUPPORTED_REDUCTION)
     if reduction == "sum":
         loss = x.sum()
     elif reduction == "mean":

@@ -58,8 +58,8 @@ class OutputCollector:
             if current is None:
                 self._sums[replica] = leaves
             else:
-                self._sums[replica] = [c + l if isinstance(l, torch.Tensor) else l
-                                       for c, l in zip(current, leaves)]
+                self._sums[replica] = [c + leaf if isinstance(leaf, torch.Tensor) else leaf
+                                       for c, leaf in zip(current, leaves)]
         else:
             self._kept.append(leaves)
 

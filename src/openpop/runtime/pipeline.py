@@ -63,7 +63,7 @@ def Recomputation(model: torch.nn.Module, units=(), locks=None, gpu=False):
                 u == name or u.startswith(name + ".") or name.startswith(u + ".") for u in units):
             chosen.append((name, module))
     wrapped = []
-    for name, module in chosen:
+    for _, module in chosen:
         if "forward" in module.__dict__:
             continue
         original = module.forward

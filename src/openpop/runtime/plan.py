@@ -10,7 +10,7 @@ its IPU is ``Stage.ipu()`` if set, else the block's ``ipu_id``, else the stage i
 the first block run on IPU 0. Consecutive blocks on the same IPU form one pipeline stage.
 """
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Optional
 
 import torch
 
@@ -39,7 +39,7 @@ IPU_COUNT_MAX = ("Too many IPUs requested ({n}). Experiments that need more than
 class RecordedBlock:
     user_id: str
     ipu_id: Optional[int]
-    modules: List[str] = field(default_factory=list)  # qualified names entered while active
+    modules: list[str] = field(default_factory=list)  # qualified names entered while active
 
 
 class BlockRecorder:
@@ -47,15 +47,15 @@ class BlockRecorder:
     that run in each (the run context's ``block_recorder``)."""
 
     def __init__(self, model: torch.nn.Module):
-        self.blocks: List[RecordedBlock] = [RecordedBlock(IMPLICIT_BLOCK, None)]
-        self._by_id: Dict[str, RecordedBlock] = {}
+        self.blocks: list[RecordedBlock] = [RecordedBlock(IMPLICIT_BLOCK, None)]
+        self._by_id: dict[str, RecordedBlock] = {}
         self._current: Optional[RecordedBlock] = self.blocks[0]
         self._names = {m: name for name, m in model.named_modules(remove_duplicate=False)}
         self._handles = []
         # recomputationCheckpoint() appends the tensors it marks here (the run context's
         # ``checkpoints``); modules returning one of them become recomputation units.
-        self.checkpoints: List[torch.Tensor] = []
-        self.checkpoint_modules: List[str] = []
+        self.checkpoints: list[torch.Tensor] = []
+        self.checkpoint_modules: list[str] = []
         for module in self._names:
             if module is not model:
                 self._handles.append(module.register_forward_pre_hook(self._module_entered))
@@ -89,7 +89,7 @@ class BlockRecorder:
             if name not in self.checkpoint_modules:
                 self.checkpoint_modules.append(name)
 
-    def recomputation_units(self) -> List[str]:
+    def recomputation_units(self) -> list[str]:
         """Innermost modules whose output was marked by ``recomputationCheckpoint``."""
         units = self.checkpoint_modules
         return [n for n in units if not any(other.startswith(n + ".") for other in units)]
@@ -99,7 +99,7 @@ class BlockRecorder:
             handle.remove()
         self._handles = []
 
-    def used_blocks(self) -> List[RecordedBlock]:
+    def used_blocks(self) -> list[RecordedBlock]:
         blocks = [b for b in self.blocks if b.user_id != IMPLICIT_BLOCK or b.modules]
         return blocks
 
@@ -110,23 +110,23 @@ class PlannedBlock:
     user_id: str
     stage: int
     ipu: int
-    modules: List[str]
+    modules: list[str]
 
 
 @dataclass
 class ExecutionPlan:
-    blocks: List[PlannedBlock]
+    blocks: list[PlannedBlock]
     pipeline_stages: int    # forward stages: IPU switches in block order + 1
     ipus_per_replica: int
     pipelined: bool         # PipelinedExecution with more than one stage
     device_map: Optional[DeviceMap] = None
-    recomputation_units: List[str] = field(default_factory=list)  # see BlockRecorder
+    recomputation_units: list[str] = field(default_factory=list)  # see BlockRecorder
 
-    def device_visits(self, replica: int = 0) -> Dict[torch.device, int]:
+    def device_visits(self, replica: int = 0) -> dict[torch.device, int]:
         """How many separate times one forward pass of ``replica`` runs on each device: the
         root module starts on IPU 0's device, then the blocks in order (a device holding
         stages 0 and 2 of a round-robin map is visited twice)."""
-        visits: Dict[torch.device, int] = {}
+        visits: dict[torch.device, int] = {}
         previous = None
         for ipu in [0] + [block.ipu for block in self.blocks]:
             device = self.device_map.device(ipu, replica)
@@ -172,9 +172,7 @@ def build_plan(recorder: BlockRecorder, settings) -> ExecutionPlan:
                     auto_counter += 1
                 else:
                     if block.ipu_id is None:
-                        raise errors.createPoptorchError(
-                            f"poptorch.AutoStage.SameAsIpu was selected but no IPU was specified for block "
-                            f"{block.user_id}")
+                        raise errors.createPoptorchError(errors.SAME_AS_IPU_WITHOUT_IPU.format(block_id=block.user_id))
                     stage = block.ipu_id
             ipu = chosen if chosen is not None else (block.ipu_id if block.ipu_id is not None else stage)
             if hasattr(strategy, "check_phase_ipu") and stage_obj is not None:
@@ -210,11 +208,10 @@ def _check_ipu_count(n: int, auto_round: bool) -> None:
     if rounded != n:
         if not auto_round:
             raise errors.createPoptorchError(IPU_COUNT_POW2.format(n=n, rounded=rounded))
-        logger.warning("Reserving %d IPUs when the model specifices the use of only %d. %d will be reserved but "
-                       "not used.", rounded, n, rounded - n)
+        logger.warning(errors.RESERVING_IPUS, rounded, n, rounded - n)
 
 
-def top_modules(names: List[str]) -> List[str]:
+def top_modules(names: list[str]) -> list[str]:
     """The outermost module names of a block, in order, without repeats."""
     result = []
     for name in names:

@@ -41,8 +41,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from .. import errors
-from ..log import logger
 from ..optim.checks import optimizer_method
+from . import messages
 from .half_compute import LOW_PRECISION, HalfComputePolicy, LowPrecisionOps, op_name
 from .loss_scaling import DynamicLossScaling, StaticLossScaling
 
@@ -83,7 +83,7 @@ class RunPrecision:
         if self.autocast_enabled:
             low.add(self.autocast_dtype)
         on_cpu = not tensors or any(t.device.type == "cpu" for t in tensors)
-        slow = on_cpu and not all([self.half_compute.all_native("cpu", dtype) for dtype in low])
+        slow = on_cpu and not all(self.half_compute.all_native("cpu", dtype) for dtype in low)
         return slow or any(t.dtype in LOW_PRECISION for t in tensors)
 
     @contextlib.contextmanager
@@ -310,8 +310,7 @@ class FloatingPointChecker(TorchFunctionMode):
                 problem = "compared with NaN (invalid operation)"
         if problem is not None:
             raise errors.createPoptorchError(
-                f"Floating point exception in the forward pass: {self._where(func)} {problem}. "
-                "Options.Precision.enableFloatingPointExceptions(True) is set.")
+                messages.FP_EXCEPTION_FORWARD.format(where=self._where(func), problem=problem))
         if torch.is_grad_enabled():
             self._watch_backward(func, outputs)
         return result
@@ -336,6 +335,5 @@ def _backward_check(where: str, node_name: str):
         problem = _violation(received, produced)
         if problem is not None:
             raise errors.createPoptorchError(
-                f"Floating point exception in the backward pass: {node_name}, the gradient of {where}, "
-                f"{problem}. Options.Precision.enableFloatingPointExceptions(True) is set.")
+                messages.FP_EXCEPTION_BACKWARD.format(node=node_name, where=where, problem=problem))
     return hook

@@ -36,7 +36,7 @@ running statistics) stays per replica, and the host sees replica 0's, as on IPUs
 """
 import functools
 import types
-from typing import Callable, Dict, List
+from typing import Callable
 
 import torch
 
@@ -50,7 +50,7 @@ class SharedWeightReplicas:
     own_weights = False
 
     def __init__(self, model: torch.nn.Module):
-        self.models: List[torch.nn.Module] = [model]
+        self.models: list[torch.nn.Module] = [model]
 
     def model(self, replica: int) -> torch.nn.Module:
         return self.models[0]
@@ -88,12 +88,12 @@ class ReplicaModels:
 
     def __init__(self, model: torch.nn.Module, replicas: int,
                  device_of_module: Callable[[int, str], torch.device]):
-        self.models: List[torch.nn.Module] = [model]
-        self.placements: List[DevicePlacement] = []
+        self.models: list[torch.nn.Module] = [model]
+        self.placements: list[DevicePlacement] = []
         self._module_pairs = []  # (replica 0's module, replica r's module) for every replica r
         shared = _shareable_modules(model, replicas, device_of_module)
         for r in range(1, replicas):
-            modules: Dict[torch.nn.Module, torch.nn.Module] = {m: m for m in shared}
+            modules: dict[torch.nn.Module, torch.nn.Module] = {m: m for m in shared}
             with torch.inference_mode(False), torch.no_grad():
                 replica = _replicate(model, modules, {})
             self._module_pairs.extend((a, b) for a, b in modules.items() if a is not b)
@@ -198,7 +198,7 @@ _OWN_TABLES = frozenset(("_parameters", "_buffers", "_modules"))
 _MISSING = object()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _is_hook_name(key: str) -> bool:
     return key.startswith("_") and "hooks" in key
 

@@ -3,6 +3,7 @@ import torch
 
 from .. import errors
 from ..atomic_file import atomic_write
+from . import messages
 
 SAVED_EXECUTOR_FORMAT = "openpop-executor-1"
 
@@ -30,11 +31,10 @@ def read_saved_executor(filename: str, poptorch_version: str) -> dict:
     except FileNotFoundError:
         raise
     except Exception as exc:  # torch raises several types for foreign or corrupt files
-        raise errors.createPoptorchError(f"{filename} is not a file saved by poptorch: {exc}") from exc
+        raise errors.createPoptorchError(messages.SAVED_UNREADABLE.format(filename=filename, error=exc)) from exc
     if not isinstance(saved, dict) or saved.get("format") != SAVED_EXECUTOR_FORMAT:
-        raise errors.createPoptorchError(f"{filename} is not a file saved by openpop's PoplarExecutor.save().")
+        raise errors.createPoptorchError(messages.SAVED_FOREIGN.format(filename=filename))
     if saved["poptorch_version"] != poptorch_version:
-        raise errors.createPoptorchError(
-            f"PopTorch version mismatch: {filename} was saved by {saved['poptorch_version']} and this is "
-            f"{poptorch_version}. Save it again with this version.")
+        raise errors.createPoptorchError(messages.SAVED_VERSION.format(
+            filename=filename, saved=saved["poptorch_version"], current=poptorch_version))
     return saved

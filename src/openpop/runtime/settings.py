@@ -99,8 +99,7 @@ def executor_options(options, training: bool, model, optimizer):
     if options is None:
         options = Options()
     if not isinstance(options, Options):
-        raise errors.createPoptorchError(
-            f"Invalid type: 'options' is of type {type(options)} (Expected poptorch.Options)")
+        raise errors.createPoptorchError(errors.OPTIONS_TYPE.format(type=type(options)))
     run_options = options.clone()
     if training:
         if run_options.defaultOutputMode():
@@ -114,7 +113,8 @@ def executor_options(options, training: bool, model, optimizer):
                 != MeanReductionStrategy.Running):
             run_options.Training.setMeanAccumulationAndReplicationReductionStrategy(MeanReductionStrategy.Running)
     else:
-        assert optimizer is None, "An inference model cannot have an optimizer"
+        if optimizer is not None:
+            raise AssertionError(errors.INFERENCE_OPTIMIZER)
         if run_options.defaultOutputMode():
             run_options.outputMode(OutputMode.All)
         if run_options.Training.gradient_accumulation != 1:

@@ -38,6 +38,7 @@ import torch
 
 from .. import errors
 from ..log import logger
+from . import messages
 from .activation_memory import ActivationMemory, CudaPeaks
 from .engine_options import (  # noqa: F401
     ENGINE_OPTIONS_ENV,
@@ -295,7 +296,7 @@ class TraceSession:
         try:
             self._write()
         except Exception as exc:  # a failed report never fails training
-            logger.warning("openpop could not write the profile report to %s: %s", self.directory, exc)
+            logger.warning(messages.REPORT_WRITE_FAILED, self.directory, exc)
 
     def _write(self):
         from .. import report
@@ -355,8 +356,7 @@ def _check_writable(directory: str) -> None:
         os.remove(probe)
     except OSError as exc:
         raise errors.createPoptorchError(
-            f"The profile report directory {directory!r} is not writable ({exc.strerror}): "
-            f"choose another autoReport.directory.") from None
+            messages.REPORT_NOT_WRITABLE.format(directory=directory, reason=exc.strerror)) from None
 
 
 def _options_dict(options) -> dict:

@@ -47,12 +47,15 @@ import threading
 import torch
 
 from ..log import logger
+from . import messages
 from .weights import SharedBuffers
 
 try:  # the C functions: signal.py's wrappers convert to and from enums, which costs more
-    from _signal import getsignal as _get_handler, signal as _set_handler
+    from _signal import getsignal as _get_handler
+    from _signal import signal as _set_handler
 except ImportError:  # pragma: no cover - another Python implementation
-    from signal import getsignal as _get_handler, signal as _set_handler
+    from signal import getsignal as _get_handler
+    from signal import signal as _set_handler
 
 
 class HostCallRollback:
@@ -66,12 +69,12 @@ class HostCallRollback:
     openpop's own ``{device: torch.Generator}`` (filled as they are needed); ``devices``: the
     torch devices the calls run on."""
 
-    def __init__(self, enabled: bool, *, steps: int, models, trainable=(), replica_buffers=SharedBuffers(),
+    def __init__(self, enabled: bool, *, steps: int, models, trainable=(), replica_buffers=None,
                  loss_scaler=None, generators=None, devices=()):
         self.enabled = enabled
         self.steps = steps
         self.trainable = list(trainable)
-        self.replica_buffers = replica_buffers
+        self.replica_buffers = replica_buffers if replica_buffers is not None else SharedBuffers()
         self.loss_scaler = loss_scaler
         self.generators = generators if generators is not None else {}
         self.cuda_devices = sorted({torch.device(d) for d in devices if torch.device(d).type == "cuda"}, key=str)
@@ -280,8 +283,7 @@ class _HeldInterrupts:
         if pending is None:
             return
         if completed and previous is signal.default_int_handler:
-            raise KeyboardInterrupt("interrupted while the host call applied its last optimizer update: the "
-                                    "call completed, its updates are applied")
+            raise KeyboardInterrupt(messages.INTERRUPTED_AFTER_UPDATE)
         previous(*pending)
 
 

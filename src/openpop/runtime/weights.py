@@ -193,8 +193,8 @@ def _argument(args, kwargs, where, default):
 
 def registered_tensors(model: torch.nn.Module):
     """``{qualified name: tensor}`` for parameters and buffers, to detect forward() replacing them."""
-    params = {name: p for name, p in model.named_parameters(remove_duplicate=False)}
-    buffers = {name: b for name, b in model.named_buffers(remove_duplicate=False)}
+    params = dict(model.named_parameters(remove_duplicate=False))
+    buffers = dict(model.named_buffers(remove_duplicate=False))
     return params, buffers
 
 

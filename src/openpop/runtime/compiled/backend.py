@@ -11,7 +11,7 @@ import torch
 
 from ... import errors
 from ...log import logger
-from .. import context
+from .. import context, messages
 from ..compile_cache import compile_cache_for
 from ..weights import bump_weights_version
 from .cuda_graphs import compile_options, mark_step_begin
@@ -59,18 +59,16 @@ class CompiledBackend:
                 if program.ran:
                     raise
                 self.reset()
-                return self._decline(f"what torch.compile(fullgraph=True) rejects: {_first_line(exc)}", exc)
+                return self._decline(messages.INELIGIBLE_FULLGRAPH.format(error=_first_line(exc)), exc)
         program.ran = True
         self.last = "compiled"
         return result
 
     def _decline(self, reason, cause=None):
         if self.selection.forced:
-            raise errors.createPoptorchError(
-                f"Options.openpopBackend('compiled') cannot run this model: {reason}. "
-                "Use openpopBackend('auto') or 'eager' to run it eagerly.") from cause
+            raise errors.createPoptorchError(messages.COMPILED_FORCED.format(reason=reason)) from cause
         self.selection.declined = reason
-        logger.warning("openpop runs this model eagerly: the compiled backend does not support %s", reason)
+        logger.warning(messages.COMPILED_DECLINED, reason)
         return DECLINED
 
     # ------------------------------------------------------------------ building
@@ -84,7 +82,7 @@ class CompiledBackend:
             return self._program
         check_static(executor, compiled)
         if not all(isinstance(leaf, torch.Tensor) for leaf in inputs.leaves):
-            raise Ineligible("inputs that are not tensors")
+            raise Ineligible(messages.INELIGIBLE_INPUTS)
         with compiled.weights.active():
             spec, leaves = probe(executor, *_first_micro_batch(executor, inputs), compiled)
         model = executor._model

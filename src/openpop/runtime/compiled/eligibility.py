@@ -10,7 +10,7 @@ unsupported ops are found by ``torch.compile(fullgraph=True)`` itself (``backend
 import torch
 
 from ...enums import OutputMode
-from .. import context
+from .. import context, messages
 from ..outputs import flatten_output
 from ..weights import BufferSnapshot
 from .functional_optim import unsupported_reason
@@ -87,15 +87,15 @@ def probe(executor, micro_args, micro_kwargs, executable):
         snapshot.restore()
         torch.random.set_rng_state(rng)
     if host_io is not None:
-        raise Ineligible(f"{host_io} (host I/O inside the model)")
+        raise Ineligible(messages.INELIGIBLE_HOST_IO.format(host_io=host_io))
     if mutated:
         names = {id(b): n for n, b in model.named_buffers()}
-        raise Ineligible(f"buffer {names.get(id(mutated[0]), '?')} updated in place by the forward pass")
+        raise Ineligible(messages.INELIGIBLE_BUFFER.format(name=names.get(id(mutated[0]), '?')))
     if not all(isinstance(leaf, torch.Tensor) for leaf in flat):
-        raise Ineligible("outputs that are not tensors")
+        raise Ineligible(messages.INELIGIBLE_OUTPUTS)
     if executor._training:
         names = {id(p): n for n, p in model.named_parameters()}
         unused = [names[id(p)] for p, g in zip(params, grads) if g is None]
         if unused:
-            raise Ineligible(f"parameter {unused[0]} gets no gradient (eager leaves it and its state untouched)")
+            raise Ineligible(messages.INELIGIBLE_NO_GRADIENT.format(name=unused[0]))
     return spec, [(tuple(leaf.shape), leaf.dtype) for leaf in flat]

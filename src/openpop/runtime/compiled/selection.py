@@ -10,6 +10,7 @@ hindsight - short runs (tests, notebooks) never pay for a compile; long runs pay
 import os
 
 from ... import errors
+from .. import messages
 
 BACKENDS = ("auto", "eager", "compiled")
 ENV = "OPENPOP_BACKEND"
@@ -18,9 +19,8 @@ COMPILE_AFTER_ENV = "OPENPOP_COMPILE_AFTER"  # e.g. 0: run a test suite compiled
 
 def check_backend(name) -> str:
     if name not in BACKENDS:
-        raise errors.createPoptorchError(
-            f"Unknown openpop backend {name!r}: use one of {', '.join(BACKENDS)} "
-            f"(Options.openpopBackend or the {ENV} environment variable).")
+        raise errors.createPoptorchError(messages.UNKNOWN_BACKEND.format(name=name, backends=", ".join(BACKENDS),
+                                                                         env=ENV))
     return name
 
 

@@ -1,0 +1,17 @@
+"""The texts of the Lightning integration's errors and warnings (Lightning's exact words where it
+had them)."""
+
+SMALL_TRAINING_DATASET = (
+    "The training dataset (%d samples) is smaller than one host call's combined batch (%s samples = "
+    "batch_size x device_iterations x devices x accumulate_grad_batches): no optimizer step will "
+    "run. Lower batch_size, devices, device_iterations or accumulate_grad_batches.")
+HOOK_FAILED = ("openpop could not add IPU support to {package}: {error!r}. "
+               "Run `import {flavour}` to see the full error.")
+NO_PROCESS_GROUP = ("Lightning sees {world_size} processes but there is no torch.distributed group to "
+                    "join: launch the script with poprun (or torchrun).")
+LOG_UNEXPECTED_KWARGS = "LightningModule.log() got unexpected keyword arguments {names}"
+MISSING_LOSS_KEY = ("In automatic_optimization, when `training_step` returns a dict, the 'loss' key needs to be "
+                    "present")
+DEVICE_ITERATIONS = ("IPUStrategy(device_iterations={value!r}): device_iterations is the number "
+                     "of optimizer steps (or inference batches) one host call runs and must be an int >= 1.")
+OPTIONS_TYPE = "IPUStrategy({name}=...) must be a poptorch.Options, not {type}."

@@ -1,0 +1,81 @@
+"""The texts of the runtime's own (openpop-specific) errors and warnings. PopTorch's texts, and
+those of the executor's PopTorch API, are in ``openpop/errors.py``."""
+
+# --- anchors --------------------------------------------------------------------
+ANCHOR_PERIOD = "anchorTensor('{name}'): OutputMode.EveryN needs output_return_period >= 1, got {period}."
+ANCHOR_NOT_FOUND = ("anchorTensor: no tensor named '{name}'. openpop anchors parameters and buffers by "
+                    "their names ({known}){hint}.")
+ANCHOR_HINT_TRAINING = ", as 'Gradient___<name>' and 'UpdatedVar___<name>' in training models"
+ANCHOR_HINT_INFERENCE = "; gradients exist in training models only"
+
+# --- executable cache -----------------------------------------------------------
+CACHE_PATH = "{source}: the executable cache path must be a non-empty directory path, got {path!r}."
+CACHE_NOT_WRITABLE = ("{source}: cannot use {path} as the executable cache directory ({reason}). Pass a "
+                      "writable directory to {source}, or unset it to compile without a cache.")
+
+# --- compiled backend -----------------------------------------------------------
+UNKNOWN_BACKEND = ("Unknown openpop backend {name!r}: use one of {backends} "
+                   "(Options.openpopBackend or the {env} environment variable).")
+COMPILED_FORCED = ("Options.openpopBackend('compiled') cannot run this model: {reason}. "
+                   "Use openpopBackend('auto') or 'eager' to run it eagerly.")
+COMPILED_DECLINED = "openpop runs this model eagerly: the compiled backend does not support %s"
+# Why the compiled backend declines a model (the {reason} above)
+INELIGIBLE_FULLGRAPH = "what torch.compile(fullgraph=True) rejects: {error}"
+INELIGIBLE_INPUTS = "inputs that are not tensors"
+INELIGIBLE_HOST_IO = "{host_io} (host I/O inside the model)"
+INELIGIBLE_BUFFER = "buffer {name} updated in place by the forward pass"
+INELIGIBLE_OUTPUTS = "outputs that are not tensors"
+INELIGIBLE_NO_GRADIENT = "parameter {name} gets no gradient (eager leaves it and its state untouched)"
+
+# --- devices --------------------------------------------------------------------
+NOT_A_DEVICE = "{source} names '{name}', which is not a torch device ({error}). Use names like 'cpu', 'cuda:0'."
+NO_SUCH_CUDA_DEVICE = ("{source} names '{name}' but this machine has {count} CUDA device(s). Name an existing "
+                       "device or unset {env}.")
+DEVICE_TYPE = "{source} names '{name}': openpop runs virtual IPUs on 'cpu' and 'cuda' devices only."
+
+# --- several processes ----------------------------------------------------------
+NOT_LAUNCHED = ("Options.Distributed.numProcesses is {n} but this process was not started by "
+                "poprun (or torchrun): launch it with `poprun --num-instances {n} ...`, "
+                "or call Options.Distributed.disable() to train in this process alone.")
+RANK_MISMATCH = ("Options.Distributed says process {process_id} of {n} but torch.distributed "
+                 "says rank {rank} of {world_size}: use popdist.poptorch.Options() "
+                 "(or leave Options.Distributed to read poprun's environment).")
+MODELS_DIFFER = ("Instance {process}'s model differs from instance 0's: {difference}. Every "
+                 "instance must build the same model (same parameters and buffers, same shapes).")
+COLLECTIVE_FAILED = ("{what} across the {n} poprun instances failed on instance {process_id} (timeout "
+                     "{timeout:g} s): another instance is stuck or has stopped. Set OPENPOP_COLLECTIVE_TIMEOUT "
+                     "or poprun --collective-timeout to change the timeout. ({error})")
+
+# --- POPLAR_ENGINE_OPTIONS ------------------------------------------------------
+ENGINE_OPTIONS_JSON = ("{source} is not valid JSON ({error} at character {pos}): {text!r}. "
+                       "Expected e.g. '{{\"autoReport.all\":\"true\",\"autoReport.directory\":\"./report\"}}'.")
+ENGINE_OPTIONS_OBJECT = "{source} must be a JSON object, got {type}: {text!r}"
+ENGINE_OPTION_UNKNOWN = "%s: unknown option %r is ignored (known: %s)"
+ENGINE_OPTION_COUNT = "{key} must be a non-negative integer, got {value!r}"
+
+# --- half compute ---------------------------------------------------------------
+HALF_COMPUTE_ENV = "{env}={value!r} is not valid: set it to auto, native or float32 (or unset it for auto)."
+HALF_COMPUTE_SETTING = "half compute setting must be one of {settings}, not {setting!r}"
+
+# --- floating point exceptions --------------------------------------------------
+FP_EXCEPTION_FORWARD = ("Floating point exception in the forward pass: {where} {problem}. "
+                        "Options.Precision.enableFloatingPointExceptions(True) is set.")
+FP_EXCEPTION_BACKWARD = ("Floating point exception in the backward pass: {node}, the gradient of {where}, "
+                         "{problem}. Options.Precision.enableFloatingPointExceptions(True) is set.")
+
+# --- saved executables ----------------------------------------------------------
+SAVED_UNREADABLE = "{filename} is not a file saved by poptorch: {error}"
+SAVED_FOREIGN = "{filename} is not a file saved by openpop's PoplarExecutor.save()."
+SAVED_VERSION = ("PopTorch version mismatch: {filename} was saved by {saved} and this is "
+                 "{current}. Save it again with this version.")
+SAVED_KIND = "{filename} holds a {kind} model: load it into a matching poptorch model."
+
+# --- profile report -------------------------------------------------------------
+REPORT_NOT_WRITABLE = ("The profile report directory {directory!r} is not writable ({reason}): "
+                       "choose another autoReport.directory.")
+REPORT_WRITE_FAILED = "openpop could not write the profile report to %s: %s"
+NOT_A_PROFILE = "{directory!r} is not an openpop profile directory: {path} not found"
+
+# --- interrupts -----------------------------------------------------------------
+INTERRUPTED_AFTER_UPDATE = ("interrupted while the host call applied its last optimizer update: the "
+                            "call completed, its updates are applied")
