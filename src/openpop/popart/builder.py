@@ -9,7 +9,8 @@ names (``__ipu_number``, ``__pipeline_stage``, ...), set either on the node prod
 (``with builder.virtualGraph(1):``).
 """
 import contextlib
-from typing import Dict, Iterable, List, Optional
+from collections.abc import Iterable
+from typing import Optional
 
 import numpy as np
 import onnx
@@ -88,19 +89,19 @@ class _ScopedAnnotation:
 class Builder:
     """``popart.Builder(modelProtoOrFilename=None, opsets=None, builderCore=None)``."""
 
-    def __init__(self, modelProtoOrFilename=None, opsets: Optional[Dict[str, int]] = None, builderCore=None,
+    def __init__(self, modelProtoOrFilename=None, opsets: Optional[dict[str, int]] = None, builderCore=None,
                  _parent: "Builder" = None):
         self._parent = _parent
         self._graph = onnx.GraphProto(name="BuilderGraph")
         self._used_ids = set() if _parent is None else _parent._used_ids
-        self._ids_counter: Dict[str, int] = {}
-        self._scopes: List = []          # (attribute, value) from context managers, outer first
-        self._name_scopes: List[str] = []
-        self._initializers: Dict[str, onnx.TensorProto] = {}
-        self._producers: Dict[str, onnx.NodeProto] = {}
-        self._opsets: Dict[str, int] = {}
+        self._ids_counter: dict[str, int] = {}
+        self._scopes: list = []          # (attribute, value) from context managers, outer first
+        self._name_scopes: list[str] = []
+        self._initializers: dict[str, onnx.TensorProto] = {}
+        self._producers: dict[str, onnx.NodeProto] = {}
+        self._opsets: dict[str, int] = {}
         self._requested = dict(opsets or {})
-        self._subgraphs: List["Builder"] = []
+        self._subgraphs: list[Builder] = []
         self._outer = set()  # enclosing graphs' tensors this subgraph reads
         self._replication_factor = 1
         if modelProtoOrFilename is not None:
@@ -123,7 +124,7 @@ class Builder:
         self._used_ids.update(self._producers)
         self._used_ids.update(self._initializers)
 
-    def _effective_opsets(self) -> Dict[str, int]:
+    def _effective_opsets(self) -> dict[str, int]:
         opsets = {registry.ONNX_DOMAIN: DEFAULT_AI_ONNX_OPSET, registry.GRAPHCORE_DOMAIN: DEFAULT_AI_GRAPHCORE_OPSET}
         for domain, version in self._requested.items():
             opsets[registry._canon(domain)] = version
@@ -295,8 +296,8 @@ class Builder:
     addInputTensorFromHigherScope = addInputTensorFromParentGraph
 
     # ------------------------------------------------------------------ nodes
-    def _add_node(self, op_type: str, domain: str, inputs: List[str], attributes: dict, num_outputs: int,
-                  debugContext, node_attributes: Iterable = ()) -> List[str]:
+    def _add_node(self, op_type: str, domain: str, inputs: list[str], attributes: dict, num_outputs: int,
+                  debugContext, node_attributes: Iterable = ()) -> list[str]:
         inputs = list(inputs)
         for name in inputs:
             if name:
@@ -336,12 +337,12 @@ class Builder:
                 scopes[attr] = value
         return scopes
 
-    def customOp(self, opName: str, opVersion: int, domain: str, inputs: List[str], attributes: dict,
+    def customOp(self, opName: str, opVersion: int, domain: str, inputs: list[str], attributes: dict,
                  numOutputs: int = 1, name: str = ""):
         outs = self._add_node(opName, domain, inputs, attributes, numOutputs, name)
         return outs[0] if numOutputs == 1 else outs
 
-    def reshape_const(self, aiOnnx, args: List[str], shape: List[int], debugContext="") -> str:
+    def reshape_const(self, aiOnnx, args: list[str], shape: list[int], debugContext="") -> str:
         shape_id = aiOnnx.constant(np.asarray(shape, dtype=np.int64), _debug_name(debugContext) + "_const"
                                    if _debug_name(debugContext) else "")
         return aiOnnx.reshape([args[0], shape_id], debugContext=debugContext)
@@ -424,7 +425,7 @@ class Builder:
             raise popart_exception(f"Shape of tensor '{tensor_id}' could not be inferred")
         return info
 
-    def getTensorShape(self, tensorId: str) -> List[int]:
+    def getTensorShape(self, tensorId: str) -> list[int]:
         return self._info(tensorId).shape()
 
     def getTensorDtypeString(self, tensorId: str) -> str:
@@ -436,16 +437,16 @@ class Builder:
     def isInitializer(self, tensorId: str) -> bool:
         return tensorId in self._initializers
 
-    def getInputTensorIds(self) -> List[str]:
+    def getInputTensorIds(self) -> list[str]:
         return [v.name for v in self._graph.input]
 
-    def getOutputTensorIds(self) -> List[str]:
+    def getOutputTensorIds(self) -> list[str]:
         return [v.name for v in self._graph.output]
 
-    def getValueTensorIds(self) -> List[str]:
+    def getValueTensorIds(self) -> list[str]:
         return [out for node in self._graph.node for out in node.output]
 
-    def getTrainableTensorIds(self) -> List[str]:
+    def getTrainableTensorIds(self) -> list[str]:
         return [name for name, init in self._initializers.items()
                 if init.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)]
 
@@ -488,7 +489,7 @@ class Builder:
             return _ScopedAnnotation(self, RECOMPUTE_ATTR, int(arg))
         return self._setter_or_scope(RECOMPUTE_ATTR, arg, value)
 
-    def checkpointOutput(self, nodeOutputNames: List[str]) -> List[str]:
+    def checkpointOutput(self, nodeOutputNames: list[str]) -> list[str]:
         """Mark outputs as checkpoints (stashed, never recomputed): returns identity outputs."""
         outs = []
         for name in nodeOutputNames:
@@ -500,7 +501,7 @@ class Builder:
     def getRecomputeOutputInBackwardPass(self, tensorId) -> bool:
         return self._node_attribute(tensorId, RECOMPUTE_ATTR, 0) == int(RecomputeType.Recompute)
 
-    def outlineAttributes(self, attributes: Dict[str, str]):
+    def outlineAttributes(self, attributes: dict[str, str]):
         builder = self
 
         @contextlib.contextmanager
@@ -553,7 +554,7 @@ class Builder:
     def _current_scope(self, attr: str):
         return self._effective_scopes().get(attr)
 
-    def getVirtualGraph(self, tensorId: str = None) -> int:
+    def getVirtualGraph(self, tensorId: Optional[str] = None) -> int:
         if tensorId is None:
             value = self._current_scope(VIRTUAL_GRAPH_ATTR)
         else:
@@ -562,12 +563,12 @@ class Builder:
             raise popart_exception("Virtual graph not set")
         return value
 
-    def hasVirtualGraph(self, tensorId: str = None) -> bool:
+    def hasVirtualGraph(self, tensorId: Optional[str] = None) -> bool:
         if tensorId is None:
             return self._current_scope(VIRTUAL_GRAPH_ATTR) is not None
         return self._node_attribute(tensorId, VIRTUAL_GRAPH_ATTR) is not None
 
-    def getPipelineStage(self, tensorId: str = None) -> int:
+    def getPipelineStage(self, tensorId: Optional[str] = None) -> int:
         if tensorId is None:
             value = self._current_scope(PIPELINE_STAGE_ATTR)
         else:
@@ -576,12 +577,12 @@ class Builder:
             raise popart_exception("Pipeline stage not set")
         return value
 
-    def hasPipelineStage(self, tensorId: str = None) -> bool:
+    def hasPipelineStage(self, tensorId: Optional[str] = None) -> bool:
         if tensorId is None:
             return self._current_scope(PIPELINE_STAGE_ATTR) is not None
         return self._node_attribute(tensorId, PIPELINE_STAGE_ATTR) is not None
 
-    def getExecutionPhase(self, tensorId: str = None) -> int:
+    def getExecutionPhase(self, tensorId: Optional[str] = None) -> int:
         if tensorId is None:
             value = self._current_scope(EXECUTION_PHASE_ATTR)
         else:
@@ -594,20 +595,20 @@ class Builder:
         self._annotate(list(nodeOutputNames), attributeName, attributeValue)
 
     def nodeHasAttribute(self, attributeName: str, nodeOutputNames) -> bool:
-        return self._node_attribute(list(nodeOutputNames)[0], attributeName) is not None
+        return self._node_attribute(_first(nodeOutputNames), attributeName) is not None
 
     def getNodeAttribute(self, attributeName: str, nodeOutputNames):
-        value = self._node_attribute(list(nodeOutputNames)[0], attributeName)
+        value = self._node_attribute(_first(nodeOutputNames), attributeName)
         if value is None:
             raise popart_exception(f"Node has no attribute '{attributeName}'")
         return value
 
-    def getAllNodeAttributeNames(self, nodeOutputNames) -> List[str]:
-        node = self._producers[list(nodeOutputNames)[0]]
+    def getAllNodeAttributeNames(self, nodeOutputNames) -> list[str]:
+        node = self._producers[_first(nodeOutputNames)]
         return [a.name for a in node.attribute]
 
     def removeNodeAttribute(self, attributeName: str, nodeOutputNames) -> None:
-        node = self._producers[list(nodeOutputNames)[0]]
+        node = self._producers[_first(nodeOutputNames)]
         kept = [a for a in node.attribute if a.name != attributeName]
         del node.attribute[:]
         node.attribute.extend(kept)
@@ -618,6 +619,12 @@ def registry_version(requested: dict, domain: str, default: int) -> int:
         if registry._canon(key) == domain:
             return int(value)
     return default
+
+
+def _first(nodeOutputNames) -> str:
+    """The node's first output name (``nodeOutputNames`` may be any iterable of names)."""
+    names = list(nodeOutputNames)
+    return names[0]
 
 
 def _all_nodes(graph):
@@ -637,7 +644,7 @@ def _make_attribute(key: str, value):
         return helper.make_attribute(key, numpy_helper.from_array(value))
     if isinstance(value, Builder):
         return helper.make_attribute(key, value._subgraph())
-    if hasattr(value, "value") and isinstance(getattr(value, "value"), int):  # enums
+    if hasattr(value, "value") and isinstance(value.value, int):  # enums
         return helper.make_attribute(key, int(value))
     if isinstance(value, (list, tuple)) and value and hasattr(value[0], "value") and not isinstance(value[0], str):
         value = [int(v) for v in value]

@@ -1,5 +1,6 @@
 """``popart.DataFlow`` and ``popart.AnchorReturnType``: what a ``run`` returns, and how often."""
-from typing import Dict, Iterable, Union
+from collections.abc import Iterable
+from typing import Optional, Union
 
 from .enums import AnchorReturnTypeId, ExchangeStrategy, TileSet
 from .errors import popart_exception
@@ -12,7 +13,7 @@ class AnchorReturnType:
     """``AnchorReturnType("All" | "Final" | "Sum")`` or ``AnchorReturnType("EveryN", N)``
     (names are case-insensitive)."""
 
-    def __init__(self, artString: str, returnPeriod: int = None, tileSet=TileSet.Compute,
+    def __init__(self, artString: str, returnPeriod: Optional[int] = None, tileSet=TileSet.Compute,
                  exchangeStrategy=ExchangeStrategy.JustInTime):
         key = str(artString).lower()
         if key not in _BY_NAME:
@@ -50,7 +51,8 @@ class DataFlow:
     """``DataFlow(batchesPerStep, {id: AnchorReturnType})`` or ``DataFlow(batchesPerStep, [ids],
     anchorReturnType=AnchorReturnType("All"))``."""
 
-    def __init__(self, batchesPerStep: int, anchorTensors: Union[Dict[str, AnchorReturnType], Iterable[str]] = None,
+    def __init__(self, batchesPerStep: int,
+                 anchorTensors: Optional[Union[dict[str, AnchorReturnType], Iterable[str]]] = None,
                  anchorReturnType: AnchorReturnType = None):
         if int(batchesPerStep) < 1:
             raise popart_exception(f"batchesPerStep must be at least 1, got {batchesPerStep}")
@@ -63,7 +65,7 @@ class DataFlow:
             self._anchors = dict(anchors)
         else:
             art = anchorReturnType if anchorReturnType is not None else AnchorReturnType("All")
-            self._anchors = {tensor_id: art for tensor_id in anchors}
+            self._anchors = dict.fromkeys(anchors, art)
         for tensor_id, art in self._anchors.items():
             if not isinstance(art, AnchorReturnType):
                 raise popart_exception(f"Anchor '{tensor_id}': expected a popart.AnchorReturnType, got {art!r}")

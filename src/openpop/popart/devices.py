@@ -7,7 +7,7 @@ holds ``OPENPOP_POPART_NUM_IPUS`` (default 64) IPUs, so scripts that enumerate o
 IPUs find them. ``SyncPattern`` and connection types are accepted and change nothing here.
 """
 import os
-from typing import List, Optional
+from typing import Optional
 
 from .enums import DeviceConnectionType, DeviceSelectionCriterion, DeviceType, SyncPattern
 from .errors import popart_exception
@@ -21,7 +21,7 @@ def pool_size() -> int:
 
 class DeviceInfo:
     def __init__(self, device_id: int, num_ipus: int, device_type: DeviceType, tiles: int = DEFAULT_TILES,
-                 options: dict = None, connection=DeviceConnectionType.Always, pattern=SyncPattern.Full):
+                 options: Optional[dict] = None, connection=DeviceConnectionType.Always, pattern=SyncPattern.Full):
         self._id = device_id
         self._num_ipus = int(num_ipus)
         self._type = device_type
@@ -61,7 +61,7 @@ class DeviceInfo:
         return self._options.get("ipuVersion", "ipu2")
 
     @property
-    def driverIds(self) -> List[int]:
+    def driverIds(self) -> list[int]:
         return [self._id]
 
     def attach(self) -> bool:
@@ -116,17 +116,17 @@ class DeviceManager:
     def createCpuDevice(self) -> DeviceInfo:
         return DeviceInfo(0, 1, DeviceType.Cpu, 1)
 
-    def createIpuModelDevice(self, options: dict = None) -> DeviceInfo:
+    def createIpuModelDevice(self, options: Optional[dict] = None) -> DeviceInfo:
         options = {k: str(v) for k, v in (options or {}).items()}
-        return DeviceInfo(0, _ipus_from(options), DeviceType.IpuModel, _ipus_from(options, "tilesPerIPU", DEFAULT_TILES),
-                          options)
+        return DeviceInfo(0, _ipus_from(options), DeviceType.IpuModel,
+                          _ipus_from(options, "tilesPerIPU", DEFAULT_TILES), options)
 
-    def createSimDevice(self, options: dict = None) -> DeviceInfo:
+    def createSimDevice(self, options: Optional[dict] = None) -> DeviceInfo:
         options = {k: str(v) for k, v in (options or {}).items()}
         return DeviceInfo(0, _ipus_from(options), DeviceType.Sim, _ipus_from(options, "tilesPerIPU", DEFAULT_TILES),
                           options)
 
-    def createOfflineIPUDevice(self, options: dict = None) -> DeviceInfo:
+    def createOfflineIPUDevice(self, options: Optional[dict] = None) -> DeviceInfo:
         options = {k: str(v) for k, v in (options or {}).items()}
         return DeviceInfo(0, _ipus_from(options), DeviceType.OfflineIpu,
                           _ipus_from(options, "tilesPerIPU", DEFAULT_TILES), options)
@@ -134,7 +134,7 @@ class DeviceManager:
     def createOfflineIpuFromDeviceInfo(self, deviceInfo: DeviceInfo) -> DeviceInfo:
         return DeviceInfo(deviceInfo.id, deviceInfo.numIpus, DeviceType.OfflineIpu, deviceInfo.tilesPerIPU)
 
-    def _device_ids(self, num_ipus: int) -> List[int]:
+    def _device_ids(self, num_ipus: int) -> list[int]:
         """PopART's numbering: single IPUs 0..N-1, then groups of 2, 4, 8, ... aligned."""
         n = pool_size()
         ids, base, size = [], 0, 1
@@ -147,7 +147,7 @@ class DeviceManager:
         return ids
 
     def enumerateDevices(self, pattern=SyncPattern.Full, numIpus: int = 1, deviceType=DeviceType.Ipu,
-                         connectionType=DeviceConnectionType.Always, tilesPerIPU: int = 0) -> List[DeviceInfo]:
+                         connectionType=DeviceConnectionType.Always, tilesPerIPU: int = 0) -> list[DeviceInfo]:
         return [DeviceInfo(i, numIpus, DeviceType.Ipu, tilesPerIPU, connection=connectionType, pattern=pattern)
                 for i in self._device_ids(int(numIpus))]
 

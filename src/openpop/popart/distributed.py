@@ -8,12 +8,12 @@ replica of the job once per step (``runtime/distributed_reduce.py``), instance 0
 on the first run. Host buffers hold only the local replicas' data, as on PopART.
 """
 import logging
-from typing import Optional, Tuple
+from typing import Optional
 
 from .errors import popart_exception
 
 
-def instances(options) -> Optional[Tuple[int, int]]:
+def instances(options) -> Optional[tuple[int, int]]:
     """``(instance index, instance count)``, or None when the session is not distributed."""
     if not options.enableDistributedReplicatedGraphs:
         return None
@@ -29,6 +29,7 @@ def instances(options) -> Optional[Tuple[int, int]]:
     if total == local:
         return None
     import popdist
+
     from ..distributed import process_group
     if not process_group.is_initialized():
         logging.getLogger("popart").warning(

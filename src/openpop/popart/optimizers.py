@@ -14,7 +14,7 @@ values come from ``insertSpecific``. A constant value cannot be changed later by
 * ``Adaptive`` -> torch's ``Adagrad`` / openpop's ``RMSprop`` (centered or not) / torch's ``Adadelta``.
 """
 import math
-from typing import Dict, List
+from typing import Optional
 
 import torch
 
@@ -25,7 +25,7 @@ from .errors import popart_exception
 class ClipNormSettings:
     """Clip the global norm of ``weightIds``' gradients to ``maxNorm``."""
 
-    def __init__(self, weightIds: List[str], maxNorm: float):
+    def __init__(self, weightIds: list[str], maxNorm: float):
         self.weightIds = list(weightIds)
         self.maxNorm = float(maxNorm)
         self.all_weights = False
@@ -71,7 +71,7 @@ def _value(v):
 class Optimizer:
     """Common part: default values, per-weight values, constness."""
 
-    _keys: Dict[str, float] = {}
+    _keys: dict[str, float] = {}
     _global = ("lossScaling", "nesterov")
 
     def __init__(self, values: dict, clip_norm_settings=(), debugContext=""):
@@ -82,7 +82,7 @@ class Optimizer:
         self._defaults = {k: (v, True) for k, v in self._keys.items()}
         for k, v in values.items():
             self._defaults[k] = _value(v)
-        self._specific: Dict[str, dict] = {}
+        self._specific: dict[str, dict] = {}
         self._clip = list(clip_norm_settings or [])
         for s in self._clip:
             if not isinstance(s, ClipNormSettings):
@@ -97,18 +97,18 @@ class Optimizer:
             specific[key] = _value(v)
         self._specific[weightId] = specific
 
-    def hasSpecific(self, weightId: str = None) -> bool:
+    def hasSpecific(self, weightId: Optional[str] = None) -> bool:
         return bool(self._specific) if weightId is None else weightId in self._specific
 
     def getLossScalingVal(self) -> float:
         return float(self._defaults["lossScaling"][0])
 
-    def value(self, key: str, weight_id: str = None):
+    def value(self, key: str, weight_id: Optional[str] = None):
         if weight_id is not None and key in self._specific.get(weight_id, {}):
             return self._specific[weight_id][key][0]
         return self._defaults[key][0]
 
-    def constants(self) -> Dict[tuple, float]:
+    def constants(self) -> dict[tuple, float]:
         consts = {(None, k): v for k, (v, c) in self._defaults.items() if c}
         for w, values in self._specific.items():
             consts.update({(w, k): v for k, (v, c) in values.items() if c})
@@ -122,7 +122,7 @@ class Optimizer:
         raise popart_exception("Gradient clipping of a subset of the weights is not supported by openpop; "
                                "use ClipNormSettings.clipAllWeights")
 
-    def _groups(self, params: Dict[str, torch.nn.Parameter], keys: List[str]):
+    def _groups(self, params: dict[str, torch.nn.Parameter], keys: list[str]):
         """One parameter group for the weights on defaults, one per weight with specific values."""
         groups = []
         plain = [p for w, p in params.items() if w not in self._specific]
@@ -143,7 +143,7 @@ class Optimizer:
                                    f"the type the session was built with ({type(self).__name__})")
         old, fresh = self.constants(), new.constants()
         for key, value in old.items():
-            if key in fresh and fresh[key] != value or key not in fresh:
+            if (key in fresh and fresh[key] != value) or key not in fresh:
                 raise popart_exception(f"updateOptimizerFromHost: '{key[1]}'"
                                        + (f" of {key[0]}" if key[0] else "")
                                        + f" is constant ({value}) and cannot be changed")
@@ -155,7 +155,8 @@ class SGD(Optimizer):
     _per_group = {"lr": "defaultLearningRate", "weight_decay": "defaultWeightDecay", "momentum": "defaultMomentum",
                   "dampening": "defaultDampening", "velocity_scaling": "defaultVelocityScaling"}
 
-    def __init__(self, pyd: dict = None, clip_norm_settings=(), accumulatorAndMomentum=SGDAccumulatorAndMomentum.Combined,
+    def __init__(self, pyd: Optional[dict] = None, clip_norm_settings=(),
+                 accumulatorAndMomentum=SGDAccumulatorAndMomentum.Combined,
                  accumType=None, accl1Type=None, debugContext="sgd"):
         super().__init__(dict(pyd or {}), clip_norm_settings, debugContext)
         self.accumulatorAndMomentum = SGDAccumulatorAndMomentum(int(accumulatorAndMomentum))
@@ -163,7 +164,7 @@ class SGD(Optimizer):
     def learningRates(self):
         return self.value("defaultLearningRate")
 
-    def to_torch(self, params: Dict[str, torch.nn.Parameter]):
+    def to_torch(self, params: dict[str, torch.nn.Parameter]):
         from ..optim import SGD as OpenpopSGD
         groups = self._groups(params, list(self._per_group.values()))
         for g in groups:
@@ -193,14 +194,14 @@ class Adam(Optimizer):
              "defaultEps": 1e-6, "lossScaling": 1.0, "maxWeightNorm": math.inf}
     _global = ("lossScaling", "maxWeightNorm")
 
-    def __init__(self, values: dict = None, mode=AdamMode.Adam, weight_decay_mode=WeightDecayMode.Decay,
+    def __init__(self, values: Optional[dict] = None, mode=AdamMode.Adam, weight_decay_mode=WeightDecayMode.Decay,
                  accum_type=None, accl1_type=None, accl2_type=None, clip_norm_settings=(),
                  scaled_optimizer_state=False, debugContext="adam"):
         super().__init__(dict(values or {}), clip_norm_settings, debugContext)
         self.mode = AdamMode(int(mode))
         self.weight_decay_mode = WeightDecayMode(int(weight_decay_mode))
 
-    def to_torch(self, params: Dict[str, torch.nn.Parameter]):
+    def to_torch(self, params: dict[str, torch.nn.Parameter]):
         from .. import optim
         groups = self._groups(params, ["defaultLearningRate", "defaultWeightDecay", "defaultBeta1", "defaultBeta2",
                                        "defaultEps"])
@@ -238,7 +239,8 @@ class Adaptive(Optimizer):
     _keys = {"defaultLearningRate": 0.01, "defaultWeightDecay": 0.0, "defaultAlpha": 0.99, "defaultMomentum": 0.0,
              "defaultEps": 1e-6, "lossScaling": 1.0}
 
-    def __init__(self, values: dict = None, mode=AdaptiveMode.RMSProp, weight_decay_mode=WeightDecayMode.L2Regularization,
+    def __init__(self, values: Optional[dict] = None, mode=AdaptiveMode.RMSProp,
+                 weight_decay_mode=WeightDecayMode.L2Regularization,
                  accum_type=None, accl1_type=None, accl2_type=None, accl3_type=None, rmspropTFVariant=False,
                  debugContext="adaptive"):
         super().__init__(dict(values or {}), (), debugContext)
@@ -246,7 +248,7 @@ class Adaptive(Optimizer):
         if self.hasSpecific():
             raise popart_exception("Adaptive: per-weight values are not supported by openpop")
 
-    def to_torch(self, params: Dict[str, torch.nn.Parameter]):
+    def to_torch(self, params: dict[str, torch.nn.Parameter]):
         from .. import optim
         plist = list(params.values())
         lr, wd, eps = self.value("defaultLearningRate"), self.value("defaultWeightDecay"), self.value("defaultEps")

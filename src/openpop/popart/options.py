@@ -4,8 +4,14 @@ Fields that change what openpop does are listed in ``EFFECTIVE``; every other fi
 kept and reported, and changes nothing on CPUs/GPUs (engine and report options, tile and IO
 settings, outlining, patterns, caching hints...). The README lists them.
 """
-from .enums import (MergeVarUpdateType, RecomputationType, SyntheticDataMode, VirtualGraphMode)
-from .enums import MeanReductionStrategy, ReductionType
+from .enums import (
+    MeanReductionStrategy,
+    MergeVarUpdateType,
+    RecomputationType,
+    ReductionType,
+    SyntheticDataMode,
+    VirtualGraphMode,
+)
 from .errors import popart_exception
 
 

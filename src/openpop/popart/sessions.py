@@ -31,7 +31,7 @@ step's micro-batches. With pipelining but no gradient accumulation PopART update
 micro-batch with stale weights; openpop runs such a model sharded (same stages, no staleness).
 """
 import logging
-from typing import Dict, List, Optional
+from typing import Optional
 
 import numpy as np
 import onnx
@@ -39,7 +39,8 @@ import torch
 from onnx import numpy_helper
 
 from .. import annotations, strategies
-from ..enums import MeanReductionStrategy as PoptorchMeanStrategy, OutputMode
+from ..enums import MeanReductionStrategy as PoptorchMeanStrategy
+from ..enums import OutputMode
 from ..enums import ReductionType as PoptorchReduction
 from ..models import inferenceModel, trainingModel
 from ..options import Options
@@ -50,8 +51,8 @@ from .devices import DeviceInfo
 from .enums import AnchorReturnTypeId, RecomputationType, SyntheticDataMode
 from .errors import popart_exception
 from .graph import GraphProgram, OnnxGraphModule
-from .options import SessionOptions
 from .optimizers import Optimizer
+from .options import SessionOptions
 from .shapes import ShapeInference, info_of, type_of
 from .stepio import OUTPUT_SIZE_ERROR, PyStepIO, PyStepIOCallback, PyWeightsIO, check_input_size
 
@@ -66,7 +67,7 @@ class InputShapeInfo:
     """Shapes for model inputs that the ONNX file leaves open."""
 
     def __init__(self):
-        self._infos: Dict[str, tensorinfo.TensorInfo] = {}
+        self._infos: dict[str, tensorinfo.TensorInfo] = {}
 
     def add(self, tensorId: str, info: tensorinfo.TensorInfo) -> None:
         self._infos[tensorId] = info
@@ -143,7 +144,7 @@ class _Session:
         self._annotate_blocks()
         self._optimizer_desc = None
         self._torch_optimizer = None
-        self._updated: List[Dict[str, torch.Tensor]] = []
+        self._updated: list[dict[str, torch.Tensor]] = []
         if training:
             if not isinstance(optimizer, Optimizer):
                 raise popart_exception(f"optimizer must be a popart optimizer (SGD, ConstSGD, Adam, Adaptive), got "
@@ -328,7 +329,7 @@ class _Session:
                 self._host_weights[name] = np.array(value, copy=True)
 
     # ------------------------------------------------------------------ run
-    def initAnchorArrays(self) -> Dict[str, np.ndarray]:
+    def initAnchorArrays(self) -> dict[str, np.ndarray]:
         return {anchor: np.zeros(self._anchor_shape(anchor), dtype=self._anchor_dtype(anchor))
                 for anchor in self.dataFlow.anchors()}
 
@@ -341,7 +342,7 @@ class _Session:
     def _anchor_dtype(self, anchor):
         return tensorinfo.numpy_dtype(self._anchor_info(anchor).data_type())
 
-    def _anchor_shape(self, anchor: str) -> List[int]:
+    def _anchor_shape(self, anchor: str) -> list[int]:
         art = self.dataFlow.art(anchor)
         prefix = [self.replicationFactor]
         if art.id() == AnchorReturnTypeId.All:
@@ -353,7 +354,7 @@ class _Session:
     def run(self, stepio, debugName: str = "") -> None:
         """One step: ``batchesPerStep`` batches (training: weight updates)."""
         if not isinstance(stepio, (PyStepIO, PyStepIOCallback)):
-            if isinstance(stepio, str) and debugName is not None and isinstance(debugName, (PyStepIO, PyStepIOCallback)):
+            if isinstance(stepio, str) and isinstance(debugName, (PyStepIO, PyStepIOCallback)):
                 stepio = debugName  # run(programHandle, stepio)
             else:
                 raise popart_exception(f"run() needs a popart.PyStepIO or PyStepIOCallback, got {type(stepio).__name__}")
@@ -410,7 +411,7 @@ class _Session:
         """``[N, *S]`` in run order -> ``[bps, accl, repl, *S]``."""
         return values.reshape(self._bps, self.accumulationFactor, self.replicationFactor, *values.shape[1:])
 
-    def _anchor_values(self, result) -> Dict[str, torch.Tensor]:
+    def _anchor_values(self, result) -> dict[str, torch.Tensor]:
         if result is None:
             result = ()
         if isinstance(result, torch.Tensor):
@@ -459,7 +460,7 @@ class _Session:
             reduced[anchor] = out
         return reduced
 
-    def _deliver(self, stepio, outputs: Dict[str, torch.Tensor]) -> None:
+    def _deliver(self, stepio, outputs: dict[str, torch.Tensor]) -> None:
         for anchor, value in outputs.items():
             dtype = self._anchor_dtype(anchor)
             array = value.detach().cpu().numpy().astype(dtype, copy=False)
@@ -587,7 +588,7 @@ def _apply_input_shapes(model, shape_info: InputShapeInfo) -> None:
             value.type.CopyFrom(type_of(info.data_type(), info.shape()))
 
 
-def _infer_all(program: GraphProgram) -> Dict[str, tensorinfo.TensorInfo]:
+def _infer_all(program: GraphProgram) -> dict[str, tensorinfo.TensorInfo]:
     """Type every tensor of the model, naming the node on failure (PopART checks shapes when it
     builds its IR)."""
     inference = ShapeInference(dict(program.opsets, **{"": program.opsets["ai.onnx"]}))

@@ -1,7 +1,7 @@
 """Shapes and data types of a graph's tensors: ONNX shape inference for ai.onnx nodes, the torch
 implementation on meta tensors for ai.graphcore nodes (ONNX knows nothing of them). Errors
 name the node, as PopART's do."""
-from typing import Dict, Optional
+from typing import Optional
 
 import numpy as np
 import onnx
@@ -50,10 +50,10 @@ def info_of(type_proto: onnx.TypeProto) -> Optional[tensorinfo.TensorInfo]:
 class ShapeInference:
     """Incremental: ``run(graph)`` types the outputs of nodes not yet typed."""
 
-    def __init__(self, opsets: Dict[str, int]):
+    def __init__(self, opsets: dict[str, int]):
         self.opsets = opsets
-        self.types: Dict[str, onnx.TypeProto] = {}
-        self.constants: Dict[str, onnx.TensorProto] = {}
+        self.types: dict[str, onnx.TypeProto] = {}
+        self.constants: dict[str, onnx.TensorProto] = {}
         self._done = 0
 
     def add_value(self, name: str, type_proto: onnx.TypeProto, constant: onnx.TensorProto = None):

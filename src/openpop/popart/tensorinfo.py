@@ -1,5 +1,5 @@
 """``popart.TensorInfo`` and the one table of data types: PopART's names, ONNX's enum, numpy, torch."""
-from typing import Iterable, List
+from collections.abc import Iterable
 
 import numpy as np
 import onnx
@@ -72,7 +72,7 @@ class TensorInfo:
         else:
             raise popart_exception("TensorInfo takes (dtype, shape) or a numpy array")
 
-    def shape(self) -> List[int]:
+    def shape(self) -> list[int]:
         return list(self._shape)
 
     def rank(self) -> int:
@@ -99,5 +99,5 @@ class TensorInfo:
     __str__ = __repr__
 
 
-def as_shape(shape: Iterable[int]) -> List[int]:
+def as_shape(shape: Iterable[int]) -> list[int]:
     return [int(d) for d in shape]

@@ -1,5 +1,5 @@
 """Helpers shared by the op families."""
-from typing import List, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -11,7 +11,7 @@ ONNX_TO_TORCH = {1: torch.float32, 2: torch.uint8, 3: torch.int8, 4: torch.uint1
                  13: torch.uint64, 16: torch.bfloat16}
 
 
-def ints(t) -> List[int]:
+def ints(t) -> list[int]:
     """A 1-D int tensor (a shape, axes...) as a list of Python ints."""
     if t is None:
         return []
@@ -24,7 +24,7 @@ def norm_axis(axis: int, rank: int) -> int:
     return axis + rank if axis < 0 else axis
 
 
-def norm_axes(axes: Sequence[int], rank: int) -> List[int]:
+def norm_axes(axes: Sequence[int], rank: int) -> list[int]:
     return [norm_axis(int(a), rank) for a in axes]
 
 

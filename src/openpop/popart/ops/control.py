@@ -14,7 +14,6 @@ gradients flow into weights used inside a branch or a loop body.
   final states and the ``y_t`` stacked on ``scan_output_axes`` (reversed where
   ``scan_output_directions`` is 1).
 """
-from typing import Dict, List
 
 import onnx
 import torch
@@ -23,10 +22,10 @@ from onnx import numpy_helper
 from ..errors import popart_exception
 from .registry import register
 
-_FREE: Dict[int, List[str]] = {}
+_FREE: dict[int, list[str]] = {}
 
 
-def _graphs(node) -> List[onnx.GraphProto]:
+def _graphs(node) -> list[onnx.GraphProto]:
     found = []
     for attr in node.attribute:
         if attr.type == onnx.AttributeProto.GRAPH:
@@ -36,7 +35,7 @@ def _graphs(node) -> List[onnx.GraphProto]:
     return found
 
 
-def _graph_free(graph: onnx.GraphProto) -> List[str]:
+def _graph_free(graph: onnx.GraphProto) -> list[str]:
     defined = {v.name for v in graph.input} | {i.name for i in graph.initializer}
     free = []
     for node in graph.node:
@@ -50,7 +49,7 @@ def _graph_free(graph: onnx.GraphProto) -> List[str]:
     return free
 
 
-def free_variables(node) -> List[str]:
+def free_variables(node) -> list[str]:
     """Tensors of enclosing graphs that ``node``'s body graphs read, in a fixed order."""
     if not _graphs(node):
         return []
@@ -67,7 +66,7 @@ def free_variables(node) -> List[str]:
     return free
 
 
-def run_graph(ctx, graph: onnx.GraphProto, inputs: List[torch.Tensor], outer: Dict[str, torch.Tensor]):
+def run_graph(ctx, graph: onnx.GraphProto, inputs: list[torch.Tensor], outer: dict[str, torch.Tensor]):
     """The outputs of ``graph`` on ``inputs``, reading ``outer`` for enclosing-scope tensors."""
     from . import lookup, run_node, unsupported_message
     env = dict(outer)
@@ -117,7 +116,7 @@ def loop(ctx, inputs, attrs):
     meta = any(t is not None and t.device.type == "meta" for t in (trip, cond))
     limit = None if trip is None or trip.device.type == "meta" else int(trip.reshape(-1)[0])
     keep_going = True if cond is None else _truth(cond)
-    scans: List[List[torch.Tensor]] = []
+    scans: list[list[torch.Tensor]] = []
     i = 0
     while keep_going and (limit is None or i < limit):
         out = run_graph(ctx, body, [torch.tensor(i, dtype=torch.int64), torch.tensor(True)] + carried, outer)
@@ -156,7 +155,7 @@ def scan(ctx, inputs, attrs):
     if any(x.shape[0] != steps for x in xs):
         raise popart_exception(f"Scan node '{ctx.node_name}': the scan inputs have different lengths "
                                f"{[x.shape[0] for x in xs]} along their scan axes")
-    ys: List[List[torch.Tensor]] = [[] for _ in range(n_out)]
+    ys: list[list[torch.Tensor]] = [[] for _ in range(n_out)]
     for t in range(steps):
         out = run_graph(ctx, body, states + [x[t] for x in xs], outer)
         states = out[:len(states)]

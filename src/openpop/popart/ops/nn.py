@@ -226,7 +226,7 @@ def _resize(ctx, x, scales, sizes, attrs):
         factors = [float(v) for v in scales.reshape(-1).tolist()]
         if factors[:2] != [1.0, 1.0]:
             fail(ctx, "only spatial dimensions can be resized")
-        out = [int(math.floor(s * f)) for s, f in zip(x.shape[2:], factors[2:])]
+        out = [math.floor(s * f) for s, f in zip(x.shape[2:], factors[2:])]
     if mode == "nearest":
         coord = attrs.get("coordinate_transformation_mode", "half_pixel" if ctx.opset >= 11 else "asymmetric")
         nearest = attrs.get("nearest_mode", "round_prefer_floor")
