@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from . import tensorinfo
+from . import messages, tensorinfo
 from .enums import RecomputeType
 from .errors import popart_exception
 from .ops import registry
@@ -153,8 +153,8 @@ class Builder:
         current = root._opsets.get(domain)
         if current is not None and current != version:
             label = "aiOnnxOpset" if domain == registry.ONNX_DOMAIN else "aiGraphcoreOpset"
-            raise popart_exception(f"Invalid opset '{label}{version}' selected. Opset for domain "
-                                   f"{domain} already defined as {current}")
+            raise popart_exception(messages.INVALID_OPSET_SELECTED_OPSET_FOR_DOMAIN.format(
+                label=label, version=version, domain=domain, current=current))
         if current is None:
             root._opsets[domain] = version
             self._inference.opsets[domain] = version
@@ -186,7 +186,7 @@ class Builder:
                 raise AttributeError(name) from None
             if 6 <= version <= MAX_AI_ONNX_OPSET:
                 return self._select_opset(registry.ONNX_DOMAIN, version)
-        raise AttributeError(f"'Builder' object has no attribute '{name}'")
+        raise AttributeError(messages.BUILDER_OBJECT_HAS_NO_ATTRIBUTE.format(name=name))
 
     # ------------------------------------------------------------------ ids
     def _unique_id(self, base: str) -> str:
@@ -215,20 +215,20 @@ class Builder:
         if "tensorInfo" in kwargs:
             args.insert(0, kwargs.pop("tensorInfo"))
         if kwargs:
-            raise TypeError(f"addInputTensor(): unexpected arguments {sorted(kwargs)}")
+            raise TypeError(messages.ADD_INPUT_UNEXPECTED_ARGUMENTS.format(kwargs=sorted(kwargs)))
         if not args:
-            raise TypeError("addInputTensor() needs a TensorInfo or a data type and a shape")
+            raise TypeError(messages.ADD_INPUT_NEEDS_INFO_OR_TYPE_AND_SHAPE)
         if isinstance(args[0], tensorinfo.TensorInfo):
             info, rest = args[0], args[1:]
         else:
             if len(args) < 2:
-                raise TypeError("addInputTensor(dtype, shape): the shape is missing")
+                raise TypeError(messages.ADD_INPUT_SHAPE_MISSING)
             info, rest = tensorinfo.TensorInfo(args[0], args[1]), args[2:]
         for extra in rest:
             if isinstance(extra, (str, DebugContext)):
                 debugContext = extra
             elif not isinstance(extra, InputSettings):
-                raise TypeError(f"addInputTensor(): unexpected argument {extra!r}")
+                raise TypeError(messages.ADD_INPUT_UNEXPECTED_ARGUMENT.format(extra=extra))
         name = _debug_name(debugContext)
         tensor_id = self._unique_id(self._scoped(name or "input"))
         value = helper.make_tensor_value_info(tensor_id, tensorinfo.onnx_type(info.data_type()), info.shape())
@@ -248,7 +248,7 @@ class Builder:
             if isinstance(extra, (str, DebugContext)):
                 debugContext = extra
             elif not isinstance(extra, VariableSettings):
-                raise TypeError(f"addInitializedInputTensor(): unexpected argument {extra!r}")
+                raise TypeError(messages.ADD_INITIALIZED_INPUT_UNEXPECTED_ARGUMENT.format(extra=extra))
         array = np.asarray(initVal)
         tensorinfo.popart_name(array.dtype)  # rejects dtypes PopART has no name for
         tensor_id = self._unique_id(self._scoped(_debug_name(debugContext) or "init_input"))
@@ -271,7 +271,7 @@ class Builder:
             if self._parent is not None and self._parent._knows(tensor_id):
                 self.addInputTensorFromParentGraph(tensor_id)  # ONNX's outer-scope reference
                 return
-            raise popart_exception(f"Tensor '{tensor_id}' is not known to this builder")
+            raise popart_exception(messages.TENSOR_UNKNOWN_TO_BUILDER.format(tensor_id=tensor_id))
 
     def _knows(self, tensor_id: str) -> bool:
         try:
@@ -283,9 +283,9 @@ class Builder:
     def addInputTensorFromParentGraph(self, tensorId: str) -> None:
         """Let this subgraph read the enclosing graph's tensor ``tensorId`` by its name."""
         if self._parent is None:
-            raise popart_exception("addInputTensorFromParentGraph: this builder is not a subgraph builder")
+            raise popart_exception(messages.NOT_A_SUBGRAPH_BUILDER)
         if not self._parent._knows(tensorId):
-            raise popart_exception(f"Tensor '{tensorId}' is not known to the parent graph")
+            raise popart_exception(messages.TENSOR_UNKNOWN_TO_PARENT.format(tensorId=tensorId))
         parent = self._parent
         parent.getTensorShapesKnown()
         type_proto = parent._inference.types.get(tensorId)
@@ -422,7 +422,7 @@ class Builder:
         type_proto = self._inference.types.get(tensor_id)
         info = info_of(type_proto) if type_proto is not None else None
         if info is None:
-            raise popart_exception(f"Shape of tensor '{tensor_id}' could not be inferred")
+            raise popart_exception(messages.SHAPE_OF_TENSOR_COULD_NOT_BE.format(tensor_id=tensor_id))
         return info
 
     def getTensorShape(self, tensorId: str) -> list[int]:
@@ -460,8 +460,7 @@ class Builder:
         for tensor_id in tensor_ids:
             node = self._producers.get(tensor_id)
             if node is None:
-                raise popart_exception(f"Could not find a node that produces tensor '{tensor_id}' "
-                                       f"to set {attr} on")
+                raise popart_exception(messages.NO_PRODUCER_TO_ANNOTATE.format(tensor_id=tensor_id, attr=attr))
             _set_attribute(node, attr, value)
 
     def _setter_or_scope(self, attr: str, arg, value, convert=int):
@@ -545,7 +544,7 @@ class Builder:
     def _node_attribute(self, tensor_id: str, attr: str, default=None):
         node = self._producers.get(tensor_id)
         if node is None:
-            raise popart_exception(f"Could not find a node that produces tensor '{tensor_id}'")
+            raise popart_exception(messages.NO_PRODUCER.format(tensor_id=tensor_id))
         for a in node.attribute:
             if a.name == attr:
                 return helper.get_attribute_value(a)
@@ -560,7 +559,7 @@ class Builder:
         else:
             value = self._node_attribute(tensorId, VIRTUAL_GRAPH_ATTR)
         if value is None:
-            raise popart_exception("Virtual graph not set")
+            raise popart_exception(messages.VIRTUAL_GRAPH_NOT_SET)
         return value
 
     def hasVirtualGraph(self, tensorId: Optional[str] = None) -> bool:
@@ -574,7 +573,7 @@ class Builder:
         else:
             value = self._node_attribute(tensorId, PIPELINE_STAGE_ATTR)
         if value is None:
-            raise popart_exception("Pipeline stage not set")
+            raise popart_exception(messages.PIPELINE_STAGE_NOT_SET)
         return value
 
     def hasPipelineStage(self, tensorId: Optional[str] = None) -> bool:
@@ -588,7 +587,7 @@ class Builder:
         else:
             value = self._node_attribute(tensorId, EXECUTION_PHASE_ATTR)
         if value is None:
-            raise popart_exception("Execution phase not set")
+            raise popart_exception(messages.EXECUTION_PHASE_NOT_SET)
         return value
 
     def addNodeAttribute(self, attributeName: str, attributeValue, nodeOutputNames) -> None:
@@ -600,7 +599,7 @@ class Builder:
     def getNodeAttribute(self, attributeName: str, nodeOutputNames):
         value = self._node_attribute(_first(nodeOutputNames), attributeName)
         if value is None:
-            raise popart_exception(f"Node has no attribute '{attributeName}'")
+            raise popart_exception(messages.NODE_HAS_NO_ATTRIBUTE.format(attributeName=attributeName))
         return value
 
     def getAllNodeAttributeNames(self, nodeOutputNames) -> list[str]:
@@ -667,13 +666,13 @@ def load_model(model) -> onnx.ModelProto:
         try:
             proto.ParseFromString(bytes(model))
         except Exception as exc:
-            raise popart_exception(f"Failed to parse the ONNX model: {exc}") from None
+            raise popart_exception(messages.FAILED_TO_PARSE_THE_ONNX_MODEL.format(exc=exc)) from None
         return proto
     if isinstance(model, str):
         try:
             return onnx.load(model)
         except FileNotFoundError:
-            raise popart_exception(f"Failed to load an ONNX model from '{model}': no such file") from None
+            raise popart_exception(messages.MODEL_FILE_MISSING.format(model=model)) from None
         except Exception as exc:
-            raise popart_exception(f"Failed to load an ONNX model from '{model}': {exc}") from None
-    raise popart_exception(f"Expected an ONNX model (bytes, a file name or a ModelProto), got {type(model).__name__}")
+            raise popart_exception(messages.MODEL_LOAD_FAILED.format(model=model, exc=exc)) from None
+    raise popart_exception(messages.EXPECTED_AN_ONNX_MODEL_BYTES_A.format(model_type=type(model).__name__))

@@ -2,6 +2,7 @@
 from collections.abc import Iterable
 from typing import Optional, Union
 
+from . import messages
 from .enums import AnchorReturnTypeId, ExchangeStrategy, TileSet
 from .errors import popart_exception
 
@@ -17,18 +18,17 @@ class AnchorReturnType:
                  exchangeStrategy=ExchangeStrategy.JustInTime):
         key = str(artString).lower()
         if key not in _BY_NAME:
-            raise popart_exception(f"Invalid anchor return type ID supplied: {artString}")
+            raise popart_exception(messages.INVALID_ANCHOR_RETURN_TYPE_ID_SUPPLIED.format(artString=artString))
         self._id = _BY_NAME[key]
         if self._id == AnchorReturnTypeId.EveryN:
             if returnPeriod is None:
-                raise popart_exception("Must specify return period with option 'EVERYN'")
+                raise popart_exception(messages.MUST_SPECIFY_RETURN_PERIOD_WITH_OPTION)
             if int(returnPeriod) <= 0:
-                raise popart_exception("Anchor return period must be greater than zero")
+                raise popart_exception(messages.ANCHOR_RETURN_PERIOD_MUST_BE_GREATER)
             self._period = int(returnPeriod)
         else:
             if returnPeriod is not None:
-                raise popart_exception(f"A return period should not be supplied for this anchor return type "
-                                       f"({artString})")
+                raise popart_exception(messages.A_RETURN_PERIOD_SHOULD_NOT_BE.format(artString=artString))
             self._period = 0
         self.tileSet = tileSet
         self.exchangeStrategy = exchangeStrategy
@@ -55,20 +55,20 @@ class DataFlow:
                  anchorTensors: Optional[Union[dict[str, AnchorReturnType], Iterable[str]]] = None,
                  anchorReturnType: AnchorReturnType = None):
         if int(batchesPerStep) < 1:
-            raise popart_exception(f"batchesPerStep must be at least 1, got {batchesPerStep}")
+            raise popart_exception(messages.BATCHESPERSTEP_MUST_BE_AT_LEAST_GOT.format(batchesPerStep=batchesPerStep))
         self._bps = int(batchesPerStep)
         anchors = anchorTensors if anchorTensors is not None else {}
         if isinstance(anchors, dict):
             if anchorReturnType is not None:
-                raise popart_exception("DataFlow: give either a dict of return types or a list of ids with "
-                                       "anchorReturnType")
+                raise popart_exception(messages.DATAFLOW_GIVE_EITHER_A_DICT_OF)
             self._anchors = dict(anchors)
         else:
             art = anchorReturnType if anchorReturnType is not None else AnchorReturnType("All")
             self._anchors = dict.fromkeys(anchors, art)
         for tensor_id, art in self._anchors.items():
             if not isinstance(art, AnchorReturnType):
-                raise popart_exception(f"Anchor '{tensor_id}': expected a popart.AnchorReturnType, got {art!r}")
+                raise popart_exception(messages.ANCHOR_EXPECTED_A_POPART_ANCHORRETURNTYPE_GOT.format(
+                    tensor_id=tensor_id, art=art))
 
     def batchesPerStep(self) -> int:
         return self._bps
@@ -84,7 +84,7 @@ class DataFlow:
 
     def art(self, anchorId: str) -> AnchorReturnType:
         if anchorId not in self._anchors:
-            raise popart_exception(f"Tensor '{anchorId}' is not anchored")
+            raise popart_exception(messages.TENSOR_IS_NOT_ANCHORED.format(anchorId=anchorId))
         return self._anchors[anchorId]
 
     def isBatchCountingRequired(self) -> bool:
@@ -95,9 +95,8 @@ class DataFlow:
         for tensor_id, art in self._anchors.items():
             if art.id() == AnchorReturnTypeId.EveryN:
                 if art.rp() > self._bps:
-                    raise popart_exception(f"Return period must be less than or equal to batches per step. "
-                                           f"Anchor '{tensor_id}': return period {art.rp()}, batches per step "
-                                           f"{self._bps}")
+                    raise popart_exception(messages.RETURN_PERIOD_MUST_BE_LESS_THAN.format(
+                        tensor_id=tensor_id, rp=art.rp(), bps=self._bps))
                 if self._bps % art.rp() != 0:
-                    raise popart_exception(f"Batches per step must be a multiple of return period. Anchor "
-                                           f"'{tensor_id}': return period {art.rp()}, batches per step {self._bps}")
+                    raise popart_exception(messages.BATCHES_PER_STEP_MUST_BE_A.format(
+                        tensor_id=tensor_id, rp=art.rp(), bps=self._bps))

@@ -9,6 +9,7 @@ IPUs find them. ``SyncPattern`` and connection types are accepted and change not
 import os
 from typing import Optional
 
+from . import messages
 from .enums import DeviceConnectionType, DeviceSelectionCriterion, DeviceType, SyncPattern
 from .errors import popart_exception
 
@@ -66,7 +67,7 @@ class DeviceInfo:
 
     def attach(self) -> bool:
         if self._type == DeviceType.OfflineIpu:
-            raise popart_exception("Cannot attach to an offline IPU device")
+            raise popart_exception(messages.CANNOT_ATTACH_TO_AN_OFFLINE_IPU)
         self._attached = True
         return True
 
@@ -98,7 +99,7 @@ def _ipus_from(options: dict, key="numIPUs", default=1) -> int:
     try:
         return int(value)
     except (TypeError, ValueError):
-        raise popart_exception(f"Invalid value '{value}' for device option '{key}'") from None
+        raise popart_exception(messages.INVALID_VALUE_FOR_DEVICE_OPTION.format(value=value, key=key)) from None
 
 
 class DeviceManager:
@@ -155,9 +156,8 @@ class DeviceManager:
         numIpus = int(numIpus)
         if numIpus < 1 or numIpus > pool_size() or numIpus & (numIpus - 1):
             if strict:
-                raise popart_exception(f"Failed to acquire device with {numIpus} IPUs. Ensure that there are "
-                                       f"sufficient IPUs available (openpop offers {pool_size()}, in power-of-two "
-                                       f"groups)")
+                raise popart_exception(messages.NOT_ENOUGH_IPUS.format(
+                    numIpus=numIpus, pool_size=pool_size()))
             return None
         for device_id in self._device_ids(numIpus):
             if device_id not in self._acquired:
@@ -167,7 +167,7 @@ class DeviceManager:
                 _release_on_detach(self, device)
                 return device
         if strict:
-            raise popart_exception(f"Failed to acquire device with {numIpus} IPUs: all are attached")
+            raise popart_exception(messages.ALL_DEVICES_ATTACHED.format(numIpus=numIpus))
         return None
 
     def acquireAvailableDevice(self, numIpus: int = 1, tilesPerIpu: int = 0, pattern=SyncPattern.Full,
@@ -196,7 +196,7 @@ class DeviceManager:
             if base <= device_id < base + count:
                 if device_id in self._acquired:
                     if strict:
-                        raise popart_exception(f"Failed to acquire device with id '{device_id}': it is attached")
+                        raise popart_exception(messages.DEVICE_ID_ATTACHED.format(device_id=device_id))
                     return None
                 device = DeviceInfo(device_id, size, DeviceType.Ipu, 0, connection=connectionType, pattern=pattern)
                 self._acquired[device_id] = device
@@ -205,7 +205,7 @@ class DeviceManager:
             base += count
             size *= 2
         if strict:
-            raise popart_exception(f"Failed to acquire device with id '{device_id}': no such device")
+            raise popart_exception(messages.NO_SUCH_DEVICE_ID.format(device_id=device_id))
         return None
 
     def setOnDemandAttachTimeout(self, seconds: int) -> None:

@@ -22,7 +22,7 @@ import torch
 from onnx import numpy_helper
 
 from ..runtime.losses import identity_loss  # openpop's loss marker
-from . import fusion, tensorinfo
+from . import fusion, messages, tensorinfo
 from . import recompute as recompute_module
 from .enums import RecomputationType
 from .errors import popart_exception
@@ -98,8 +98,7 @@ class GraphProgram:
     def input_info(self, tensor_id: str) -> tensorinfo.TensorInfo:
         info = info_of(self.input_types[tensor_id])
         if info is None:
-            raise popart_exception(f"Input tensor '{tensor_id}' has no complete shape in the model; "
-                                   f"give its shape with popart.InputShapeInfo")
+            raise popart_exception(messages.INPUT_TENSOR_HAS_NO_COMPLETE_SHAPE.format(tensor_id=tensor_id))
         return info
 
 
@@ -126,8 +125,8 @@ def _topological(graph) -> list[onnx.NodeProto]:
         if len(rest) == len(pending):
             node = rest[0]
             missing = [i for i in inputs_of(node) if i not in available]
-            raise popart_exception(f"{node_label(node)}: input tensor '{missing[0]}' is produced by no node, "
-                                   f"input or initializer of the model (or the graph has a cycle)")
+            raise popart_exception(messages.INPUT_TENSOR_IS_PRODUCED_BY_NO.format(
+                node=node_label(node), missing=missing[0]))
         pending = rest
     return ordered
 
@@ -321,8 +320,7 @@ class OnnxGraphModule(torch.nn.Module):
             live_in = sorted(n for n in used[k] if n not in produced[k] and n not in owned and n in available)
             missing = [n for n in used[k] if n not in produced[k] and n not in owned and n not in available]
             if missing:
-                raise popart_exception(f"Tensor '{missing[0]}' is used by a pipeline stage / virtual graph "
-                                       f"before the stage that produces it")
+                raise popart_exception(messages.TENSOR_IS_USED_BY_A_PIPELINE.format(missing=missing[0]))
             here = produced[k] | set(owned)
             live_out = sorted(n for n in here if n in later)
             modules.append(Segment(program, seg, live_in, live_out, owned, trainable, self.state, constant_weights,
@@ -331,7 +329,7 @@ class OnnxGraphModule(torch.nn.Module):
         self.segments = torch.nn.ModuleList(modules)
         missing = [t for t in needed_at_end if t not in available]
         if missing:
-            raise popart_exception(f"Tensor '{missing[0]}' is not produced by the model")
+            raise popart_exception(messages.TENSOR_IS_NOT_PRODUCED_BY_THE.format(missing=missing[0]))
 
     def weights(self) -> dict[str, torch.Tensor]:
         """Every initializer by its ONNX name (Parameters and constants)."""
@@ -373,8 +371,8 @@ def run_subgraph(ctx, graph_proto: onnx.GraphProto, inputs):
     env = {i.name: torch.from_numpy(numpy_helper.to_array(i).copy()) for i in graph_proto.initializer}
     names = [v.name for v in graph_proto.input if v.name not in initializers]
     if len(names) != len(inputs):
-        raise popart_exception(f"call node '{ctx.node_name}': the callee takes {len(names)} inputs, "
-                               f"got {len(inputs)}")
+        raise popart_exception(messages.CALL_NODE_THE_CALLEE_TAKES_INPUTS.format(
+            node_name=ctx.node_name, n_names=len(names), n_inputs=len(inputs)))
     env.update(zip(names, inputs))
     for node in graph_proto.node:
         entry = registry.lookup(node.domain, node.op_type)

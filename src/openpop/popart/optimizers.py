@@ -18,6 +18,7 @@ from typing import Optional
 
 import torch
 
+from . import messages
 from .enums import AdamMode, AdaptiveMode, SGDAccumulatorAndMomentum, WeightDecayMode
 from .errors import popart_exception
 
@@ -61,7 +62,7 @@ def _value(v):
         return v.val(), v.isConst()
     if isinstance(v, (tuple, list)):
         if len(v) != 2:
-            raise popart_exception(f"Optimizer values are (value, isConst) pairs, got {v!r}")
+            raise popart_exception(messages.OPTIMIZER_VALUES_ARE_VALUE_ISCONST_PAIRS.format(v=v))
         return float(v[0]), bool(v[1])
     if isinstance(v, bool):
         return v, True
@@ -77,8 +78,8 @@ class Optimizer:
     def __init__(self, values: dict, clip_norm_settings=(), debugContext=""):
         unknown = [k for k in values if k not in self._keys]
         if unknown:
-            raise popart_exception(f"Unknown optimizer parameter '{unknown[0]}' for {type(self).__name__}; valid: "
-                                   f"{', '.join(self._keys)}")
+            raise popart_exception(messages.UNKNOWN_OPTIMIZER_PARAMETER_FOR_VALID.format(
+                unknown=unknown[0], self_type=type(self).__name__, keys=', '.join(self._keys)))
         self._defaults = {k: (v, True) for k, v in self._keys.items()}
         for k, v in values.items():
             self._defaults[k] = _value(v)
@@ -86,14 +87,15 @@ class Optimizer:
         self._clip = list(clip_norm_settings or [])
         for s in self._clip:
             if not isinstance(s, ClipNormSettings):
-                raise popart_exception("clip_norm_settings must be popart.ClipNormSettings objects")
+                raise popart_exception(messages.CLIP_NORM_SETTINGS_MUST_BE_POPART)
 
     def insertSpecific(self, weightId: str, values: dict) -> None:
         specific = {}
         for k, v in values.items():
             key = k if k in self._keys else "default" + k[0].upper() + k[1:]
             if key not in self._keys or key in self._global:
-                raise popart_exception(f"Invalid weight-specific optimizer parameter '{k}' for {weightId}")
+                raise popart_exception(messages.INVALID_WEIGHT_SPECIFIC_PARAMETER.format(
+                    k=k, weightId=weightId))
             specific[key] = _value(v)
         self._specific[weightId] = specific
 
@@ -119,8 +121,7 @@ class Optimizer:
             return math.inf
         if len(self._clip) == 1 and (self._clip[0].all_weights or set(self._clip[0].weightIds) >= set(weight_ids)):
             return self._clip[0].maxNorm
-        raise popart_exception("Gradient clipping of a subset of the weights is not supported by openpop; "
-                               "use ClipNormSettings.clipAllWeights")
+        raise popart_exception(messages.GRADIENT_CLIPPING_OF_A_SUBSET_OF)
 
     def _groups(self, params: dict[str, torch.nn.Parameter], keys: list[str]):
         """One parameter group for the weights on defaults, one per weight with specific values."""
@@ -133,20 +134,20 @@ class Optimizer:
                 groups.append({"params": [p], **{k: self.value(k, w) for k in keys}, "popart_weight": w})
         unknown = [w for w in self._specific if w not in params]
         if unknown:
-            raise popart_exception(f"insertSpecific: '{unknown[0]}' is not a trainable weight of the model")
+            raise popart_exception(messages.INSERTSPECIFIC_IS_NOT_A_TRAINABLE_WEIGHT.format(unknown=unknown[0]))
         return groups
 
     def check_update(self, new: "Optimizer") -> None:
         """``updateOptimizerFromHost``: same type, constants unchanged."""
         if type(new) is not type(self) or getattr(new, "mode", None) != getattr(self, "mode", None):
-            raise popart_exception(f"updateOptimizerFromHost: the new optimizer ({type(new).__name__}) must be of "
-                                   f"the type the session was built with ({type(self).__name__})")
+            raise popart_exception(messages.UPDATED_OPTIMIZER_TYPE_DIFFERS.format(
+                new_type=type(new).__name__, self_type=type(self).__name__))
         old, fresh = self.constants(), new.constants()
         for key, value in old.items():
             if (key in fresh and fresh[key] != value) or key not in fresh:
-                raise popart_exception(f"updateOptimizerFromHost: '{key[1]}'"
-                                       + (f" of {key[0]}" if key[0] else "")
-                                       + f" is constant ({value}) and cannot be changed")
+                of_weight = f" of {key[0]}" if key[0] else ""
+                raise popart_exception(messages.CONSTANT_OPTIMIZER_VALUE_CHANGED.format(
+                    name=key[1], of_weight=of_weight, value=value))
 
 
 class SGD(Optimizer):
@@ -219,19 +220,18 @@ class Adam(Optimizer):
         scaling = self.value("lossScaling")
         if self.mode in (AdamMode.Lamb, AdamMode.LambNoBias):
             if clip != math.inf:
-                raise popart_exception("Gradient clipping is not supported with Lamb by openpop")
+                raise popart_exception(messages.GRADIENT_CLIPPING_IS_NOT_SUPPORTED_WITH)
             return optim.LAMB(groups, bias_correction=self.mode == AdamMode.Lamb, loss_scaling=scaling,
                               max_weight_norm=self.value("maxWeightNorm"), **common)
         if self.mode == AdamMode.AdaMax:
             if self.weight_decay_mode == WeightDecayMode.Decay and self.value("defaultWeightDecay"):
-                raise popart_exception("AdaMax with decoupled weight decay is not supported by openpop; use "
-                                       "WeightDecayMode.L2Regularization")
+                raise popart_exception(messages.ADAMAX_WITH_DECOUPLED_WEIGHT_DECAY_IS)
             return torch.optim.Adamax(groups, **common)
         bias = self.mode == AdamMode.Adam
         if self.weight_decay_mode == WeightDecayMode.Decay:
             return optim.AdamW(groups, loss_scaling=scaling, bias_correction=bias, max_grad_norm=clip, **common)
         if not bias:
-            raise popart_exception("AdamNoBias with L2Regularization is not supported by openpop")
+            raise popart_exception(messages.ADAM_NO_BIAS_L2_UNSUPPORTED)
         return optim.Adam(groups, loss_scaling=scaling, max_grad_norm=clip, **common)
 
 
@@ -246,7 +246,7 @@ class Adaptive(Optimizer):
         super().__init__(dict(values or {}), (), debugContext)
         self.mode = AdaptiveMode(int(mode))
         if self.hasSpecific():
-            raise popart_exception("Adaptive: per-weight values are not supported by openpop")
+            raise popart_exception(messages.ADAPTIVE_PER_WEIGHT_VALUES_ARE_NOT)
 
     def to_torch(self, params: dict[str, torch.nn.Parameter]):
         from .. import optim

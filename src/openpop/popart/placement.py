@@ -15,6 +15,7 @@ from typing import Optional
 
 from onnx import helper
 
+from . import messages
 from .builder import EXECUTION_PHASE_ATTR, PIPELINE_STAGE_ATTR, RECOMPUTE_ATTR, VIRTUAL_GRAPH_ATTR
 from .enums import RecomputeType, VirtualGraphMode
 from .errors import popart_exception
@@ -157,7 +158,8 @@ def _auto_split(program, ipus: int, ratios) -> list[int]:
     nodes = program.nodes
     ratios = list(ratios) if ratios else [1.0] * ipus
     if len(ratios) != ipus:
-        raise popart_exception(f"virtualGraphSplitRatios has {len(ratios)} entries for {ipus} IPUs per replica")
+        raise popart_exception(messages.SPLIT_RATIOS_COUNT_MISMATCH.format(
+            n_ratios=len(ratios), ipus=ipus))
     total = float(sum(ratios))
     bounds, acc = [], 0.0
     for r in ratios:

@@ -44,7 +44,7 @@ from ..enums import OutputMode
 from ..enums import ReductionType as PoptorchReduction
 from ..models import inferenceModel, trainingModel
 from ..options import Options
-from . import distributed, placement, tensorinfo
+from . import distributed, messages, placement, tensorinfo
 from .builder import load_model
 from .dataflow import DataFlow
 from .devices import DeviceInfo
@@ -86,14 +86,17 @@ class _Session:
     def __init__(self, fnModel, dataFlow: DataFlow, deviceInfo: DeviceInfo, inputShapeInfo=None, patterns=None,
                  userOptions: SessionOptions = None, name: str = "", *, training: bool, loss=None, optimizer=None):
         if not isinstance(dataFlow, DataFlow):
-            raise popart_exception(f"dataFlow must be a popart.DataFlow, got {type(dataFlow).__name__}")
+            raise popart_exception(messages.DATAFLOW_MUST_BE_A_POPART_DATAFLOW.format(
+                dataFlow_type=type(dataFlow).__name__))
         if deviceInfo is None:
-            raise popart_exception("No device given (deviceInfo is None): acquire one with popart.DeviceManager()")
+            raise popart_exception(messages.NO_DEVICE_GIVEN_DEVICEINFO_IS_NONE)
         if not isinstance(deviceInfo, DeviceInfo):
-            raise popart_exception(f"deviceInfo must be a popart.DeviceInfo, got {type(deviceInfo).__name__}")
+            raise popart_exception(messages.DEVICEINFO_MUST_BE_A_POPART_DEVICEINFO.format(
+                deviceInfo_type=type(deviceInfo).__name__))
         options = userOptions if userOptions is not None else SessionOptions()
         if not isinstance(options, SessionOptions):
-            raise popart_exception(f"userOptions must be a popart.SessionOptions, got {type(options).__name__}")
+            raise popart_exception(messages.USEROPTIONS_MUST_BE_A_POPART_SESSIONOPTIONS.format(
+                options_type=type(options).__name__))
         self.name = name
         self._training = training
         self._device = deviceInfo
@@ -108,11 +111,11 @@ class _Session:
         self._infos = _infer_all(self._program)
         # ---- options
         if int(options.replicatedGraphCount) < 1:
-            raise popart_exception("replicatedGraphCount must be at least 1")
+            raise popart_exception(messages.REPLICATEDGRAPHCOUNT_MUST_BE_AT_LEAST)
         self.accumulationFactor = options.getAccumulationFactor()
         self.replicationFactor = options.local_replicas()
         if not training and self.accumulationFactor > 1:
-            raise popart_exception("Gradient accumulation is only available in training sessions")
+            raise popart_exception(messages.GRADIENT_ACCUMULATION_IS_ONLY_AVAILABLE_IN)
         dataFlow.validate()
         self._bps = dataFlow.batchesPerStep()
         self._instances = distributed.instances(options)
@@ -120,9 +123,9 @@ class _Session:
         self._loss = None
         if training:
             if not isinstance(loss, str):
-                raise popart_exception(f"loss must be a tensor id (str), got {type(loss).__name__}")
+                raise popart_exception(messages.LOSS_MUST_BE_A_TENSOR_ID.format(loss_type=type(loss).__name__))
             if loss not in self._infos:
-                raise popart_exception(f"The loss tensor '{loss}' is not a tensor of the model")
+                raise popart_exception(messages.THE_LOSS_TENSOR_IS_NOT_A.format(loss=loss))
             self._loss = loss
         self._trainable = self._program.trainable_initializers()
         self._check_anchors()
@@ -147,8 +150,8 @@ class _Session:
         self._updated: list[dict[str, torch.Tensor]] = []
         if training:
             if not isinstance(optimizer, Optimizer):
-                raise popart_exception(f"optimizer must be a popart optimizer (SGD, ConstSGD, Adam, Adaptive), got "
-                                       f"{type(optimizer).__name__}")
+                raise popart_exception(messages.OPTIMIZER_MUST_BE_A_POPART_OPTIMIZER.format(
+                    optimizer_type=type(optimizer).__name__))
             self._optimizer_desc = optimizer
             params = {k: v for k, v in self._weights.items() if isinstance(v, torch.nn.Parameter)}
             self._torch_optimizer = optimizer.to_torch(params)
@@ -171,30 +174,26 @@ class _Session:
             if anchor.startswith(GRADIENT_PREFIX):
                 base = anchor[len(GRADIENT_PREFIX):]
                 if not self._training:
-                    raise popart_exception(f"Anchor tensor '{anchor}' is a gradient: gradients exist in training "
-                                           f"sessions only")
+                    raise popart_exception(messages.ANCHOR_TENSOR_IS_A_GRADIENT_GRADIENTS.format(anchor=anchor))
                 if base not in known:
-                    raise popart_exception(f"Anchor tensor '{anchor}' not in Ir Tensors: '{base}' is not a tensor of "
-                                           f"the model")
+                    raise popart_exception(messages.ANCHOR_GRADIENT_OF_UNKNOWN.format(anchor=anchor, base=base))
             elif anchor.startswith(UPDATED_VAR_PREFIX):
                 base = anchor[len(UPDATED_VAR_PREFIX):]
                 if not self._training or base not in self._trainable:
-                    raise popart_exception(f"Anchor tensor '{anchor}' not in Ir Tensors: '{base}' is not a weight "
-                                           f"updated by this session")
+                    raise popart_exception(messages.ANCHOR_NOT_AN_UPDATED_WEIGHT.format(anchor=anchor, base=base))
             elif anchor not in known:
-                raise popart_exception(f"Anchor tensor '{anchor}' not in Ir Tensors: no tensor of the model has "
-                                       f"this id")
+                raise popart_exception(messages.ANCHOR_UNKNOWN_ID.format(anchor=anchor))
 
     def _check_device(self) -> None:
         needed = self._plan.ipus_per_replica * self.replicationFactor
         if self._device.numIpus > 1 or self._device.type.name == "Ipu":
             if self._device.numIpus % self.replicationFactor != 0:
-                raise popart_exception(f"The number of IPUs requested ({self._device.numIpus}) must be a multiple "
-                                       f"of replicatedGraphCount ({self.replicationFactor})")
+                raise popart_exception(messages.THE_NUMBER_OF_IPUS_REQUESTED_MUST.format(
+                    numIpus=self._device.numIpus, replicationFactor=self.replicationFactor))
             if needed > self._device.numIpus:
-                raise popart_exception(f"The model needs {needed} IPUs ({self._plan.ipus_per_replica} virtual "
-                                       f"graphs x {self.replicationFactor} replicas) but the device has "
-                                       f"{self._device.numIpus}")
+                raise popart_exception(messages.THE_MODEL_NEEDS_IPUS_VIRTUAL_GRAPHS.format(
+                    needed=needed, ipus_per_replica=self._plan.ipus_per_replica,
+                    replicationFactor=self.replicationFactor, numIpus=self._device.numIpus))
 
     def _annotate_blocks(self) -> None:
         if all(s.ipu is None for s in self._plan.segments):
@@ -236,7 +235,7 @@ class _Session:
     def prepareDevice(self, loadEngine: bool = True) -> None:
         """Compile: one traced micro-batch on zeros (weights, RNG and data untouched)."""
         if self._device.type.name == "OfflineIpu":
-            raise popart_exception("Cannot run on an offline IPU device: it only compiles")
+            raise popart_exception(messages.CANNOT_RUN_ON_AN_OFFLINE_IPU)
         if not self._prepared:
             self._executor.compile(*self._example_inputs())
             self._prepared = True
@@ -283,16 +282,16 @@ class _Session:
     def readWeights(self, weightsIo: PyWeightsIO) -> None:
         for name, array in weightsIo.weights.items():
             if name not in self._host_weights:
-                raise popart_exception(f"readWeights: '{name}' is not a weight of the model")
+                raise popart_exception(messages.READWEIGHTS_IS_NOT_A_WEIGHT_OF.format(name=name))
             _copy_into(array, self._host_weights[name], name)
 
     def writeWeights(self, weightsIo: PyWeightsIO) -> None:
         for name, array in weightsIo.weights.items():
             if name not in self._host_weights:
-                raise popart_exception(f"writeWeights: '{name}' is not a weight of the model")
+                raise popart_exception(messages.WRITEWEIGHTS_IS_NOT_A_WEIGHT_OF.format(name=name))
             if np.asarray(array).size != self._host_weights[name].size:
-                raise popart_exception(f"writeWeights: '{name}' has {self._host_weights[name].size} elements, got "
-                                       f"{np.asarray(array).size}")
+                raise popart_exception(messages.WRITEWEIGHTS_HAS_ELEMENTS_GOT.format(
+                    name=name, size=self._host_weights[name].size, size2=np.asarray(array).size))
         for name, array in weightsIo.weights.items():
             self._host_weights[name] = np.asarray(array, self._host_weights[name].dtype).reshape(
                 self._host_weights[name].shape).copy()
@@ -312,18 +311,17 @@ class _Session:
         """Replace the host weights by the initializers of another copy of the model (then call
         ``weightsFromHost``)."""
         if not self._training and self._options.constantWeights:
-            raise popart_exception("Cannot call resetHostWeights when constantWeights is set: set "
-                                   "SessionOptions.constantWeights = False")
+            raise popart_exception(messages.RESET_HOST_WEIGHTS_WITH_CONSTANT_WEIGHTS)
         proto = load_model(modelProtoOrFilename)
         found = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
         for name, value in found.items():
             if name not in self._host_weights:
                 if ignoreWeightsInModelWithoutCorrespondingHostWeight:
                     continue
-                raise popart_exception(f"resetHostWeights: the model has a weight '{name}' this session does not")
+                raise popart_exception(messages.RESETHOSTWEIGHTS_THE_MODEL_HAS_A_WEIGHT.format(name=name))
             if value.shape != self._host_weights[name].shape:
-                raise popart_exception(f"resetHostWeights: '{name}' has shape {list(value.shape)}, expected "
-                                       f"{list(self._host_weights[name].shape)}")
+                raise popart_exception(messages.RESETHOSTWEIGHTS_HAS_SHAPE_EXPECTED.format(
+                    name=name, shape=list(value.shape), shape2=list(self._host_weights[name].shape)))
         for name, value in found.items():
             if name in self._host_weights:
                 self._host_weights[name] = np.array(value, copy=True)
@@ -357,7 +355,8 @@ class _Session:
             if isinstance(stepio, str) and isinstance(debugName, (PyStepIO, PyStepIOCallback)):
                 stepio = debugName  # run(programHandle, stepio)
             else:
-                raise popart_exception(f"run() needs a popart.PyStepIO or PyStepIOCallback, got {type(stepio).__name__}")
+                raise popart_exception(messages.RUN_NEEDS_A_POPART_PYSTEPIO_OR.format(
+                    stepio_type=type(stepio).__name__))
         self._require_prepared("run()")
         inputs = self._gather_inputs(stepio)
         n = self._micro_batches_per_run()
@@ -383,26 +382,26 @@ class _Session:
                 for _ in range(n):
                     chunk = np.asarray(stepio.input_callback(tensor_id, False))
                     if stepio.runtimeAssertsEnabled() and chunk.size != info.nelms():
-                        raise popart_exception(f"Unexpected number of input elements for Tensor {tensor_id}. "
-                                               f"Expected {info.nelms()}, but received {chunk.size}.")
+                        raise popart_exception(messages.UNEXPECTED_NUMBER_OF_INPUT_ELEMENTS_FOR.format(
+                            tensor_id=tensor_id, nelms=info.nelms(), size=chunk.size))
                     chunks.append(np.asarray(chunk, dtype).reshape(info.shape()))
                     stepio.input_complete_callback(tensor_id)
                 tensors.append(torch.from_numpy(np.stack(chunks)))
                 continue
             if tensor_id not in stepio.inputs:
-                raise popart_exception(f"No stepio input was given for tensor '{tensor_id}' (the model's inputs: "
-                                       f"{', '.join(self._module.input_ids)})")
+                raise popart_exception(messages.NO_STEPIO_INPUT_WAS_GIVEN_FOR.format(
+                    tensor_id=tensor_id, input_ids=', '.join(self._module.input_ids)))
             array = np.asarray(stepio.inputs[tensor_id])
             if stepio.runtimeAssertsEnabled():
                 check_input_size(tensor_id, array, info.nelms(), int(o.replicatedGraphCount),
                                  int(o.accumulationFactor), self._bps)
             if array.size != n * info.nelms():
-                raise popart_exception(f"Unexpected number of input elements for Tensor {tensor_id}. Expected "
-                                       f"{n * info.nelms()}, but received {array.size}.")
+                raise popart_exception(messages.UNEXPECTED_NUMBER_OF_INPUT_ELEMENTS_FOR.format(
+                    tensor_id=tensor_id, nelms=n * info.nelms(), size=array.size))
             if array.dtype != dtype:
                 if not np.can_cast(array.dtype, dtype, casting="same_kind"):
-                    raise popart_exception(f"Input tensor '{tensor_id}' has data type {array.dtype}; the model "
-                                           f"expects {info.data_type()}")
+                    raise popart_exception(messages.INPUT_TENSOR_HAS_DATA_TYPE_THE.format(
+                        tensor_id=tensor_id, dtype=array.dtype, data_type=info.data_type()))
                 array = array.astype(dtype)
             tensors.append(torch.from_numpy(np.ascontiguousarray(array).reshape([n] + info.shape()).copy()))
         return tuple(tensors)
@@ -495,7 +494,7 @@ class _Session:
 
     def getInfo(self, id: str) -> tensorinfo.TensorInfo:
         if id not in self._infos:
-            raise popart_exception(f"No tensor '{id}' in the model")
+            raise popart_exception(messages.NO_TENSOR_IN_THE_MODEL.format(id=id))
         return self._infos[id]
 
     def hasInfo(self, id: str) -> bool:
@@ -559,14 +558,14 @@ class TrainingSession(_Session):
         self._optimizer_desc = optimizer
 
     def connectStreamToCallback(self, *args, **kwargs):
-        raise popart_exception("connectStreamToCallback is not supported by openpop; use PyStepIOCallback")
+        raise popart_exception(messages.CONNECT_STREAM_TO_CALLBACK_UNSUPPORTED)
 
 
 def _copy_into(target, values: np.ndarray, name: str) -> None:
     target_array = np.asarray(target)
     if target_array.size != np.asarray(values).size:
-        raise popart_exception(f"Buffer for '{name}' has {target_array.size} elements, expected "
-                               f"{np.asarray(values).size}")
+        raise popart_exception(messages.BUFFER_FOR_HAS_ELEMENTS_EXPECTED.format(
+            name=name, size=target_array.size, size2=np.asarray(values).size))
     np.copyto(target_array, np.asarray(values).reshape(target_array.shape), casting="unsafe")
 
 
@@ -598,8 +597,7 @@ def _infer_all(program: GraphProgram) -> dict[str, tensorinfo.TensorInfo]:
     for name in program.input_ids:
         type_proto = program.input_types[name]
         if info_of(type_proto) is None:
-            raise popart_exception(f"Input tensor '{name}' has no complete shape in the model; give its shape with "
-                                   f"popart.InputShapeInfo")
+            raise popart_exception(messages.INPUT_TENSOR_HAS_NO_COMPLETE_SHAPE.format(tensor_id=name))
         inference.add_value(name, type_proto)
     graph = onnx.GraphProto()
     graph.node.extend(program.nodes)

@@ -3,6 +3,7 @@ from collections.abc import Sequence
 
 import torch
 
+from .. import messages
 from ..errors import popart_exception
 
 # ONNX TensorProto data type -> torch dtype
@@ -16,7 +17,7 @@ def ints(t) -> list[int]:
     if t is None:
         return []
     if t.device.type == "meta":
-        raise popart_exception("a shape-like input is not a constant")
+        raise popart_exception(messages.A_SHAPE_LIKE_INPUT_IS_NOT)
     return [int(v) for v in t.reshape(-1).tolist()]
 
 
