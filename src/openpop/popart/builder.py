@@ -153,7 +153,7 @@ class Builder:
         current = root._opsets.get(domain)
         if current is not None and current != version:
             label = "aiOnnxOpset" if domain == registry.ONNX_DOMAIN else "aiGraphcoreOpset"
-            raise popart_exception(messages.INVALID_OPSET_SELECTED_OPSET_FOR_DOMAIN.format(
+            raise popart_exception(messages.OPSET_ALREADY_DEFINED.format(
                 label=label, version=version, domain=domain, current=current))
         if current is None:
             root._opsets[domain] = version
@@ -186,7 +186,7 @@ class Builder:
                 raise AttributeError(name) from None
             if 6 <= version <= MAX_AI_ONNX_OPSET:
                 return self._select_opset(registry.ONNX_DOMAIN, version)
-        raise AttributeError(messages.BUILDER_OBJECT_HAS_NO_ATTRIBUTE.format(name=name))
+        raise AttributeError(messages.BUILDER_NO_ATTRIBUTE.format(name=name))
 
     # ------------------------------------------------------------------ ids
     def _unique_id(self, base: str) -> str:
@@ -422,7 +422,7 @@ class Builder:
         type_proto = self._inference.types.get(tensor_id)
         info = info_of(type_proto) if type_proto is not None else None
         if info is None:
-            raise popart_exception(messages.SHAPE_OF_TENSOR_COULD_NOT_BE.format(tensor_id=tensor_id))
+            raise popart_exception(messages.SHAPE_NOT_INFERRED.format(tensor_id=tensor_id))
         return info
 
     def getTensorShape(self, tensorId: str) -> list[int]:
@@ -666,7 +666,7 @@ def load_model(model) -> onnx.ModelProto:
         try:
             proto.ParseFromString(bytes(model))
         except Exception as exc:
-            raise popart_exception(messages.FAILED_TO_PARSE_THE_ONNX_MODEL.format(exc=exc)) from None
+            raise popart_exception(messages.MODEL_PARSE_FAILED.format(exc=exc)) from None
         return proto
     if isinstance(model, str):
         try:
@@ -675,4 +675,4 @@ def load_model(model) -> onnx.ModelProto:
             raise popart_exception(messages.MODEL_FILE_MISSING.format(model=model)) from None
         except Exception as exc:
             raise popart_exception(messages.MODEL_LOAD_FAILED.format(model=model, exc=exc)) from None
-    raise popart_exception(messages.EXPECTED_AN_ONNX_MODEL_BYTES_A.format(model_type=type(model).__name__))
+    raise popart_exception(messages.NOT_AN_ONNX_MODEL.format(model_type=type(model).__name__))

@@ -18,17 +18,17 @@ class AnchorReturnType:
                  exchangeStrategy=ExchangeStrategy.JustInTime):
         key = str(artString).lower()
         if key not in _BY_NAME:
-            raise popart_exception(messages.INVALID_ANCHOR_RETURN_TYPE_ID_SUPPLIED.format(artString=artString))
+            raise popart_exception(messages.INVALID_ANCHOR_RETURN_TYPE.format(artString=artString))
         self._id = _BY_NAME[key]
         if self._id == AnchorReturnTypeId.EveryN:
             if returnPeriod is None:
-                raise popart_exception(messages.MUST_SPECIFY_RETURN_PERIOD_WITH_OPTION)
+                raise popart_exception(messages.RETURN_PERIOD_MISSING)
             if int(returnPeriod) <= 0:
-                raise popart_exception(messages.ANCHOR_RETURN_PERIOD_MUST_BE_GREATER)
+                raise popart_exception(messages.RETURN_PERIOD_NOT_POSITIVE)
             self._period = int(returnPeriod)
         else:
             if returnPeriod is not None:
-                raise popart_exception(messages.A_RETURN_PERIOD_SHOULD_NOT_BE.format(artString=artString))
+                raise popart_exception(messages.RETURN_PERIOD_NOT_EXPECTED.format(artString=artString))
             self._period = 0
         self.tileSet = tileSet
         self.exchangeStrategy = exchangeStrategy
@@ -55,19 +55,19 @@ class DataFlow:
                  anchorTensors: Optional[Union[dict[str, AnchorReturnType], Iterable[str]]] = None,
                  anchorReturnType: AnchorReturnType = None):
         if int(batchesPerStep) < 1:
-            raise popart_exception(messages.BATCHESPERSTEP_MUST_BE_AT_LEAST_GOT.format(batchesPerStep=batchesPerStep))
+            raise popart_exception(messages.BATCHES_PER_STEP_BELOW_ONE.format(batchesPerStep=batchesPerStep))
         self._bps = int(batchesPerStep)
         anchors = anchorTensors if anchorTensors is not None else {}
         if isinstance(anchors, dict):
             if anchorReturnType is not None:
-                raise popart_exception(messages.DATAFLOW_GIVE_EITHER_A_DICT_OF)
+                raise popart_exception(messages.DATAFLOW_ANCHORS_ARGUMENTS)
             self._anchors = dict(anchors)
         else:
             art = anchorReturnType if anchorReturnType is not None else AnchorReturnType("All")
             self._anchors = dict.fromkeys(anchors, art)
         for tensor_id, art in self._anchors.items():
             if not isinstance(art, AnchorReturnType):
-                raise popart_exception(messages.ANCHOR_EXPECTED_A_POPART_ANCHORRETURNTYPE_GOT.format(
+                raise popart_exception(messages.ANCHOR_NOT_A_RETURN_TYPE.format(
                     tensor_id=tensor_id, art=art))
 
     def batchesPerStep(self) -> int:
@@ -95,8 +95,8 @@ class DataFlow:
         for tensor_id, art in self._anchors.items():
             if art.id() == AnchorReturnTypeId.EveryN:
                 if art.rp() > self._bps:
-                    raise popart_exception(messages.RETURN_PERIOD_MUST_BE_LESS_THAN.format(
+                    raise popart_exception(messages.RETURN_PERIOD_ABOVE_BATCHES_PER_STEP.format(
                         tensor_id=tensor_id, rp=art.rp(), bps=self._bps))
                 if self._bps % art.rp() != 0:
-                    raise popart_exception(messages.BATCHES_PER_STEP_MUST_BE_A.format(
+                    raise popart_exception(messages.BATCHES_PER_STEP_NOT_A_MULTIPLE.format(
                         tensor_id=tensor_id, rp=art.rp(), bps=self._bps))

@@ -67,7 +67,7 @@ class DeviceInfo:
 
     def attach(self) -> bool:
         if self._type == DeviceType.OfflineIpu:
-            raise popart_exception(messages.CANNOT_ATTACH_TO_AN_OFFLINE_IPU)
+            raise popart_exception(messages.ATTACH_OFFLINE_DEVICE)
         self._attached = True
         return True
 
@@ -99,7 +99,7 @@ def _ipus_from(options: dict, key="numIPUs", default=1) -> int:
     try:
         return int(value)
     except (TypeError, ValueError):
-        raise popart_exception(messages.INVALID_VALUE_FOR_DEVICE_OPTION.format(value=value, key=key)) from None
+        raise popart_exception(messages.INVALID_DEVICE_OPTION.format(value=value, key=key)) from None
 
 
 class DeviceManager:

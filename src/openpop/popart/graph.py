@@ -125,7 +125,7 @@ def _topological(graph) -> list[onnx.NodeProto]:
         if len(rest) == len(pending):
             node = rest[0]
             missing = [i for i in inputs_of(node) if i not in available]
-            raise popart_exception(messages.INPUT_TENSOR_IS_PRODUCED_BY_NO.format(
+            raise popart_exception(messages.INPUT_NOT_PRODUCED.format(
                 node=node_label(node), missing=missing[0]))
         pending = rest
     return ordered
@@ -320,7 +320,7 @@ class OnnxGraphModule(torch.nn.Module):
             live_in = sorted(n for n in used[k] if n not in produced[k] and n not in owned and n in available)
             missing = [n for n in used[k] if n not in produced[k] and n not in owned and n not in available]
             if missing:
-                raise popart_exception(messages.TENSOR_IS_USED_BY_A_PIPELINE.format(missing=missing[0]))
+                raise popart_exception(messages.TENSOR_USED_BEFORE_ITS_STAGE.format(missing=missing[0]))
             here = produced[k] | set(owned)
             live_out = sorted(n for n in here if n in later)
             modules.append(Segment(program, seg, live_in, live_out, owned, trainable, self.state, constant_weights,
@@ -329,7 +329,7 @@ class OnnxGraphModule(torch.nn.Module):
         self.segments = torch.nn.ModuleList(modules)
         missing = [t for t in needed_at_end if t not in available]
         if missing:
-            raise popart_exception(messages.TENSOR_IS_NOT_PRODUCED_BY_THE.format(missing=missing[0]))
+            raise popart_exception(messages.TENSOR_NOT_PRODUCED.format(missing=missing[0]))
 
     def weights(self) -> dict[str, torch.Tensor]:
         """Every initializer by its ONNX name (Parameters and constants)."""
@@ -371,7 +371,7 @@ def run_subgraph(ctx, graph_proto: onnx.GraphProto, inputs):
     env = {i.name: torch.from_numpy(numpy_helper.to_array(i).copy()) for i in graph_proto.initializer}
     names = [v.name for v in graph_proto.input if v.name not in initializers]
     if len(names) != len(inputs):
-        raise popart_exception(messages.CALL_NODE_THE_CALLEE_TAKES_INPUTS.format(
+        raise popart_exception(messages.CALL_INPUT_COUNT.format(
             node_name=ctx.node_name, n_names=len(names), n_inputs=len(inputs)))
     env.update(zip(names, inputs))
     for node in graph_proto.node:

@@ -48,7 +48,7 @@ class Opset:
 
     def _control(self, op_type, args, num_outputs, attributes, debugContext):
         if self._domain != registry.ONNX_DOMAIN:
-            raise AttributeError(messages.IS_AN_AI_ONNX_OPERATOR.format(op_type=op_type))
+            raise AttributeError(messages.ONNX_OPERATOR_ON_AI_GRAPHCORE.format(op_type=op_type))
         return self._builder._add_node(op_type, self._domain, list(args), attributes, int(num_outputs),
                                        debugContext)
 
@@ -71,7 +71,7 @@ class Opset:
 
     def call(self, args, num_outputs: int, callee: Builder, debugContext=""):
         if self._domain != registry.GRAPHCORE_DOMAIN:
-            raise AttributeError(messages.CALL_IS_AN_AI_GRAPHCORE_OPERATOR)
+            raise AttributeError(messages.CALL_ON_AI_ONNX)
         outs = self._builder._add_node("Call", self._domain, list(args), {"callee": callee}, int(num_outputs),
                                        debugContext)
         return outs
@@ -111,7 +111,7 @@ def build_op(self, op_type, domain, args, pos, positional, attrs, debugContext):
         if len(pos) == len(positional) + 1 and isinstance(pos[-1], (str, DebugContext)):
             debugContext = pos[-1]
         else:
-            raise TypeError(messages.TOO_MANY_POSITIONAL_ARGUMENTS_EXPECTED_THEN.format(
+            raise TypeError(messages.TOO_MANY_POSITIONAL_ARGUMENTS.format(
                 op_type=op_type, n_pos=len(pos), positional=list(positional)))
     values.update(attrs)
     num_outputs = int(values.pop("num_outputs", _FIXED_OUTPUTS.get(op_type, 1)))

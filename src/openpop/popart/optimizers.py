@@ -62,7 +62,7 @@ def _value(v):
         return v.val(), v.isConst()
     if isinstance(v, (tuple, list)):
         if len(v) != 2:
-            raise popart_exception(messages.OPTIMIZER_VALUES_ARE_VALUE_ISCONST_PAIRS.format(v=v))
+            raise popart_exception(messages.OPTIMIZER_VALUE_NOT_A_PAIR.format(v=v))
         return float(v[0]), bool(v[1])
     if isinstance(v, bool):
         return v, True
@@ -78,7 +78,7 @@ class Optimizer:
     def __init__(self, values: dict, clip_norm_settings=(), debugContext=""):
         unknown = [k for k in values if k not in self._keys]
         if unknown:
-            raise popart_exception(messages.UNKNOWN_OPTIMIZER_PARAMETER_FOR_VALID.format(
+            raise popart_exception(messages.UNKNOWN_OPTIMIZER_PARAMETER.format(
                 unknown=unknown[0], self_type=type(self).__name__, keys=', '.join(self._keys)))
         self._defaults = {k: (v, True) for k, v in self._keys.items()}
         for k, v in values.items():
@@ -87,7 +87,7 @@ class Optimizer:
         self._clip = list(clip_norm_settings or [])
         for s in self._clip:
             if not isinstance(s, ClipNormSettings):
-                raise popart_exception(messages.CLIP_NORM_SETTINGS_MUST_BE_POPART)
+                raise popart_exception(messages.CLIP_NORM_SETTINGS_TYPE)
 
     def insertSpecific(self, weightId: str, values: dict) -> None:
         specific = {}
@@ -121,7 +121,7 @@ class Optimizer:
             return math.inf
         if len(self._clip) == 1 and (self._clip[0].all_weights or set(self._clip[0].weightIds) >= set(weight_ids)):
             return self._clip[0].maxNorm
-        raise popart_exception(messages.GRADIENT_CLIPPING_OF_A_SUBSET_OF)
+        raise popart_exception(messages.CLIPPING_SUBSET_UNSUPPORTED)
 
     def _groups(self, params: dict[str, torch.nn.Parameter], keys: list[str]):
         """One parameter group for the weights on defaults, one per weight with specific values."""
@@ -134,7 +134,7 @@ class Optimizer:
                 groups.append({"params": [p], **{k: self.value(k, w) for k in keys}, "popart_weight": w})
         unknown = [w for w in self._specific if w not in params]
         if unknown:
-            raise popart_exception(messages.INSERTSPECIFIC_IS_NOT_A_TRAINABLE_WEIGHT.format(unknown=unknown[0]))
+            raise popart_exception(messages.INSERT_SPECIFIC_NOT_A_WEIGHT.format(unknown=unknown[0]))
         return groups
 
     def check_update(self, new: "Optimizer") -> None:
@@ -220,12 +220,12 @@ class Adam(Optimizer):
         scaling = self.value("lossScaling")
         if self.mode in (AdamMode.Lamb, AdamMode.LambNoBias):
             if clip != math.inf:
-                raise popart_exception(messages.GRADIENT_CLIPPING_IS_NOT_SUPPORTED_WITH)
+                raise popart_exception(messages.LAMB_CLIPPING_UNSUPPORTED)
             return optim.LAMB(groups, bias_correction=self.mode == AdamMode.Lamb, loss_scaling=scaling,
                               max_weight_norm=self.value("maxWeightNorm"), **common)
         if self.mode == AdamMode.AdaMax:
             if self.weight_decay_mode == WeightDecayMode.Decay and self.value("defaultWeightDecay"):
-                raise popart_exception(messages.ADAMAX_WITH_DECOUPLED_WEIGHT_DECAY_IS)
+                raise popart_exception(messages.ADAMAX_DECOUPLED_DECAY_UNSUPPORTED)
             return torch.optim.Adamax(groups, **common)
         bias = self.mode == AdamMode.Adam
         if self.weight_decay_mode == WeightDecayMode.Decay:
@@ -246,7 +246,7 @@ class Adaptive(Optimizer):
         super().__init__(dict(values or {}), (), debugContext)
         self.mode = AdaptiveMode(int(mode))
         if self.hasSpecific():
-            raise popart_exception(messages.ADAPTIVE_PER_WEIGHT_VALUES_ARE_NOT)
+            raise popart_exception(messages.ADAPTIVE_PER_WEIGHT_UNSUPPORTED)
 
     def to_torch(self, params: dict[str, torch.nn.Parameter]):
         from .. import optim

@@ -86,16 +86,16 @@ class _Session:
     def __init__(self, fnModel, dataFlow: DataFlow, deviceInfo: DeviceInfo, inputShapeInfo=None, patterns=None,
                  userOptions: SessionOptions = None, name: str = "", *, training: bool, loss=None, optimizer=None):
         if not isinstance(dataFlow, DataFlow):
-            raise popart_exception(messages.DATAFLOW_MUST_BE_A_POPART_DATAFLOW.format(
+            raise popart_exception(messages.DATAFLOW_TYPE.format(
                 dataFlow_type=type(dataFlow).__name__))
         if deviceInfo is None:
-            raise popart_exception(messages.NO_DEVICE_GIVEN_DEVICEINFO_IS_NONE)
+            raise popart_exception(messages.NO_DEVICE)
         if not isinstance(deviceInfo, DeviceInfo):
-            raise popart_exception(messages.DEVICEINFO_MUST_BE_A_POPART_DEVICEINFO.format(
+            raise popart_exception(messages.DEVICE_INFO_TYPE.format(
                 deviceInfo_type=type(deviceInfo).__name__))
         options = userOptions if userOptions is not None else SessionOptions()
         if not isinstance(options, SessionOptions):
-            raise popart_exception(messages.USEROPTIONS_MUST_BE_A_POPART_SESSIONOPTIONS.format(
+            raise popart_exception(messages.USER_OPTIONS_TYPE.format(
                 options_type=type(options).__name__))
         self.name = name
         self._training = training
@@ -111,11 +111,11 @@ class _Session:
         self._infos = _infer_all(self._program)
         # ---- options
         if int(options.replicatedGraphCount) < 1:
-            raise popart_exception(messages.REPLICATEDGRAPHCOUNT_MUST_BE_AT_LEAST)
+            raise popart_exception(messages.REPLICATION_BELOW_ONE)
         self.accumulationFactor = options.getAccumulationFactor()
         self.replicationFactor = options.local_replicas()
         if not training and self.accumulationFactor > 1:
-            raise popart_exception(messages.GRADIENT_ACCUMULATION_IS_ONLY_AVAILABLE_IN)
+            raise popart_exception(messages.ACCUMULATION_IN_INFERENCE)
         dataFlow.validate()
         self._bps = dataFlow.batchesPerStep()
         self._instances = distributed.instances(options)
@@ -123,9 +123,9 @@ class _Session:
         self._loss = None
         if training:
             if not isinstance(loss, str):
-                raise popart_exception(messages.LOSS_MUST_BE_A_TENSOR_ID.format(loss_type=type(loss).__name__))
+                raise popart_exception(messages.LOSS_TYPE.format(loss_type=type(loss).__name__))
             if loss not in self._infos:
-                raise popart_exception(messages.THE_LOSS_TENSOR_IS_NOT_A.format(loss=loss))
+                raise popart_exception(messages.LOSS_NOT_IN_MODEL.format(loss=loss))
             self._loss = loss
         self._trainable = self._program.trainable_initializers()
         self._check_anchors()
@@ -150,7 +150,7 @@ class _Session:
         self._updated: list[dict[str, torch.Tensor]] = []
         if training:
             if not isinstance(optimizer, Optimizer):
-                raise popart_exception(messages.OPTIMIZER_MUST_BE_A_POPART_OPTIMIZER.format(
+                raise popart_exception(messages.OPTIMIZER_TYPE.format(
                     optimizer_type=type(optimizer).__name__))
             self._optimizer_desc = optimizer
             params = {k: v for k, v in self._weights.items() if isinstance(v, torch.nn.Parameter)}
@@ -174,7 +174,7 @@ class _Session:
             if anchor.startswith(GRADIENT_PREFIX):
                 base = anchor[len(GRADIENT_PREFIX):]
                 if not self._training:
-                    raise popart_exception(messages.ANCHOR_TENSOR_IS_A_GRADIENT_GRADIENTS.format(anchor=anchor))
+                    raise popart_exception(messages.ANCHOR_GRADIENT_IN_INFERENCE.format(anchor=anchor))
                 if base not in known:
                     raise popart_exception(messages.ANCHOR_GRADIENT_OF_UNKNOWN.format(anchor=anchor, base=base))
             elif anchor.startswith(UPDATED_VAR_PREFIX):
@@ -188,10 +188,10 @@ class _Session:
         needed = self._plan.ipus_per_replica * self.replicationFactor
         if self._device.numIpus > 1 or self._device.type.name == "Ipu":
             if self._device.numIpus % self.replicationFactor != 0:
-                raise popart_exception(messages.THE_NUMBER_OF_IPUS_REQUESTED_MUST.format(
+                raise popart_exception(messages.IPUS_NOT_A_MULTIPLE_OF_REPLICAS.format(
                     numIpus=self._device.numIpus, replicationFactor=self.replicationFactor))
             if needed > self._device.numIpus:
-                raise popart_exception(messages.THE_MODEL_NEEDS_IPUS_VIRTUAL_GRAPHS.format(
+                raise popart_exception(messages.NOT_ENOUGH_IPUS_FOR_MODEL.format(
                     needed=needed, ipus_per_replica=self._plan.ipus_per_replica,
                     replicationFactor=self.replicationFactor, numIpus=self._device.numIpus))
 
@@ -235,7 +235,7 @@ class _Session:
     def prepareDevice(self, loadEngine: bool = True) -> None:
         """Compile: one traced micro-batch on zeros (weights, RNG and data untouched)."""
         if self._device.type.name == "OfflineIpu":
-            raise popart_exception(messages.CANNOT_RUN_ON_AN_OFFLINE_IPU)
+            raise popart_exception(messages.RUN_OFFLINE_DEVICE)
         if not self._prepared:
             self._executor.compile(*self._example_inputs())
             self._prepared = True
@@ -282,16 +282,16 @@ class _Session:
     def readWeights(self, weightsIo: PyWeightsIO) -> None:
         for name, array in weightsIo.weights.items():
             if name not in self._host_weights:
-                raise popart_exception(messages.READWEIGHTS_IS_NOT_A_WEIGHT_OF.format(name=name))
+                raise popart_exception(messages.READ_WEIGHTS_UNKNOWN.format(name=name))
             _copy_into(array, self._host_weights[name], name)
 
     def writeWeights(self, weightsIo: PyWeightsIO) -> None:
         for name, array in weightsIo.weights.items():
             if name not in self._host_weights:
-                raise popart_exception(messages.WRITEWEIGHTS_IS_NOT_A_WEIGHT_OF.format(name=name))
+                raise popart_exception(messages.WRITE_WEIGHTS_UNKNOWN.format(name=name))
             if np.asarray(array).size != self._host_weights[name].size:
-                raise popart_exception(messages.WRITEWEIGHTS_HAS_ELEMENTS_GOT.format(
-                    name=name, size=self._host_weights[name].size, size2=np.asarray(array).size))
+                raise popart_exception(messages.WRITE_WEIGHTS_SIZE_MISMATCH.format(
+                    name=name, size=self._host_weights[name].size, given=np.asarray(array).size))
         for name, array in weightsIo.weights.items():
             self._host_weights[name] = np.asarray(array, self._host_weights[name].dtype).reshape(
                 self._host_weights[name].shape).copy()
@@ -318,10 +318,10 @@ class _Session:
             if name not in self._host_weights:
                 if ignoreWeightsInModelWithoutCorrespondingHostWeight:
                     continue
-                raise popart_exception(messages.RESETHOSTWEIGHTS_THE_MODEL_HAS_A_WEIGHT.format(name=name))
+                raise popart_exception(messages.RESET_HOST_WEIGHTS_UNKNOWN.format(name=name))
             if value.shape != self._host_weights[name].shape:
-                raise popart_exception(messages.RESETHOSTWEIGHTS_HAS_SHAPE_EXPECTED.format(
-                    name=name, shape=list(value.shape), shape2=list(self._host_weights[name].shape)))
+                raise popart_exception(messages.RESET_HOST_WEIGHTS_SHAPE_MISMATCH.format(
+                    name=name, shape=list(value.shape), expected=list(self._host_weights[name].shape)))
         for name, value in found.items():
             if name in self._host_weights:
                 self._host_weights[name] = np.array(value, copy=True)
@@ -355,7 +355,7 @@ class _Session:
             if isinstance(stepio, str) and isinstance(debugName, (PyStepIO, PyStepIOCallback)):
                 stepio = debugName  # run(programHandle, stepio)
             else:
-                raise popart_exception(messages.RUN_NEEDS_A_POPART_PYSTEPIO_OR.format(
+                raise popart_exception(messages.STEPIO_TYPE.format(
                     stepio_type=type(stepio).__name__))
         self._require_prepared("run()")
         inputs = self._gather_inputs(stepio)
@@ -382,25 +382,25 @@ class _Session:
                 for _ in range(n):
                     chunk = np.asarray(stepio.input_callback(tensor_id, False))
                     if stepio.runtimeAssertsEnabled() and chunk.size != info.nelms():
-                        raise popart_exception(messages.UNEXPECTED_NUMBER_OF_INPUT_ELEMENTS_FOR.format(
+                        raise popart_exception(messages.INPUT_ELEMENT_COUNT.format(
                             tensor_id=tensor_id, nelms=info.nelms(), size=chunk.size))
                     chunks.append(np.asarray(chunk, dtype).reshape(info.shape()))
                     stepio.input_complete_callback(tensor_id)
                 tensors.append(torch.from_numpy(np.stack(chunks)))
                 continue
             if tensor_id not in stepio.inputs:
-                raise popart_exception(messages.NO_STEPIO_INPUT_WAS_GIVEN_FOR.format(
+                raise popart_exception(messages.STEPIO_INPUT_MISSING.format(
                     tensor_id=tensor_id, input_ids=', '.join(self._module.input_ids)))
             array = np.asarray(stepio.inputs[tensor_id])
             if stepio.runtimeAssertsEnabled():
                 check_input_size(tensor_id, array, info.nelms(), int(o.replicatedGraphCount),
                                  int(o.accumulationFactor), self._bps)
             if array.size != n * info.nelms():
-                raise popart_exception(messages.UNEXPECTED_NUMBER_OF_INPUT_ELEMENTS_FOR.format(
+                raise popart_exception(messages.INPUT_ELEMENT_COUNT.format(
                     tensor_id=tensor_id, nelms=n * info.nelms(), size=array.size))
             if array.dtype != dtype:
                 if not np.can_cast(array.dtype, dtype, casting="same_kind"):
-                    raise popart_exception(messages.INPUT_TENSOR_HAS_DATA_TYPE_THE.format(
+                    raise popart_exception(messages.INPUT_DATA_TYPE_MISMATCH.format(
                         tensor_id=tensor_id, dtype=array.dtype, data_type=info.data_type()))
                 array = array.astype(dtype)
             tensors.append(torch.from_numpy(np.ascontiguousarray(array).reshape([n] + info.shape()).copy()))
@@ -494,7 +494,7 @@ class _Session:
 
     def getInfo(self, id: str) -> tensorinfo.TensorInfo:
         if id not in self._infos:
-            raise popart_exception(messages.NO_TENSOR_IN_THE_MODEL.format(id=id))
+            raise popart_exception(messages.NO_SUCH_TENSOR.format(id=id))
         return self._infos[id]
 
     def hasInfo(self, id: str) -> bool:
@@ -564,8 +564,8 @@ class TrainingSession(_Session):
 def _copy_into(target, values: np.ndarray, name: str) -> None:
     target_array = np.asarray(target)
     if target_array.size != np.asarray(values).size:
-        raise popart_exception(messages.BUFFER_FOR_HAS_ELEMENTS_EXPECTED.format(
-            name=name, size=target_array.size, size2=np.asarray(values).size))
+        raise popart_exception(messages.BUFFER_SIZE_MISMATCH.format(
+            name=name, size=target_array.size, expected=np.asarray(values).size))
     np.copyto(target_array, np.asarray(values).reshape(target_array.shape), casting="unsafe")
 
 

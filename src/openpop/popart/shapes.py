@@ -70,7 +70,7 @@ class ShapeInference:
         domain = registry._canon(node.domain)
         missing = [i for i in node.input if i and i not in self.types]
         if missing:
-            raise popart_exception(messages.INPUT_TENSOR_IS_NOT_A_TENSOR.format(
+            raise popart_exception(messages.INPUT_NOT_IN_GRAPH.format(
                 node=node_label(node), missing=missing[0]))
         if domain == registry.ONNX_DOMAIN:
             out = self._onnx(node)
@@ -88,7 +88,7 @@ class ShapeInference:
         try:
             schema = onnx.defs.get_schema(node.op_type, version, "")
         except Exception:
-            raise popart_exception(messages.NO_ONNX_OPERATOR_IN_AI_ONNX.format(
+            raise popart_exception(messages.NO_ONNX_OPERATOR_IN_OPSET.format(
                 node=node_label(node), op_type=node.op_type, version=version)) from None
         clean = strip_annotations(node)
         try:
@@ -97,7 +97,7 @@ class ShapeInference:
                 {k: self.constants[k] for k in node.input if k in self.constants},
                 opset_imports=[helper.make_opsetid("", version)])
         except Exception as exc:  # onnx.shape_inference.InferenceError and friends
-            raise popart_exception(messages.SHAPE_INFERENCE_FAILED_FOR.format(node=node_label(node), exc=exc)) from None
+            raise popart_exception(messages.SHAPE_INFERENCE_FAILED.format(node=node_label(node), exc=exc)) from None
         result = dict(out)
         if any(info_of(t) is None for t in result.values()) and registry.lookup("", node.op_type) is not None:
             # Data-dependent shapes (Reshape of a computed shape, ...): evaluate on meta tensors.
@@ -110,7 +110,7 @@ class ShapeInference:
     def _meta(self, node):
         entry = registry.lookup(node.domain, node.op_type)
         if entry is None:
-            raise popart_exception(messages.UNKNOWN_OPERATOR_IN_DOMAIN.format(
+            raise popart_exception(messages.UNKNOWN_OPERATOR.format(
                 node=node_label(node), op_type=node.op_type, domain=node.domain or registry.ONNX_DOMAIN))
         inputs = []
         for name in node.input:
@@ -122,14 +122,14 @@ class ShapeInference:
                 continue
             info = info_of(self.types[name])
             if info is None:
-                raise popart_exception(messages.THE_SHAPE_OF_INPUT_IS_UNKNOWN.format(node=node_label(node), name=name))
+                raise popart_exception(messages.INPUT_SHAPE_UNKNOWN.format(node=node_label(node), name=name))
             inputs.append(torch.empty(info.shape(), dtype=tensorinfo.torch_dtype(info.data_type()), device="meta"))
         from .ops import run_node  # late: ops import this module's helpers
         from .ops.control import free_variables
         for name in free_variables(node):  # enclosing-scope tensors of If/Loop/Scan bodies
             info = info_of(self.types[name]) if name in self.types else None
             if info is None:
-                raise popart_exception(messages.THE_SHAPE_OF_READ_BY_ITS.format(node=node_label(node), name=name))
+                raise popart_exception(messages.BODY_READ_SHAPE_UNKNOWN.format(node=node_label(node), name=name))
             inputs.append(torch.empty(info.shape(), dtype=tensorinfo.torch_dtype(info.data_type()), device="meta"))
         version = self.opsets.get(registry._canon(node.domain), 1)
         try:
@@ -137,7 +137,7 @@ class ShapeInference:
         except popart_exception:
             raise
         except Exception as exc:
-            raise popart_exception(messages.SHAPE_INFERENCE_FAILED_FOR.format(node=node_label(node), exc=exc)) from None
+            raise popart_exception(messages.SHAPE_INFERENCE_FAILED.format(node=node_label(node), exc=exc)) from None
         result = {}
         for name, value in zip(node.output, outputs):
             if name and value is not None:

@@ -37,7 +37,7 @@ def popart_name(dtype) -> str:
             name = "FLOAT"
         if name in _TYPES:
             return name
-        raise popart_exception(messages.UNKNOWN_DATA_TYPE_KNOWN.format(dtype=dtype, known=', '.join(_TYPES)))
+        raise popart_exception(messages.UNKNOWN_DATA_TYPE.format(dtype=dtype, known=', '.join(_TYPES)))
     if isinstance(dtype, torch.dtype):
         return _BY_TORCH[dtype]
     if isinstance(dtype, int) and dtype in _BY_ONNX:
@@ -45,7 +45,7 @@ def popart_name(dtype) -> str:
     try:
         return _BY_NUMPY[np.dtype(dtype)]
     except (TypeError, KeyError):
-        raise popart_exception(messages.DATA_TYPE_HAS_NO_POPART_EQUIVALENT.format(dtype=dtype)) from None
+        raise popart_exception(messages.NO_POPART_DATA_TYPE.format(dtype=dtype)) from None
 
 
 def onnx_type(name: str) -> int:
@@ -71,7 +71,7 @@ class TensorInfo:
             self._dtype = popart_name(args[0])
             self._shape = [int(d) for d in args[1]]
         else:
-            raise popart_exception(messages.TENSORINFO_TAKES_DTYPE_SHAPE_OR_A)
+            raise popart_exception(messages.TENSOR_INFO_ARGUMENTS)
 
     def shape(self) -> list[int]:
         return list(self._shape)

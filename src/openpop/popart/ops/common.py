@@ -17,7 +17,7 @@ def ints(t) -> list[int]:
     if t is None:
         return []
     if t.device.type == "meta":
-        raise popart_exception(messages.A_SHAPE_LIKE_INPUT_IS_NOT)
+        raise popart_exception(messages.SHAPE_INPUT_NOT_CONSTANT)
     return [int(v) for v in t.reshape(-1).tolist()]
 
 

@@ -75,7 +75,7 @@ def run_graph(ctx, graph: onnx.GraphProto, inputs: list[torch.Tensor], outer: di
     initializers = {i.name for i in graph.initializer}
     names = [v.name for v in graph.input if v.name not in initializers]
     if len(names) != len(inputs):
-        raise popart_exception(messages.NODE_THE_BODY_GRAPH_TAKES_INPUTS.format(
+        raise popart_exception(messages.BODY_INPUT_COUNT.format(
             op_type=ctx.op_type, node_name=ctx.node_name, name=graph.name, n_names=len(names), n_inputs=len(inputs)))
     env.update(zip(names, inputs))
     opsets = getattr(ctx.graph, "opsets", None) or {"ai.onnx": ctx.opset, "ai.graphcore": 1}
@@ -126,11 +126,11 @@ def loop(ctx, inputs, attrs):
         i += 1
         keep_going = not meta and _truth(out[0])
         if limit is None and i >= 1_000_000:
-            raise popart_exception(messages.LOOP_NODE_RAN_A_MILLION_ITERATIONS.format(node_name=ctx.node_name))
+            raise popart_exception(messages.LOOP_DOES_NOT_END.format(node_name=ctx.node_name))
     n_scan = len(body.output) - 1 - len(carried)
     if not scans:
         if n_scan:
-            raise popart_exception(messages.LOOP_NODE_RAN_NO_ITERATION_ITS.format(node_name=ctx.node_name))
+            raise popart_exception(messages.LOOP_RAN_NO_ITERATION.format(node_name=ctx.node_name))
         return carried
     return carried + [torch.stack([s[k] for s in scans]) for k in range(n_scan)]
 
@@ -138,7 +138,7 @@ def loop(ctx, inputs, attrs):
 @register("Scan", positional=("num_scan_inputs",), since=9)
 def scan(ctx, inputs, attrs):
     if ctx.opset < 9:
-        raise popart_exception(messages.SCAN_NODE_OPSET_S_SCAN_WITH.format(node_name=ctx.node_name, opset=ctx.opset))
+        raise popart_exception(messages.SCAN_BEFORE_OPSET_9.format(node_name=ctx.node_name, opset=ctx.opset))
     explicit, outer = _split(ctx, inputs)
     body = attrs["body"]
     n_in = int(attrs["num_scan_inputs"])
@@ -152,7 +152,7 @@ def scan(ctx, inputs, attrs):
     xs = [x.flip(0) if d else x for x, d in zip(xs, in_dirs)]
     steps = xs[0].shape[0]
     if any(x.shape[0] != steps for x in xs):
-        raise popart_exception(messages.SCAN_NODE_THE_SCAN_INPUTS_HAVE.format(
+        raise popart_exception(messages.SCAN_LENGTHS_DIFFER.format(
             node_name=ctx.node_name, xs=[x.shape[0] for x in xs]))
     ys: list[list[torch.Tensor]] = [[] for _ in range(n_out)]
     for t in range(steps):
