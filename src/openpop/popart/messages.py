@@ -89,7 +89,12 @@ TENSOR_USED_BEFORE_ITS_STAGE = (
     "Tensor '{missing}' is used by a pipeline stage / virtual graph before the stage that produces it"
 )
 
-# --- ops/common.py -----------------------------------------------------------------------------
+# --- ops/common.py ---------------------------------------------------------------------------
+OP_FAILED = "{op_type} node '{node_name}': {message}"
+UNSUPPORTED_OP = (
+    "Op '{op_type}' (domain {domain}, opset {opset}) of node '{node_name}' (outputs: {outputs}) is not supported: "
+    "no implementation for {domain}.{op_type}. popart.getSupportedOperations() lists the supported operations."
+)
 SHAPE_INPUT_NOT_CONSTANT = "a shape-like input is not a constant"
 
 # --- ops/control.py ----------------------------------------------------------------------------
@@ -212,3 +217,39 @@ BODY_READ_SHAPE_UNKNOWN = "{node}: the shape of '{name}' (read by its body) is u
 UNKNOWN_DATA_TYPE = "Unknown data type '{dtype}'. Known: {known}"
 NO_POPART_DATA_TYPE = "Data type {dtype!r} has no PopART equivalent"
 TENSOR_INFO_ARGUMENTS = "TensorInfo takes (dtype, shape) or a numpy array"
+
+# --- ops/elementwise.py ------------------------------------------------------------------------
+FMOD_ZERO_ON_FLOATS = "fmod must be 1 for floating-point inputs"
+
+# --- ops/graphcore.py --------------------------------------------------------------------------
+NLL_RANKS = "probs of rank {probs_rank} and labels of rank {labels_rank}: expected rank(labels) + 1"
+ALLREDUCE_ACROSS_LOCAL_REPLICAS_UNSUPPORTED = (
+    "replicatedallreduce of activations across local replicas is not supported by openpop"
+)
+
+# --- ops/nn.py ---------------------------------------------------------------------------------
+UNSUPPORTED_RESIZE_MODE = "unsupported resize mode '{mode}'"
+PADS_COUNT = "pads has {n_pads} values, expected {expected}"
+SPATIAL_RANK_UNSUPPORTED = "{spatial} spatial dimensions are not supported"
+CONV_TRANSPOSE_ASYMMETRIC_PADS = "asymmetric pads are not supported for ConvTranspose"
+RESIZE_NON_SPATIAL = "only spatial dimensions can be resized"
+
+# --- ops/reductions.py -------------------------------------------------------------------------
+TOPK_K_TOO_LARGE = "K ({k}) is larger than the axis size ({axis_size})"
+
+# --- ops/rnn.py --------------------------------------------------------------------------------
+RNN_ACTIVATIONS_UNSUPPORTED = "only the default activations {defaults} are supported, got {acts}"
+RNN_CLIP_UNSUPPORTED = "the clip attribute is not supported"
+RNN_SEQUENCE_LENS_UNSUPPORTED = "sequence_lens shorter than the sequence are not supported"
+RNN_LAYOUT_UNSUPPORTED = "layout=1 is not supported"
+LSTM_PEEPHOLE_UNSUPPORTED = "peephole weights (P) are not supported"
+
+# --- ops/shape.py ------------------------------------------------------------------------------
+CONSTANT_WITHOUT_VALUE = "Constant without a value"
+RESHAPE_SIZE_MISMATCH = "cannot reshape a tensor of shape {shape} to {new_shape}"
+SPLIT_SIZES_MISMATCH = "split sizes {sizes} do not add up to the axis size {axis_size}"
+UNSUPPORTED_PAD_MODE = "unsupported pad mode '{mode}'"
+PAD_TOO_MANY_DIMENSIONS = "{mode} padding of more than the 3 last dimensions is not supported"
+SLICE_STEP_ZERO = "slice steps must not be 0"
+SPLIT_NOT_EVEN = "cannot split an axis of size {axis_size} into {count} equal parts"
+SQUEEZE_NON_UNIT_AXIS = "cannot squeeze axis {axis} of size {axis_size}"

@@ -4,6 +4,7 @@ from typing import Optional
 import torch
 from onnx import helper
 
+from .. import messages
 from ..errors import popart_exception
 from . import activations, control, elementwise, graphcore, linalg, nn, reductions, registry, rnn, shape
 from .registry import OpContext, lookup
@@ -39,9 +40,8 @@ def run_node(node, inputs: list[Optional[torch.Tensor]], opset: int, *, training
 
 def unsupported_message(node, opset: int) -> str:
     domain = node.domain or registry.ONNX_DOMAIN
-    return (f"Op '{node.op_type}' (domain {domain}, opset {opset}) of node '{node.name or node.output[0]}' "
-            f"(outputs: {', '.join(node.output)}) is not supported: no implementation for "
-            f"{domain}.{node.op_type}. popart.getSupportedOperations() lists the supported operations.")
+    return messages.UNSUPPORTED_OP.format(op_type=node.op_type, domain=domain, opset=opset,
+                                          node_name=node.name or node.output[0], outputs=", ".join(node.output))
 
 
 def supported_operations(include_internal: bool = False):

@@ -30,7 +30,7 @@ def norm_axes(axes: Sequence[int], rank: int) -> list[int]:
 
 
 def fail(ctx, message: str):
-    raise popart_exception(f"{ctx.op_type} node '{ctx.node_name}': {message}")
+    raise popart_exception(messages.OP_FAILED.format(op_type=ctx.op_type, node_name=ctx.node_name, message=message))
 
 
 def int_index(t: torch.Tensor) -> torch.Tensor:
