@@ -1,7 +1,6 @@
 """The texts of PopART's errors and warnings (PopART's exact words where it had them), raised by name;
 a raise or warning site fills in the ``{fields}`` with ``.format``."""
 
-
 # --- builder.py --------------------------------------------------------------------------------
 NOT_AN_ONNX_MODEL = "Expected an ONNX model (bytes, a file name or a ModelProto), got {model_type}"
 BUILDER_NO_ATTRIBUTE = "'Builder' object has no attribute '{name}'"
@@ -113,6 +112,42 @@ LOOP_DOES_NOT_END = (
 )
 LOOP_RAN_NO_ITERATION = "Loop node '{node_name}' ran no iteration: its scan outputs have no shape"
 
+# --- ops/elementwise.py ------------------------------------------------------------------------
+FMOD_ZERO_ON_FLOATS = "fmod must be 1 for floating-point inputs"
+
+# --- ops/graphcore.py --------------------------------------------------------------------------
+NLL_RANKS = "probs of rank {probs_rank} and labels of rank {labels_rank}: expected rank(labels) + 1"
+ALLREDUCE_ACROSS_LOCAL_REPLICAS_UNSUPPORTED = (
+    "replicatedallreduce of activations across local replicas is not supported by openpop"
+)
+
+# --- ops/nn.py ---------------------------------------------------------------------------------
+UNSUPPORTED_RESIZE_MODE = "unsupported resize mode '{mode}'"
+PADS_COUNT = "pads has {n_pads} values, expected {expected}"
+SPATIAL_RANK_UNSUPPORTED = "{spatial} spatial dimensions are not supported"
+CONV_TRANSPOSE_ASYMMETRIC_PADS = "asymmetric pads are not supported for ConvTranspose"
+RESIZE_NON_SPATIAL = "only spatial dimensions can be resized"
+
+# --- ops/reductions.py -------------------------------------------------------------------------
+TOPK_K_TOO_LARGE = "K ({k}) is larger than the axis size ({axis_size})"
+
+# --- ops/rnn.py --------------------------------------------------------------------------------
+RNN_ACTIVATIONS_UNSUPPORTED = "only the default activations {defaults} are supported, got {acts}"
+RNN_CLIP_UNSUPPORTED = "the clip attribute is not supported"
+RNN_SEQUENCE_LENS_UNSUPPORTED = "sequence_lens shorter than the sequence are not supported"
+RNN_LAYOUT_UNSUPPORTED = "layout=1 is not supported"
+LSTM_PEEPHOLE_UNSUPPORTED = "peephole weights (P) are not supported"
+
+# --- ops/shape.py ------------------------------------------------------------------------------
+CONSTANT_WITHOUT_VALUE = "Constant without a value"
+RESHAPE_SIZE_MISMATCH = "cannot reshape a tensor of shape {shape} to {new_shape}"
+SPLIT_SIZES_MISMATCH = "split sizes {sizes} do not add up to the axis size {axis_size}"
+UNSUPPORTED_PAD_MODE = "unsupported pad mode '{mode}'"
+PAD_TOO_MANY_DIMENSIONS = "{mode} padding of more than the 3 last dimensions is not supported"
+SLICE_STEP_ZERO = "slice steps must not be 0"
+SPLIT_NOT_EVEN = "cannot split an axis of size {axis_size} into {count} equal parts"
+SQUEEZE_NON_UNIT_AXIS = "cannot squeeze axis {axis} of size {axis_size}"
+
 # --- opsets.py ---------------------------------------------------------------------------------
 OPSET_HAS_NO_OPERATOR = "'{label}' opset {version} has no operator '{name}'"
 ONNX_OPERATOR_ON_AI_GRAPHCORE = "{op_type} is an ai.onnx operator"
@@ -217,39 +252,3 @@ BODY_READ_SHAPE_UNKNOWN = "{node}: the shape of '{name}' (read by its body) is u
 UNKNOWN_DATA_TYPE = "Unknown data type '{dtype}'. Known: {known}"
 NO_POPART_DATA_TYPE = "Data type {dtype!r} has no PopART equivalent"
 TENSOR_INFO_ARGUMENTS = "TensorInfo takes (dtype, shape) or a numpy array"
-
-# --- ops/elementwise.py ------------------------------------------------------------------------
-FMOD_ZERO_ON_FLOATS = "fmod must be 1 for floating-point inputs"
-
-# --- ops/graphcore.py --------------------------------------------------------------------------
-NLL_RANKS = "probs of rank {probs_rank} and labels of rank {labels_rank}: expected rank(labels) + 1"
-ALLREDUCE_ACROSS_LOCAL_REPLICAS_UNSUPPORTED = (
-    "replicatedallreduce of activations across local replicas is not supported by openpop"
-)
-
-# --- ops/nn.py ---------------------------------------------------------------------------------
-UNSUPPORTED_RESIZE_MODE = "unsupported resize mode '{mode}'"
-PADS_COUNT = "pads has {n_pads} values, expected {expected}"
-SPATIAL_RANK_UNSUPPORTED = "{spatial} spatial dimensions are not supported"
-CONV_TRANSPOSE_ASYMMETRIC_PADS = "asymmetric pads are not supported for ConvTranspose"
-RESIZE_NON_SPATIAL = "only spatial dimensions can be resized"
-
-# --- ops/reductions.py -------------------------------------------------------------------------
-TOPK_K_TOO_LARGE = "K ({k}) is larger than the axis size ({axis_size})"
-
-# --- ops/rnn.py --------------------------------------------------------------------------------
-RNN_ACTIVATIONS_UNSUPPORTED = "only the default activations {defaults} are supported, got {acts}"
-RNN_CLIP_UNSUPPORTED = "the clip attribute is not supported"
-RNN_SEQUENCE_LENS_UNSUPPORTED = "sequence_lens shorter than the sequence are not supported"
-RNN_LAYOUT_UNSUPPORTED = "layout=1 is not supported"
-LSTM_PEEPHOLE_UNSUPPORTED = "peephole weights (P) are not supported"
-
-# --- ops/shape.py ------------------------------------------------------------------------------
-CONSTANT_WITHOUT_VALUE = "Constant without a value"
-RESHAPE_SIZE_MISMATCH = "cannot reshape a tensor of shape {shape} to {new_shape}"
-SPLIT_SIZES_MISMATCH = "split sizes {sizes} do not add up to the axis size {axis_size}"
-UNSUPPORTED_PAD_MODE = "unsupported pad mode '{mode}'"
-PAD_TOO_MANY_DIMENSIONS = "{mode} padding of more than the 3 last dimensions is not supported"
-SLICE_STEP_ZERO = "slice steps must not be 0"
-SPLIT_NOT_EVEN = "cannot split an axis of size {axis_size} into {count} equal parts"
-SQUEEZE_NON_UNIT_AXIS = "cannot squeeze axis {axis} of size {axis_size}"
