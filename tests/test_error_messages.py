@@ -16,7 +16,7 @@ import pytest
 SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
 MESSAGE_MODULES = ("openpop/errors.py", "messages.py")
 # TEMPORARY: brought under the rule by the lead after merging the branches that are editing them.
-NOT_YET_COVERED = ("openpop/popart/", "popart/")
+NOT_YET_COVERED = ()
 PROSE = re.compile(r"[A-Za-z]+\s+[A-Za-z]+")  # two words: a message, not a key, a path or a separator
 
 

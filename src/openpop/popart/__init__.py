@@ -4,16 +4,22 @@ and schedules as PopTorch). See the README's PopART section."""
 import logging
 
 from . import enums as _enums
-from .builder import Builder, DebugContext, InputSettings, VariableSettings
 from .builder import DEFAULT_AI_GRAPHCORE_OPSET as defaultAiGraphcoreOpset
 from .builder import DEFAULT_AI_ONNX_OPSET as defaultAiOnnxOpset
+from .builder import Builder, DebugContext, InputSettings, VariableSettings
 from .dataflow import AnchorReturnType, DataFlow
 from .devices import DeviceInfo, DeviceManager
-from .enums import *  # noqa: F401,F403
+from .enums import *  # noqa: F403
 from .errors import OutOfMemoryException, popart_exception, popart_internal_exception, poplar_exception
-from .optimizers import Adam, Adaptive, ClipNormSettings, ConstSGD, OptimizerValue, SGD
-from .options import (AccumulateOuterFragmentSettings, AutomaticLossScalingSettings, BatchSerializationSettings,
-                      ExecutionPhaseSettings, SessionOptions, TensorLocationSettings)
+from .optimizers import SGD, Adam, Adaptive, ClipNormSettings, ConstSGD, OptimizerValue
+from .options import (
+    AccumulateOuterFragmentSettings,
+    AutomaticLossScalingSettings,
+    BatchSerializationSettings,
+    ExecutionPhaseSettings,
+    SessionOptions,
+    TensorLocationSettings,
+)
 from .patterns import Patterns
 from .sessions import GRADIENT_PREFIX, UPDATED_VAR_PREFIX, InferenceSession, InputShapeInfo, TrainingSession
 from .stepio import PyStepIO, PyStepIOCallback, PyWeightsIO

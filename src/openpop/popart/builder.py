@@ -9,13 +9,14 @@ names (``__ipu_number``, ``__pipeline_stage``, ...), set either on the node prod
 (``with builder.virtualGraph(1):``).
 """
 import contextlib
-from typing import Dict, Iterable, List, Optional
+from collections.abc import Iterable
+from typing import Optional
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from . import tensorinfo
+from . import messages, tensorinfo
 from .enums import RecomputeType
 from .errors import popart_exception
 from .ops import registry
@@ -88,19 +89,19 @@ class _ScopedAnnotation:
 class Builder:
     """``popart.Builder(modelProtoOrFilename=None, opsets=None, builderCore=None)``."""
 
-    def __init__(self, modelProtoOrFilename=None, opsets: Optional[Dict[str, int]] = None, builderCore=None,
+    def __init__(self, modelProtoOrFilename=None, opsets: Optional[dict[str, int]] = None, builderCore=None,
                  _parent: "Builder" = None):
         self._parent = _parent
         self._graph = onnx.GraphProto(name="BuilderGraph")
         self._used_ids = set() if _parent is None else _parent._used_ids
-        self._ids_counter: Dict[str, int] = {}
-        self._scopes: List = []          # (attribute, value) from context managers, outer first
-        self._name_scopes: List[str] = []
-        self._initializers: Dict[str, onnx.TensorProto] = {}
-        self._producers: Dict[str, onnx.NodeProto] = {}
-        self._opsets: Dict[str, int] = {}
+        self._ids_counter: dict[str, int] = {}
+        self._scopes: list = []          # (attribute, value) from context managers, outer first
+        self._name_scopes: list[str] = []
+        self._initializers: dict[str, onnx.TensorProto] = {}
+        self._producers: dict[str, onnx.NodeProto] = {}
+        self._opsets: dict[str, int] = {}
         self._requested = dict(opsets or {})
-        self._subgraphs: List["Builder"] = []
+        self._subgraphs: list[Builder] = []
         self._outer = set()  # enclosing graphs' tensors this subgraph reads
         self._replication_factor = 1
         if modelProtoOrFilename is not None:
@@ -123,7 +124,7 @@ class Builder:
         self._used_ids.update(self._producers)
         self._used_ids.update(self._initializers)
 
-    def _effective_opsets(self) -> Dict[str, int]:
+    def _effective_opsets(self) -> dict[str, int]:
         opsets = {registry.ONNX_DOMAIN: DEFAULT_AI_ONNX_OPSET, registry.GRAPHCORE_DOMAIN: DEFAULT_AI_GRAPHCORE_OPSET}
         for domain, version in self._requested.items():
             opsets[registry._canon(domain)] = version
@@ -152,8 +153,8 @@ class Builder:
         current = root._opsets.get(domain)
         if current is not None and current != version:
             label = "aiOnnxOpset" if domain == registry.ONNX_DOMAIN else "aiGraphcoreOpset"
-            raise popart_exception(f"Invalid opset '{label}{version}' selected. Opset for domain "
-                                   f"{domain} already defined as {current}")
+            raise popart_exception(messages.OPSET_ALREADY_DEFINED.format(
+                label=label, version=version, domain=domain, current=current))
         if current is None:
             root._opsets[domain] = version
             self._inference.opsets[domain] = version
@@ -185,7 +186,7 @@ class Builder:
                 raise AttributeError(name) from None
             if 6 <= version <= MAX_AI_ONNX_OPSET:
                 return self._select_opset(registry.ONNX_DOMAIN, version)
-        raise AttributeError(f"'Builder' object has no attribute '{name}'")
+        raise AttributeError(messages.BUILDER_NO_ATTRIBUTE.format(name=name))
 
     # ------------------------------------------------------------------ ids
     def _unique_id(self, base: str) -> str:
@@ -214,20 +215,20 @@ class Builder:
         if "tensorInfo" in kwargs:
             args.insert(0, kwargs.pop("tensorInfo"))
         if kwargs:
-            raise TypeError(f"addInputTensor(): unexpected arguments {sorted(kwargs)}")
+            raise TypeError(messages.ADD_INPUT_UNEXPECTED_ARGUMENTS.format(kwargs=sorted(kwargs)))
         if not args:
-            raise TypeError("addInputTensor() needs a TensorInfo or a data type and a shape")
+            raise TypeError(messages.ADD_INPUT_NEEDS_INFO_OR_TYPE_AND_SHAPE)
         if isinstance(args[0], tensorinfo.TensorInfo):
             info, rest = args[0], args[1:]
         else:
             if len(args) < 2:
-                raise TypeError("addInputTensor(dtype, shape): the shape is missing")
+                raise TypeError(messages.ADD_INPUT_SHAPE_MISSING)
             info, rest = tensorinfo.TensorInfo(args[0], args[1]), args[2:]
         for extra in rest:
             if isinstance(extra, (str, DebugContext)):
                 debugContext = extra
             elif not isinstance(extra, InputSettings):
-                raise TypeError(f"addInputTensor(): unexpected argument {extra!r}")
+                raise TypeError(messages.ADD_INPUT_UNEXPECTED_ARGUMENT.format(extra=extra))
         name = _debug_name(debugContext)
         tensor_id = self._unique_id(self._scoped(name or "input"))
         value = helper.make_tensor_value_info(tensor_id, tensorinfo.onnx_type(info.data_type()), info.shape())
@@ -247,7 +248,7 @@ class Builder:
             if isinstance(extra, (str, DebugContext)):
                 debugContext = extra
             elif not isinstance(extra, VariableSettings):
-                raise TypeError(f"addInitializedInputTensor(): unexpected argument {extra!r}")
+                raise TypeError(messages.ADD_INITIALIZED_INPUT_UNEXPECTED_ARGUMENT.format(extra=extra))
         array = np.asarray(initVal)
         tensorinfo.popart_name(array.dtype)  # rejects dtypes PopART has no name for
         tensor_id = self._unique_id(self._scoped(_debug_name(debugContext) or "init_input"))
@@ -270,7 +271,7 @@ class Builder:
             if self._parent is not None and self._parent._knows(tensor_id):
                 self.addInputTensorFromParentGraph(tensor_id)  # ONNX's outer-scope reference
                 return
-            raise popart_exception(f"Tensor '{tensor_id}' is not known to this builder")
+            raise popart_exception(messages.TENSOR_UNKNOWN_TO_BUILDER.format(tensor_id=tensor_id))
 
     def _knows(self, tensor_id: str) -> bool:
         try:
@@ -282,9 +283,9 @@ class Builder:
     def addInputTensorFromParentGraph(self, tensorId: str) -> None:
         """Let this subgraph read the enclosing graph's tensor ``tensorId`` by its name."""
         if self._parent is None:
-            raise popart_exception("addInputTensorFromParentGraph: this builder is not a subgraph builder")
+            raise popart_exception(messages.NOT_A_SUBGRAPH_BUILDER)
         if not self._parent._knows(tensorId):
-            raise popart_exception(f"Tensor '{tensorId}' is not known to the parent graph")
+            raise popart_exception(messages.TENSOR_UNKNOWN_TO_PARENT.format(tensorId=tensorId))
         parent = self._parent
         parent.getTensorShapesKnown()
         type_proto = parent._inference.types.get(tensorId)
@@ -295,8 +296,8 @@ class Builder:
     addInputTensorFromHigherScope = addInputTensorFromParentGraph
 
     # ------------------------------------------------------------------ nodes
-    def _add_node(self, op_type: str, domain: str, inputs: List[str], attributes: dict, num_outputs: int,
-                  debugContext, node_attributes: Iterable = ()) -> List[str]:
+    def _add_node(self, op_type: str, domain: str, inputs: list[str], attributes: dict, num_outputs: int,
+                  debugContext, node_attributes: Iterable = ()) -> list[str]:
         inputs = list(inputs)
         for name in inputs:
             if name:
@@ -336,12 +337,12 @@ class Builder:
                 scopes[attr] = value
         return scopes
 
-    def customOp(self, opName: str, opVersion: int, domain: str, inputs: List[str], attributes: dict,
+    def customOp(self, opName: str, opVersion: int, domain: str, inputs: list[str], attributes: dict,
                  numOutputs: int = 1, name: str = ""):
         outs = self._add_node(opName, domain, inputs, attributes, numOutputs, name)
         return outs[0] if numOutputs == 1 else outs
 
-    def reshape_const(self, aiOnnx, args: List[str], shape: List[int], debugContext="") -> str:
+    def reshape_const(self, aiOnnx, args: list[str], shape: list[int], debugContext="") -> str:
         shape_id = aiOnnx.constant(np.asarray(shape, dtype=np.int64), _debug_name(debugContext) + "_const"
                                    if _debug_name(debugContext) else "")
         return aiOnnx.reshape([args[0], shape_id], debugContext=debugContext)
@@ -421,10 +422,10 @@ class Builder:
         type_proto = self._inference.types.get(tensor_id)
         info = info_of(type_proto) if type_proto is not None else None
         if info is None:
-            raise popart_exception(f"Shape of tensor '{tensor_id}' could not be inferred")
+            raise popart_exception(messages.SHAPE_NOT_INFERRED.format(tensor_id=tensor_id))
         return info
 
-    def getTensorShape(self, tensorId: str) -> List[int]:
+    def getTensorShape(self, tensorId: str) -> list[int]:
         return self._info(tensorId).shape()
 
     def getTensorDtypeString(self, tensorId: str) -> str:
@@ -436,16 +437,16 @@ class Builder:
     def isInitializer(self, tensorId: str) -> bool:
         return tensorId in self._initializers
 
-    def getInputTensorIds(self) -> List[str]:
+    def getInputTensorIds(self) -> list[str]:
         return [v.name for v in self._graph.input]
 
-    def getOutputTensorIds(self) -> List[str]:
+    def getOutputTensorIds(self) -> list[str]:
         return [v.name for v in self._graph.output]
 
-    def getValueTensorIds(self) -> List[str]:
+    def getValueTensorIds(self) -> list[str]:
         return [out for node in self._graph.node for out in node.output]
 
-    def getTrainableTensorIds(self) -> List[str]:
+    def getTrainableTensorIds(self) -> list[str]:
         return [name for name, init in self._initializers.items()
                 if init.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)]
 
@@ -459,8 +460,7 @@ class Builder:
         for tensor_id in tensor_ids:
             node = self._producers.get(tensor_id)
             if node is None:
-                raise popart_exception(f"Could not find a node that produces tensor '{tensor_id}' "
-                                       f"to set {attr} on")
+                raise popart_exception(messages.NO_PRODUCER_TO_ANNOTATE.format(tensor_id=tensor_id, attr=attr))
             _set_attribute(node, attr, value)
 
     def _setter_or_scope(self, attr: str, arg, value, convert=int):
@@ -488,7 +488,7 @@ class Builder:
             return _ScopedAnnotation(self, RECOMPUTE_ATTR, int(arg))
         return self._setter_or_scope(RECOMPUTE_ATTR, arg, value)
 
-    def checkpointOutput(self, nodeOutputNames: List[str]) -> List[str]:
+    def checkpointOutput(self, nodeOutputNames: list[str]) -> list[str]:
         """Mark outputs as checkpoints (stashed, never recomputed): returns identity outputs."""
         outs = []
         for name in nodeOutputNames:
@@ -500,7 +500,7 @@ class Builder:
     def getRecomputeOutputInBackwardPass(self, tensorId) -> bool:
         return self._node_attribute(tensorId, RECOMPUTE_ATTR, 0) == int(RecomputeType.Recompute)
 
-    def outlineAttributes(self, attributes: Dict[str, str]):
+    def outlineAttributes(self, attributes: dict[str, str]):
         builder = self
 
         @contextlib.contextmanager
@@ -544,7 +544,7 @@ class Builder:
     def _node_attribute(self, tensor_id: str, attr: str, default=None):
         node = self._producers.get(tensor_id)
         if node is None:
-            raise popart_exception(f"Could not find a node that produces tensor '{tensor_id}'")
+            raise popart_exception(messages.NO_PRODUCER.format(tensor_id=tensor_id))
         for a in node.attribute:
             if a.name == attr:
                 return helper.get_attribute_value(a)
@@ -553,61 +553,61 @@ class Builder:
     def _current_scope(self, attr: str):
         return self._effective_scopes().get(attr)
 
-    def getVirtualGraph(self, tensorId: str = None) -> int:
+    def getVirtualGraph(self, tensorId: Optional[str] = None) -> int:
         if tensorId is None:
             value = self._current_scope(VIRTUAL_GRAPH_ATTR)
         else:
             value = self._node_attribute(tensorId, VIRTUAL_GRAPH_ATTR)
         if value is None:
-            raise popart_exception("Virtual graph not set")
+            raise popart_exception(messages.VIRTUAL_GRAPH_NOT_SET)
         return value
 
-    def hasVirtualGraph(self, tensorId: str = None) -> bool:
+    def hasVirtualGraph(self, tensorId: Optional[str] = None) -> bool:
         if tensorId is None:
             return self._current_scope(VIRTUAL_GRAPH_ATTR) is not None
         return self._node_attribute(tensorId, VIRTUAL_GRAPH_ATTR) is not None
 
-    def getPipelineStage(self, tensorId: str = None) -> int:
+    def getPipelineStage(self, tensorId: Optional[str] = None) -> int:
         if tensorId is None:
             value = self._current_scope(PIPELINE_STAGE_ATTR)
         else:
             value = self._node_attribute(tensorId, PIPELINE_STAGE_ATTR)
         if value is None:
-            raise popart_exception("Pipeline stage not set")
+            raise popart_exception(messages.PIPELINE_STAGE_NOT_SET)
         return value
 
-    def hasPipelineStage(self, tensorId: str = None) -> bool:
+    def hasPipelineStage(self, tensorId: Optional[str] = None) -> bool:
         if tensorId is None:
             return self._current_scope(PIPELINE_STAGE_ATTR) is not None
         return self._node_attribute(tensorId, PIPELINE_STAGE_ATTR) is not None
 
-    def getExecutionPhase(self, tensorId: str = None) -> int:
+    def getExecutionPhase(self, tensorId: Optional[str] = None) -> int:
         if tensorId is None:
             value = self._current_scope(EXECUTION_PHASE_ATTR)
         else:
             value = self._node_attribute(tensorId, EXECUTION_PHASE_ATTR)
         if value is None:
-            raise popart_exception("Execution phase not set")
+            raise popart_exception(messages.EXECUTION_PHASE_NOT_SET)
         return value
 
     def addNodeAttribute(self, attributeName: str, attributeValue, nodeOutputNames) -> None:
         self._annotate(list(nodeOutputNames), attributeName, attributeValue)
 
     def nodeHasAttribute(self, attributeName: str, nodeOutputNames) -> bool:
-        return self._node_attribute(list(nodeOutputNames)[0], attributeName) is not None
+        return self._node_attribute(_first(nodeOutputNames), attributeName) is not None
 
     def getNodeAttribute(self, attributeName: str, nodeOutputNames):
-        value = self._node_attribute(list(nodeOutputNames)[0], attributeName)
+        value = self._node_attribute(_first(nodeOutputNames), attributeName)
         if value is None:
-            raise popart_exception(f"Node has no attribute '{attributeName}'")
+            raise popart_exception(messages.NODE_HAS_NO_ATTRIBUTE.format(attributeName=attributeName))
         return value
 
-    def getAllNodeAttributeNames(self, nodeOutputNames) -> List[str]:
-        node = self._producers[list(nodeOutputNames)[0]]
+    def getAllNodeAttributeNames(self, nodeOutputNames) -> list[str]:
+        node = self._producers[_first(nodeOutputNames)]
         return [a.name for a in node.attribute]
 
     def removeNodeAttribute(self, attributeName: str, nodeOutputNames) -> None:
-        node = self._producers[list(nodeOutputNames)[0]]
+        node = self._producers[_first(nodeOutputNames)]
         kept = [a for a in node.attribute if a.name != attributeName]
         del node.attribute[:]
         node.attribute.extend(kept)
@@ -618,6 +618,12 @@ def registry_version(requested: dict, domain: str, default: int) -> int:
         if registry._canon(key) == domain:
             return int(value)
     return default
+
+
+def _first(nodeOutputNames) -> str:
+    """The node's first output name (``nodeOutputNames`` may be any iterable of names)."""
+    names = list(nodeOutputNames)
+    return names[0]
 
 
 def _all_nodes(graph):
@@ -637,7 +643,7 @@ def _make_attribute(key: str, value):
         return helper.make_attribute(key, numpy_helper.from_array(value))
     if isinstance(value, Builder):
         return helper.make_attribute(key, value._subgraph())
-    if hasattr(value, "value") and isinstance(getattr(value, "value"), int):  # enums
+    if hasattr(value, "value") and isinstance(value.value, int):  # enums
         return helper.make_attribute(key, int(value))
     if isinstance(value, (list, tuple)) and value and hasattr(value[0], "value") and not isinstance(value[0], str):
         value = [int(v) for v in value]
@@ -660,13 +666,13 @@ def load_model(model) -> onnx.ModelProto:
         try:
             proto.ParseFromString(bytes(model))
         except Exception as exc:
-            raise popart_exception(f"Failed to parse the ONNX model: {exc}") from None
+            raise popart_exception(messages.MODEL_PARSE_FAILED.format(exc=exc)) from None
         return proto
     if isinstance(model, str):
         try:
             return onnx.load(model)
         except FileNotFoundError:
-            raise popart_exception(f"Failed to load an ONNX model from '{model}': no such file") from None
+            raise popart_exception(messages.MODEL_FILE_MISSING.format(model=model)) from None
         except Exception as exc:
-            raise popart_exception(f"Failed to load an ONNX model from '{model}': {exc}") from None
-    raise popart_exception(f"Expected an ONNX model (bytes, a file name or a ModelProto), got {type(model).__name__}")
+            raise popart_exception(messages.MODEL_LOAD_FAILED.format(model=model, exc=exc)) from None
+    raise popart_exception(messages.NOT_AN_ONNX_MODEL.format(model_type=type(model).__name__))

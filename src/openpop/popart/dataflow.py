@@ -1,6 +1,8 @@
 """``popart.DataFlow`` and ``popart.AnchorReturnType``: what a ``run`` returns, and how often."""
-from typing import Dict, Iterable, Union
+from collections.abc import Iterable
+from typing import Optional, Union
 
+from . import messages
 from .enums import AnchorReturnTypeId, ExchangeStrategy, TileSet
 from .errors import popart_exception
 
@@ -12,22 +14,21 @@ class AnchorReturnType:
     """``AnchorReturnType("All" | "Final" | "Sum")`` or ``AnchorReturnType("EveryN", N)``
     (names are case-insensitive)."""
 
-    def __init__(self, artString: str, returnPeriod: int = None, tileSet=TileSet.Compute,
+    def __init__(self, artString: str, returnPeriod: Optional[int] = None, tileSet=TileSet.Compute,
                  exchangeStrategy=ExchangeStrategy.JustInTime):
         key = str(artString).lower()
         if key not in _BY_NAME:
-            raise popart_exception(f"Invalid anchor return type ID supplied: {artString}")
+            raise popart_exception(messages.INVALID_ANCHOR_RETURN_TYPE.format(artString=artString))
         self._id = _BY_NAME[key]
         if self._id == AnchorReturnTypeId.EveryN:
             if returnPeriod is None:
-                raise popart_exception("Must specify return period with option 'EVERYN'")
+                raise popart_exception(messages.RETURN_PERIOD_MISSING)
             if int(returnPeriod) <= 0:
-                raise popart_exception("Anchor return period must be greater than zero")
+                raise popart_exception(messages.RETURN_PERIOD_NOT_POSITIVE)
             self._period = int(returnPeriod)
         else:
             if returnPeriod is not None:
-                raise popart_exception(f"A return period should not be supplied for this anchor return type "
-                                       f"({artString})")
+                raise popart_exception(messages.RETURN_PERIOD_NOT_EXPECTED.format(artString=artString))
             self._period = 0
         self.tileSet = tileSet
         self.exchangeStrategy = exchangeStrategy
@@ -50,23 +51,24 @@ class DataFlow:
     """``DataFlow(batchesPerStep, {id: AnchorReturnType})`` or ``DataFlow(batchesPerStep, [ids],
     anchorReturnType=AnchorReturnType("All"))``."""
 
-    def __init__(self, batchesPerStep: int, anchorTensors: Union[Dict[str, AnchorReturnType], Iterable[str]] = None,
+    def __init__(self, batchesPerStep: int,
+                 anchorTensors: Optional[Union[dict[str, AnchorReturnType], Iterable[str]]] = None,
                  anchorReturnType: AnchorReturnType = None):
         if int(batchesPerStep) < 1:
-            raise popart_exception(f"batchesPerStep must be at least 1, got {batchesPerStep}")
+            raise popart_exception(messages.BATCHES_PER_STEP_BELOW_ONE.format(batchesPerStep=batchesPerStep))
         self._bps = int(batchesPerStep)
         anchors = anchorTensors if anchorTensors is not None else {}
         if isinstance(anchors, dict):
             if anchorReturnType is not None:
-                raise popart_exception("DataFlow: give either a dict of return types or a list of ids with "
-                                       "anchorReturnType")
+                raise popart_exception(messages.DATAFLOW_ANCHORS_ARGUMENTS)
             self._anchors = dict(anchors)
         else:
             art = anchorReturnType if anchorReturnType is not None else AnchorReturnType("All")
-            self._anchors = {tensor_id: art for tensor_id in anchors}
+            self._anchors = dict.fromkeys(anchors, art)
         for tensor_id, art in self._anchors.items():
             if not isinstance(art, AnchorReturnType):
-                raise popart_exception(f"Anchor '{tensor_id}': expected a popart.AnchorReturnType, got {art!r}")
+                raise popart_exception(messages.ANCHOR_NOT_A_RETURN_TYPE.format(
+                    tensor_id=tensor_id, art=art))
 
     def batchesPerStep(self) -> int:
         return self._bps
@@ -82,7 +84,7 @@ class DataFlow:
 
     def art(self, anchorId: str) -> AnchorReturnType:
         if anchorId not in self._anchors:
-            raise popart_exception(f"Tensor '{anchorId}' is not anchored")
+            raise popart_exception(messages.TENSOR_IS_NOT_ANCHORED.format(anchorId=anchorId))
         return self._anchors[anchorId]
 
     def isBatchCountingRequired(self) -> bool:
@@ -93,9 +95,8 @@ class DataFlow:
         for tensor_id, art in self._anchors.items():
             if art.id() == AnchorReturnTypeId.EveryN:
                 if art.rp() > self._bps:
-                    raise popart_exception(f"Return period must be less than or equal to batches per step. "
-                                           f"Anchor '{tensor_id}': return period {art.rp()}, batches per step "
-                                           f"{self._bps}")
+                    raise popart_exception(messages.RETURN_PERIOD_ABOVE_BATCHES_PER_STEP.format(
+                        tensor_id=tensor_id, rp=art.rp(), bps=self._bps))
                 if self._bps % art.rp() != 0:
-                    raise popart_exception(f"Batches per step must be a multiple of return period. Anchor "
-                                           f"'{tensor_id}': return period {art.rp()}, batches per step {self._bps}")
+                    raise popart_exception(messages.BATCHES_PER_STEP_NOT_A_MULTIPLE.format(
+                        tensor_id=tensor_id, rp=art.rp(), bps=self._bps))

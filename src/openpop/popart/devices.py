@@ -7,8 +7,9 @@ holds ``OPENPOP_POPART_NUM_IPUS`` (default 64) IPUs, so scripts that enumerate o
 IPUs find them. ``SyncPattern`` and connection types are accepted and change nothing here.
 """
 import os
-from typing import List, Optional
+from typing import Optional
 
+from . import messages
 from .enums import DeviceConnectionType, DeviceSelectionCriterion, DeviceType, SyncPattern
 from .errors import popart_exception
 
@@ -21,7 +22,7 @@ def pool_size() -> int:
 
 class DeviceInfo:
     def __init__(self, device_id: int, num_ipus: int, device_type: DeviceType, tiles: int = DEFAULT_TILES,
-                 options: dict = None, connection=DeviceConnectionType.Always, pattern=SyncPattern.Full):
+                 options: Optional[dict] = None, connection=DeviceConnectionType.Always, pattern=SyncPattern.Full):
         self._id = device_id
         self._num_ipus = int(num_ipus)
         self._type = device_type
@@ -61,12 +62,12 @@ class DeviceInfo:
         return self._options.get("ipuVersion", "ipu2")
 
     @property
-    def driverIds(self) -> List[int]:
+    def driverIds(self) -> list[int]:
         return [self._id]
 
     def attach(self) -> bool:
         if self._type == DeviceType.OfflineIpu:
-            raise popart_exception("Cannot attach to an offline IPU device")
+            raise popart_exception(messages.ATTACH_OFFLINE_DEVICE)
         self._attached = True
         return True
 
@@ -98,7 +99,7 @@ def _ipus_from(options: dict, key="numIPUs", default=1) -> int:
     try:
         return int(value)
     except (TypeError, ValueError):
-        raise popart_exception(f"Invalid value '{value}' for device option '{key}'") from None
+        raise popart_exception(messages.INVALID_DEVICE_OPTION.format(value=value, key=key)) from None
 
 
 class DeviceManager:
@@ -116,17 +117,17 @@ class DeviceManager:
     def createCpuDevice(self) -> DeviceInfo:
         return DeviceInfo(0, 1, DeviceType.Cpu, 1)
 
-    def createIpuModelDevice(self, options: dict = None) -> DeviceInfo:
+    def createIpuModelDevice(self, options: Optional[dict] = None) -> DeviceInfo:
         options = {k: str(v) for k, v in (options or {}).items()}
-        return DeviceInfo(0, _ipus_from(options), DeviceType.IpuModel, _ipus_from(options, "tilesPerIPU", DEFAULT_TILES),
-                          options)
+        return DeviceInfo(0, _ipus_from(options), DeviceType.IpuModel,
+                          _ipus_from(options, "tilesPerIPU", DEFAULT_TILES), options)
 
-    def createSimDevice(self, options: dict = None) -> DeviceInfo:
+    def createSimDevice(self, options: Optional[dict] = None) -> DeviceInfo:
         options = {k: str(v) for k, v in (options or {}).items()}
         return DeviceInfo(0, _ipus_from(options), DeviceType.Sim, _ipus_from(options, "tilesPerIPU", DEFAULT_TILES),
                           options)
 
-    def createOfflineIPUDevice(self, options: dict = None) -> DeviceInfo:
+    def createOfflineIPUDevice(self, options: Optional[dict] = None) -> DeviceInfo:
         options = {k: str(v) for k, v in (options or {}).items()}
         return DeviceInfo(0, _ipus_from(options), DeviceType.OfflineIpu,
                           _ipus_from(options, "tilesPerIPU", DEFAULT_TILES), options)
@@ -134,7 +135,7 @@ class DeviceManager:
     def createOfflineIpuFromDeviceInfo(self, deviceInfo: DeviceInfo) -> DeviceInfo:
         return DeviceInfo(deviceInfo.id, deviceInfo.numIpus, DeviceType.OfflineIpu, deviceInfo.tilesPerIPU)
 
-    def _device_ids(self, num_ipus: int) -> List[int]:
+    def _device_ids(self, num_ipus: int) -> list[int]:
         """PopART's numbering: single IPUs 0..N-1, then groups of 2, 4, 8, ... aligned."""
         n = pool_size()
         ids, base, size = [], 0, 1
@@ -147,7 +148,7 @@ class DeviceManager:
         return ids
 
     def enumerateDevices(self, pattern=SyncPattern.Full, numIpus: int = 1, deviceType=DeviceType.Ipu,
-                         connectionType=DeviceConnectionType.Always, tilesPerIPU: int = 0) -> List[DeviceInfo]:
+                         connectionType=DeviceConnectionType.Always, tilesPerIPU: int = 0) -> list[DeviceInfo]:
         return [DeviceInfo(i, numIpus, DeviceType.Ipu, tilesPerIPU, connection=connectionType, pattern=pattern)
                 for i in self._device_ids(int(numIpus))]
 
@@ -155,9 +156,8 @@ class DeviceManager:
         numIpus = int(numIpus)
         if numIpus < 1 or numIpus > pool_size() or numIpus & (numIpus - 1):
             if strict:
-                raise popart_exception(f"Failed to acquire device with {numIpus} IPUs. Ensure that there are "
-                                       f"sufficient IPUs available (openpop offers {pool_size()}, in power-of-two "
-                                       f"groups)")
+                raise popart_exception(messages.NOT_ENOUGH_IPUS.format(
+                    numIpus=numIpus, pool_size=pool_size()))
             return None
         for device_id in self._device_ids(numIpus):
             if device_id not in self._acquired:
@@ -167,7 +167,7 @@ class DeviceManager:
                 _release_on_detach(self, device)
                 return device
         if strict:
-            raise popart_exception(f"Failed to acquire device with {numIpus} IPUs: all are attached")
+            raise popart_exception(messages.ALL_DEVICES_ATTACHED.format(numIpus=numIpus))
         return None
 
     def acquireAvailableDevice(self, numIpus: int = 1, tilesPerIpu: int = 0, pattern=SyncPattern.Full,
@@ -196,7 +196,7 @@ class DeviceManager:
             if base <= device_id < base + count:
                 if device_id in self._acquired:
                     if strict:
-                        raise popart_exception(f"Failed to acquire device with id '{device_id}': it is attached")
+                        raise popart_exception(messages.DEVICE_ID_ATTACHED.format(device_id=device_id))
                     return None
                 device = DeviceInfo(device_id, size, DeviceType.Ipu, 0, connection=connectionType, pattern=pattern)
                 self._acquired[device_id] = device
@@ -205,7 +205,7 @@ class DeviceManager:
             base += count
             size *= 2
         if strict:
-            raise popart_exception(f"Failed to acquire device with id '{device_id}': no such device")
+            raise popart_exception(messages.NO_SUCH_DEVICE_ID.format(device_id=device_id))
         return None
 
     def setOnDemandAttachTimeout(self, seconds: int) -> None:

@@ -8,12 +8,13 @@ replica of the job once per step (``runtime/distributed_reduce.py``), instance 0
 on the first run. Host buffers hold only the local replicas' data, as on PopART.
 """
 import logging
-from typing import Optional, Tuple
+from typing import Optional
 
+from . import messages
 from .errors import popart_exception
 
 
-def instances(options) -> Optional[Tuple[int, int]]:
+def instances(options) -> Optional[tuple[int, int]]:
     """``(instance index, instance count)``, or None when the session is not distributed."""
     if not options.enableDistributedReplicatedGraphs:
         return None
@@ -21,22 +22,20 @@ def instances(options) -> Optional[Tuple[int, int]]:
     total = int(options.globalReplicationFactor)
     offset = int(options.globalReplicaOffset)
     if total < local or total % local:
-        raise popart_exception(f"globalReplicationFactor ({total}) must be a multiple of the local replication "
-                               f"factor ({local})")
+        raise popart_exception(messages.GLOBAL_REPLICATION_NOT_A_MULTIPLE.format(total=total, local=local))
     if offset < 0 or offset % local or offset >= total:
-        raise popart_exception(f"globalReplicaOffset ({offset}) must be a multiple of the local replication factor "
-                               f"({local}) below globalReplicationFactor ({total})")
+        raise popart_exception(messages.GLOBAL_REPLICA_OFFSET_NOT_A_MULTIPLE.format(
+            offset=offset, local=local, total=total))
     if total == local:
         return None
     import popdist
+
     from ..distributed import process_group
     if not process_group.is_initialized():
         logging.getLogger("popart").warning(
-            "enableDistributedReplicatedGraphs: initialising popdist for this session. In a future release, this "
-            "will no longer be done automatically: call popdist.init() before creating the session.")
+            messages.DISTRIBUTED_INITIALISES_POPDIST)
         popdist.init()
     if not process_group.is_initialized():
-        raise popart_exception(f"enableDistributedReplicatedGraphs with globalReplicationFactor {total} needs "
-                               f"{total // local} processes: launch the program with `poprun --num-instances "
-                               f"{total // local} --num-replicas {total} ...`")
+        raise popart_exception(messages.DISTRIBUTED_NEEDS_POPRUN.format(
+            total=total, local=total // local))
     return offset // local, total // local

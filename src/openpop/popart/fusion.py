@@ -13,7 +13,6 @@ nothing else (not anchored, not a gradient anchor, not read by another node or s
 A step is ``(input names, output names, fn, ctx, attrs)`` as ``graph.Segment`` runs them.
 """
 from collections import Counter
-from typing import List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -23,7 +22,7 @@ from .enums import ReductionType
 _REDUCTION = {int(ReductionType.Sum): "sum", int(ReductionType.Mean): "mean", int(ReductionType.NoReduction): "none"}
 
 
-def fuse(steps: List[tuple], nodes: List, keep: set) -> Tuple[List[tuple], List[int]]:
+def fuse(steps: list[tuple], nodes: list, keep: set) -> tuple[list[tuple], list[int]]:
     """``steps`` (one per node of ``nodes``) with fusable pairs merged, and the index in ``nodes``
     of each remaining step (a pair's second node); ``keep``: tensors that must stay visible."""
     uses = Counter(name for step in steps for name in step[0] if name)

@@ -13,7 +13,8 @@ stacks them in ``[batchesPerStep, accumulation, replica]`` order. Gradients of a
 are caught by ``GradientTap`` nodes in backward and recorded per micro-batch index.
 """
 from collections import defaultdict
-from typing import Dict, List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Optional
 
 import numpy as np
 import onnx
@@ -21,9 +22,8 @@ import torch
 from onnx import numpy_helper
 
 from ..runtime.losses import identity_loss  # openpop's loss marker
-from . import fusion
+from . import fusion, messages, tensorinfo
 from . import recompute as recompute_module
-from . import tensorinfo
 from .enums import RecomputationType
 from .errors import popart_exception
 from .ops import node_attributes, registry, run_node, unsupported_message
@@ -41,9 +41,9 @@ class GraphProgram:
         self.opsets = {registry._canon(o.domain): o.version for o in model.opset_import}
         self.opsets.setdefault(registry.ONNX_DOMAIN, 10)
         self.opsets.setdefault(registry.GRAPHCORE_DOMAIN, 1)
-        self.initializers: Dict[str, np.ndarray] = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
-        self.input_ids: List[str] = [v.name for v in graph.input if v.name not in self.initializers]
-        self.output_ids: List[str] = [v.name for v in graph.output]
+        self.initializers: dict[str, np.ndarray] = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+        self.input_ids: list[str] = [v.name for v in graph.input if v.name not in self.initializers]
+        self.output_ids: list[str] = [v.name for v in graph.output]
         self.nodes = _topological(graph)
         self.producer = {out: node for node in self.nodes for out in node.output if out}
         # Each node's inputs, then the enclosing-scope tensors its If/Loop/Scan bodies read.
@@ -65,7 +65,7 @@ class GraphProgram:
         ids.update(out for node in self.nodes for out in node.output if out)
         return ids
 
-    def consumers(self) -> Dict[str, List[tuple]]:
+    def consumers(self) -> dict[str, list[tuple]]:
         users = defaultdict(list)
         for node, inputs in zip(self.nodes, self.node_inputs):
             for index, name in enumerate(inputs):
@@ -73,7 +73,7 @@ class GraphProgram:
                     users[name].append((node, index))
         return users
 
-    def trainable_initializers(self) -> List[str]:
+    def trainable_initializers(self) -> list[str]:
         """Float initializers a gradient can reach: not BatchNorm statistics, not only shapes."""
         users = self.consumers()
         trainable = []
@@ -98,18 +98,17 @@ class GraphProgram:
     def input_info(self, tensor_id: str) -> tensorinfo.TensorInfo:
         info = info_of(self.input_types[tensor_id])
         if info is None:
-            raise popart_exception(f"Input tensor '{tensor_id}' has no complete shape in the model; "
-                                   f"give its shape with popart.InputShapeInfo")
+            raise popart_exception(messages.INPUT_TENSOR_HAS_NO_COMPLETE_SHAPE.format(tensor_id=tensor_id))
         return info
 
 
-def inputs_of(node) -> List[str]:
+def inputs_of(node) -> list[str]:
     """``node``'s inputs followed by the enclosing-scope tensors its body graphs read."""
     free = free_variables(node)
     return list(node.input) + free if free else list(node.input)
 
 
-def _topological(graph) -> List[onnx.NodeProto]:
+def _topological(graph) -> list[onnx.NodeProto]:
     """The nodes in an order where every input is produced before it is used (ONNX requires
     sorted graphs; exported files sometimes are not)."""
     available = {v.name for v in graph.input} | {i.name for i in graph.initializer} | {""}
@@ -126,8 +125,8 @@ def _topological(graph) -> List[onnx.NodeProto]:
         if len(rest) == len(pending):
             node = rest[0]
             missing = [i for i in inputs_of(node) if i not in available]
-            raise popart_exception(f"{node_label(node)}: input tensor '{missing[0]}' is produced by no node, "
-                                   f"input or initializer of the model (or the graph has a cycle)")
+            raise popart_exception(messages.INPUT_NOT_PRODUCED.format(
+                node=node_label(node), missing=missing[0]))
         pending = rest
     return ordered
 
@@ -136,15 +135,15 @@ class RunState:
     """Shared by the graph's modules during a host call: the current micro-batch and what the
     gradient taps recorded."""
 
-    def __init__(self, opsets: Dict[str, int]):
+    def __init__(self, opsets: dict[str, int]):
         self.opsets = opsets
         self.micro_batch = 0
         self.replication_factor = 1
-        self.gradients: Dict[str, Dict[int, torch.Tensor]] = defaultdict(dict)
-        self.seeds: Dict[int, torch.Tensor] = {}
+        self.gradients: dict[str, dict[int, torch.Tensor]] = defaultdict(dict)
+        self.seeds: dict[int, torch.Tensor] = {}
         self.recomputing = False  # a recomputation region re-running in backward (recompute.py)
         self.tapped = set()
-        self.fetched_index: Dict[str, int] = {}
+        self.fetched_index: dict[str, int] = {}
 
     def reset(self) -> None:
         self.gradients = defaultdict(dict)
@@ -187,8 +186,8 @@ class Segment(torch.nn.Module):
     """Consecutive nodes of one pipeline stage / virtual graph. Owns the initializers first used
     here; takes ``live_in`` tensors, returns ``live_out``."""
 
-    def __init__(self, program: GraphProgram, node_indices: Sequence[int], live_in: List[str],
-                 live_out: List[str], owned: List[str], trainable: set, state: RunState, constant_weights=False,
+    def __init__(self, program: GraphProgram, node_indices: Sequence[int], live_in: list[str],
+                 live_out: list[str], owned: list[str], trainable: set, state: RunState, constant_weights=False,
                  recomputation=RecomputationType.NoRecompute):
         super().__init__()
         self.node_indices = list(node_indices)
@@ -202,8 +201,9 @@ class Segment(torch.nn.Module):
         for i in self.node_indices:
             node = program.nodes[i]
             entry = registry.lookup(node.domain, node.op_type)
-            ctx = registry.OpContext(opset=program.opset_of(node), training=False, node_name=node.name or node.output[0],
-                                     op_type=node.op_type, graph=state, node=node)
+            ctx = registry.OpContext(opset=program.opset_of(node), training=False,
+                                     node_name=node.name or node.output[0], op_type=node.op_type,
+                                     graph=state, node=node)
             self._steps.append((program.node_inputs[i], node.output, entry.fn, ctx, program.attrs[i]))
         for k, name in enumerate(owned):
             value = torch.from_numpy(np.array(program.initializers[name], copy=True))
@@ -288,7 +288,7 @@ def _recompute_groups(nodes, steps, recomputation, live_out):
 class OnnxGraphModule(torch.nn.Module):
     """The whole graph: segments in order, plus the loss and the anchored activations."""
 
-    def __init__(self, program: GraphProgram, segments: List[List[int]], *, fetch: List[str],
+    def __init__(self, program: GraphProgram, segments: list[list[int]], *, fetch: list[str],
                  loss: Optional[str], tapped: set, constant_weights: bool = False,
                  recomputation=RecomputationType.NoRecompute):
         super().__init__()
@@ -302,8 +302,8 @@ class OnnxGraphModule(torch.nn.Module):
         self.loss = loss
         trainable = set(program.trainable_initializers())
         self.trainable_ids = [t for t in program.initializers if t in trainable]
-        produced = [set(out for i in seg for out in program.nodes[i].output if out) for seg in segments]
-        used = [set(name for i in seg for name in program.node_inputs[i] if name) for seg in segments]
+        produced = [{out for i in seg for out in program.nodes[i].output if out} for seg in segments]
+        used = [{name for i in seg for name in program.node_inputs[i] if name} for seg in segments]
         owner = {}
         for k, names in enumerate(used):
             for name in sorted(names):
@@ -320,8 +320,7 @@ class OnnxGraphModule(torch.nn.Module):
             live_in = sorted(n for n in used[k] if n not in produced[k] and n not in owned and n in available)
             missing = [n for n in used[k] if n not in produced[k] and n not in owned and n not in available]
             if missing:
-                raise popart_exception(f"Tensor '{missing[0]}' is used by a pipeline stage / virtual graph "
-                                       f"before the stage that produces it")
+                raise popart_exception(messages.TENSOR_USED_BEFORE_ITS_STAGE.format(missing=missing[0]))
             here = produced[k] | set(owned)
             live_out = sorted(n for n in here if n in later)
             modules.append(Segment(program, seg, live_in, live_out, owned, trainable, self.state, constant_weights,
@@ -330,9 +329,9 @@ class OnnxGraphModule(torch.nn.Module):
         self.segments = torch.nn.ModuleList(modules)
         missing = [t for t in needed_at_end if t not in available]
         if missing:
-            raise popart_exception(f"Tensor '{missing[0]}' is not produced by the model")
+            raise popart_exception(messages.TENSOR_NOT_PRODUCED.format(missing=missing[0]))
 
-    def weights(self) -> Dict[str, torch.Tensor]:
+    def weights(self) -> dict[str, torch.Tensor]:
         """Every initializer by its ONNX name (Parameters and constants)."""
         found = {}
         for segment in self.segments:
@@ -372,8 +371,8 @@ def run_subgraph(ctx, graph_proto: onnx.GraphProto, inputs):
     env = {i.name: torch.from_numpy(numpy_helper.to_array(i).copy()) for i in graph_proto.initializer}
     names = [v.name for v in graph_proto.input if v.name not in initializers]
     if len(names) != len(inputs):
-        raise popart_exception(f"call node '{ctx.node_name}': the callee takes {len(names)} inputs, "
-                               f"got {len(inputs)}")
+        raise popart_exception(messages.CALL_INPUT_COUNT.format(
+            node_name=ctx.node_name, n_names=len(names), n_inputs=len(inputs)))
     env.update(zip(names, inputs))
     for node in graph_proto.node:
         entry = registry.lookup(node.domain, node.op_type)

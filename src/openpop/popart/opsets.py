@@ -7,7 +7,7 @@ control-flow ops with subgraph builders (``logical_if``, ``loop``, ``scan``) and
 import numpy as np
 import onnx
 
-from . import tensorinfo
+from . import messages, tensorinfo
 from .builder import Builder, DebugContext
 from .enums import ReductionType
 from .ops import registry
@@ -30,7 +30,7 @@ class Opset:
         op_type = _op_type_for(self._domain, name, self._version)
         if op_type is None:
             label = "ai.onnx" if self._domain == registry.ONNX_DOMAIN else self._domain
-            raise AttributeError(f"'{label}' opset {self._version} has no operator '{name}'")
+            raise AttributeError(messages.OPSET_HAS_NO_OPERATOR.format(label=label, version=self._version, name=name))
         entry = registry.lookup(self._domain, op_type)
         positional = entry.positional if entry is not None else ()
         builder = self._builder
@@ -48,7 +48,7 @@ class Opset:
 
     def _control(self, op_type, args, num_outputs, attributes, debugContext):
         if self._domain != registry.ONNX_DOMAIN:
-            raise AttributeError(f"{op_type} is an ai.onnx operator")
+            raise AttributeError(messages.ONNX_OPERATOR_ON_AI_GRAPHCORE.format(op_type=op_type))
         return self._builder._add_node(op_type, self._domain, list(args), attributes, int(num_outputs),
                                        debugContext)
 
@@ -71,7 +71,7 @@ class Opset:
 
     def call(self, args, num_outputs: int, callee: Builder, debugContext=""):
         if self._domain != registry.GRAPHCORE_DOMAIN:
-            raise AttributeError("call is an ai.graphcore operator")
+            raise AttributeError(messages.CALL_ON_AI_ONNX)
         outs = self._builder._add_node("Call", self._domain, list(args), {"callee": callee}, int(num_outputs),
                                        debugContext)
         return outs
@@ -111,8 +111,8 @@ def build_op(self, op_type, domain, args, pos, positional, attrs, debugContext):
         if len(pos) == len(positional) + 1 and isinstance(pos[-1], (str, DebugContext)):
             debugContext = pos[-1]
         else:
-            raise TypeError(f"{op_type}: too many positional arguments ({len(pos)}); "
-                            f"expected {list(positional)} then debugContext")
+            raise TypeError(messages.TOO_MANY_POSITIONAL_ARGUMENTS.format(
+                op_type=op_type, n_pos=len(pos), positional=list(positional)))
     values.update(attrs)
     num_outputs = int(values.pop("num_outputs", _FIXED_OUTPUTS.get(op_type, 1)))
     if op_type == "Cast" and isinstance(values.get("to"), str):  # PopART: cast([x], "FLOAT")

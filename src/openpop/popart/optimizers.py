@@ -14,10 +14,11 @@ values come from ``insertSpecific``. A constant value cannot be changed later by
 * ``Adaptive`` -> torch's ``Adagrad`` / openpop's ``RMSprop`` (centered or not) / torch's ``Adadelta``.
 """
 import math
-from typing import Dict, List
+from typing import Optional
 
 import torch
 
+from . import messages
 from .enums import AdamMode, AdaptiveMode, SGDAccumulatorAndMomentum, WeightDecayMode
 from .errors import popart_exception
 
@@ -25,7 +26,7 @@ from .errors import popart_exception
 class ClipNormSettings:
     """Clip the global norm of ``weightIds``' gradients to ``maxNorm``."""
 
-    def __init__(self, weightIds: List[str], maxNorm: float):
+    def __init__(self, weightIds: list[str], maxNorm: float):
         self.weightIds = list(weightIds)
         self.maxNorm = float(maxNorm)
         self.all_weights = False
@@ -61,7 +62,7 @@ def _value(v):
         return v.val(), v.isConst()
     if isinstance(v, (tuple, list)):
         if len(v) != 2:
-            raise popart_exception(f"Optimizer values are (value, isConst) pairs, got {v!r}")
+            raise popart_exception(messages.OPTIMIZER_VALUE_NOT_A_PAIR.format(v=v))
         return float(v[0]), bool(v[1])
     if isinstance(v, bool):
         return v, True
@@ -71,44 +72,45 @@ def _value(v):
 class Optimizer:
     """Common part: default values, per-weight values, constness."""
 
-    _keys: Dict[str, float] = {}
+    _keys: dict[str, float] = {}
     _global = ("lossScaling", "nesterov")
 
     def __init__(self, values: dict, clip_norm_settings=(), debugContext=""):
         unknown = [k for k in values if k not in self._keys]
         if unknown:
-            raise popart_exception(f"Unknown optimizer parameter '{unknown[0]}' for {type(self).__name__}; valid: "
-                                   f"{', '.join(self._keys)}")
+            raise popart_exception(messages.UNKNOWN_OPTIMIZER_PARAMETER.format(
+                unknown=unknown[0], self_type=type(self).__name__, keys=', '.join(self._keys)))
         self._defaults = {k: (v, True) for k, v in self._keys.items()}
         for k, v in values.items():
             self._defaults[k] = _value(v)
-        self._specific: Dict[str, dict] = {}
+        self._specific: dict[str, dict] = {}
         self._clip = list(clip_norm_settings or [])
         for s in self._clip:
             if not isinstance(s, ClipNormSettings):
-                raise popart_exception("clip_norm_settings must be popart.ClipNormSettings objects")
+                raise popart_exception(messages.CLIP_NORM_SETTINGS_TYPE)
 
     def insertSpecific(self, weightId: str, values: dict) -> None:
         specific = {}
         for k, v in values.items():
             key = k if k in self._keys else "default" + k[0].upper() + k[1:]
             if key not in self._keys or key in self._global:
-                raise popart_exception(f"Invalid weight-specific optimizer parameter '{k}' for {weightId}")
+                raise popart_exception(messages.INVALID_WEIGHT_SPECIFIC_PARAMETER.format(
+                    k=k, weightId=weightId))
             specific[key] = _value(v)
         self._specific[weightId] = specific
 
-    def hasSpecific(self, weightId: str = None) -> bool:
+    def hasSpecific(self, weightId: Optional[str] = None) -> bool:
         return bool(self._specific) if weightId is None else weightId in self._specific
 
     def getLossScalingVal(self) -> float:
         return float(self._defaults["lossScaling"][0])
 
-    def value(self, key: str, weight_id: str = None):
+    def value(self, key: str, weight_id: Optional[str] = None):
         if weight_id is not None and key in self._specific.get(weight_id, {}):
             return self._specific[weight_id][key][0]
         return self._defaults[key][0]
 
-    def constants(self) -> Dict[tuple, float]:
+    def constants(self) -> dict[tuple, float]:
         consts = {(None, k): v for k, (v, c) in self._defaults.items() if c}
         for w, values in self._specific.items():
             consts.update({(w, k): v for k, (v, c) in values.items() if c})
@@ -119,10 +121,9 @@ class Optimizer:
             return math.inf
         if len(self._clip) == 1 and (self._clip[0].all_weights or set(self._clip[0].weightIds) >= set(weight_ids)):
             return self._clip[0].maxNorm
-        raise popart_exception("Gradient clipping of a subset of the weights is not supported by openpop; "
-                               "use ClipNormSettings.clipAllWeights")
+        raise popart_exception(messages.CLIPPING_SUBSET_UNSUPPORTED)
 
-    def _groups(self, params: Dict[str, torch.nn.Parameter], keys: List[str]):
+    def _groups(self, params: dict[str, torch.nn.Parameter], keys: list[str]):
         """One parameter group for the weights on defaults, one per weight with specific values."""
         groups = []
         plain = [p for w, p in params.items() if w not in self._specific]
@@ -133,20 +134,20 @@ class Optimizer:
                 groups.append({"params": [p], **{k: self.value(k, w) for k in keys}, "popart_weight": w})
         unknown = [w for w in self._specific if w not in params]
         if unknown:
-            raise popart_exception(f"insertSpecific: '{unknown[0]}' is not a trainable weight of the model")
+            raise popart_exception(messages.INSERT_SPECIFIC_NOT_A_WEIGHT.format(unknown=unknown[0]))
         return groups
 
     def check_update(self, new: "Optimizer") -> None:
         """``updateOptimizerFromHost``: same type, constants unchanged."""
         if type(new) is not type(self) or getattr(new, "mode", None) != getattr(self, "mode", None):
-            raise popart_exception(f"updateOptimizerFromHost: the new optimizer ({type(new).__name__}) must be of "
-                                   f"the type the session was built with ({type(self).__name__})")
+            raise popart_exception(messages.UPDATED_OPTIMIZER_TYPE_DIFFERS.format(
+                new_type=type(new).__name__, self_type=type(self).__name__))
         old, fresh = self.constants(), new.constants()
         for key, value in old.items():
-            if key in fresh and fresh[key] != value or key not in fresh:
-                raise popart_exception(f"updateOptimizerFromHost: '{key[1]}'"
-                                       + (f" of {key[0]}" if key[0] else "")
-                                       + f" is constant ({value}) and cannot be changed")
+            if (key in fresh and fresh[key] != value) or key not in fresh:
+                of_weight = f" of {key[0]}" if key[0] else ""
+                raise popart_exception(messages.CONSTANT_OPTIMIZER_VALUE_CHANGED.format(
+                    name=key[1], of_weight=of_weight, value=value))
 
 
 class SGD(Optimizer):
@@ -155,7 +156,8 @@ class SGD(Optimizer):
     _per_group = {"lr": "defaultLearningRate", "weight_decay": "defaultWeightDecay", "momentum": "defaultMomentum",
                   "dampening": "defaultDampening", "velocity_scaling": "defaultVelocityScaling"}
 
-    def __init__(self, pyd: dict = None, clip_norm_settings=(), accumulatorAndMomentum=SGDAccumulatorAndMomentum.Combined,
+    def __init__(self, pyd: Optional[dict] = None, clip_norm_settings=(),
+                 accumulatorAndMomentum=SGDAccumulatorAndMomentum.Combined,
                  accumType=None, accl1Type=None, debugContext="sgd"):
         super().__init__(dict(pyd or {}), clip_norm_settings, debugContext)
         self.accumulatorAndMomentum = SGDAccumulatorAndMomentum(int(accumulatorAndMomentum))
@@ -163,7 +165,7 @@ class SGD(Optimizer):
     def learningRates(self):
         return self.value("defaultLearningRate")
 
-    def to_torch(self, params: Dict[str, torch.nn.Parameter]):
+    def to_torch(self, params: dict[str, torch.nn.Parameter]):
         from ..optim import SGD as OpenpopSGD
         groups = self._groups(params, list(self._per_group.values()))
         for g in groups:
@@ -193,14 +195,14 @@ class Adam(Optimizer):
              "defaultEps": 1e-6, "lossScaling": 1.0, "maxWeightNorm": math.inf}
     _global = ("lossScaling", "maxWeightNorm")
 
-    def __init__(self, values: dict = None, mode=AdamMode.Adam, weight_decay_mode=WeightDecayMode.Decay,
+    def __init__(self, values: Optional[dict] = None, mode=AdamMode.Adam, weight_decay_mode=WeightDecayMode.Decay,
                  accum_type=None, accl1_type=None, accl2_type=None, clip_norm_settings=(),
                  scaled_optimizer_state=False, debugContext="adam"):
         super().__init__(dict(values or {}), clip_norm_settings, debugContext)
         self.mode = AdamMode(int(mode))
         self.weight_decay_mode = WeightDecayMode(int(weight_decay_mode))
 
-    def to_torch(self, params: Dict[str, torch.nn.Parameter]):
+    def to_torch(self, params: dict[str, torch.nn.Parameter]):
         from .. import optim
         groups = self._groups(params, ["defaultLearningRate", "defaultWeightDecay", "defaultBeta1", "defaultBeta2",
                                        "defaultEps"])
@@ -218,19 +220,18 @@ class Adam(Optimizer):
         scaling = self.value("lossScaling")
         if self.mode in (AdamMode.Lamb, AdamMode.LambNoBias):
             if clip != math.inf:
-                raise popart_exception("Gradient clipping is not supported with Lamb by openpop")
+                raise popart_exception(messages.LAMB_CLIPPING_UNSUPPORTED)
             return optim.LAMB(groups, bias_correction=self.mode == AdamMode.Lamb, loss_scaling=scaling,
                               max_weight_norm=self.value("maxWeightNorm"), **common)
         if self.mode == AdamMode.AdaMax:
             if self.weight_decay_mode == WeightDecayMode.Decay and self.value("defaultWeightDecay"):
-                raise popart_exception("AdaMax with decoupled weight decay is not supported by openpop; use "
-                                       "WeightDecayMode.L2Regularization")
+                raise popart_exception(messages.ADAMAX_DECOUPLED_DECAY_UNSUPPORTED)
             return torch.optim.Adamax(groups, **common)
         bias = self.mode == AdamMode.Adam
         if self.weight_decay_mode == WeightDecayMode.Decay:
             return optim.AdamW(groups, loss_scaling=scaling, bias_correction=bias, max_grad_norm=clip, **common)
         if not bias:
-            raise popart_exception("AdamNoBias with L2Regularization is not supported by openpop")
+            raise popart_exception(messages.ADAM_NO_BIAS_L2_UNSUPPORTED)
         return optim.Adam(groups, loss_scaling=scaling, max_grad_norm=clip, **common)
 
 
@@ -238,15 +239,16 @@ class Adaptive(Optimizer):
     _keys = {"defaultLearningRate": 0.01, "defaultWeightDecay": 0.0, "defaultAlpha": 0.99, "defaultMomentum": 0.0,
              "defaultEps": 1e-6, "lossScaling": 1.0}
 
-    def __init__(self, values: dict = None, mode=AdaptiveMode.RMSProp, weight_decay_mode=WeightDecayMode.L2Regularization,
+    def __init__(self, values: Optional[dict] = None, mode=AdaptiveMode.RMSProp,
+                 weight_decay_mode=WeightDecayMode.L2Regularization,
                  accum_type=None, accl1_type=None, accl2_type=None, accl3_type=None, rmspropTFVariant=False,
                  debugContext="adaptive"):
         super().__init__(dict(values or {}), (), debugContext)
         self.mode = AdaptiveMode(int(mode))
         if self.hasSpecific():
-            raise popart_exception("Adaptive: per-weight values are not supported by openpop")
+            raise popart_exception(messages.ADAPTIVE_PER_WEIGHT_UNSUPPORTED)
 
-    def to_torch(self, params: Dict[str, torch.nn.Parameter]):
+    def to_torch(self, params: dict[str, torch.nn.Parameter]):
         from .. import optim
         plist = list(params.values())
         lr, wd, eps = self.value("defaultLearningRate"), self.value("defaultWeightDecay"), self.value("defaultEps")

@@ -4,8 +4,15 @@ Fields that change what openpop does are listed in ``EFFECTIVE``; every other fi
 kept and reported, and changes nothing on CPUs/GPUs (engine and report options, tile and IO
 settings, outlining, patterns, caching hints...). The README lists them.
 """
-from .enums import (MergeVarUpdateType, RecomputationType, SyntheticDataMode, VirtualGraphMode)
-from .enums import MeanReductionStrategy, ReductionType
+from . import messages
+from .enums import (
+    MeanReductionStrategy,
+    MergeVarUpdateType,
+    RecomputationType,
+    ReductionType,
+    SyntheticDataMode,
+    VirtualGraphMode,
+)
 from .errors import popart_exception
 
 
@@ -182,12 +189,12 @@ class SessionOptions:
         values = object.__getattribute__(self, "_values")
         if name in values:
             return values[name]
-        raise AttributeError(f"'popart.SessionOptions' object has no attribute '{name}'")
+        raise AttributeError(messages.SESSION_OPTIONS_NO_ATTRIBUTE.format(name=name))
 
     def __setattr__(self, name, value):
         values = object.__getattribute__(self, "_values")
         if name not in values:
-            raise AttributeError(f"'popart.SessionOptions' object has no attribute '{name}'")
+            raise AttributeError(messages.SESSION_OPTIONS_NO_ATTRIBUTE.format(name=name))
         values[name] = value
 
     def __dir__(self):
@@ -207,8 +214,7 @@ class SessionOptions:
 
     def getAccumulationFactor(self) -> int:
         if int(self.accumulationFactor) > 1 and not self.enableGradientAccumulation:
-            raise popart_exception("enableGradientAccumulation is false, but accumulationFactor > 1. Either "
-                                   "enable gradient accumulation, or set the accumulation factor to 1")
+            raise popart_exception(messages.ACCUMULATION_FACTOR_WITHOUT_ACCUMULATION)
         return int(self.accumulationFactor) if self.enableGradientAccumulation else 1
 
     def local_replicas(self) -> int:

@@ -6,7 +6,7 @@ from .enums import PatternsLevel
 class Patterns:
     def __init__(self, level=PatternsLevel.Default):
         if isinstance(level, (list, tuple)):
-            self._enabled = {name: True for name in level}
+            self._enabled = dict.fromkeys(level, True)
             self.level = PatternsLevel.NoPatterns
         else:
             self.level = PatternsLevel(int(level))

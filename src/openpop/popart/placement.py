@@ -11,11 +11,12 @@
   Without pipelining, each maximal run of nodes on one virtual graph is a segment (sharding).
 """
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Optional
 
 from onnx import helper
 
-from .builder import (EXECUTION_PHASE_ATTR, PIPELINE_STAGE_ATTR, RECOMPUTE_ATTR, VIRTUAL_GRAPH_ATTR)
+from . import messages
+from .builder import EXECUTION_PHASE_ATTR, PIPELINE_STAGE_ATTR, RECOMPUTE_ATTR, VIRTUAL_GRAPH_ATTR
 from .enums import RecomputeType, VirtualGraphMode
 from .errors import popart_exception
 
@@ -34,14 +35,14 @@ RECOMPUTE_ANNOTATION = ("When pipelining is enabled, user annotation for recompu
 
 @dataclass
 class PlannedSegment:
-    nodes: List[int]
+    nodes: list[int]
     ipu: Optional[int]    # virtual graph (None: no placement)
     stage: Optional[int]  # pipeline stage (None: not pipelined)
 
 
 @dataclass
 class Placement:
-    segments: List[PlannedSegment]
+    segments: list[PlannedSegment]
     pipelined: bool
     ipus_per_replica: int
     pipeline_stages: int  # forward stages after merging
@@ -125,7 +126,7 @@ def plan(program, options, *, training: bool, batches_per_step: int, accumulatio
                                                           tensor=tensor, source=stages[j]))
     if len({vgraph[i] for i in range(len(nodes))}) < 2:
         raise popart_exception(PIPELINE_NEEDS_IPUS.format(n=ipus_per_replica))
-    segments: List[PlannedSegment] = []
+    segments: list[PlannedSegment] = []
     for stage in sorted(by_stage):
         ipu = vgraph[by_stage[stage][0]]
         if segments and segments[-1].ipu == ipu:  # consecutive stages on one IPU merge
@@ -153,11 +154,12 @@ def _auto_ipus(options, ipus_available) -> int:
     return max(1, ipus_available // replicas)
 
 
-def _auto_split(program, ipus: int, ratios) -> List[int]:
+def _auto_split(program, ipus: int, ratios) -> list[int]:
     nodes = program.nodes
     ratios = list(ratios) if ratios else [1.0] * ipus
     if len(ratios) != ipus:
-        raise popart_exception(f"virtualGraphSplitRatios has {len(ratios)} entries for {ipus} IPUs per replica")
+        raise popart_exception(messages.SPLIT_RATIOS_COUNT_MISMATCH.format(
+            n_ratios=len(ratios), ipus=ipus))
     total = float(sum(ratios))
     bounds, acc = [], 0.0
     for r in ratios:

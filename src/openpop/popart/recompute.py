@@ -18,7 +18,7 @@ statistics) do not update twice.
 """
 import contextlib
 import math
-from typing import List, Optional
+from typing import Optional
 
 import torch
 import torch.utils.checkpoint
@@ -38,11 +38,11 @@ def _annotation(node) -> int:
     return int(RecomputeType.Undefined)
 
 
-def regions(nodes: List, mode: RecomputationType) -> List[Optional[int]]:
+def regions(nodes: list, mode: RecomputationType) -> list[Optional[int]]:
     """The region of each node (``None``: not recomputed), in order."""
     n = len(nodes)
     chunk = max(1, math.ceil(n / math.ceil(math.sqrt(n)))) if n else 1
-    result: List[Optional[int]] = []
+    result: list[Optional[int]] = []
     for i, node in enumerate(nodes):
         mark = _annotation(node)
         if mark == RecomputeType.Checkpoint:

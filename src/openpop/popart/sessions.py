@@ -31,7 +31,7 @@ step's micro-batches. With pipelining but no gradient accumulation PopART update
 micro-batch with stale weights; openpop runs such a model sharded (same stages, no staleness).
 """
 import logging
-from typing import Dict, List, Optional
+from typing import Optional
 
 import numpy as np
 import onnx
@@ -39,19 +39,20 @@ import torch
 from onnx import numpy_helper
 
 from .. import annotations, strategies
-from ..enums import MeanReductionStrategy as PoptorchMeanStrategy, OutputMode
+from ..enums import MeanReductionStrategy as PoptorchMeanStrategy
+from ..enums import OutputMode
 from ..enums import ReductionType as PoptorchReduction
 from ..models import inferenceModel, trainingModel
 from ..options import Options
-from . import distributed, placement, tensorinfo
+from . import distributed, messages, placement, tensorinfo
 from .builder import load_model
 from .dataflow import DataFlow
 from .devices import DeviceInfo
 from .enums import AnchorReturnTypeId, RecomputationType, SyntheticDataMode
 from .errors import popart_exception
 from .graph import GraphProgram, OnnxGraphModule
-from .options import SessionOptions
 from .optimizers import Optimizer
+from .options import SessionOptions
 from .shapes import ShapeInference, info_of, type_of
 from .stepio import OUTPUT_SIZE_ERROR, PyStepIO, PyStepIOCallback, PyWeightsIO, check_input_size
 
@@ -66,7 +67,7 @@ class InputShapeInfo:
     """Shapes for model inputs that the ONNX file leaves open."""
 
     def __init__(self):
-        self._infos: Dict[str, tensorinfo.TensorInfo] = {}
+        self._infos: dict[str, tensorinfo.TensorInfo] = {}
 
     def add(self, tensorId: str, info: tensorinfo.TensorInfo) -> None:
         self._infos[tensorId] = info
@@ -85,14 +86,17 @@ class _Session:
     def __init__(self, fnModel, dataFlow: DataFlow, deviceInfo: DeviceInfo, inputShapeInfo=None, patterns=None,
                  userOptions: SessionOptions = None, name: str = "", *, training: bool, loss=None, optimizer=None):
         if not isinstance(dataFlow, DataFlow):
-            raise popart_exception(f"dataFlow must be a popart.DataFlow, got {type(dataFlow).__name__}")
+            raise popart_exception(messages.DATAFLOW_TYPE.format(
+                dataFlow_type=type(dataFlow).__name__))
         if deviceInfo is None:
-            raise popart_exception("No device given (deviceInfo is None): acquire one with popart.DeviceManager()")
+            raise popart_exception(messages.NO_DEVICE)
         if not isinstance(deviceInfo, DeviceInfo):
-            raise popart_exception(f"deviceInfo must be a popart.DeviceInfo, got {type(deviceInfo).__name__}")
+            raise popart_exception(messages.DEVICE_INFO_TYPE.format(
+                deviceInfo_type=type(deviceInfo).__name__))
         options = userOptions if userOptions is not None else SessionOptions()
         if not isinstance(options, SessionOptions):
-            raise popart_exception(f"userOptions must be a popart.SessionOptions, got {type(options).__name__}")
+            raise popart_exception(messages.USER_OPTIONS_TYPE.format(
+                options_type=type(options).__name__))
         self.name = name
         self._training = training
         self._device = deviceInfo
@@ -107,11 +111,11 @@ class _Session:
         self._infos = _infer_all(self._program)
         # ---- options
         if int(options.replicatedGraphCount) < 1:
-            raise popart_exception("replicatedGraphCount must be at least 1")
+            raise popart_exception(messages.REPLICATION_BELOW_ONE)
         self.accumulationFactor = options.getAccumulationFactor()
         self.replicationFactor = options.local_replicas()
         if not training and self.accumulationFactor > 1:
-            raise popart_exception("Gradient accumulation is only available in training sessions")
+            raise popart_exception(messages.ACCUMULATION_IN_INFERENCE)
         dataFlow.validate()
         self._bps = dataFlow.batchesPerStep()
         self._instances = distributed.instances(options)
@@ -119,9 +123,9 @@ class _Session:
         self._loss = None
         if training:
             if not isinstance(loss, str):
-                raise popart_exception(f"loss must be a tensor id (str), got {type(loss).__name__}")
+                raise popart_exception(messages.LOSS_TYPE.format(loss_type=type(loss).__name__))
             if loss not in self._infos:
-                raise popart_exception(f"The loss tensor '{loss}' is not a tensor of the model")
+                raise popart_exception(messages.LOSS_NOT_IN_MODEL.format(loss=loss))
             self._loss = loss
         self._trainable = self._program.trainable_initializers()
         self._check_anchors()
@@ -143,11 +147,11 @@ class _Session:
         self._annotate_blocks()
         self._optimizer_desc = None
         self._torch_optimizer = None
-        self._updated: List[Dict[str, torch.Tensor]] = []
+        self._updated: list[dict[str, torch.Tensor]] = []
         if training:
             if not isinstance(optimizer, Optimizer):
-                raise popart_exception(f"optimizer must be a popart optimizer (SGD, ConstSGD, Adam, Adaptive), got "
-                                       f"{type(optimizer).__name__}")
+                raise popart_exception(messages.OPTIMIZER_TYPE.format(
+                    optimizer_type=type(optimizer).__name__))
             self._optimizer_desc = optimizer
             params = {k: v for k, v in self._weights.items() if isinstance(v, torch.nn.Parameter)}
             self._torch_optimizer = optimizer.to_torch(params)
@@ -170,30 +174,26 @@ class _Session:
             if anchor.startswith(GRADIENT_PREFIX):
                 base = anchor[len(GRADIENT_PREFIX):]
                 if not self._training:
-                    raise popart_exception(f"Anchor tensor '{anchor}' is a gradient: gradients exist in training "
-                                           f"sessions only")
+                    raise popart_exception(messages.ANCHOR_GRADIENT_IN_INFERENCE.format(anchor=anchor))
                 if base not in known:
-                    raise popart_exception(f"Anchor tensor '{anchor}' not in Ir Tensors: '{base}' is not a tensor of "
-                                           f"the model")
+                    raise popart_exception(messages.ANCHOR_GRADIENT_OF_UNKNOWN.format(anchor=anchor, base=base))
             elif anchor.startswith(UPDATED_VAR_PREFIX):
                 base = anchor[len(UPDATED_VAR_PREFIX):]
                 if not self._training or base not in self._trainable:
-                    raise popart_exception(f"Anchor tensor '{anchor}' not in Ir Tensors: '{base}' is not a weight "
-                                           f"updated by this session")
+                    raise popart_exception(messages.ANCHOR_NOT_AN_UPDATED_WEIGHT.format(anchor=anchor, base=base))
             elif anchor not in known:
-                raise popart_exception(f"Anchor tensor '{anchor}' not in Ir Tensors: no tensor of the model has "
-                                       f"this id")
+                raise popart_exception(messages.ANCHOR_UNKNOWN_ID.format(anchor=anchor))
 
     def _check_device(self) -> None:
         needed = self._plan.ipus_per_replica * self.replicationFactor
         if self._device.numIpus > 1 or self._device.type.name == "Ipu":
             if self._device.numIpus % self.replicationFactor != 0:
-                raise popart_exception(f"The number of IPUs requested ({self._device.numIpus}) must be a multiple "
-                                       f"of replicatedGraphCount ({self.replicationFactor})")
+                raise popart_exception(messages.IPUS_NOT_A_MULTIPLE_OF_REPLICAS.format(
+                    numIpus=self._device.numIpus, replicationFactor=self.replicationFactor))
             if needed > self._device.numIpus:
-                raise popart_exception(f"The model needs {needed} IPUs ({self._plan.ipus_per_replica} virtual "
-                                       f"graphs x {self.replicationFactor} replicas) but the device has "
-                                       f"{self._device.numIpus}")
+                raise popart_exception(messages.NOT_ENOUGH_IPUS_FOR_MODEL.format(
+                    needed=needed, ipus_per_replica=self._plan.ipus_per_replica,
+                    replicationFactor=self.replicationFactor, numIpus=self._device.numIpus))
 
     def _annotate_blocks(self) -> None:
         if all(s.ipu is None for s in self._plan.segments):
@@ -235,7 +235,7 @@ class _Session:
     def prepareDevice(self, loadEngine: bool = True) -> None:
         """Compile: one traced micro-batch on zeros (weights, RNG and data untouched)."""
         if self._device.type.name == "OfflineIpu":
-            raise popart_exception("Cannot run on an offline IPU device: it only compiles")
+            raise popart_exception(messages.RUN_OFFLINE_DEVICE)
         if not self._prepared:
             self._executor.compile(*self._example_inputs())
             self._prepared = True
@@ -282,16 +282,16 @@ class _Session:
     def readWeights(self, weightsIo: PyWeightsIO) -> None:
         for name, array in weightsIo.weights.items():
             if name not in self._host_weights:
-                raise popart_exception(f"readWeights: '{name}' is not a weight of the model")
+                raise popart_exception(messages.READ_WEIGHTS_UNKNOWN.format(name=name))
             _copy_into(array, self._host_weights[name], name)
 
     def writeWeights(self, weightsIo: PyWeightsIO) -> None:
         for name, array in weightsIo.weights.items():
             if name not in self._host_weights:
-                raise popart_exception(f"writeWeights: '{name}' is not a weight of the model")
+                raise popart_exception(messages.WRITE_WEIGHTS_UNKNOWN.format(name=name))
             if np.asarray(array).size != self._host_weights[name].size:
-                raise popart_exception(f"writeWeights: '{name}' has {self._host_weights[name].size} elements, got "
-                                       f"{np.asarray(array).size}")
+                raise popart_exception(messages.WRITE_WEIGHTS_SIZE_MISMATCH.format(
+                    name=name, size=self._host_weights[name].size, given=np.asarray(array).size))
         for name, array in weightsIo.weights.items():
             self._host_weights[name] = np.asarray(array, self._host_weights[name].dtype).reshape(
                 self._host_weights[name].shape).copy()
@@ -311,24 +311,23 @@ class _Session:
         """Replace the host weights by the initializers of another copy of the model (then call
         ``weightsFromHost``)."""
         if not self._training and self._options.constantWeights:
-            raise popart_exception("Cannot call resetHostWeights when constantWeights is set: set "
-                                   "SessionOptions.constantWeights = False")
+            raise popart_exception(messages.RESET_HOST_WEIGHTS_WITH_CONSTANT_WEIGHTS)
         proto = load_model(modelProtoOrFilename)
         found = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
         for name, value in found.items():
             if name not in self._host_weights:
                 if ignoreWeightsInModelWithoutCorrespondingHostWeight:
                     continue
-                raise popart_exception(f"resetHostWeights: the model has a weight '{name}' this session does not")
+                raise popart_exception(messages.RESET_HOST_WEIGHTS_UNKNOWN.format(name=name))
             if value.shape != self._host_weights[name].shape:
-                raise popart_exception(f"resetHostWeights: '{name}' has shape {list(value.shape)}, expected "
-                                       f"{list(self._host_weights[name].shape)}")
+                raise popart_exception(messages.RESET_HOST_WEIGHTS_SHAPE_MISMATCH.format(
+                    name=name, shape=list(value.shape), expected=list(self._host_weights[name].shape)))
         for name, value in found.items():
             if name in self._host_weights:
                 self._host_weights[name] = np.array(value, copy=True)
 
     # ------------------------------------------------------------------ run
-    def initAnchorArrays(self) -> Dict[str, np.ndarray]:
+    def initAnchorArrays(self) -> dict[str, np.ndarray]:
         return {anchor: np.zeros(self._anchor_shape(anchor), dtype=self._anchor_dtype(anchor))
                 for anchor in self.dataFlow.anchors()}
 
@@ -341,7 +340,7 @@ class _Session:
     def _anchor_dtype(self, anchor):
         return tensorinfo.numpy_dtype(self._anchor_info(anchor).data_type())
 
-    def _anchor_shape(self, anchor: str) -> List[int]:
+    def _anchor_shape(self, anchor: str) -> list[int]:
         art = self.dataFlow.art(anchor)
         prefix = [self.replicationFactor]
         if art.id() == AnchorReturnTypeId.All:
@@ -353,10 +352,11 @@ class _Session:
     def run(self, stepio, debugName: str = "") -> None:
         """One step: ``batchesPerStep`` batches (training: weight updates)."""
         if not isinstance(stepio, (PyStepIO, PyStepIOCallback)):
-            if isinstance(stepio, str) and debugName is not None and isinstance(debugName, (PyStepIO, PyStepIOCallback)):
+            if isinstance(stepio, str) and isinstance(debugName, (PyStepIO, PyStepIOCallback)):
                 stepio = debugName  # run(programHandle, stepio)
             else:
-                raise popart_exception(f"run() needs a popart.PyStepIO or PyStepIOCallback, got {type(stepio).__name__}")
+                raise popart_exception(messages.STEPIO_TYPE.format(
+                    stepio_type=type(stepio).__name__))
         self._require_prepared("run()")
         inputs = self._gather_inputs(stepio)
         n = self._micro_batches_per_run()
@@ -382,26 +382,26 @@ class _Session:
                 for _ in range(n):
                     chunk = np.asarray(stepio.input_callback(tensor_id, False))
                     if stepio.runtimeAssertsEnabled() and chunk.size != info.nelms():
-                        raise popart_exception(f"Unexpected number of input elements for Tensor {tensor_id}. "
-                                               f"Expected {info.nelms()}, but received {chunk.size}.")
+                        raise popart_exception(messages.INPUT_ELEMENT_COUNT.format(
+                            tensor_id=tensor_id, nelms=info.nelms(), size=chunk.size))
                     chunks.append(np.asarray(chunk, dtype).reshape(info.shape()))
                     stepio.input_complete_callback(tensor_id)
                 tensors.append(torch.from_numpy(np.stack(chunks)))
                 continue
             if tensor_id not in stepio.inputs:
-                raise popart_exception(f"No stepio input was given for tensor '{tensor_id}' (the model's inputs: "
-                                       f"{', '.join(self._module.input_ids)})")
+                raise popart_exception(messages.STEPIO_INPUT_MISSING.format(
+                    tensor_id=tensor_id, input_ids=', '.join(self._module.input_ids)))
             array = np.asarray(stepio.inputs[tensor_id])
             if stepio.runtimeAssertsEnabled():
                 check_input_size(tensor_id, array, info.nelms(), int(o.replicatedGraphCount),
                                  int(o.accumulationFactor), self._bps)
             if array.size != n * info.nelms():
-                raise popart_exception(f"Unexpected number of input elements for Tensor {tensor_id}. Expected "
-                                       f"{n * info.nelms()}, but received {array.size}.")
+                raise popart_exception(messages.INPUT_ELEMENT_COUNT.format(
+                    tensor_id=tensor_id, nelms=n * info.nelms(), size=array.size))
             if array.dtype != dtype:
                 if not np.can_cast(array.dtype, dtype, casting="same_kind"):
-                    raise popart_exception(f"Input tensor '{tensor_id}' has data type {array.dtype}; the model "
-                                           f"expects {info.data_type()}")
+                    raise popart_exception(messages.INPUT_DATA_TYPE_MISMATCH.format(
+                        tensor_id=tensor_id, dtype=array.dtype, data_type=info.data_type()))
                 array = array.astype(dtype)
             tensors.append(torch.from_numpy(np.ascontiguousarray(array).reshape([n] + info.shape()).copy()))
         return tuple(tensors)
@@ -410,7 +410,7 @@ class _Session:
         """``[N, *S]`` in run order -> ``[bps, accl, repl, *S]``."""
         return values.reshape(self._bps, self.accumulationFactor, self.replicationFactor, *values.shape[1:])
 
-    def _anchor_values(self, result) -> Dict[str, torch.Tensor]:
+    def _anchor_values(self, result) -> dict[str, torch.Tensor]:
         if result is None:
             result = ()
         if isinstance(result, torch.Tensor):
@@ -459,7 +459,7 @@ class _Session:
             reduced[anchor] = out
         return reduced
 
-    def _deliver(self, stepio, outputs: Dict[str, torch.Tensor]) -> None:
+    def _deliver(self, stepio, outputs: dict[str, torch.Tensor]) -> None:
         for anchor, value in outputs.items():
             dtype = self._anchor_dtype(anchor)
             array = value.detach().cpu().numpy().astype(dtype, copy=False)
@@ -494,7 +494,7 @@ class _Session:
 
     def getInfo(self, id: str) -> tensorinfo.TensorInfo:
         if id not in self._infos:
-            raise popart_exception(f"No tensor '{id}' in the model")
+            raise popart_exception(messages.NO_SUCH_TENSOR.format(id=id))
         return self._infos[id]
 
     def hasInfo(self, id: str) -> bool:
@@ -558,14 +558,14 @@ class TrainingSession(_Session):
         self._optimizer_desc = optimizer
 
     def connectStreamToCallback(self, *args, **kwargs):
-        raise popart_exception("connectStreamToCallback is not supported by openpop; use PyStepIOCallback")
+        raise popart_exception(messages.CONNECT_STREAM_TO_CALLBACK_UNSUPPORTED)
 
 
 def _copy_into(target, values: np.ndarray, name: str) -> None:
     target_array = np.asarray(target)
     if target_array.size != np.asarray(values).size:
-        raise popart_exception(f"Buffer for '{name}' has {target_array.size} elements, expected "
-                               f"{np.asarray(values).size}")
+        raise popart_exception(messages.BUFFER_SIZE_MISMATCH.format(
+            name=name, size=target_array.size, expected=np.asarray(values).size))
     np.copyto(target_array, np.asarray(values).reshape(target_array.shape), casting="unsafe")
 
 
@@ -587,7 +587,7 @@ def _apply_input_shapes(model, shape_info: InputShapeInfo) -> None:
             value.type.CopyFrom(type_of(info.data_type(), info.shape()))
 
 
-def _infer_all(program: GraphProgram) -> Dict[str, tensorinfo.TensorInfo]:
+def _infer_all(program: GraphProgram) -> dict[str, tensorinfo.TensorInfo]:
     """Type every tensor of the model, naming the node on failure (PopART checks shapes when it
     builds its IR)."""
     inference = ShapeInference(dict(program.opsets, **{"": program.opsets["ai.onnx"]}))
@@ -597,8 +597,7 @@ def _infer_all(program: GraphProgram) -> Dict[str, tensorinfo.TensorInfo]:
     for name in program.input_ids:
         type_proto = program.input_types[name]
         if info_of(type_proto) is None:
-            raise popart_exception(f"Input tensor '{name}' has no complete shape in the model; give its shape with "
-                                   f"popart.InputShapeInfo")
+            raise popart_exception(messages.INPUT_TENSOR_HAS_NO_COMPLETE_SHAPE.format(tensor_id=name))
         inference.add_value(name, type_proto)
     graph = onnx.GraphProto()
     graph.node.extend(program.nodes)

@@ -1,14 +1,14 @@
 """Shapes and data types of a graph's tensors: ONNX shape inference for ai.onnx nodes, the torch
 implementation on meta tensors for ai.graphcore nodes (ONNX knows nothing of them). Errors
 name the node, as PopART's do."""
-from typing import Dict, Optional
+from typing import Optional
 
 import numpy as np
 import onnx
 import torch
 from onnx import helper, numpy_helper, shape_inference
 
-from . import tensorinfo
+from . import messages, tensorinfo
 from .errors import popart_exception
 from .ops import registry
 
@@ -50,10 +50,10 @@ def info_of(type_proto: onnx.TypeProto) -> Optional[tensorinfo.TensorInfo]:
 class ShapeInference:
     """Incremental: ``run(graph)`` types the outputs of nodes not yet typed."""
 
-    def __init__(self, opsets: Dict[str, int]):
+    def __init__(self, opsets: dict[str, int]):
         self.opsets = opsets
-        self.types: Dict[str, onnx.TypeProto] = {}
-        self.constants: Dict[str, onnx.TensorProto] = {}
+        self.types: dict[str, onnx.TypeProto] = {}
+        self.constants: dict[str, onnx.TensorProto] = {}
         self._done = 0
 
     def add_value(self, name: str, type_proto: onnx.TypeProto, constant: onnx.TensorProto = None):
@@ -70,7 +70,8 @@ class ShapeInference:
         domain = registry._canon(node.domain)
         missing = [i for i in node.input if i and i not in self.types]
         if missing:
-            raise popart_exception(f"{node_label(node)}: input tensor '{missing[0]}' is not a tensor of this graph")
+            raise popart_exception(messages.INPUT_NOT_IN_GRAPH.format(
+                node=node_label(node), missing=missing[0]))
         if domain == registry.ONNX_DOMAIN:
             out = self._onnx(node)
         else:
@@ -87,8 +88,8 @@ class ShapeInference:
         try:
             schema = onnx.defs.get_schema(node.op_type, version, "")
         except Exception:
-            raise popart_exception(f"{node_label(node)}: no ONNX operator '{node.op_type}' in ai.onnx opset "
-                                   f"{version}") from None
+            raise popart_exception(messages.NO_ONNX_OPERATOR_IN_OPSET.format(
+                node=node_label(node), op_type=node.op_type, version=version)) from None
         clean = strip_annotations(node)
         try:
             out = shape_inference.infer_node_outputs(
@@ -96,7 +97,7 @@ class ShapeInference:
                 {k: self.constants[k] for k in node.input if k in self.constants},
                 opset_imports=[helper.make_opsetid("", version)])
         except Exception as exc:  # onnx.shape_inference.InferenceError and friends
-            raise popart_exception(f"Shape inference failed for {node_label(node)}: {exc}") from None
+            raise popart_exception(messages.SHAPE_INFERENCE_FAILED.format(node=node_label(node), exc=exc)) from None
         result = dict(out)
         if any(info_of(t) is None for t in result.values()) and registry.lookup("", node.op_type) is not None:
             # Data-dependent shapes (Reshape of a computed shape, ...): evaluate on meta tensors.
@@ -109,8 +110,8 @@ class ShapeInference:
     def _meta(self, node):
         entry = registry.lookup(node.domain, node.op_type)
         if entry is None:
-            raise popart_exception(f"{node_label(node)}: unknown operator '{node.op_type}' in domain "
-                                   f"'{node.domain or registry.ONNX_DOMAIN}'")
+            raise popart_exception(messages.UNKNOWN_OPERATOR.format(
+                node=node_label(node), op_type=node.op_type, domain=node.domain or registry.ONNX_DOMAIN))
         inputs = []
         for name in node.input:
             if not name:
@@ -121,14 +122,14 @@ class ShapeInference:
                 continue
             info = info_of(self.types[name])
             if info is None:
-                raise popart_exception(f"{node_label(node)}: the shape of input '{name}' is unknown")
+                raise popart_exception(messages.INPUT_SHAPE_UNKNOWN.format(node=node_label(node), name=name))
             inputs.append(torch.empty(info.shape(), dtype=tensorinfo.torch_dtype(info.data_type()), device="meta"))
         from .ops import run_node  # late: ops import this module's helpers
         from .ops.control import free_variables
         for name in free_variables(node):  # enclosing-scope tensors of If/Loop/Scan bodies
             info = info_of(self.types[name]) if name in self.types else None
             if info is None:
-                raise popart_exception(f"{node_label(node)}: the shape of '{name}' (read by its body) is unknown")
+                raise popart_exception(messages.BODY_READ_SHAPE_UNKNOWN.format(node=node_label(node), name=name))
             inputs.append(torch.empty(info.shape(), dtype=tensorinfo.torch_dtype(info.data_type()), device="meta"))
         version = self.opsets.get(registry._canon(node.domain), 1)
         try:
@@ -136,7 +137,7 @@ class ShapeInference:
         except popart_exception:
             raise
         except Exception as exc:
-            raise popart_exception(f"Shape inference failed for {node_label(node)}: {exc}") from None
+            raise popart_exception(messages.SHAPE_INFERENCE_FAILED.format(node=node_label(node), exc=exc)) from None
         result = {}
         for name, value in zip(node.output, outputs):
             if name and value is not None:

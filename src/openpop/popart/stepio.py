@@ -1,5 +1,5 @@
 """``popart.PyStepIO`` / ``PyStepIOCallback`` / ``PyWeightsIO`` and PopART's element-count check."""
-from typing import Callable, Dict
+from typing import Callable
 
 import numpy as np
 
@@ -20,7 +20,7 @@ class PyStepIO:
     """Inputs by tensor id (numpy arrays holding every micro-batch of a ``run``) and the anchor
     arrays ``run`` writes into."""
 
-    def __init__(self, inputs: Dict[str, np.ndarray], outputs: Dict[str, np.ndarray]):
+    def __init__(self, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]):
         self.inputs = dict(inputs)
         self.outputs = outputs
         self._asserts = True
@@ -55,7 +55,7 @@ class PyStepIOCallback:
 class PyWeightsIO:
     """``{weight id: np.ndarray}`` for ``readWeights`` (filled) and ``writeWeights`` (read)."""
 
-    def __init__(self, weights: Dict[str, np.ndarray]):
+    def __init__(self, weights: dict[str, np.ndarray]):
         self.weights = weights
 
     def contains(self, tensor_id: str) -> bool:

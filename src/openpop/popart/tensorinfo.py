@@ -1,10 +1,11 @@
 """``popart.TensorInfo`` and the one table of data types: PopART's names, ONNX's enum, numpy, torch."""
-from typing import Iterable, List
+from collections.abc import Iterable
 
 import numpy as np
 import onnx
 import torch
 
+from . import messages
 from .errors import popart_exception
 
 # PopART name -> (ONNX TensorProto enum, numpy dtype, torch dtype)
@@ -36,7 +37,7 @@ def popart_name(dtype) -> str:
             name = "FLOAT"
         if name in _TYPES:
             return name
-        raise popart_exception(f"Unknown data type '{dtype}'. Known: {', '.join(_TYPES)}")
+        raise popart_exception(messages.UNKNOWN_DATA_TYPE.format(dtype=dtype, known=', '.join(_TYPES)))
     if isinstance(dtype, torch.dtype):
         return _BY_TORCH[dtype]
     if isinstance(dtype, int) and dtype in _BY_ONNX:
@@ -44,7 +45,7 @@ def popart_name(dtype) -> str:
     try:
         return _BY_NUMPY[np.dtype(dtype)]
     except (TypeError, KeyError):
-        raise popart_exception(f"Data type {dtype!r} has no PopART equivalent") from None
+        raise popart_exception(messages.NO_POPART_DATA_TYPE.format(dtype=dtype)) from None
 
 
 def onnx_type(name: str) -> int:
@@ -70,9 +71,9 @@ class TensorInfo:
             self._dtype = popart_name(args[0])
             self._shape = [int(d) for d in args[1]]
         else:
-            raise popart_exception("TensorInfo takes (dtype, shape) or a numpy array")
+            raise popart_exception(messages.TENSOR_INFO_ARGUMENTS)
 
-    def shape(self) -> List[int]:
+    def shape(self) -> list[int]:
         return list(self._shape)
 
     def rank(self) -> int:
@@ -99,5 +100,5 @@ class TensorInfo:
     __str__ = __repr__
 
 
-def as_shape(shape: Iterable[int]) -> List[int]:
+def as_shape(shape: Iterable[int]) -> list[int]:
     return [int(d) for d in shape]

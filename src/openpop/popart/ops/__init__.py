@@ -1,13 +1,13 @@
 """ONNX node -> torch op table. One module per op family registers its ops in ``registry``."""
-from typing import List, Optional
+from typing import Optional
 
 import torch
 from onnx import helper
 
+from .. import messages
 from ..errors import popart_exception
-from . import registry
+from . import activations, control, elementwise, graphcore, linalg, nn, reductions, registry, rnn, shape
 from .registry import OpContext, lookup
-from . import (activations, control, elementwise, graphcore, linalg, nn, reductions, rnn, shape)  # noqa: F401,E501  (register)
 
 
 def node_attributes(node) -> dict:
@@ -25,8 +25,8 @@ def node_attributes(node) -> dict:
     return attrs
 
 
-def run_node(node, inputs: List[Optional[torch.Tensor]], opset: int, *, training: bool, graph,
-             attrs: dict = None) -> List[torch.Tensor]:
+def run_node(node, inputs: list[Optional[torch.Tensor]], opset: int, *, training: bool, graph,
+             attrs: Optional[dict] = None) -> list[torch.Tensor]:
     entry = lookup(node.domain, node.op_type)
     if entry is None:
         raise popart_exception(unsupported_message(node, opset))
@@ -40,14 +40,13 @@ def run_node(node, inputs: List[Optional[torch.Tensor]], opset: int, *, training
 
 def unsupported_message(node, opset: int) -> str:
     domain = node.domain or registry.ONNX_DOMAIN
-    return (f"Op '{node.op_type}' (domain {domain}, opset {opset}) of node '{node.name or node.output[0]}' "
-            f"(outputs: {', '.join(node.output)}) is not supported: no implementation for "
-            f"{domain}.{node.op_type}. popart.getSupportedOperations() lists the supported operations.")
+    return messages.UNSUPPORTED_OP.format(op_type=node.op_type, domain=domain, opset=opset,
+                                          node_name=node.name or node.output[0], outputs=", ".join(node.output))
 
 
 def supported_operations(include_internal: bool = False):
     """``{domain: [op types]}`` as ``popart.getSupportedOperations`` reports them."""
     table = {}
-    for (domain, op_type), entry in registry.entries().items():
+    for domain, op_type in registry.entries():
         table.setdefault(domain, []).append(op_type)
     return {domain: sorted(ops) for domain, ops in table.items()}

@@ -1,8 +1,9 @@
 """Helpers shared by the op families."""
-from typing import List, Sequence
+from collections.abc import Sequence
 
 import torch
 
+from .. import messages
 from ..errors import popart_exception
 
 # ONNX TensorProto data type -> torch dtype
@@ -11,12 +12,12 @@ ONNX_TO_TORCH = {1: torch.float32, 2: torch.uint8, 3: torch.int8, 4: torch.uint1
                  13: torch.uint64, 16: torch.bfloat16}
 
 
-def ints(t) -> List[int]:
+def ints(t) -> list[int]:
     """A 1-D int tensor (a shape, axes...) as a list of Python ints."""
     if t is None:
         return []
     if t.device.type == "meta":
-        raise popart_exception("a shape-like input is not a constant")
+        raise popart_exception(messages.SHAPE_INPUT_NOT_CONSTANT)
     return [int(v) for v in t.reshape(-1).tolist()]
 
 
@@ -24,12 +25,12 @@ def norm_axis(axis: int, rank: int) -> int:
     return axis + rank if axis < 0 else axis
 
 
-def norm_axes(axes: Sequence[int], rank: int) -> List[int]:
+def norm_axes(axes: Sequence[int], rank: int) -> list[int]:
     return [norm_axis(int(a), rank) for a in axes]
 
 
 def fail(ctx, message: str):
-    raise popart_exception(f"{ctx.op_type} node '{ctx.node_name}': {message}")
+    raise popart_exception(messages.OP_FAILED.format(op_type=ctx.op_type, node_name=ctx.node_name, message=message))
 
 
 def int_index(t: torch.Tensor) -> torch.Tensor:

@@ -14,19 +14,19 @@ gradients flow into weights used inside a branch or a loop body.
   final states and the ``y_t`` stacked on ``scan_output_axes`` (reversed where
   ``scan_output_directions`` is 1).
 """
-from typing import Dict, List
 
 import onnx
 import torch
 from onnx import numpy_helper
 
+from .. import messages
 from ..errors import popart_exception
 from .registry import register
 
-_FREE: Dict[int, List[str]] = {}
+_FREE: dict[int, list[str]] = {}
 
 
-def _graphs(node) -> List[onnx.GraphProto]:
+def _graphs(node) -> list[onnx.GraphProto]:
     found = []
     for attr in node.attribute:
         if attr.type == onnx.AttributeProto.GRAPH:
@@ -36,7 +36,7 @@ def _graphs(node) -> List[onnx.GraphProto]:
     return found
 
 
-def _graph_free(graph: onnx.GraphProto) -> List[str]:
+def _graph_free(graph: onnx.GraphProto) -> list[str]:
     defined = {v.name for v in graph.input} | {i.name for i in graph.initializer}
     free = []
     for node in graph.node:
@@ -50,7 +50,7 @@ def _graph_free(graph: onnx.GraphProto) -> List[str]:
     return free
 
 
-def free_variables(node) -> List[str]:
+def free_variables(node) -> list[str]:
     """Tensors of enclosing graphs that ``node``'s body graphs read, in a fixed order."""
     if not _graphs(node):
         return []
@@ -67,7 +67,7 @@ def free_variables(node) -> List[str]:
     return free
 
 
-def run_graph(ctx, graph: onnx.GraphProto, inputs: List[torch.Tensor], outer: Dict[str, torch.Tensor]):
+def run_graph(ctx, graph: onnx.GraphProto, inputs: list[torch.Tensor], outer: dict[str, torch.Tensor]):
     """The outputs of ``graph`` on ``inputs``, reading ``outer`` for enclosing-scope tensors."""
     from . import lookup, run_node, unsupported_message
     env = dict(outer)
@@ -75,8 +75,8 @@ def run_graph(ctx, graph: onnx.GraphProto, inputs: List[torch.Tensor], outer: Di
     initializers = {i.name for i in graph.initializer}
     names = [v.name for v in graph.input if v.name not in initializers]
     if len(names) != len(inputs):
-        raise popart_exception(f"{ctx.op_type} node '{ctx.node_name}': the body graph '{graph.name}' takes "
-                               f"{len(names)} inputs, got {len(inputs)}")
+        raise popart_exception(messages.BODY_INPUT_COUNT.format(
+            op_type=ctx.op_type, node_name=ctx.node_name, name=graph.name, n_names=len(names), n_inputs=len(inputs)))
     env.update(zip(names, inputs))
     opsets = getattr(ctx.graph, "opsets", None) or {"ai.onnx": ctx.opset, "ai.graphcore": 1}
     for node in graph.node:
@@ -117,7 +117,7 @@ def loop(ctx, inputs, attrs):
     meta = any(t is not None and t.device.type == "meta" for t in (trip, cond))
     limit = None if trip is None or trip.device.type == "meta" else int(trip.reshape(-1)[0])
     keep_going = True if cond is None else _truth(cond)
-    scans: List[List[torch.Tensor]] = []
+    scans: list[list[torch.Tensor]] = []
     i = 0
     while keep_going and (limit is None or i < limit):
         out = run_graph(ctx, body, [torch.tensor(i, dtype=torch.int64), torch.tensor(True)] + carried, outer)
@@ -126,12 +126,11 @@ def loop(ctx, inputs, attrs):
         i += 1
         keep_going = not meta and _truth(out[0])
         if limit is None and i >= 1_000_000:
-            raise popart_exception(f"Loop node '{ctx.node_name}' ran a million iterations without its condition "
-                                   f"turning false")
+            raise popart_exception(messages.LOOP_DOES_NOT_END.format(node_name=ctx.node_name))
     n_scan = len(body.output) - 1 - len(carried)
     if not scans:
         if n_scan:
-            raise popart_exception(f"Loop node '{ctx.node_name}' ran no iteration: its scan outputs have no shape")
+            raise popart_exception(messages.LOOP_RAN_NO_ITERATION.format(node_name=ctx.node_name))
         return carried
     return carried + [torch.stack([s[k] for s in scans]) for k in range(n_scan)]
 
@@ -139,8 +138,7 @@ def loop(ctx, inputs, attrs):
 @register("Scan", positional=("num_scan_inputs",), since=9)
 def scan(ctx, inputs, attrs):
     if ctx.opset < 9:
-        raise popart_exception(f"Scan node '{ctx.node_name}': opset {ctx.opset}'s Scan (with a batch axis and "
-                               f"sequence_lens) is not supported; use ai.onnx opset 9 or later")
+        raise popart_exception(messages.SCAN_BEFORE_OPSET_9.format(node_name=ctx.node_name, opset=ctx.opset))
     explicit, outer = _split(ctx, inputs)
     body = attrs["body"]
     n_in = int(attrs["num_scan_inputs"])
@@ -154,9 +152,9 @@ def scan(ctx, inputs, attrs):
     xs = [x.flip(0) if d else x for x, d in zip(xs, in_dirs)]
     steps = xs[0].shape[0]
     if any(x.shape[0] != steps for x in xs):
-        raise popart_exception(f"Scan node '{ctx.node_name}': the scan inputs have different lengths "
-                               f"{[x.shape[0] for x in xs]} along their scan axes")
-    ys: List[List[torch.Tensor]] = [[] for _ in range(n_out)]
+        raise popart_exception(messages.SCAN_LENGTHS_DIFFER.format(
+            node_name=ctx.node_name, xs=[x.shape[0] for x in xs]))
+    ys: list[list[torch.Tensor]] = [[] for _ in range(n_out)]
     for t in range(steps):
         out = run_graph(ctx, body, states + [x[t] for x in xs], outer)
         states = out[:len(states)]

@@ -1,6 +1,7 @@
 """Elementwise ops with ONNX's multidirectional (numpy) broadcasting, comparisons and logic."""
 import torch
 
+from .. import messages
 from .common import ONNX_TO_TORCH, fail
 from .registry import GRAPHCORE_DOMAIN, register
 
@@ -52,7 +53,7 @@ def mod(ctx, inputs, attrs):
     if attrs.get("fmod", 0):
         return torch.fmod(a, b)
     if a.dtype.is_floating_point:
-        fail(ctx, "fmod must be 1 for floating-point inputs")
+        fail(ctx, messages.FMOD_ZERO_ON_FLOATS)
     return torch.remainder(a, b)  # the sign of the divisor, as numpy's mod
 
 

@@ -2,6 +2,7 @@
 collectives, subgraph calls, printing."""
 import torch
 
+from .. import messages
 from ..enums import ReductionType
 from .common import fail, int_index
 from .registry import GRAPHCORE_DOMAIN, register
@@ -36,7 +37,7 @@ def nll_loss(ctx, inputs, attrs):
     probs, labels = inputs
     labels = int_index(labels)
     if probs.dim() != labels.dim() + 1:
-        fail(ctx, f"probs of rank {probs.dim()} and labels of rank {labels.dim()}: expected rank(labels) + 1")
+        fail(ctx, messages.NLL_RANKS.format(probs_rank=probs.dim(), labels_rank=labels.dim()))
     flat = probs.reshape(-1, probs.shape[-1])
     flat_labels = labels.reshape(-1)
     ignore = attrs.get("ignoreIndex")
@@ -66,7 +67,7 @@ def replicated_all_reduce(ctx, inputs, attrs):
     graph = ctx.graph
     replicas = getattr(graph, "replication_factor", 1) if graph is not None else 1
     if replicas > 1:
-        fail(ctx, "replicatedallreduce of activations across local replicas is not supported by openpop")
+        fail(ctx, messages.ALLREDUCE_ACROSS_LOCAL_REPLICAS_UNSUPPORTED)
     return inputs[0]
 
 

@@ -4,6 +4,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .. import messages
 from .common import fail, ints
 from .registry import GRAPHCORE_DOMAIN, register
 
@@ -29,7 +30,7 @@ def _pads(ctx, attrs, spatial, in_sizes, kernel, strides, dilations):
         return [0] * (2 * spatial)
     pads = attrs.get("pads") or [0] * (2 * spatial)
     if len(pads) != 2 * spatial:
-        fail(ctx, f"pads has {len(pads)} values, expected {2 * spatial}")
+        fail(ctx, messages.PADS_COUNT.format(n_pads=len(pads), expected=2 * spatial))
     return list(pads)
 
 
@@ -50,7 +51,7 @@ def conv(ctx, inputs, attrs):
     b = inputs[2] if len(inputs) > 2 else None
     spatial = x.dim() - 2
     if spatial not in _CONV:
-        fail(ctx, f"{spatial} spatial dimensions are not supported")
+        fail(ctx, messages.SPATIAL_RANK_UNSUPPORTED.format(spatial=spatial))
     kernel = attrs.get("kernel_shape") or list(w.shape[2:])
     strides = attrs.get("strides") or [1] * spatial
     dilations = attrs.get("dilations") or [1] * spatial
@@ -69,7 +70,7 @@ def conv_transpose(ctx, inputs, attrs):
     pads = attrs.get("pads") or [0] * (2 * spatial)
     output_padding = attrs.get("output_padding") or [0] * spatial
     if pads[:spatial] != pads[spatial:]:
-        fail(ctx, "asymmetric pads are not supported for ConvTranspose")
+        fail(ctx, messages.CONV_TRANSPOSE_ASYMMETRIC_PADS)
     return _CONV_T[spatial](x, w, b, strides, pads[:spatial], output_padding, attrs.get("group", 1), dilations)
 
 
@@ -225,8 +226,8 @@ def _resize(ctx, x, scales, sizes, attrs):
     else:
         factors = [float(v) for v in scales.reshape(-1).tolist()]
         if factors[:2] != [1.0, 1.0]:
-            fail(ctx, "only spatial dimensions can be resized")
-        out = [int(math.floor(s * f)) for s, f in zip(x.shape[2:], factors[2:])]
+            fail(ctx, messages.RESIZE_NON_SPATIAL)
+        out = [math.floor(s * f) for s, f in zip(x.shape[2:], factors[2:])]
     if mode == "nearest":
         coord = attrs.get("coordinate_transformation_mode", "half_pixel" if ctx.opset >= 11 else "asymmetric")
         nearest = attrs.get("nearest_mode", "round_prefer_floor")
@@ -244,4 +245,4 @@ def _resize(ctx, x, scales, sizes, attrs):
     if mode == "cubic":
         align = attrs.get("coordinate_transformation_mode", "half_pixel") == "align_corners"
         return F.interpolate(x, size=out, mode="bicubic", align_corners=align)
-    fail(ctx, f"unsupported resize mode '{mode}'")
+    fail(ctx, messages.UNSUPPORTED_RESIZE_MODE.format(mode=mode))

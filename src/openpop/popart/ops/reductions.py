@@ -2,6 +2,7 @@
 cumulative sum and top-k."""
 import torch
 
+from .. import messages
 from .common import fail, ints, norm_axes, norm_axis
 from .registry import register
 
@@ -91,7 +92,7 @@ def topk(ctx, inputs, attrs):
     axis = norm_axis(attrs.get("axis", -1), x.dim())
     largest = bool(attrs.get("largest", 1))
     if k > x.shape[axis]:
-        fail(ctx, f"K ({k}) is larger than the axis size ({x.shape[axis]})")
+        fail(ctx, messages.TOPK_K_TOO_LARGE.format(k=k, axis_size=x.shape[axis]))
     values, indices = torch.topk(x, k, dim=axis, largest=largest, sorted=True)
     return [values, indices.to(torch.int64)]
 

@@ -6,7 +6,7 @@ node's ONNX attributes as Python values and ``ctx`` an ``OpContext`` (the opset 
 built for, whether the graph trains, the node's name for error messages).
 """
 from dataclasses import dataclass
-from typing import Callable, Dict, Tuple
+from typing import Callable
 
 ONNX_DOMAIN = "ai.onnx"
 GRAPHCORE_DOMAIN = "ai.graphcore"
@@ -31,18 +31,18 @@ class OpEntry:
     fn: Callable
     # Builder positional arguments after ``args`` (attribute names or pseudo-arguments such
     # as ``num_outputs``), as PopART's Python bindings order them.
-    positional: Tuple[str, ...] = ()
+    positional: tuple[str, ...] = ()
     # Inputs that are never differentiated (shapes, indices): initializers feeding only these
     # stay constants in training.
-    non_differentiable_inputs: Tuple[int, ...] = ()
+    non_differentiable_inputs: tuple[int, ...] = ()
     differentiable: bool = True
     # Inputs whose value the op updates in place (BatchNorm running statistics in training).
-    updated_inputs: Tuple[int, ...] = ()
+    updated_inputs: tuple[int, ...] = ()
     since: int = 1
     method: str = ""  # the Builder method name (``aiGraphcore.nllloss`` builds ``Nll``)
 
 
-_TABLE: Dict[Tuple[str, str], OpEntry] = {}
+_TABLE: dict[tuple[str, str], OpEntry] = {}
 
 
 def _canon(domain: str) -> str:

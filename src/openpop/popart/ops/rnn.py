@@ -3,6 +3,7 @@ reverse or bidirectional; layouts [seq, batch, input] -> Y [seq, dirs, batch, hi
 activations only; per-sequence lengths must be the full length; no peepholes."""
 import torch
 
+from .. import messages
 from .common import fail
 from .registry import register
 
@@ -10,14 +11,14 @@ from .registry import register
 def _check(ctx, inputs, attrs, defaults, seq_index=4):
     acts = attrs.get("activations")
     if acts and [a.lower() for a in acts[:len(defaults)]] != [d.lower() for d in defaults]:
-        fail(ctx, f"only the default activations {defaults} are supported, got {acts}")
+        fail(ctx, messages.RNN_ACTIVATIONS_UNSUPPORTED.format(defaults=defaults, acts=acts))
     if attrs.get("clip") is not None:
-        fail(ctx, "the clip attribute is not supported")
+        fail(ctx, messages.RNN_CLIP_UNSUPPORTED)
     lens = inputs[seq_index] if len(inputs) > seq_index else None
     if lens is not None and lens.device.type != "meta" and bool((lens != inputs[0].shape[0]).any()):
-        fail(ctx, "sequence_lens shorter than the sequence are not supported")
+        fail(ctx, messages.RNN_SEQUENCE_LENS_UNSUPPORTED)
     if attrs.get("layout", 0):
-        fail(ctx, "layout=1 is not supported")
+        fail(ctx, messages.RNN_LAYOUT_UNSUPPORTED)
 
 
 def _directions(attrs):
@@ -48,7 +49,7 @@ def lstm(ctx, inputs, attrs):
     h0 = inputs[5] if len(inputs) > 5 else None
     c0 = inputs[6] if len(inputs) > 6 else None
     if len(inputs) > 7 and inputs[7] is not None:
-        fail(ctx, "peephole weights (P) are not supported")
+        fail(ctx, messages.LSTM_PEEPHOLE_UNSUPPORTED)
     hidden = r.shape[-1]
     batch = x.shape[1]
     ys, hs, cs = [], [], []

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from onnx import numpy_helper
 
+from .. import messages
 from .common import ONNX_TO_TORCH, fail, int_index, ints, norm_axes, norm_axis
 from .registry import GRAPHCORE_DOMAIN, register
 
@@ -19,7 +20,7 @@ def reshape(ctx, inputs, attrs):
     if not attrs.get("allowzero", 0):
         shape = [x.shape[i] if d == 0 else d for i, d in enumerate(shape)]
     if -1 not in shape and math.prod(shape) != x.numel():
-        fail(ctx, f"cannot reshape a tensor of shape {list(x.shape)} to {shape}")
+        fail(ctx, messages.RESHAPE_SIZE_MISMATCH.format(shape=list(x.shape), new_shape=shape))
     return x.reshape(shape)
 
 
@@ -52,7 +53,7 @@ def slice_(ctx, inputs, attrs):
     flips = []
     for start, end, axis, step in zip(starts, ends, norm_axes(axes, x.dim()), steps):
         if step == 0:
-            fail(ctx, "slice steps must not be 0")
+            fail(ctx, messages.SLICE_STEP_ZERO)
         begin, stop, stride = slice(start, end, step).indices(x.shape[axis])
         if stride > 0:
             index[axis] = slice(begin, max(begin, stop), stride)
@@ -110,10 +111,10 @@ def split(ctx, inputs, attrs):
     count = len(ctx.node.output) if ctx.node is not None else len(sizes or [1])
     if sizes is None:
         if x.shape[axis] % count:
-            fail(ctx, f"cannot split an axis of size {x.shape[axis]} into {count} equal parts")
+            fail(ctx, messages.SPLIT_NOT_EVEN.format(axis_size=x.shape[axis], count=count))
         sizes = [x.shape[axis] // count] * count
     if sum(sizes) != x.shape[axis]:
-        fail(ctx, f"split sizes {sizes} do not add up to the axis size {x.shape[axis]}")
+        fail(ctx, messages.SPLIT_SIZES_MISMATCH.format(sizes=sizes, axis_size=x.shape[axis]))
     return list(torch.split(x, sizes, dim=axis))
 
 
@@ -132,7 +133,7 @@ def squeeze(ctx, inputs, attrs):
     axes = norm_axes(axes, x.dim())
     for a in axes:
         if x.shape[a] != 1:
-            fail(ctx, f"cannot squeeze axis {a} of size {x.shape[a]}")
+            fail(ctx, messages.SQUEEZE_NON_UNIT_AXIS.format(axis=a, axis_size=x.shape[a]))
     return x.reshape([d for i, d in enumerate(x.shape) if i not in axes])
 
 
@@ -179,13 +180,13 @@ def pad(ctx, inputs, attrs):
     padded_dims = [i for i in range(rank) if begins[i] or ends[i]]
     torch_mode = {"reflect": "reflect", "edge": "replicate"}.get(mode)
     if torch_mode is None:
-        fail(ctx, f"unsupported pad mode '{mode}'")
+        fail(ctx, messages.UNSUPPORTED_PAD_MODE.format(mode=mode))
     if not padded_dims:
         return x
     first = min(padded_dims)
     trailing = rank - first
     if trailing > 3:
-        fail(ctx, f"{mode} padding of more than the 3 last dimensions is not supported")
+        fail(ctx, messages.PAD_TOO_MANY_DIMENSIONS.format(mode=mode))
     lead = x.shape[:first]
     y = x.reshape(1, -1, *x.shape[first:]) if trailing < rank - 1 or first < 2 else x
     y = F.pad(y, torch_pads[:2 * trailing], mode=torch_mode)
@@ -210,7 +211,7 @@ def constant(ctx, inputs, attrs):
                        ("value_int", torch.int64), ("value_ints", torch.int64)):
         if key in attrs:
             return torch.tensor(attrs[key], dtype=dtype)
-    fail(ctx, "Constant without a value")
+    fail(ctx, messages.CONSTANT_WITHOUT_VALUE)
 
 
 @register("ConstantOfShape", differentiable=False, non_differentiable_inputs=(0,))

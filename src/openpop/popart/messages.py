@@ -1,0 +1,254 @@
+"""The texts of PopART's errors and warnings (PopART's exact words where it had them), raised by name;
+a raise or warning site fills in the ``{fields}`` with ``.format``."""
+
+# --- builder.py --------------------------------------------------------------------------------
+NOT_AN_ONNX_MODEL = "Expected an ONNX model (bytes, a file name or a ModelProto), got {model_type}"
+BUILDER_NO_ATTRIBUTE = "'Builder' object has no attribute '{name}'"
+OPSET_ALREADY_DEFINED = (
+    "Invalid opset '{label}{version}' selected. Opset for domain {domain} already defined as {current}"
+)
+ADD_INPUT_UNEXPECTED_ARGUMENTS = "addInputTensor(): unexpected arguments {kwargs}"
+ADD_INPUT_NEEDS_INFO_OR_TYPE_AND_SHAPE = "addInputTensor() needs a TensorInfo or a data type and a shape"
+TENSOR_UNKNOWN_TO_BUILDER = "Tensor '{tensor_id}' is not known to this builder"
+NOT_A_SUBGRAPH_BUILDER = (
+    "addInputTensorFromParentGraph: this builder is not a subgraph builder"
+)
+TENSOR_UNKNOWN_TO_PARENT = "Tensor '{tensorId}' is not known to the parent graph"
+SHAPE_NOT_INFERRED = "Shape of tensor '{tensor_id}' could not be inferred"
+NO_PRODUCER = "Could not find a node that produces tensor '{tensor_id}'"
+VIRTUAL_GRAPH_NOT_SET = "Virtual graph not set"
+PIPELINE_STAGE_NOT_SET = "Pipeline stage not set"
+EXECUTION_PHASE_NOT_SET = "Execution phase not set"
+NODE_HAS_NO_ATTRIBUTE = "Node has no attribute '{attributeName}'"
+ADD_INPUT_SHAPE_MISSING = "addInputTensor(dtype, shape): the shape is missing"
+NO_PRODUCER_TO_ANNOTATE = "Could not find a node that produces tensor '{tensor_id}' to set {attr} on"
+MODEL_PARSE_FAILED = "Failed to parse the ONNX model: {exc}"
+MODEL_FILE_MISSING = "Failed to load an ONNX model from '{model}': no such file"
+MODEL_LOAD_FAILED = "Failed to load an ONNX model from '{model}': {exc}"
+ADD_INPUT_UNEXPECTED_ARGUMENT = "addInputTensor(): unexpected argument {extra!r}"
+ADD_INITIALIZED_INPUT_UNEXPECTED_ARGUMENT = "addInitializedInputTensor(): unexpected argument {extra!r}"
+
+# --- dataflow.py -------------------------------------------------------------------------------
+INVALID_ANCHOR_RETURN_TYPE = "Invalid anchor return type ID supplied: {artString}"
+BATCHES_PER_STEP_BELOW_ONE = "batchesPerStep must be at least 1, got {batchesPerStep}"
+TENSOR_IS_NOT_ANCHORED = "Tensor '{anchorId}' is not anchored"
+RETURN_PERIOD_MISSING = "Must specify return period with option 'EVERYN'"
+RETURN_PERIOD_NOT_POSITIVE = "Anchor return period must be greater than zero"
+RETURN_PERIOD_NOT_EXPECTED = "A return period should not be supplied for this anchor return type ({artString})"
+DATAFLOW_ANCHORS_ARGUMENTS = "DataFlow: give either a dict of return types or a list of ids with anchorReturnType"
+ANCHOR_NOT_A_RETURN_TYPE = "Anchor '{tensor_id}': expected a popart.AnchorReturnType, got {art!r}"
+RETURN_PERIOD_ABOVE_BATCHES_PER_STEP = (
+    "Return period must be less than or equal to batches per step. Anchor '{tensor_id}': return period {rp}, "
+    "batches per step {bps}"
+)
+BATCHES_PER_STEP_NOT_A_MULTIPLE = (
+    "Batches per step must be a multiple of return period. Anchor '{tensor_id}': return period {rp}, batches per "
+    "step {bps}"
+)
+
+# --- devices.py --------------------------------------------------------------------------------
+ATTACH_OFFLINE_DEVICE = "Cannot attach to an offline IPU device"
+INVALID_DEVICE_OPTION = "Invalid value '{value}' for device option '{key}'"
+ALL_DEVICES_ATTACHED = "Failed to acquire device with {numIpus} IPUs: all are attached"
+NO_SUCH_DEVICE_ID = "Failed to acquire device with id '{device_id}': no such device"
+NOT_ENOUGH_IPUS = (
+    "Failed to acquire device with {numIpus} IPUs. Ensure that there are sufficient IPUs available (openpop "
+    "offers {pool_size}, in power-of-two groups)"
+)
+DEVICE_ID_ATTACHED = "Failed to acquire device with id '{device_id}': it is attached"
+
+# --- distributed.py ----------------------------------------------------------------------------
+GLOBAL_REPLICATION_NOT_A_MULTIPLE = (
+    "globalReplicationFactor ({total}) must be a multiple of the local replication factor ({local})"
+)
+GLOBAL_REPLICA_OFFSET_NOT_A_MULTIPLE = (
+    "globalReplicaOffset ({offset}) must be a multiple of the local replication factor ({local}) below "
+    "globalReplicationFactor ({total})"
+)
+DISTRIBUTED_NEEDS_POPRUN = (
+    "enableDistributedReplicatedGraphs with globalReplicationFactor {total} needs {local} processes: launch the "
+    "program with `poprun --num-instances {local} --num-replicas {total} ...`"
+)
+DISTRIBUTED_INITIALISES_POPDIST = (
+    "enableDistributedReplicatedGraphs: initialising popdist for this session. In a future release, this will no "
+    "longer be done automatically: call popdist.init() before creating the session."
+)
+
+# --- graph.py ----------------------------------------------------------------------------------
+CALL_INPUT_COUNT = "call node '{node_name}': the callee takes {n_names} inputs, got {n_inputs}"
+INPUT_TENSOR_HAS_NO_COMPLETE_SHAPE = (
+    "Input tensor '{tensor_id}' has no complete shape in the model; give its shape with popart.InputShapeInfo"
+)
+INPUT_NOT_PRODUCED = (
+    "{node}: input tensor '{missing}' is produced by no node, input or initializer of the model (or the graph "
+    "has a cycle)"
+)
+TENSOR_NOT_PRODUCED = "Tensor '{missing}' is not produced by the model"
+TENSOR_USED_BEFORE_ITS_STAGE = (
+    "Tensor '{missing}' is used by a pipeline stage / virtual graph before the stage that produces it"
+)
+
+# --- ops/common.py ---------------------------------------------------------------------------
+OP_FAILED = "{op_type} node '{node_name}': {message}"
+UNSUPPORTED_OP = (
+    "Op '{op_type}' (domain {domain}, opset {opset}) of node '{node_name}' (outputs: {outputs}) is not supported: "
+    "no implementation for {domain}.{op_type}. popart.getSupportedOperations() lists the supported operations."
+)
+SHAPE_INPUT_NOT_CONSTANT = "a shape-like input is not a constant"
+
+# --- ops/control.py ----------------------------------------------------------------------------
+BODY_INPUT_COUNT = (
+    "{op_type} node '{node_name}': the body graph '{name}' takes {n_names} inputs, got {n_inputs}"
+)
+SCAN_BEFORE_OPSET_9 = (
+    "Scan node '{node_name}': opset {opset}'s Scan (with a batch axis and sequence_lens) is not supported; use "
+    "ai.onnx opset 9 or later"
+)
+SCAN_LENGTHS_DIFFER = (
+    "Scan node '{node_name}': the scan inputs have different lengths {xs} along their scan axes"
+)
+LOOP_DOES_NOT_END = (
+    "Loop node '{node_name}' ran a million iterations without its condition turning false"
+)
+LOOP_RAN_NO_ITERATION = "Loop node '{node_name}' ran no iteration: its scan outputs have no shape"
+
+# --- ops/elementwise.py ------------------------------------------------------------------------
+FMOD_ZERO_ON_FLOATS = "fmod must be 1 for floating-point inputs"
+
+# --- ops/graphcore.py --------------------------------------------------------------------------
+NLL_RANKS = "probs of rank {probs_rank} and labels of rank {labels_rank}: expected rank(labels) + 1"
+ALLREDUCE_ACROSS_LOCAL_REPLICAS_UNSUPPORTED = (
+    "replicatedallreduce of activations across local replicas is not supported by openpop"
+)
+
+# --- ops/nn.py ---------------------------------------------------------------------------------
+UNSUPPORTED_RESIZE_MODE = "unsupported resize mode '{mode}'"
+PADS_COUNT = "pads has {n_pads} values, expected {expected}"
+SPATIAL_RANK_UNSUPPORTED = "{spatial} spatial dimensions are not supported"
+CONV_TRANSPOSE_ASYMMETRIC_PADS = "asymmetric pads are not supported for ConvTranspose"
+RESIZE_NON_SPATIAL = "only spatial dimensions can be resized"
+
+# --- ops/reductions.py -------------------------------------------------------------------------
+TOPK_K_TOO_LARGE = "K ({k}) is larger than the axis size ({axis_size})"
+
+# --- ops/rnn.py --------------------------------------------------------------------------------
+RNN_ACTIVATIONS_UNSUPPORTED = "only the default activations {defaults} are supported, got {acts}"
+RNN_CLIP_UNSUPPORTED = "the clip attribute is not supported"
+RNN_SEQUENCE_LENS_UNSUPPORTED = "sequence_lens shorter than the sequence are not supported"
+RNN_LAYOUT_UNSUPPORTED = "layout=1 is not supported"
+LSTM_PEEPHOLE_UNSUPPORTED = "peephole weights (P) are not supported"
+
+# --- ops/shape.py ------------------------------------------------------------------------------
+CONSTANT_WITHOUT_VALUE = "Constant without a value"
+RESHAPE_SIZE_MISMATCH = "cannot reshape a tensor of shape {shape} to {new_shape}"
+SPLIT_SIZES_MISMATCH = "split sizes {sizes} do not add up to the axis size {axis_size}"
+UNSUPPORTED_PAD_MODE = "unsupported pad mode '{mode}'"
+PAD_TOO_MANY_DIMENSIONS = "{mode} padding of more than the 3 last dimensions is not supported"
+SLICE_STEP_ZERO = "slice steps must not be 0"
+SPLIT_NOT_EVEN = "cannot split an axis of size {axis_size} into {count} equal parts"
+SQUEEZE_NON_UNIT_AXIS = "cannot squeeze axis {axis} of size {axis_size}"
+
+# --- opsets.py ---------------------------------------------------------------------------------
+OPSET_HAS_NO_OPERATOR = "'{label}' opset {version} has no operator '{name}'"
+ONNX_OPERATOR_ON_AI_GRAPHCORE = "{op_type} is an ai.onnx operator"
+CALL_ON_AI_ONNX = "call is an ai.graphcore operator"
+TOO_MANY_POSITIONAL_ARGUMENTS = (
+    "{op_type}: too many positional arguments ({n_pos}); expected {positional} then debugContext"
+)
+
+# --- optimizers.py -----------------------------------------------------------------------------
+CLIPPING_SUBSET_UNSUPPORTED = (
+    "Gradient clipping of a subset of the weights is not supported by openpop; use "
+    "ClipNormSettings.clipAllWeights"
+)
+OPTIMIZER_VALUE_NOT_A_PAIR = "Optimizer values are (value, isConst) pairs, got {v!r}"
+UNKNOWN_OPTIMIZER_PARAMETER = "Unknown optimizer parameter '{unknown}' for {self_type}; valid: {keys}"
+INSERT_SPECIFIC_NOT_A_WEIGHT = "insertSpecific: '{unknown}' is not a trainable weight of the model"
+UPDATED_OPTIMIZER_TYPE_DIFFERS = (
+    "updateOptimizerFromHost: the new optimizer ({new_type}) must be of the type the session was built with "
+    "({self_type})"
+)
+ADAM_NO_BIAS_L2_UNSUPPORTED = "AdamNoBias with L2Regularization is not supported by openpop"
+ADAPTIVE_PER_WEIGHT_UNSUPPORTED = "Adaptive: per-weight values are not supported by openpop"
+CLIP_NORM_SETTINGS_TYPE = "clip_norm_settings must be popart.ClipNormSettings objects"
+INVALID_WEIGHT_SPECIFIC_PARAMETER = "Invalid weight-specific optimizer parameter '{k}' for {weightId}"
+CONSTANT_OPTIMIZER_VALUE_CHANGED = (
+    "updateOptimizerFromHost: '{name}'{of_weight} is constant ({value}) and cannot be changed"
+)
+LAMB_CLIPPING_UNSUPPORTED = "Gradient clipping is not supported with Lamb by openpop"
+ADAMAX_DECOUPLED_DECAY_UNSUPPORTED = (
+    "AdaMax with decoupled weight decay is not supported by openpop; use WeightDecayMode.L2Regularization"
+)
+
+# --- options.py --------------------------------------------------------------------------------
+SESSION_OPTIONS_NO_ATTRIBUTE = "'popart.SessionOptions' object has no attribute '{name}'"
+ACCUMULATION_FACTOR_WITHOUT_ACCUMULATION = (
+    "enableGradientAccumulation is false, but accumulationFactor > 1. Either enable gradient accumulation, or "
+    "set the accumulation factor to 1"
+)
+
+# --- placement.py ------------------------------------------------------------------------------
+SPLIT_RATIOS_COUNT_MISMATCH = (
+    "virtualGraphSplitRatios has {n_ratios} entries for {ipus} IPUs per replica"
+)
+
+# --- sessions.py -------------------------------------------------------------------------------
+CONNECT_STREAM_TO_CALLBACK_UNSUPPORTED = (
+    "connectStreamToCallback is not supported by openpop; use PyStepIOCallback"
+)
+BUFFER_SIZE_MISMATCH = "Buffer for '{name}' has {size} elements, expected {expected}"
+DATAFLOW_TYPE = "dataFlow must be a popart.DataFlow, got {dataFlow_type}"
+NO_DEVICE = "No device given (deviceInfo is None): acquire one with popart.DeviceManager()"
+DEVICE_INFO_TYPE = "deviceInfo must be a popart.DeviceInfo, got {deviceInfo_type}"
+USER_OPTIONS_TYPE = "userOptions must be a popart.SessionOptions, got {options_type}"
+REPLICATION_BELOW_ONE = "replicatedGraphCount must be at least 1"
+ACCUMULATION_IN_INFERENCE = "Gradient accumulation is only available in training sessions"
+RUN_OFFLINE_DEVICE = "Cannot run on an offline IPU device: it only compiles"
+RESET_HOST_WEIGHTS_WITH_CONSTANT_WEIGHTS = (
+    "Cannot call resetHostWeights when constantWeights is set: set SessionOptions.constantWeights = False"
+)
+NO_SUCH_TENSOR = "No tensor '{id}' in the model"
+LOSS_TYPE = "loss must be a tensor id (str), got {loss_type}"
+LOSS_NOT_IN_MODEL = "The loss tensor '{loss}' is not a tensor of the model"
+OPTIMIZER_TYPE = (
+    "optimizer must be a popart optimizer (SGD, ConstSGD, Adam, Adaptive), got {optimizer_type}"
+)
+IPUS_NOT_A_MULTIPLE_OF_REPLICAS = (
+    "The number of IPUs requested ({numIpus}) must be a multiple of replicatedGraphCount ({replicationFactor})"
+)
+NOT_ENOUGH_IPUS_FOR_MODEL = (
+    "The model needs {needed} IPUs ({ipus_per_replica} virtual graphs x {replicationFactor} replicas) but the "
+    "device has {numIpus}"
+)
+READ_WEIGHTS_UNKNOWN = "readWeights: '{name}' is not a weight of the model"
+WRITE_WEIGHTS_UNKNOWN = "writeWeights: '{name}' is not a weight of the model"
+WRITE_WEIGHTS_SIZE_MISMATCH = "writeWeights: '{name}' has {size} elements, got {given}"
+RESET_HOST_WEIGHTS_UNKNOWN = "resetHostWeights: the model has a weight '{name}' this session does not"
+RESET_HOST_WEIGHTS_SHAPE_MISMATCH = "resetHostWeights: '{name}' has shape {shape}, expected {expected}"
+STEPIO_TYPE = "run() needs a popart.PyStepIO or PyStepIOCallback, got {stepio_type}"
+STEPIO_INPUT_MISSING = "No stepio input was given for tensor '{tensor_id}' (the model's inputs: {input_ids})"
+INPUT_ELEMENT_COUNT = (
+    "Unexpected number of input elements for Tensor {tensor_id}. Expected {nelms}, but received {size}."
+)
+ANCHOR_GRADIENT_IN_INFERENCE = (
+    "Anchor tensor '{anchor}' is a gradient: gradients exist in training sessions only"
+)
+ANCHOR_GRADIENT_OF_UNKNOWN = "Anchor tensor '{anchor}' not in Ir Tensors: '{base}' is not a tensor of the model"
+INPUT_DATA_TYPE_MISMATCH = "Input tensor '{tensor_id}' has data type {dtype}; the model expects {data_type}"
+ANCHOR_NOT_AN_UPDATED_WEIGHT = (
+    "Anchor tensor '{anchor}' not in Ir Tensors: '{base}' is not a weight updated by this session"
+)
+ANCHOR_UNKNOWN_ID = "Anchor tensor '{anchor}' not in Ir Tensors: no tensor of the model has this id"
+
+# --- shapes.py ---------------------------------------------------------------------------------
+INPUT_NOT_IN_GRAPH = "{node}: input tensor '{missing}' is not a tensor of this graph"
+UNKNOWN_OPERATOR = "{node}: unknown operator '{op_type}' in domain '{domain}'"
+NO_ONNX_OPERATOR_IN_OPSET = "{node}: no ONNX operator '{op_type}' in ai.onnx opset {version}"
+SHAPE_INFERENCE_FAILED = "Shape inference failed for {node}: {exc}"
+INPUT_SHAPE_UNKNOWN = "{node}: the shape of input '{name}' is unknown"
+BODY_READ_SHAPE_UNKNOWN = "{node}: the shape of '{name}' (read by its body) is unknown"
+
+# --- tensorinfo.py -----------------------------------------------------------------------------
+UNKNOWN_DATA_TYPE = "Unknown data type '{dtype}'. Known: {known}"
+NO_POPART_DATA_TYPE = "Data type {dtype!r} has no PopART equivalent"
+TENSOR_INFO_ARGUMENTS = "TensorInfo takes (dtype, shape) or a numpy array"
