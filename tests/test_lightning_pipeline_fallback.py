@@ -4,16 +4,15 @@ the message text. Numerics against a plain-PyTorch loop."""
 import copy
 
 import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import poptorch
+from openpop import errors
+from openpop.lightning import IPUStrategy
+from openpop.lightning.stage_runner import StageRunner
 
 from helpers.lightning_models import QUIET, pl
-
-import torch  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
-
-import poptorch  # noqa: E402
-from openpop import errors  # noqa: E402
-from openpop.lightning import IPUStrategy  # noqa: E402
-from openpop.lightning.stage_runner import StageRunner  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
