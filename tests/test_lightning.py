@@ -3,6 +3,9 @@ outputs, checkpoints, and the limitations of Lightning's old IPU support that op
 import copy
 
 import pytest
+
+pytest.importorskip("lightning.pytorch")  # a skip, not an ImportError, from openpop.lightning below
+
 import torch
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
 

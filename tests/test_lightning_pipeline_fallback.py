@@ -4,6 +4,9 @@ the message text. Numerics against a plain-PyTorch loop."""
 import copy
 
 import pytest
+
+pytest.importorskip("lightning.pytorch")  # a skip, not an ImportError, from openpop.lightning below
+
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
