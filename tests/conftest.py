@@ -1,3 +1,4 @@
+import json
 import logging
 import os
 import signal
@@ -46,6 +47,41 @@ def warnings_logged(caplog):
             yield lambda: [r.getMessage() for r in caplog.records]
     finally:
         poptorch.logger.propagate = False
+
+
+@pytest.fixture
+def no_environment_session(monkeypatch):
+    """No profile session from ``POPLAR_ENGINE_OPTIONS`` during the test, nor left behind by it."""
+    from openpop.runtime import trace
+    monkeypatch.delenv(trace.ENGINE_OPTIONS_ENV, raising=False)
+    trace.reset_environment_session()
+    yield
+    trace.reset_environment_session()
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """A 4-stage pipelined model run for 3 host calls, calls 1 and 2 recorded."""
+    from openpop.runtime import trace
+
+    from helpers.profile_models import batch, pipelined_model
+    os.environ.pop(trace.ENGINE_OPTIONS_ENV, None)
+    trace.reset_environment_session()
+    directory = tmp_path_factory.mktemp("profile")
+    model = pipelined_model()
+    x, target = batch()
+    with trace.TraceSession(directory, calls=range(1, 3)):
+        for _ in range(3):
+            model(x, target)
+    perf = model.getPerfCounters()
+    plan = model.executionPlan()
+    options = model.options.toDict()
+    with open(directory / "trace.json") as stream:
+        trace_json = json.load(stream)
+    with open(directory / "report.json") as stream:
+        report = json.load(stream)
+    yield {"dir": directory, "trace": trace_json, "report": report, "perf": perf, "plan": plan, "options": options}
+    model.destroy()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -13,11 +13,11 @@ import torch
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-import poptorch  # noqa: E402
-from openpop.bert import checkpoint as ckpt  # noqa: E402
-from openpop.bert import data, metrics, optimization, train  # noqa: E402
-from openpop.bert.config import ConfigError, available_configs, make_config, parse_args  # noqa: E402
-from openpop.bert.model import PipelinedBertForPretraining, masked_accuracy  # noqa: E402
+import poptorch
+from openpop.bert import checkpoint as ckpt
+from openpop.bert import data, metrics, optimization, train
+from openpop.bert.config import ConfigError, available_configs, make_config, parse_args
+from openpop.bert.model import PipelinedBertForPretraining, masked_accuracy
 
 SECTIONS = [
     "Using config: unit_test",

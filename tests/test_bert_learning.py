@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-from openpop.bert import train  # noqa: E402
+from openpop.bert import train
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

@@ -14,9 +14,9 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("tokenizers")
 
-from openpop import atomic_file  # noqa: E402
-from openpop.bert import data, train  # noqa: E402
-from openpop.bert.config import ConfigError, make_config  # noqa: E402
+from openpop import atomic_file
+from openpop.bert import data, train
+from openpop.bert.config import ConfigError, make_config
 
 NO_SUCH_PID = 99_999_999  # above Linux's largest pid_max (2**22): never a running process
 

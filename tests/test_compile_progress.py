@@ -12,6 +12,7 @@ import torch
 
 import openpop
 import poptorch
+
 from helpers.models import Classifier
 
 FINISHED = re.compile(r"^Graph compilation: 100%\|█{10}\| 100/100 \[\d\d:\d\d<00:00\]$", re.MULTILINE)

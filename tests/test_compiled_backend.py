@@ -7,9 +7,10 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers.oracle import micro_batches, train_loop
 
 import poptorch
+
+from helpers.oracle import micro_batches, train_loop
 
 
 class Regressor(torch.nn.Module):

@@ -5,9 +5,10 @@ import copy
 
 import pytest
 import torch
-from helpers.lightning_models import IPUStrategy, Regressor, loader, make_net, regression_data, trainer
 
 import poptorch
+
+from helpers.lightning_models import IPUStrategy, Regressor, loader, make_net, regression_data, trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -2,13 +2,13 @@
 per-process shards of distributed runs (simulated in one process with configureProcessId)."""
 import contextlib
 import logging
+from itertools import chain
 
 import pytest
 import torch
 from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 
-from openpop.data import DataLoader
-from openpop.data import messages
+from openpop.data import DataLoader, messages
 from openpop.data.distributed import process_slice
 from openpop.enums import DataLoaderMode
 from openpop.errors import Error
@@ -103,7 +103,7 @@ def test_options_must_be_poptorch_options():
 
 def test_shuffle_true_shuffles_within_one_process():
     loader = DataLoader(make_options(di=2), indexed_dataset(40), batch_size=2, shuffle=True)
-    seen = sum(labels(loader), [])
+    seen = list(chain.from_iterable(labels(loader)))
     assert sorted(seen) == list(range(40)) and seen != list(range(40))
 
 
@@ -173,7 +173,7 @@ def test_torch_batch_sampler_with_several_replicas(di, r, ga):
     batches = list(loader)
     assert len(batches) == len(loader) == len(expected) // factor
     for i, (rows, index) in enumerate(batches):
-        want = sum(expected[i * factor:(i + 1) * factor], [])
+        want = list(chain.from_iterable(expected[i * factor:(i + 1) * factor]))
         assert index.tolist() == want
         assert torch.equal(rows, dataset.tensors[0][want])
         # Replica k of the combined batch gets the sampler's k-th batch of the step.
@@ -258,10 +258,10 @@ def test_distributed_loaders_read_disjoint_contiguous_shards(n, processes, drop_
         combined = 4
         if drop_last:
             assert len(loader) == n // (combined * processes)
-        got = sum(labels(loader), [])
+        got = list(chain.from_iterable(labels(loader)))
         assert got == list(range(got[0], got[0] + len(got)))  # contiguous, in order
         seen.append(got)
-    flat = sum(seen, [])
+    flat = list(chain.from_iterable(seen))
     assert len(flat) == len(set(flat))
     if drop_last:
         assert flat == list(range(len(flat)))
@@ -281,7 +281,7 @@ def test_distributed_requires_batch_size_and_seed_for_shuffle():
 
 
 def _epochs(loader, count):
-    return [sum(labels(loader), []) for _ in range(count)]
+    return [list(chain.from_iterable(labels(loader))) for _ in range(count)]
 
 
 @pytest.mark.parametrize("drop_last", [True, False])

@@ -15,9 +15,10 @@ import torch
 import torch.nn.functional as F
 
 import poptorch
+from openpop.runtime.devices import DeviceMap
+
 from helpers.models import FourBlocks, Normed, loss_of, strategy_options
 from helpers.oracle import train_loop
-from openpop.runtime.devices import DeviceMap
 
 
 @pytest.fixture
@@ -411,7 +412,8 @@ def test_replicas_are_structural_copies(replicas_apart):
     replica = pop._session.replicas.model(1)
     assert replica is not model and replica.owner is model.owner  # shared, not copied
     assert replica.head.weight is replica.embed.weight and replica.embed.weight is not model.embed.weight
-    assert replica.counter is model.counter and model.counter.rows == 2 + 16  # compile pass (one micro-batch) + both replicas
+    # compile pass (one micro-batch) + both replicas
+    assert replica.counter is model.counter and model.counter.rows == 2 + 16
     ref_losses = train_loop(reference, torch.optim.SGD(reference.parameters(), lr=0.1), (x, t),
                             lambda m, x, t: m(x, t)[1], 2, 2, 2)
     torch.testing.assert_close(losses.flatten(), ref_losses, rtol=1e-6, atol=1e-6)

@@ -15,15 +15,13 @@ import pytest
 
 SRC = pathlib.Path(__file__).resolve().parents[1] / "src"
 MESSAGE_MODULES = ("openpop/errors.py", "messages.py")
-# TEMPORARY: brought under the rule by the lead after merging the branches that are editing them.
-NOT_YET_COVERED = ()
 PROSE = re.compile(r"[A-Za-z]+\s+[A-Za-z]+")  # two words: a message, not a key, a path or a separator
 
 
 def covered_modules():
     for path in sorted(SRC.rglob("*.py")):
         relative = path.relative_to(SRC).as_posix()
-        if not relative.endswith(MESSAGE_MODULES) and not relative.startswith(NOT_YET_COVERED):
+        if not relative.endswith(MESSAGE_MODULES):
             yield relative
 
 

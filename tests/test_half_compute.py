@@ -12,11 +12,19 @@ from torch.func import functional_call
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import poptorch
-from helpers.oracle import micro_batches
 from openpop.log import logger
 from openpop.runtime import half_compute
-from openpop.runtime.half_compute import (CONVOLUTION, MATMUL, CpuHalfSpeeds, HalfComputePolicy, LowPrecisionOps,
-                                          low_precision_is_faster, measure_cpu_rates)
+from openpop.runtime.half_compute import (
+    CONVOLUTION,
+    MATMUL,
+    CpuHalfSpeeds,
+    HalfComputePolicy,
+    LowPrecisionOps,
+    low_precision_is_faster,
+    measure_cpu_rates,
+)
+
+from helpers.oracle import micro_batches
 
 LOW = [torch.float16, torch.bfloat16]
 
@@ -247,7 +255,7 @@ def test_policy_picks_the_kernels_of_a_half_model(dtype, setting, half_compute_s
     assert out.dtype == dtype and losses.dtype == dtype
     assert kernels.dtypes() == ({torch.float32} if setting == "float32" else {dtype})
     opt = torch.optim.SGD(reference.parameters(), lr=0.05)
-    ref_out, ref_losses = _upcasting_loop(reference, opt, x, y, 3, 1)
+    _ref_out, ref_losses = _upcasting_loop(reference, opt, x, y, 3, 1)
     tol = 2e-2 if dtype == torch.float16 else 8e-2
     torch.testing.assert_close(losses.float(), ref_losses, rtol=tol, atol=tol)
     for p, q in zip(model.parameters(), reference.parameters()):

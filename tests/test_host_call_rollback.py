@@ -104,7 +104,7 @@ def run_calls(pop, scheduler, batches):
 
 def test_state_the_failure_could_change_is_really_changed_by_a_call():
     """The checks below are meaningful: one call changes every part of the snapshot."""
-    model, pop, optimizer, scheduler = build()
+    model, pop, optimizer, _scheduler = build()
     pop(*data())
     before = snapshot(model, optimizer, pop)
     pop(*data(seed=2))
@@ -167,7 +167,7 @@ def test_one_device_iteration_restores_buffers_and_rng_without_copying_weights()
 
 
 def test_weight_copies_are_taken_once_per_call_into_reused_tensors():
-    model, pop, optimizer, scheduler = build()
+    model, pop, optimizer, _scheduler = build()
     pop(*data(seed=1))
     assert len(pop._session._rollback._copies) == len(list(model.parameters()))  # no Adam state yet
     pop(*data(seed=2))
@@ -220,7 +220,7 @@ class InterruptedSGD(torch.optim.SGD):
 
 
 def interrupted_twin(di, interrupt_on):
-    model, pop, optimizer, scheduler = build(di=di, optimizer=lambda params: InterruptedSGD(params, interrupt_on))
+    model, pop, optimizer, _scheduler = build(di=di, optimizer=lambda params: InterruptedSGD(params, interrupt_on))
     return model, pop, optimizer
 
 
@@ -277,7 +277,7 @@ def test_rollback_option():
 
 
 def test_without_rollback_ctrl_c_still_never_cuts_an_update_short():
-    model, pop, optimizer, _ = build(rollback=False, optimizer=lambda params: InterruptedSGD(params, interrupt_on=2))
+    model, pop, _optimizer, _ = build(rollback=False, optimizer=lambda params: InterruptedSGD(params, interrupt_on=2))
     x, y = data()
     with pytest.raises(KeyboardInterrupt) as info:
         pop(x, y)

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import poptorch
+
 from helpers.models import Classifier
 from helpers.oracle import train_loop
 

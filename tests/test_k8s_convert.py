@@ -1,14 +1,14 @@
 """openpop-k8s convert/render: the IPUJob -> PyTorchJob / TrainJob field mapping (golden files
 under tests/data/k8s; OPENPOP_UPDATE_GOLDEN=1 rewrites them after a reviewed change)."""
 
-import copy
 
 import pytest
 import yaml
 
-from helpers.k8s_cli import DATA, UPDATE_GOLDEN, documents, run_cli, write_manifest
 from openpop.k8s.sdk_models import check_pod_template
 from openpop.k8s.validation import validate_kubeflow_job
+
+from helpers.k8s_cli import DATA, UPDATE_GOLDEN, documents, run_cli, write_manifest
 
 GOLDEN_CASES = {
     "seed_single_worker.pytorchjob": ("seed_single_worker", ["--to", "pytorchjob"]),
@@ -81,7 +81,7 @@ def test_seed_hostipc_and_ipc_lock_removed_with_warnings_and_kept_on_request(cap
 
 
 def test_dev_shm_volume_is_kept(capsys):
-    code, out, err = run_cli(capsys, "convert", DATA / "seed_single_worker.ipujob.yaml")
+    _code, out, _err = run_cli(capsys, "convert", DATA / "seed_single_worker.ipujob.yaml")
     master = documents(out)[0]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
     assert master["volumes"] == [{"emptyDir": {"medium": "Memory", "sizeLimit": "10Gi"}, "name": "devshm"}]
     assert master["containers"][0]["volumeMounts"] == [{"mountPath": "/dev/shm", "name": "devshm"}]
@@ -106,11 +106,11 @@ def test_poprun_instances_become_pods_or_processes_per_pod(pods, master, workers
 
 
 def test_gpu_device_requests_gpus_per_pod(capsys):
-    code, out, err = run_cli(capsys, "convert", DATA / "poprun_two_instances.ipujob.yaml",
-                             "--pods", 2, "--device", "gpu")
+    _code, out, _err = run_cli(capsys, "convert", DATA / "poprun_two_instances.ipujob.yaml",
+                               "--pods", 2, "--device", "gpu")
     container = documents(out)[0]["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
-    code, out, err = run_cli(capsys, "convert", DATA / "poprun_two_instances.ipujob.yaml",
+    _code, out, _err = run_cli(capsys, "convert", DATA / "poprun_two_instances.ipujob.yaml",
                              "--device", "gpu", "--gpus-per-pod", 4)
     container = documents(out)[0]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
@@ -157,7 +157,7 @@ def test_render_topology_flags_wrap_the_command_in_poprun(capsys):
 
 
 def test_render_plain_command_runs_once_per_pod(capsys):
-    code, out, err = run_cli(capsys, "render", "--image", "img:1", "--name", "bert", "--",
+    _code, out, _err = run_cli(capsys, "render", "--image", "img:1", "--name", "bert", "--",
                              "openpop-bert", "--config", "cpu_tiny_128")
     spec = documents(out)[0]["spec"]
     assert spec["nprocPerNode"] == "1" and "Worker" not in spec["pytorchReplicaSpecs"]

@@ -109,11 +109,13 @@ def test_container_env_and_kubernetes_references(tmp_path, capsys):
 
 
 TORCHRUN_SCRIPT = """\
-import os, torch, torch.distributed as dist
+import json, os, torch, torch.distributed as dist
 dist.init_process_group("gloo")
 value = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(value)
-print(f"ENV {{\\"rank\\": \\"{dist.get_rank()}\\", \\"world\\": \\"{dist.get_world_size()}\\", \\"local\\": \\"{os.environ['LOCAL_RANK']}\\", \\"sum\\": \\"{value.item():.0f}\\"}}", flush=True)
+env = {"rank": str(dist.get_rank()), "world": str(dist.get_world_size()), "local": os.environ["LOCAL_RANK"],
+       "sum": f"{value.item():.0f}"}
+print("ENV " + json.dumps(env), flush=True)
 dist.destroy_process_group()
 """
 
@@ -161,7 +163,7 @@ def _wait_for(path, timeout=120):
 def test_a_failing_pod_fails_the_job_and_stops_the_others(tmp_path, capsys):
     manifest = _sleeper_job(tmp_path, worker_exit=3)
     started = time.monotonic()
-    code, out, err = run_cli(capsys, "run-local", manifest, "--master-port", free_port())
+    code, _out, err = run_cli(capsys, "run-local", manifest, "--master-port", free_port())
     assert code == 1
     assert "pod sleepers-worker-0 exited with code 3: the job failed" in err
     assert time.monotonic() - started < 100  # not the master's 120 s sleep
@@ -178,7 +180,7 @@ def test_killing_one_pods_process_fails_the_whole_job_without_orphans(tmp_path):
         worker_pid, _ = _wait_for(tmp_path / "sleepers-worker-0")
         master_pids = _wait_for(tmp_path / "sleepers-master-0")
         os.kill(worker_pid, signal.SIGKILL)
-        out, err = run.communicate(timeout=60)
+        _out, err = run.communicate(timeout=60)
     finally:
         if run.poll() is None:
             run.kill()

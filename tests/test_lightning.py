@@ -4,12 +4,14 @@ import copy
 
 import pytest
 
-from helpers.lightning_models import IPUStrategy, QUIET, Regressor, loader, make_net, pl, regression_data, trainer
+pytest.importorskip("lightning.pytorch")  # a skip, not an ImportError, from openpop.lightning below
 
-import torch  # noqa: E402
-from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset  # noqa: E402
+import torch
+from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
 
-import openpop.lightning as opl  # noqa: E402
+import openpop.lightning as opl
+
+from helpers.lightning_models import QUIET, IPUStrategy, Regressor, loader, make_net, pl, regression_data, trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -575,6 +577,7 @@ def test_misleading_step_settings_are_warned_about(caplog):
     run = trainer(accelerator="ipu", devices=2, strategy=IPUStrategy(device_iterations=2), max_epochs=1,
                   enable_checkpointing=True, callbacks=[checkpoint])
     import logging
+
     import openpop
     openpop.logger.propagate = True
     try:

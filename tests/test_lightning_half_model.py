@@ -4,11 +4,10 @@ automatic loss scaling), checked against a hand-written float16 loop."""
 import copy
 
 import pytest
+import torch
 
 from helpers.lightning_models import IPUStrategy, Regressor, loader, make_net, pl, regression_data, trainer
 from helpers.oracle import train_loop
-
-import torch  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -50,8 +50,10 @@ def test_fresh_interpreter_needs_no_import_line():
 
 
 def test_hook_can_be_turned_off_and_import_line_still_works():
-    code = ("try:\n    from lightning.pytorch.strategies import IPUStrategy\nexcept ImportError:\n    print('absent')\n"
-            "import openpop.lightning\nfrom lightning.pytorch.strategies import IPUStrategy\nprint(IPUStrategy.__name__)")
+    code = ("try:\n    from lightning.pytorch.strategies import IPUStrategy\n"
+            "except ImportError:\n    print('absent')\n"
+            "import openpop.lightning\nfrom lightning.pytorch.strategies import IPUStrategy\n"
+            "print(IPUStrategy.__name__)")
     result = _run(code, OPENPOP_LIGHTNING_HOOK="0")
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["absent", "IPUStrategy"]

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("lightning.pytorch")
 
-import poptorch  # noqa: E402
+import poptorch
 
 # module -> (name of the class in it, attribute of openpop's package); the 2.0 modules of the
 # accelerator and strategy also had _IPU_AVAILABLE, _POPTORCH_AVAILABLE and poptorch.

@@ -5,15 +5,17 @@ import copy
 
 import pytest
 
+pytest.importorskip("lightning.pytorch")  # a skip, not an ImportError, from openpop.lightning below
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import poptorch
+from openpop import errors
+from openpop.lightning import IPUStrategy
+from openpop.lightning.stage_runner import StageRunner
+
 from helpers.lightning_models import QUIET, pl
-
-import torch  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
-
-import poptorch  # noqa: E402
-from openpop import errors  # noqa: E402
-from openpop.lightning import IPUStrategy  # noqa: E402
-from openpop.lightning.stage_runner import StageRunner  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

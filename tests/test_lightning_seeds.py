@@ -5,13 +5,12 @@ import json
 import warnings
 
 import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import poptorch
 
 from helpers.lightning_models import QUIET, pl
-
-import torch  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
-
-import poptorch  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

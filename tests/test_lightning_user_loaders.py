@@ -7,14 +7,13 @@ fix; one built for the stage's options is used as it is."""
 import copy
 
 import pytest
+import torch
+from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler, TensorDataset
 
-from helpers.lightning_models import QUIET, IPUStrategy, Regressor, make_net, pl, regression_data, trainer
+import poptorch
+
+from helpers.lightning_models import IPUStrategy, Regressor, make_net, pl, regression_data, trainer
 from helpers.oracle import train_loop
-
-import torch  # noqa: E402
-from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler, TensorDataset  # noqa: E402
-
-import poptorch  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

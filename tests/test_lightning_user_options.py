@@ -3,11 +3,11 @@ in place, as Lightning 2.0 did), and ``strategy.replication_factor`` follows the
 import warnings
 
 import pytest
+import torch
+
+import poptorch
 
 from helpers.lightning_models import IPUStrategy, Regressor, loader, pl, regression_data, trainer
-
-import poptorch  # noqa: E402
-import torch  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import poptorch
+
 from helpers.models import FourBlocks, loss_of, strategy_options
 from helpers.oracle import train_loop
 

@@ -134,7 +134,7 @@ def test_recomputation_checkpoint_records_in_a_run_that_collects_them():
 
 def test_serialized_matmul_is_matmul():
     for mode in enums.MatMulSerializationMode:
-        grads_match(lambda x, y: ops.serializedMatMul(x, y, mode, 2), torch.matmul,
+        grads_match(lambda x, y, mode=mode: ops.serializedMatMul(x, y, mode, 2), torch.matmul,
                     (4, 6), (6, 2))
     with pytest.raises(AssertionError, match="MatMulSerializationMode"):
         ops.serializedMatMul(torch.ones(2, 2), torch.ones(2, 2), "input_channels")
@@ -194,7 +194,8 @@ def test_dynamic_update_errors():
     x, start = torch.zeros(2, 8), torch.tensor([0])
     with pytest.raises(Error, match=re.escape("input and src tensors must have same dimensionality. (2) vs (1)")):
         ops.dynamic_update(x, torch.zeros(8), 0, start, 1)
-    with pytest.raises(Error, match=re.escape("input and src tensor must have same dtype. (torch.float32 vs torch.int64)")):
+    with pytest.raises(Error, match=re.escape(
+            "input and src tensor must have same dtype. (torch.float32 vs torch.int64)")):
         ops.dynamic_update(x, torch.zeros(1, 8, dtype=torch.long), 0, start, 1)
     with pytest.raises(Error, match="Src argument to dynamic_update must be a torch.tensor"):
         ops.dynamic_update(x, 1.0, 0, start, 1)

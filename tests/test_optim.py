@@ -75,7 +75,7 @@ def run(factory, spec=None, steps=STEPS, clip=None):
 def assert_same_weights(a, b, **tol):
     tol = tol or TOL
     for (name, p), (_, q) in zip(a.named_parameters(), b.named_parameters()):
-        torch.testing.assert_close(p.detach(), q.detach(), msg=lambda m: f"{name}: {m}", **tol)
+        torch.testing.assert_close(p.detach(), q.detach(), msg=lambda m, name=name: f"{name}: {m}", **tol)
 
 
 def hand_run(update, hyper_of, steps=STEPS, clip=None):
@@ -257,7 +257,7 @@ def test_rmsprop_matches_torch_and_formula(kw):
 @pytest.mark.parametrize("kw", RMS_CASES)
 def test_rmsprop_tensorflow_variant(kw):
     kw = {**kw, "eps": kw.get("eps", 1e-3)}  # large enough for its place to matter
-    ours, opt, _ = run(lambda p: optim.RMSprop(p, lr=0.01, use_tf_variant=True, **kw))
+    ours, _opt, _ = run(lambda p: optim.RMSprop(p, lr=0.01, use_tf_variant=True, **kw))
     assert_same_weights(ours, hand_run(rmsprop_update, per_group(None, {**RMS_DEFAULTS, **kw, "tf": True})))
     torch_like, _, _ = run(lambda p: optim.RMSprop(p, lr=0.01, **kw))
     assert not torch.allclose(ours[0].weight, torch_like[0].weight)
@@ -308,8 +308,8 @@ def test_loss_scaling_is_not_applied_by_step():
     """The executor scales the loss and unscales the gradients; step() sees true gradients."""
     for cls, kw in [(optim.SGD, dict(lr=0.05, momentum=0.9)), (optim.Adam, {}), (optim.AdamW, {}),
                     (optim.RMSprop, {}), (optim.LAMB, {})]:
-        scaled, opt, _ = run(lambda p: cls(p, loss_scaling=1024.0, **kw))
-        plain, _, _ = run(lambda p: cls(p, **kw))
+        scaled, opt, _ = run(lambda p, cls=cls, kw=kw: cls(p, loss_scaling=1024.0, **kw))
+        plain, _, _ = run(lambda p, cls=cls, kw=kw: cls(p, **kw))
         assert opt.loss_scaling == 1024.0 and optim.loss_scaling_of(opt) == 1024.0
         assert_same_weights(scaled, plain)
 
@@ -750,7 +750,8 @@ def test_torch_state_loads_into_openpop_and_back(ours, theirs):
 def test_state_keys_match_torch():
     for ours, theirs in [(lambda p: optim.Adam(p), lambda p: torch.optim.Adam(p)),
                          (lambda p: optim.AdamW(p), lambda p: torch.optim.AdamW(p)),
-                         (lambda p: optim.SGD(p, lr=0.1, momentum=0.9), lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)),
+                         (lambda p: optim.SGD(p, lr=0.1, momentum=0.9),
+                          lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9)),
                          (lambda p: optim.RMSprop(p, momentum=0.9, centered=True),
                           lambda p: torch.optim.RMSprop(p, momentum=0.9, centered=True))]:
         a = run(ours, steps=2)[1].state_dict()
@@ -759,7 +760,7 @@ def test_state_keys_match_torch():
 
 
 def test_pickle_and_deepcopy_keep_poptorch_attributes():
-    model, opt, _ = run(lambda p: optim.AdamW(p, lr=0.01, loss_scaling=64.0, bias_correction=False,
+    _model, opt, _ = run(lambda p: optim.AdamW(p, lr=0.01, loss_scaling=64.0, bias_correction=False,
                                               accum_type=torch.float16, max_grad_norm=1.0), steps=2)
     opt.variable_attrs.markAsVariable("weight_decay")
     for clone in [copy.deepcopy(opt), pickle.loads(pickle.dumps(opt))]:

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import poptorch
+
 from helpers.models import Classifier, classifier_batch, loss_of
 from helpers.oracle import train_loop
 

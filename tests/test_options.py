@@ -10,13 +10,19 @@ import pytest
 import torch
 
 from openpop import enums
-from openpop.enums import (CommGroupType, ConnectionType, HalfFloatCastingBehavior, MeanReductionStrategy,
-                           OutputMode, ReductionType, SyncPattern)
+from openpop.enums import (
+    CommGroupType,
+    ConnectionType,
+    HalfFloatCastingBehavior,
+    MeanReductionStrategy,
+    OutputMode,
+    ReductionType,
+    SyncPattern,
+)
 from openpop.errors import ConfigFileError
 from openpop.log import logger
 from openpop.options import Options, OptionsDict, TensorLocationSettings
-from openpop.strategies import (ParallelPhasedExecution, PipelinedExecution, SerialPhasedExecution,
-                                ShardedExecution)
+from openpop.strategies import ParallelPhasedExecution, PipelinedExecution, SerialPhasedExecution, ShardedExecution
 
 FROZEN = "Can't modify frozen Options"
 ENV_VARS = ["POPTORCH_CACHE_DIR", "POPTORCH_DEFAULT_OPTIONS", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK",
@@ -148,9 +154,9 @@ def test_create_or_set_and_exists():
 
 def test_unknown_attribute_read():
     with pytest.raises(AttributeError, match=r"^Invalid attribute nonexistent\.$"):
-        Options().nonexistent  # pylint: disable=expression-not-assigned
+        _ = Options().nonexistent
     with pytest.raises(AttributeError, match="Invalid attribute nope."):
-        Options().Training.nope  # pylint: disable=expression-not-assigned
+        _ = Options().Training.nope
 
 
 def test_new_private_attribute_is_rejected():

@@ -57,7 +57,7 @@ def test_one_opset_per_domain():
         b.aiOnnxOpset10.relu([x])
     assert b.aiOnnx.version == 11
     with pytest.raises(AttributeError, match="no operator 'gelu'"):
-        b.aiOnnx.gelu
+        _ = b.aiOnnx.gelu
 
 
 def test_opset_selected_by_constructor_changes_semantics():
@@ -75,7 +75,8 @@ def test_opset_selected_by_constructor_changes_semantics():
 
 
 def _infer(builder, feeds, out):
-    session = popart.InferenceSession(builder.getModelProto(), popart.DataFlow(1, {out: popart.AnchorReturnType("All")}),
+    session = popart.InferenceSession(builder.getModelProto(),
+                                      popart.DataFlow(1, {out: popart.AnchorReturnType("All")}),
                                       popart.DeviceManager().createCpuDevice())
     session.prepareDevice()
     anchors = session.initAnchorArrays()

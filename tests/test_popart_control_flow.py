@@ -54,7 +54,7 @@ def _if_model():
 
 @pytest.mark.parametrize("condition", [True, False])
 def test_if_runs_the_chosen_branch(condition):
-    b, x, c, w, outs = _if_model()
+    b, x, c, _w, outs = _if_model()
     assert [b.getTensorShape(o) for o in outs] == [[2, 3], []]
     feeds = {x: np.arange(6, dtype=np.float32).reshape(2, 3), c: np.array(condition)}
     for got, want in zip(_infer(b, feeds, outs), _reference(b, feeds, outs)):
@@ -83,7 +83,7 @@ def _loop_model(with_condition):
 
 @pytest.mark.parametrize("with_condition", [False, True])
 def test_loop_carries_values_and_stacks_scan_outputs(with_condition):
-    b, x, w, final, scanned = _loop_model(with_condition)
+    b, x, _w, final, scanned = _loop_model(with_condition)
     feeds = {x: np.array([1.0, 2.0, -3.0], np.float32)}
     got = _infer(b, feeds, [final, scanned])
     want = _reference(b, feeds, [final, scanned])
@@ -111,7 +111,7 @@ def _scan_model():
 
 
 def test_scan_with_axes_and_directions():
-    b, x, y, w, final, ys = _scan_model()
+    b, x, y, _w, final, ys = _scan_model()
     assert b.getTensorShape(ys) == [3, 4]
     rng = np.random.default_rng(0)
     xv, yv = rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal((4, 3)).astype(np.float32)
@@ -126,7 +126,7 @@ def test_scan_with_axes_and_directions():
 
 
 def test_gradients_flow_through_if_loop_and_scan_bodies():
-    b, x, w, final, scanned = _loop_model(True)
+    b, x, w, _final, scanned = _loop_model(True)
     loss = b.aiGraphcore.identityloss([b.aiOnnx.reducesum([scanned], keepdims=0)])
     g = popart.reservedGradientPrefix() + w
     flow = popart.DataFlow(1, {loss: popart.AnchorReturnType("All"), g: popart.AnchorReturnType("All")})
@@ -166,7 +166,7 @@ def test_if_and_scan_weights_train():
     session.run(popart.PyStepIO({x: xv, c: np.array([True, False])}, anchors))
     np.testing.assert_allclose(anchors[g][0], xv[0])          # d(sum(x*w))/dw
     np.testing.assert_allclose(anchors[g][1], -np.ones((2, 3)))  # d(sum(x-w))/dw
-    b, x, y, w, final, ys = _scan_model()
+    b, x, y, w, _final, ys = _scan_model()
     loss = b.aiGraphcore.identityloss([b.aiOnnx.reducesum([ys], keepdims=0)])
     grad = popart.reservedGradientPrefix() + w
     session = popart.TrainingSession(b.getModelProto(), popart.DataFlow(1, {grad: popart.AnchorReturnType("All")}),

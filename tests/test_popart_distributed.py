@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import popart
+
 from helpers import popart_distributed_program as program
 from helpers.poprun_runner import load_results, run_poprun
 

@@ -6,6 +6,7 @@ import onnx
 import pytest
 
 import popart
+
 from helpers.popart_models import build_mlp, mlp_weights
 
 
@@ -16,7 +17,7 @@ def _training(builder, loss, anchors, *, bps=1, opts=None, ipus=1, optimizer=Non
 
 
 def test_input_element_count_error_text_and_no_state_change():
-    builder, x, labels, probs, loss, ids = build_mlp(4, mlp_weights())
+    builder, x, labels, _probs, loss, ids = build_mlp(4, mlp_weights())
     opts = popart.SessionOptions()
     opts.enableGradientAccumulation = True
     opts.accumulationFactor = 2
@@ -34,7 +35,7 @@ def test_input_element_count_error_text_and_no_state_change():
     assert str(info.value) == expected
     session.weightsToHost()
     session.readWeights(popart.PyWeightsIO(before))
-    for i, (w, b) in zip(ids, [(a, None) for wb in mlp_weights() for a in wb]):
+    for i, (w, _b) in zip(ids, [(a, None) for wb in mlp_weights() for a in wb]):
         np.testing.assert_array_equal(before[i], w)
 
 
@@ -43,7 +44,7 @@ def test_anchor_return_type_errors():
         popart.AnchorReturnType("EveryN")
     with pytest.raises(popart.popart_exception, match="Invalid anchor return type ID supplied: Most"):
         popart.AnchorReturnType("Most")
-    builder, x, labels, probs, loss, ids = build_mlp(4, mlp_weights())
+    builder, _x, _labels, _probs, loss, _ids = build_mlp(4, mlp_weights())
     with pytest.raises(popart.popart_exception, match="Batches per step must be a multiple of return period"):
         _training(builder, loss, {loss: popart.AnchorReturnType("EveryN", 2)}, bps=3)
     with pytest.raises(popart.popart_exception, match="Anchor tensor 'nothing' not in Ir Tensors"):
@@ -52,13 +53,13 @@ def test_anchor_return_type_errors():
 
 def test_pipelining_rules():
     weights = mlp_weights()
-    builder, x, labels, probs, loss, ids = build_mlp(4, weights)
+    builder, _x, _labels, probs, loss, _ids = build_mlp(4, weights)
     opts = popart.SessionOptions()
     opts.enablePipelining = True
     with pytest.raises(popart.popart_exception, match=re.escape(
             "Pipelining requires the 'virtualGraphMode' session option to not be VirtualGraphMode::Off.")):
         _training(builder, loss, {loss: popart.AnchorReturnType("All")}, opts=opts)
-    builder, x, labels, probs, loss, ids = build_mlp(4, weights, vgraphs=True)
+    builder, _x, _labels, probs, loss, _ids = build_mlp(4, weights, vgraphs=True)
     opts.virtualGraphMode = popart.VirtualGraphMode.Manual
     opts.enableGradientAccumulation = True
     opts.accumulationFactor = 2
@@ -83,7 +84,7 @@ def test_unsupported_op_is_named_at_session_construction():
 
 
 def test_session_api_misuse():
-    builder, x, labels, probs, loss, ids = build_mlp(4, mlp_weights())
+    builder, _x, _labels, probs, loss, _ids = build_mlp(4, mlp_weights())
     session = _training(builder, loss, {loss: popart.AnchorReturnType("All")},
                         optimizer=popart.SGD({"defaultLearningRate": (0.1, False), "defaultMomentum": (0.5, True)}))
     with pytest.raises(popart.popart_exception, match=re.escape("Devicex::prepare() must be called before")):
@@ -99,7 +100,8 @@ def test_session_api_misuse():
         _training(builder, loss, {loss: popart.AnchorReturnType("All")}, opts=opts)
     with pytest.raises(AttributeError, match="no attribute 'enablePipelinning'"):
         popart.SessionOptions().enablePipelinning = True
-    inference = popart.InferenceSession(builder.getModelProto(), popart.DataFlow(1, {probs: popart.AnchorReturnType("All")}),
+    inference = popart.InferenceSession(builder.getModelProto(),
+                                        popart.DataFlow(1, {probs: popart.AnchorReturnType("All")}),
                                         popart.DeviceManager().createCpuDevice())
     with pytest.raises(popart.popart_exception, match="constantWeights"):
         inference.resetHostWeights(builder.getModelProto())
@@ -107,7 +109,7 @@ def test_session_api_misuse():
 
 def test_weights_io_model_to_host_and_reset(tmp_path):
     weights = mlp_weights()
-    builder, x, labels, probs, loss, ids = build_mlp(4, weights)
+    builder, x, labels, _probs, loss, _ids = build_mlp(4, weights)
     session = _training(builder, loss, {loss: popart.AnchorReturnType("All")})
     session.prepareDevice()
     session.weightsFromHost()

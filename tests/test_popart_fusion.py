@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import popart
+
 from helpers.popart_models import build_mlp, mlp_weights, torch_reference_training
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -37,15 +38,15 @@ def test_pairs_are_fused_unless_their_middle_tensor_is_anchored():
     _, builder, _, _, probs, _, _, _ = _session()
     session, *_ = _session(anchored=[probs])
     assert _op_types(session) == ["matmul_add", "relu", "matmul_add", "softmax", "nll_loss"]
-    matmul = [n.output[0] for n in onnx.load_from_string(builder.getModelProto()).graph.node
-              if n.op_type == "MatMul"][0]
+    matmul = next(n.output[0] for n in onnx.load_from_string(builder.getModelProto()).graph.node
+                  if n.op_type == "MatMul")
     session, *_ = _session(anchored=[popart.reservedGradientPrefix() + matmul])
     assert _op_types(session) == ["matmul", "impl", "relu", "matmul_add", "softmax_nll"]  # impl: Add
 
 
 @pytest.mark.parametrize("anchor_probs", [False, True])
 def test_fused_and_unfused_sessions_match_the_torch_loop(anchor_probs):
-    session, builder, x, labels, probs, loss, ids, weights = _session(["probs"] if anchor_probs else [])
+    session, _builder, x, labels, _probs, loss, ids, weights = _session(["probs"] if anchor_probs else [])
     rng = np.random.default_rng(5)
     data = rng.standard_normal((2, 1, 1, MB, 8)).astype(np.float32)
     target = rng.integers(0, 4, (2, 1, 1, MB)).astype(np.int32)

@@ -244,7 +244,7 @@ def test_batchnorm_inference_and_training_statistics():
     b = popart.Builder()
     xi = b.addInputTensor(popart.TensorInfo("FLOAT", [4, 3, 5]))
     ids = [b.addInitializedInputTensor(a) for a in (scale, bias, mean, var)]
-    y, m, v, sm, sv = b.aiOnnx.batchnormalization([xi] + ids, 5, epsilon=1e-3, momentum=0.8)
+    y, _m, _v, _sm, _sv = b.aiOnnx.batchnormalization([xi] + ids, 5, epsilon=1e-3, momentum=0.8)
     module = _module(b, [y])
     want = torch.nn.functional.batch_norm(torch.from_numpy(x), torch.from_numpy(mean), torch.from_numpy(var),
                                           torch.from_numpy(scale), torch.from_numpy(bias), False, 0.0, 1e-3)

@@ -10,6 +10,7 @@ import torch
 import popart
 from openpop.popart import recompute
 from openpop.popart.recompute import run_checkpointed
+
 from helpers.popart_models import build_mlp, mlp_weights
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -62,7 +63,7 @@ def _saved_activation_bytes(session, feeds, monkeypatch):
 
 
 def _mlp():
-    builder, x, labels, probs, loss, ids = build_mlp(MB, mlp_weights(3, SIZES))
+    builder, x, labels, _probs, loss, ids = build_mlp(MB, mlp_weights(3, SIZES))
     rng = np.random.default_rng(0)
     feeds = {x: rng.standard_normal((MB, 8)).astype(np.float32), labels: rng.integers(0, 4, MB).astype(np.int32)}
     return builder, loss, ids, feeds

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import popart
+
 from helpers.popart_models import build_mlp, mlp_weights, torch_reference_training
 
 MB = 4
@@ -44,7 +45,7 @@ def _weights_of(session, ids):
 @pytest.mark.parametrize("bps,accl,repl", [(1, 1, 1), (3, 1, 1), (2, 3, 1), (2, 1, 2), (2, 2, 2)])
 def test_mlp_sgd_matches_torch_loop(bps, accl, repl):
     weights = mlp_weights()
-    builder, x, labels, probs, loss, ids = build_mlp(MB, weights)
+    builder, x, labels, _probs, loss, ids = build_mlp(MB, weights)
     anchors = {loss: popart.AnchorReturnType("All")}
     sgd = popart.SGD({"defaultLearningRate": (0.05, False), "defaultMomentum": (0.9, True),
                       "defaultWeightDecay": (0.01, True)})
@@ -70,7 +71,7 @@ def test_mlp_sgd_matches_torch_loop(bps, accl, repl):
 def test_mlp_adam_matches_torch_loop(mode, weight_decay_mode, make):
     bps, accl, repl = 3, 2, 1
     weights = mlp_weights()
-    builder, x, labels, probs, loss, ids = build_mlp(MB, weights)
+    builder, x, labels, _probs, loss, ids = build_mlp(MB, weights)
     adam = popart.Adam({"defaultLearningRate": (0.01, False), "defaultBeta1": (0.9, True),
                         "defaultBeta2": (0.99, True), "defaultEps": (1e-6, True),
                         "defaultWeightDecay": (0.1, True)}, mode=mode, weight_decay_mode=weight_decay_mode)
@@ -87,7 +88,7 @@ def test_mlp_adam_matches_torch_loop(mode, weight_decay_mode, make):
 def test_mean_reduction_and_specific_learning_rate():
     bps, accl, repl = 2, 2, 2
     weights = mlp_weights()
-    builder, x, labels, probs, loss, ids = build_mlp(MB, weights)
+    builder, x, labels, _probs, loss, ids = build_mlp(MB, weights)
     sgd = popart.SGD({"defaultLearningRate": (0.1, False)})
     sgd.insertSpecific("w0", {"learningRate": (0.02, False)})
     opts = popart.SessionOptions()
@@ -108,7 +109,7 @@ def test_mean_reduction_and_specific_learning_rate():
 def test_anchor_return_types_shapes_and_contents():
     bps, accl, repl = 4, 2, 2
     weights = mlp_weights()
-    builder, x, labels, probs, loss, ids = build_mlp(MB, weights)
+    builder, x, labels, probs, loss, _ids = build_mlp(MB, weights)
     g = popart.reservedGradientPrefix()
     anchors = {loss: popart.AnchorReturnType("All"), probs: popart.AnchorReturnType("EveryN", 2),
                "w1": popart.AnchorReturnType("Final"), g + "b1": popart.AnchorReturnType("Sum"),
@@ -188,7 +189,7 @@ def test_auto_virtual_graphs_split_and_match():
     bps, accl = 2, 1
     weights = mlp_weights()
     data, lab = _data(bps, accl, 1)
-    builder, x, labels, probs, loss, ids = build_mlp(MB, weights)
+    builder, x, labels, _probs, loss, ids = build_mlp(MB, weights)
     opts = popart.SessionOptions()
     opts.virtualGraphMode = popart.VirtualGraphMode.Auto
     opts.virtualGraphSplitRatios = [0.5, 0.5]

@@ -8,6 +8,7 @@ import torch
 
 from openpop.bert import train
 from openpop.bert.config import make_config
+
 from helpers.poprun_runner import run_poprun
 
 BERT = ["--num-instances", "2", "--num-replicas", "2", sys.executable, "-m", "openpop.bert", "--config",
@@ -37,4 +38,4 @@ def test_bert_on_two_instances_with_checkpoint_and_resume(tmp_path):
     one = train.run(make_config("cpu_tiny_128", replication_factor=2, micro_batch_size=4, dataset="generated",
                                 training_steps=3, disable_progress_bar=True), stream=io.StringIO())
     for name, value in one.model.state_dict().items():
-        torch.testing.assert_close(final[name], value, atol=1e-6, rtol=0, msg=lambda m: f"{name}: {m}")
+        torch.testing.assert_close(final[name], value, atol=1e-6, rtol=0, msg=lambda m, name=name: f"{name}: {m}")

@@ -6,6 +6,7 @@ import pytest
 
 from openpop.distributed import instance, poprun
 from openpop.distributed.topology import topology_table
+
 from helpers.poprun_runner import run_poprun
 
 TWO_INSTANCES_EIGHT_REPLICAS = """\

@@ -27,7 +27,7 @@ class Job:
 
     def finish(self, seconds=60):
         started = time.monotonic()
-        out, err = self.process.communicate(timeout=seconds)
+        _out, err = self.process.communicate(timeout=seconds)
         return self.process.returncode, err, time.monotonic() - started
 
 
@@ -42,7 +42,7 @@ def test_kill_9_of_one_instance_ends_the_job():
 
 def test_an_exception_in_one_instance_ends_the_job():
     job = Job("fail-after", "0.5", "1")
-    code, err, seconds = job.finish()
+    code, err, _seconds = job.finish()
     assert code == 1
     assert f"instance 1 (rank 1, pid {job.pids[1]}) exited with status 1" in err
     assert "[1,1]<stderr>:ValueError: instance 1 gives up" in err.splitlines()
@@ -73,4 +73,5 @@ def test_instances_whose_models_differ_fail_before_training():
     assert ("Instance 1's model differs from instance 0's: parameter 0.weight is [4, 4] torch.float32 instead "
             "of [3, 4] torch.float32. Every instance must build the same model") in result.stderr
     lines = result.stdout.splitlines()
-    assert "[1,0]<stdout>:instance 0: weights unchanged" in lines or "[1,1]<stdout>:instance 1: weights unchanged" in lines
+    assert ("[1,0]<stdout>:instance 0: weights unchanged" in lines
+            or "[1,1]<stdout>:instance 1: weights unchanged" in lines)

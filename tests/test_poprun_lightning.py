@@ -28,7 +28,8 @@ def test_lightning_trainer_in_every_instance(tmp_path):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     half, batch = programs.LIGHTNING_SAMPLES // 2, programs.LIGHTNING_BATCH
     for step in range(programs.LIGHTNING_STEPS):
-        rows = list(range(step * batch, (step + 1) * batch)) + list(range(half + step * batch, half + (step + 1) * batch))
+        rows = (list(range(step * batch, (step + 1) * batch))
+                + list(range(half + step * batch, half + (step + 1) * batch)))
         optimizer.zero_grad()
         torch.nn.functional.cross_entropy(model.fc(x[rows]), y[rows]).backward()
         optimizer.step()

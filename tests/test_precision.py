@@ -8,9 +8,10 @@ import torch
 import torch.nn.functional as F
 
 import poptorch
-from helpers.oracle import train_loop
 from openpop.runtime.loss_scaling import DynamicLossScaling
 from openpop.runtime.precision import cuda_matmul_partials, stochastic_round
+
+from helpers.oracle import train_loop
 
 
 class Net(torch.nn.Module):
@@ -69,7 +70,7 @@ def test_low_precision_inference_matches_fp32(dtype, tol):
     base = Net().eval()
     x, y = make_data(12)
     pop = poptorch.inferenceModel(copy.deepcopy(base).to(dtype), options(di=3))
-    out, loss = pop(x.to(dtype), y)
+    out, _loss = pop(x.to(dtype), y)
     assert out.dtype == dtype
     with torch.no_grad():
         ref = base(x, y)[0]

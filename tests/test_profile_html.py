@@ -4,7 +4,6 @@ import importlib.util
 import os
 
 import pytest
-from test_profile_report import recorded  # noqa: F401  (the recorded 4-stage pipeline)
 
 SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
 
@@ -18,7 +17,8 @@ def load_script():
 
 chromium = load_script()
 pytestmark = pytest.mark.skipif(chromium.find_chromium() is None,
-                                reason="no Chromium on PATH: run scripts/install_chromium.sh (Debian: apt-get install chromium)")
+                                reason="no Chromium on PATH: run scripts/install_chromium.sh "
+                                       "(Debian: apt-get install chromium)")
 
 
 def test_console_messages_are_caught(tmp_path):
@@ -30,7 +30,7 @@ def test_console_messages_are_caught(tmp_path):
     assert any("<rect> attribute" in m for m in messages), messages
 
 
-def test_report_renders_with_no_console_messages(recorded, tmp_path):  # noqa: F811
+def test_report_renders_with_no_console_messages(recorded, tmp_path):
     png = tmp_path / "report.png"
     messages = chromium.screenshot(recorded["dir"] / "report.html", png, 1100, 1200)
     assert messages == []

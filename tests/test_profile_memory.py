@@ -7,7 +7,6 @@ import pytest
 import torch
 
 import poptorch
-from openpop.runtime import trace as trace_module
 from openpop.runtime.trace import TraceSession
 
 STAGES, WIDTH, ROWS, GA = 4, 64, 4, 8
@@ -58,18 +57,11 @@ def directly_measured_per_stage():
     measured, kept, h = [], [], None
     for i, stage in enumerate(stages):
         run = first if i == 0 else last if i == STAGES - 1 else middle
-        nbytes, (h, held) = retained_bytes(lambda run=run, stage=stage, h=h: run(stage) if run is first else run(stage, h))
+        nbytes, (h, held) = retained_bytes(
+            lambda run=run, stage=stage, h=h: run(stage) if run is first else run(stage, h))
         measured.append(nbytes)
         kept.append(held)
     return measured
-
-
-@pytest.fixture
-def no_environment_session(monkeypatch):
-    monkeypatch.delenv(trace_module.ENGINE_OPTIONS_ENV, raising=False)
-    trace_module.reset_environment_session()
-    yield
-    trace_module.reset_environment_session()
 
 
 def run_recorded(directory, recomputation):

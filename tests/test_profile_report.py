@@ -14,67 +14,7 @@ import poptorch
 from openpop.runtime import trace as trace_module
 from openpop.runtime.trace import TraceSession
 
-STAGES = 4
-GA = 8
-DI = 2
-MICRO = 2
-
-
-class FourStages(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.layers = torch.nn.ModuleList(torch.nn.Linear(8, 8) for _ in range(STAGES))
-        for i, layer in enumerate(self.layers):
-            poptorch.BeginBlock(layer, user_id=f"b{i}", ipu_id=i)
-
-    def forward(self, x, target):
-        for layer in self.layers:
-            x = torch.tanh(layer(x))
-        return x, F.mse_loss(x, target)
-
-
-def pipelined_model():
-    torch.manual_seed(0)
-    opts = poptorch.Options().deviceIterations(DI)
-    opts.Training.gradientAccumulation(GA)
-    opts.setExecutionStrategy(poptorch.PipelinedExecution())
-    model = FourStages()
-    return poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.01))
-
-
-def batch():
-    rows = DI * GA * MICRO
-    return torch.randn(rows, 8), torch.randn(rows, 8)
-
-
-@pytest.fixture
-def no_environment_session(monkeypatch):
-    monkeypatch.delenv(trace_module.ENGINE_OPTIONS_ENV, raising=False)
-    trace_module.reset_environment_session()
-    yield
-    trace_module.reset_environment_session()
-
-
-@pytest.fixture(scope="module")
-def recorded(tmp_path_factory):
-    """A 4-stage pipelined model run for 3 host calls, calls 1 and 2 recorded."""
-    os.environ.pop(trace_module.ENGINE_OPTIONS_ENV, None)
-    trace_module.reset_environment_session()
-    directory = tmp_path_factory.mktemp("profile")
-    model = pipelined_model()
-    x, target = batch()
-    with TraceSession(directory, calls=range(1, 3)):
-        for _ in range(3):
-            model(x, target)
-    perf = model.getPerfCounters()
-    plan = model.executionPlan()
-    options = model.options.toDict()
-    with open(directory / "trace.json") as stream:
-        trace = json.load(stream)
-    with open(directory / "report.json") as stream:
-        report = json.load(stream)
-    yield {"dir": directory, "trace": trace, "report": report, "perf": perf, "plan": plan, "options": options}
-    model.destroy()
+from helpers.profile_models import DI, GA, MICRO, STAGES, FourStages, OneLayer, batch, pipelined_model
 
 
 def test_trace_is_chrome_trace_json_with_openpop_spans(recorded):
@@ -235,16 +175,6 @@ def test_tracing_off_enters_no_profiler(no_environment_session):
     model(*batch())
     assert seen and set(seen) == {(False, 0)}
     model.destroy()
-
-
-class OneLayer(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc = torch.nn.Linear(8, 8)
-
-    def forward(self, x, target):
-        out = self.fc(x)
-        return out, F.mse_loss(out, target)
 
 
 def test_channel_tracepoints_appear_in_the_trace(tmp_path, no_environment_session):

@@ -7,20 +7,12 @@ import pytest
 import torch
 
 import poptorch
-from openpop.runtime import trace as trace_module
 from openpop.runtime.trace import TraceSession
+
 from helpers.poprun_runner import run_poprun
-from test_profile_report import DI, GA, STAGES, OneLayer, batch, pipelined_model
+from helpers.profile_models import DI, GA, STAGES, OneLayer, batch, pipelined_model
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
-
-
-@pytest.fixture
-def no_environment_session(monkeypatch):
-    monkeypatch.delenv(trace_module.ENGINE_OPTIONS_ENV, raising=False)
-    trace_module.reset_environment_session()
-    yield
-    trace_module.reset_environment_session()
 
 
 def stage_events(directory):
@@ -82,7 +74,8 @@ def test_poprun_all_reduce_is_a_span_in_each_instance_report(tmp_path):
     directory = tmp_path / "report"
     result = run_poprun("--num-instances", "2", "--num-replicas", "2", "python",
                         os.path.join(TESTS, "helpers", "profile_programs.py"),
-                        POPLAR_ENGINE_OPTIONS=json.dumps({"autoReport.all": "true", "autoReport.directory": str(directory),
+                        POPLAR_ENGINE_OPTIONS=json.dumps({"autoReport.all": "true",
+                                                          "autoReport.directory": str(directory),
                                                           "autoReport.executionProfileProgramRunCount": 1}),
                         OMP_NUM_THREADS="1")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -108,7 +101,8 @@ def test_engine_options_window_from_a_later_call(tmp_path, monkeypatch, no_envir
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"autoReport.all": "true", "openpop.firstProfiledRun": -1}, "openpop.firstProfiledRun must be a non-negative integer"),
+    ({"autoReport.all": "true", "openpop.firstProfiledRun": -1},
+     "openpop.firstProfiledRun must be a non-negative integer"),
     ({"autoReport.all": "true", "autoReport.executionProfileProgramRunCount": "two"},
      "autoReport.executionProfileProgramRunCount must be a non-negative integer, got 'two'"),
     ({"autoReport.all": "true", "openpop.firstProfiledRun": 1.5}, "got 1.5"),

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import poptorch
+
 from helpers.oracle import micro_batches, train_loop
 
 
@@ -79,7 +80,7 @@ def test_replicated_batchnorm_trains_without_broadcast_buffers(broadcast):
     reference = copy.deepcopy(model)
     pop = poptorch.trainingModel(model, options(di, ga, r, broadcast),
                                  torch.optim.SGD(model.parameters(), lr=0.1))
-    _, loss = pop(x, labels)
+    _, _loss = pop(x, labels)
     train_loop(reference, torch.optim.SGD(reference.parameters(), lr=0.1), (x, labels),
                lambda m, a, b: m(a, b)[1], di, ga, r)
     for name, param in model.named_parameters():

@@ -5,8 +5,15 @@ import pytest
 
 from openpop.enums import AutoStage, Liveness
 from openpop.errors import Error
-from openpop.strategies import (ParallelPhasedExecution, Phase, PipelinedExecution, SerialPhasedExecution,
-                                ShardedExecution, Stage, _IExecutionStrategy)
+from openpop.strategies import (
+    ParallelPhasedExecution,
+    Phase,
+    PipelinedExecution,
+    SerialPhasedExecution,
+    ShardedExecution,
+    Stage,
+    _IExecutionStrategy,
+)
 
 
 # --- Stage ------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import poptorch
+
 from helpers.models import Normed
 from helpers.oracle import train_loop
 
@@ -232,7 +233,7 @@ def test_multiple_independent_losses_error():
 
 def test_backward_on_outputs_raises():
     model = Regressor()
-    out, loss = poptorch.trainingModel(model)(*make_data(4))
+    _out, loss = poptorch.trainingModel(model)(*make_data(4))
     with pytest.raises(poptorch.Error, match="backward\\(\\) cannot be called explicitly"):
         loss.backward()
     inf_out = poptorch.inferenceModel(torch.nn.Linear(2, 2))(torch.randn(2, 2))
@@ -517,7 +518,7 @@ def test_detached_loss_used_as_metric_does_not_count():
     model = WithMetric()
     reference = copy.deepcopy(model)
     x = torch.randn(4, 3)
-    _, loss, metric = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))(x)
+    _, _loss, metric = poptorch.trainingModel(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))(x)
     torch.testing.assert_close(metric, F.l1_loss(reference.fc(x), x).detach())
     F.mse_loss(reference.fc(x), x).backward()
     torch.optim.SGD(reference.parameters(), lr=0.1).step()
@@ -543,7 +544,7 @@ def test_list_outputs_are_concatenated_in_row_order():
             return x * 2, [f"row{int(v)}" for v in x[:, 0]]
 
     x = torch.arange(4, dtype=torch.float32).unsqueeze(1)
-    out, ids = poptorch.inferenceModel(WithIds(), poptorch.Options().deviceIterations(2))(x)
+    _out, ids = poptorch.inferenceModel(WithIds(), poptorch.Options().deviceIterations(2))(x)
     assert ids == ["row0", "row1", "row2", "row3"]
 
 

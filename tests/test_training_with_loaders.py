@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import poptorch
+
 from helpers.oracle import train_loop
 
 

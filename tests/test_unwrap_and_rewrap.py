@@ -6,12 +6,13 @@ import io
 import pickle
 import weakref
 
+import lightning.pytorch as pl
 import pytest
 import torch
 import torch.nn.functional as F
 
-import lightning.pytorch as pl
 import poptorch
+
 from helpers.models import Classifier, classifier_batch
 from helpers.oracle import train_loop
 

@@ -1,5 +1,4 @@
 """Weight synchronisation rules and argument handling of ``PoplarExecutor``."""
-import copy
 import logging
 
 import pytest

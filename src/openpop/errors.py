@@ -6,10 +6,9 @@ The rule for messages (checked by tests/test_error_messages.py):
   API (the modules directly under ``openpop/``, ``runtime/``, ``poptorch/``) keeps its texts
   here, except the runtime's openpop-specific ones (devices, backends, caches, poprun instances,
   reports), which are in ``runtime/messages.py``; each other package keeps its own in its
-  ``messages.py`` (``data``, ``optim``, ``bert``, ``distributed``, ``k8s``, ``lightning``;
-  ``popart`` follows). A raise or warning site may
-  fill a text in with ``.format(...)`` or ``%`` but never spells prose itself (info and debug
-  log lines may).
+  ``messages.py`` (``data``, ``optim``, ``bert``, ``distributed``, ``k8s``, ``lightning``,
+  ``popart``). A raise or warning site may fill a text in with ``.format(...)`` or ``%`` but
+  never spells prose itself (info and debug log lines may).
 * Where PopTorch (or PopART, popdist, Lightning) had a text, the constant holds its exact words.
 * User input is checked with explicit raises, never ``assert``: ``python -O`` changes nothing.
 

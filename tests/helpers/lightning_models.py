@@ -6,9 +6,8 @@ import pytest
 pl = pytest.importorskip("lightning.pytorch")
 
 import torch  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
-
 from lightning.pytorch.strategies import IPUStrategy  # noqa: E402,F401  (resolved by openpop's hook)
+from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 warnings.filterwarnings("ignore", ".*does not have many workers.*")
 warnings.filterwarnings("ignore", ".*isinstance\\(treespec, LeafSpec\\)*")

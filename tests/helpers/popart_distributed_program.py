@@ -15,6 +15,7 @@ if TESTS not in sys.path:
     sys.path.insert(0, TESTS)
 
 import popart  # noqa: E402
+
 from helpers.popart_models import build_mlp, mlp_weights  # noqa: E402
 
 STEPS, BPS, ACCL, MICRO = 3, 2, 2, 4

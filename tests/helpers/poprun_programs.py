@@ -71,7 +71,7 @@ def build(name, options, init_seed):
 
 def global_batch(name, call, total_replicas):
     """The inputs of host call ``call`` for all replicas: ``[DI, GA, R, micro, ...]``."""
-    kind, reduction, ga, di, als, pipelined = CONFIGS[name]
+    _kind, _reduction, ga, di, als, _pipelined = CONFIGS[name]
     generator = torch.Generator().manual_seed(1000 * call + len(name))
     x = torch.randn(di, ga, total_replicas, MICRO, 8, generator=generator)
     y = torch.randint(0, 4, (di, ga, total_replicas, MICRO), generator=generator)
@@ -87,7 +87,6 @@ def local_part(tensor, first_replica, local_replicas):
 def train(outdir, names):
     import popdist
     import popdist.poptorch
-    import poptorch
     popdist.init()
     rank = popdist.getInstanceIndex()
     total, local, offset = popdist.getNumTotalReplicas(), popdist.getNumLocalReplicas(), popdist.getReplicaIndexOffset()
@@ -101,7 +100,7 @@ def train(outdir, names):
         losses = []
         for call in range(STEPS):
             x, y = global_batch(name, call, total)
-            out, loss = training(local_part(x, offset, local), local_part(y, offset, local))
+            _out, loss = training(local_part(x, offset, local), local_part(y, offset, local))
             losses.append(loss.detach().clone())
         results[name] = {"weights": {k: v.detach().clone() for k, v in model.state_dict().items()},
                          "losses": losses, "loss_scaling": getattr(optimizer, "loss_scaling", None),
@@ -156,8 +155,9 @@ def sleep(seconds):
 
 
 def stuck_collective():
-    import popdist
     import torch.distributed as dist
+
+    import popdist
     popdist.init()
     if popdist.getInstanceIndex() == 1:
         time.sleep(600)

@@ -52,10 +52,10 @@ def assert_matches_oracle(results, name, total_replicas, local_replicas):
         ours = result[name]
         for key, value in weights.items():
             torch.testing.assert_close(ours["weights"][key], value, atol=1e-6, rtol=0,
-                                       msg=lambda m: f"{name}, instance {rank}, {key}: {m}")
+                                       msg=lambda m, rank=rank, key=key: f"{name}, instance {rank}, {key}: {m}")
         assert ours["loss_scaling"] == loss_scaling
         first = rank * local_replicas
-        for call, (mine, all_replicas) in enumerate(zip(ours["losses"], losses)):
+        for mine, all_replicas in zip(ours["losses"], losses):
             # Each instance returns its own replicas' losses, as on PopTorch.
             expected = all_replicas.reshape(-1, total_replicas)[:, first:first + local_replicas].reshape(mine.shape)
             torch.testing.assert_close(mine, expected, atol=1e-6, rtol=0)
