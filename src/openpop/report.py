@@ -33,7 +33,8 @@ def stage_spans(trace: dict):
         info = dict(event["args"])
         info = {k: info[k] for k in ("ipu", "stage", "kind", "micro_batch", "step")}
         info["start"] = float(event["ts"])
-        info["end"] = float(event["ts"]) + float(event.get("dur", 0))
+        info["duration"] = float(event.get("dur", 0))  # end - start would lose digits to a large ts
+        info["end"] = info["start"] + info["duration"]
         spans.append(info)
     spans.sort(key=lambda s: s["start"])
     return spans
@@ -45,7 +46,7 @@ def summarise(trace: dict, plan, host_calls, options, memory=()) -> dict:
     for s in spans:
         entry = stages.setdefault(s["stage"], {"stage": s["stage"], "ipu": s["ipu"], "forward_us": 0.0,
                                                "backward_us": 0.0, "spans": 0})
-        entry[s["kind"] + "_us"] = entry.get(s["kind"] + "_us", 0.0) + s["end"] - s["start"]
+        entry[s["kind"] + "_us"] = entry.get(s["kind"] + "_us", 0.0) + s["duration"]
         entry["spans"] += 1
     gantt = _one_step(spans)
     total_seconds = sum(c["seconds"] for c in host_calls)
