@@ -2,7 +2,9 @@
 plain-PyTorch oracles, and its fallbacks. The suite's default backend stays ``auto``, which
 never compiles within a test's few seconds of eager host calls (README "Compiled backend"); the
 tests here force it. All cases share one tiny model shape so Inductor's cache serves repeats."""
+import contextlib
 import copy
+import json
 
 import pytest
 import torch
@@ -281,3 +283,27 @@ def test_optimizers_without_a_functional_update_are_named():
     assert "OwnStep.step overridden" in unsupported_reason(OwnStep(params, lr=0.1))
     assert "step hooks" in unsupported_reason(hooked)
     assert "float16" in unsupported_reason(poptorch.optim.SGD(params, lr=0.1, accum_type=torch.float16))
+
+
+def test_traced_calls_run_eagerly_and_training_is_unchanged(tmp_path):
+    """A host call inside a trace window runs on the eager backend, so its stages are traced; the
+    calls around it stay compiled, and the weights equal those of an untraced compiled run."""
+    weights = {}
+    for traced in (False, True):
+        torch.manual_seed(0)
+        model = Regressor()
+        optimizer = poptorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.5)
+        pop = poptorch.trainingModel(model, compiled_options(di=2), optimizer)
+        window = poptorch.profiling.TraceSession(tmp_path, calls=range(1, 2)) if traced else contextlib.nullcontext()
+        backends = []
+        with window:
+            for call in range(3):
+                pop(*make_data(4, seed=call))
+                backends.append(pop._backend.last)
+        weights[traced] = [p.detach().clone() for p in model.parameters()]
+    assert backends == ["compiled", "eager", "compiled"]
+    events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    assert any(e["name"] == "openpop:host_call:1" for e in events)
+    assert any(e.get("cat") == "openpop_stage" for e in events)
+    for a, b in zip(weights[False], weights[True]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -172,8 +172,11 @@ class PoplarExecutor:
         session.move_inputs(inputs, callers)
         if not self._training:
             session.upload_weights_if_stale()
-        result = self._backend.run(self, inputs, self._executable)  # runtime/compiled: DECLINED -> eager
+        # The compiled backend runs the call unless it declines, or unless the call is traced: a
+        # compiled program has no stages to trace, so traced calls run eagerly (same results).
+        result = DECLINED if trace.records_next_call(self) else self._backend.run(self, inputs, self._executable)
         if result is not DECLINED:
+            trace.count_untraced_call(self)
             callers.write_back()
             return result
         started = time.perf_counter()

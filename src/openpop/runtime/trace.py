@@ -125,17 +125,33 @@ def user_span(name: str):
     return torch.profiler.record_function(name)
 
 
+def _session_for(executor):
+    """The session that records ``executor``'s host calls (the latest accepting one), or None."""
+    for candidate in _active:
+        if candidate.accepts(executor):
+            return candidate
+    return _session_from_engine_options(executor)
+
+
+def records_next_call(executor) -> bool:
+    """Whether ``executor``'s next host call falls in a trace session's window."""
+    session = _session_for(executor)
+    return session is not None and session.wants_next_call(executor)
+
+
+def count_untraced_call(executor) -> None:
+    """A host call ran outside ``host_call`` (the compiled backend): it still counts towards
+    the window's call indices."""
+    session = _session_for(executor)
+    if session is not None:
+        session.call_counts[executor] = session.call_counts.get(executor, 0) + 1
+
+
 def host_call(run):
     """Decorates the executor's ``_run``: one host call."""
     @functools.wraps(run)
     def traced(executor, inputs, compiled, *rest):
-        session = None
-        for candidate in _active:
-            if candidate.accepts(executor):
-                session = candidate
-                break
-        else:
-            session = _session_from_engine_options(executor)
+        session = _session_for(executor)
         if session is None:
             return run(executor, inputs, compiled, *rest)
         return session.run_call(run, executor, inputs, compiled, *rest)
@@ -241,6 +257,9 @@ class TraceSession:
         if name in ("forward", "backward") and self.activations is not None:
             return _with_saved_tensor_hooks(function, self.activations)
         return function
+
+    def wants_next_call(self, executor) -> bool:
+        return self.call_counts.get(executor, 0) in self.calls and not self.written
 
     def run_call(self, run, executor, inputs, compiled, *rest):
         index = self.call_counts.get(executor, 0)
