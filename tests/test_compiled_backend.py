@@ -8,31 +8,11 @@ import json
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import poptorch
 
-from helpers.oracle import micro_batches, train_loop
-
-
-class Regressor(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = torch.nn.Linear(6, 8)
-        self.fc2 = torch.nn.Linear(8, 2)
-
-    def forward(self, x, target):
-        out = self.fc2(torch.tanh(self.fc1(x)))
-        return out, F.mse_loss(out, target)
-
-
-def regressor_loss(model, x, t):
-    return model(x, t)[1]
-
-
-def make_data(rows, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(rows, 6, generator=g), torch.randn(rows, 2, generator=g)
+from helpers.models import Regressor, make_data, regressor_loss
+from helpers.oracle import train_loop
 
 
 def compiled_options(di=1, ga=1, r=1, mode=poptorch.OutputMode.All, backend="compiled"):
@@ -79,10 +59,8 @@ def test_training_matches_oracle(case):
         x, t = make_data(di * ga * r * 3, seed=call)
         out, losses = pop(x, t)
         assert pop._backend.last == "compiled"
-        if clip:
-            ref_losses = _clipped_loop(reference, ref_opt, (x, t), di, ga, r, 0.05)
-        else:
-            ref_losses = train_loop(reference, ref_opt, (x, t), regressor_loss, di, ga, r, reduction)
+        ref_losses = train_loop(reference, ref_opt, (x, t), regressor_loss, di, ga, r, reduction,
+                                max_grad_norm=0.05 if clip else None)
         torch.testing.assert_close(losses.reshape(-1), ref_losses, rtol=1e-5, atol=1e-6)
         assert out.shape == (di * ga * r * 3, 2)
     for p, q in zip(model.parameters(), reference.parameters()):
@@ -93,21 +71,6 @@ def test_training_matches_oracle(case):
         for key, value in ref_opt.state[q].items():
             torch.testing.assert_close(torch.as_tensor(state[index][key]).float(), torch.as_tensor(value).float(),
                                        rtol=1e-5, atol=1e-6)
-
-
-def _clipped_loop(model, optimizer, inputs, di, ga, r, max_norm):
-    splits = [micro_batches(t, di, ga, r) for t in inputs]
-    losses = []
-    for d in range(di):
-        optimizer.zero_grad(set_to_none=True)
-        for g in range(ga):
-            for k in range(r):
-                loss = regressor_loss(model, *[s[d][g][k] for s in splits])
-                losses.append(loss.detach())
-                (loss / (ga * r)).backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-        optimizer.step()
-    return torch.stack(losses)
 
 
 @pytest.mark.parametrize("mode", [poptorch.OutputMode.Final, poptorch.OutputMode.Sum,

@@ -7,28 +7,8 @@ import torch.nn.functional as F
 
 import poptorch
 
-from helpers.models import Normed
+from helpers.models import Normed, Regressor, make_data, regressor_loss
 from helpers.oracle import train_loop
-
-
-class Regressor(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fc1 = torch.nn.Linear(6, 8)
-        self.fc2 = torch.nn.Linear(8, 2)
-
-    def forward(self, x, target):
-        out = self.fc2(torch.tanh(self.fc1(x)))
-        return out, F.mse_loss(out, target)
-
-
-def regressor_loss(model, x, t):
-    return model(x, t)[1]
-
-
-def make_data(rows, seed=1):
-    g = torch.Generator().manual_seed(seed)
-    return torch.randn(rows, 6, generator=g), torch.randn(rows, 2, generator=g)
 
 
 def options(di=1, ga=1, r=1, mode=None):
