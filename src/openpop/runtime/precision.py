@@ -34,6 +34,7 @@ wrapped:
   are rounded stochastically (optimizer state in float16 is rounded to nearest).
 """
 import contextlib
+import functools
 import threading
 
 import torch
@@ -98,6 +99,22 @@ class RunPrecision:
             if self.fp_exceptions and not tracing:
                 stack.enter_context(FloatingPointChecker(model))
             yield
+
+    def traced_forward(self, model: torch.nn.Module):
+        """The contexts ``forward`` enters, for a compiled program, as zero-argument factories:
+        ``(around the traced forward, around the whole compiled call)`` - autocast, and
+        ``LowPrecisionOps`` (a torch function mode: torch.compile traces it from the outside, and
+        it changes nothing but the forward's half ops). Floating-point exceptions have no traced
+        form (the compiled backend declines them)."""
+        if self._low_precision_ops is None:
+            self._low_precision_ops = self._needs_low_precision_ops(model)
+        factories = []
+        if self.autocast_enabled:
+            factories.append(functools.partial(torch.autocast, "cpu", dtype=self.autocast_dtype))
+            if torch.cuda.is_available():
+                factories.append(functools.partial(torch.autocast, "cuda", dtype=self.autocast_dtype))
+        whole_call = [functools.partial(LowPrecisionOps, self.half_compute)] if self._low_precision_ops else []
+        return factories, whole_call
 
     @contextlib.contextmanager
     def running(self, model: torch.nn.Module):

@@ -97,7 +97,8 @@ class CompiledBackend:
         layout = Layout(executor, inputs, spec, leaves)
         device = next(iter(model.parameters()), torch.empty(0)).device
         program = Program(model, layout, functional, compiled.loss_index, trained, frozen,
-                          lambda fn: torch.compile(fn, fullgraph=True, dynamic=False, **compile_options(device)))
+                          lambda fn: torch.compile(fn, fullgraph=True, dynamic=False, **compile_options(device)),
+                          *executor._precision.traced_forward(model))
         self._program, self._key = program, key
         return program
 

@@ -33,7 +33,6 @@ def static_reasons(executor, executable):
         (getattr(executor._processes, "num_processes", 1) > 1, "replicas in several processes (popdist)"),
         (bool(executable.anchors), "anchored tensors (Options.anchorTensor)"),
         (executable.track_losses, "a loss that the model does not return as one of its outputs"),
-        (precision.autocast_enabled, "Precision.autocast"),
         (precision.fp_exceptions, "Precision.enableFloatingPointExceptions"),
         (precision.stochastic_rounding, "Precision.enableStochasticRounding"),
         (precision.dynamic is not None, "automatic loss scaling"),
@@ -76,7 +75,8 @@ def probe(executor, micro_args, micro_kwargs, executable):
     try:
         with context.running(executor._training, tracing=True) as ctx, \
                 torch.set_grad_enabled(executor._training):
-            output = model(*micro_args, **micro_kwargs)
+            with executor._precision.forward(model, tracing=True):
+                output = model(*micro_args, **micro_kwargs)
             flat, spec = flatten_output(output)
             if executor._training:
                 params = [p for g in executor._optimizer.param_groups for p in g["params"]]

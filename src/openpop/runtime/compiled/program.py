@@ -16,6 +16,7 @@ call's inputs split ``[DI, GA, R_in, micro, ...]`` - compiled by ``torch.compile
 Nothing the program computes reaches the model or the optimizer until it has finished: a call
 that raises changes nothing.
 """
+import contextlib
 import itertools
 import types
 
@@ -48,8 +49,13 @@ class Layout:
 class Program:
     """The compiled function for one executor, model, optimizer signature and layout."""
 
-    def __init__(self, model, layout, functional_optimizer, loss_index, trained_names, frozen_names, compile_fn):
+    def __init__(self, model, layout, functional_optimizer, loss_index, trained_names, frozen_names, compile_fn,
+                 forward_contexts=(), call_contexts=()):
         self.model = model
+        self.forward_contexts = list(forward_contexts)  # RunPrecision.traced_forward: autocast
+        # Around the whole compiled call, not inside the traced forward: a torch function mode
+        # (LowPrecisionOps) pushed inside while_loop's body is a side effect torch.compile refuses.
+        self.call_contexts = list(call_contexts)
         self.layout = layout
         self.optim = functional_optimizer
         self.loss_index = loss_index
@@ -61,7 +67,13 @@ class Program:
     # ------------------------------------------------------------------ host side
     def run(self, split_inputs, trained, frozen, state, hyper, loss_scale):
         """Run the program. Returns (new_params, new_state, outputs) - nothing committed."""
-        return self._compiled(tuple(split_inputs), tuple(trained), tuple(frozen), state, hyper, loss_scale)
+        args = (tuple(split_inputs), tuple(trained), tuple(frozen), state, hyper, loss_scale)
+        if not self.call_contexts:
+            return self._compiled(*args)
+        with contextlib.ExitStack() as stack:
+            for context in self.call_contexts:
+                stack.enter_context(context())
+            return self._compiled(*args)
 
     def finish(self, rows):
         """The host call's result from the program's assembled leaves (dtypes as PopTorch returns)."""
@@ -146,7 +158,7 @@ class Program:
         for pos, value in zip(self.layout.inputs.tensor_positions, micro_inputs):
             leaves[pos] = value
         args, kwargs = self.layout.inputs.rebuild(leaves)
-        output = functional_call(self.model, params, args, kwargs)
+        output = _within(self.forward_contexts, functional_call, self.model, params, args, kwargs)
         return flatten_output(output)[0]
 
     def _step(self, step_inputs, trained, frozen, state, hyper, loss_scale):
@@ -183,6 +195,15 @@ class Program:
         grads = [gr / divisor for gr in grads]
         new_params, new_state = self.optim.update(list(trained), grads, state, hyper)
         return new_params, new_state, stacked
+
+
+def _within(contexts, fn, *args):
+    """``fn(*args)`` inside the contexts the factories ``contexts`` make, outermost first (the
+    forward's autocast), backward outside them as eager."""
+    if not contexts:
+        return fn(*args)
+    with contexts[0]():
+        return _within(contexts[1:], fn, *args)
 
 
 _programs = itertools.count()
