@@ -26,6 +26,9 @@ INELIGIBLE_HOST_IO = "{host_io} (host I/O inside the model)"
 INELIGIBLE_BUFFER = "buffer {name} updated in place by the forward pass"
 INELIGIBLE_OUTPUTS = "outputs that are not tensors"
 INELIGIBLE_NO_GRADIENT = "parameter {name} gets no gradient (eager leaves it and its state untouched)"
+INELIGIBLE_STAGE_DEVICES = ("pipeline stages on several devices (the device map puts the blocks on {devices}; "
+                            "a compiled program runs a plan whose virtual IPUs all map onto one device)")
+INELIGIBLE_CONCURRENT_STAGES = "pipeline stages run by concurrent micro-batch threads ({env}=on)"
 
 # --- devices --------------------------------------------------------------------
 NOT_A_DEVICE = "{source} names '{name}', which is not a torch device ({error}). Use names like 'cpu', 'cuda:0'."

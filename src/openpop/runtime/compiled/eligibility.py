@@ -6,12 +6,20 @@ printed) to find what only running shows: host I/O such as ``ipu_print_tensor``,
 updated in place, parameters that get no gradient (eager skips their update; a functional
 update would not), outputs that are not tensors. Data-dependent Python control flow and
 unsupported ops are found by ``torch.compile(fullgraph=True)`` itself (``backend.py``).
+
+Block annotations and execution strategies (pipelined, sharded, phased) do not decline a model:
+when every virtual IPU maps onto one torch device such a plan computes what the plain forward
+computes, so the program runs the whole forward (the annotations do nothing outside the compile
+trace). PopTorch's plan checks ran before, at compile. Recomputation is not honoured inside the
+program (README "Compiled backend"). Plans spanning several devices, and micro-batches on
+concurrent threads (``OPENPOP_CONCURRENT_STAGES=on``), decline.
 """
 import torch
 
 from ...enums import OutputMode
 from .. import context, messages
 from ..outputs import flatten_output
+from ..pipeline import CONCURRENCY_ENV
 from ..weights import BufferSnapshot
 from .functional_optim import unsupported_reason
 
@@ -22,13 +30,14 @@ class Ineligible(Exception):
 
 def static_reasons(executor, executable):
     """Reasons known without running the model (first one wins)."""
-    plan, layout = executable.plan, executable.layout
+    layout = executable.layout
     settings = executor._settings
     precision = executor._precision
     checks = [
-        (plan.pipelined or len(plan.blocks) > 1, "pipelined or multi-IPU execution (poptorch.BeginBlock)"),
-        (layout.multi_device or layout.concurrent, "a device map placing the model on several devices"),
+        (layout.multi_device, messages.INELIGIBLE_STAGE_DEVICES.format(
+            devices=", ".join(str(d) for d in layout.device_map.distinct_devices(0)))),
         (layout.replicas_apart, "replicas on devices of their own"),
+        (layout.concurrent, messages.INELIGIBLE_CONCURRENT_STAGES.format(env=CONCURRENCY_ENV)),
         (getattr(executable.replica_buffers, "per_replica", False), "buffers that differ between replicas"),
         (getattr(executor._processes, "num_processes", 1) > 1, "replicas in several processes (popdist)"),
         (bool(executable.anchors), "anchored tensors (Options.anchorTensor)"),
