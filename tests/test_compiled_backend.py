@@ -41,7 +41,31 @@ CASES = {
                                        poptorch.ReductionType.Sum), "sum"),
     "adamw_clipped_di2_r2": (2, 1, 2, lambda p: poptorch.optim.AdamW(p, lr=0.02, max_grad_norm=0.05),
                              lambda p: torch.optim.AdamW(p, lr=0.02), None, "mean"),
+    # LAMB has no torch counterpart: the oracle is openpop's eager LAMB.step() in the hand loop.
+    "lamb_groups_di3_ga2": (3, 2, 1, lambda p: poptorch.optim.LAMB(lamb_groups(p), lr=0.02, weight_decay=0.1),
+                            lambda p: poptorch.optim.LAMB(lamb_groups(p), lr=0.02, weight_decay=0.1), None, "mean"),
+    "lamb_no_bias_correction_clipped_di2_r2": (
+        2, 1, 2, lambda p: clipped(poptorch.optim.LAMB(p, lr=0.05, bias_correction=False, loss_scaling=8.0)),
+        lambda p: poptorch.optim.LAMB(p, lr=0.05, bias_correction=False), None, "mean"),
+    "rmsprop_centered_momentum_di2_ga2": (
+        2, 2, 1, lambda p: poptorch.optim.RMSprop(p, lr=0.01, momentum=0.5, centered=True, weight_decay=0.1),
+        lambda p: torch.optim.RMSprop(p, lr=0.01, momentum=0.5, centered=True, weight_decay=0.1), None, "mean"),
+    "rmsprop_tf_variant_momentum_di2": (
+        2, 1, 1, lambda p: poptorch.optim.RMSprop(p, lr=0.01, momentum=0.5, use_tf_variant=True),
+        lambda p: poptorch.optim.RMSprop(p, lr=0.01, momentum=0.5, use_tf_variant=True), None, "mean"),
 }
+
+
+def lamb_groups(params):
+    """BERT's grouping: matrices decay, vectors get trust ratio 1 (max_weight_norm=0)."""
+    params = list(params)
+    return [{"params": [p for p in params if p.dim() > 1]},
+            {"params": [p for p in params if p.dim() == 1], "weight_decay": 0.0, "max_weight_norm": 0.0}]
+
+
+def clipped(optimizer, max_grad_norm=0.05):
+    optimizer.max_grad_norm = max_grad_norm  # LAMB's constructor has no max_grad_norm; step() honours it
+    return optimizer
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -65,9 +89,9 @@ def test_training_matches_oracle(case):
         assert out.shape == (di * ga * r * 3, 2)
     for p, q in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
-    # The optimizer state is torch's, as eager leaves it.
+    # The optimizer state is torch's, as eager leaves it (state_dict numbers parameters by group).
     state = pop._optimizer.state_dict()["state"]
-    for index, q in enumerate(reference.parameters()):
+    for index, q in enumerate(q for group in ref_opt.param_groups for q in group["params"]):
         for key, value in ref_opt.state[q].items():
             torch.testing.assert_close(torch.as_tensor(state[index][key]).float(), torch.as_tensor(value).float(),
                                        rtol=1e-5, atol=1e-6)
@@ -242,7 +266,9 @@ def test_optimizers_without_a_functional_update_are_named():
     hooked.register_step_post_hook(lambda *args: None)  # as Lightning's per-step work does
     assert unsupported_reason(poptorch.optim.AdamW(params)) is None
     assert unsupported_reason(torch.optim.SGD(params, lr=0.1, momentum=0.9)) is None
-    assert "LAMB" in unsupported_reason(poptorch.optim.LAMB(params))
+    assert unsupported_reason(poptorch.optim.LAMB(params)) is None
+    assert unsupported_reason(torch.optim.RMSprop(params)) is None
+    assert "LBFGS" in unsupported_reason(torch.optim.LBFGS(params))
     assert "OwnStep.step overridden" in unsupported_reason(OwnStep(params, lr=0.1))
     assert "step hooks" in unsupported_reason(hooked)
     assert "float16" in unsupported_reason(poptorch.optim.SGD(params, lr=0.1, accum_type=torch.float16))

@@ -2,7 +2,8 @@
 
 * ``selection.py``       auto | eager | compiled, and the ski-rental rule of ``auto``
 * ``eligibility.py``     what cannot be compiled exactly, found before compiling
-* ``functional_optim.py`` SGD / Adam / AdamW updates as pure tensor functions
+* ``functional_optim.py`` optimizer updates as pure tensor functions (SGD, Adam, AdamW)
+* ``adaptive_updates.py`` the LAMB and RMSprop updates it dispatches to
 * ``program.py``         DI x GA x R micro-batches, gradients, update, outputs, compiled
 * ``cuda_graphs.py``     CUDA graph capture of the program on GPUs
 * ``backend.py``         ``CompiledBackend.run``: what the executor calls

@@ -1,18 +1,19 @@
 """Optimizer updates as pure functions of tensors, for the compiled backend.
 
-Each ``FunctionalOptimizer`` reads an optimizer (``poptorch.optim`` or torch's SGD / Adam /
-AdamW) and gives:
+Each ``FunctionalOptimizer`` reads an optimizer (``poptorch.optim``'s SGD / Adam / AdamW / LAMB /
+RMSprop or torch's SGD / Adam / AdamW / RMSprop) and gives:
 
 * ``hyper()``   per group, the hyperparameters a user may change between host calls (``lr``,
   ``weight_decay``, ...) as 0-d tensors: program inputs, so a new value never recompiles;
 * ``state_in()`` per parameter, the state tensors the update reads (created as the eager
   optimizer would create them on its first step);
 * ``update(params, grads, state, hyper)`` the new parameters and state, numerically what
-  ``optimizer.step()`` computes (``optim/sgd.py``, ``optim/adam.py``);
+  ``optimizer.step()`` computes (``optim/sgd.py``, ``optim/adam.py``; LAMB and RMSprop in
+  ``adaptive_updates.py``);
 * ``commit(state)`` writes the new state back into ``optimizer.state`` in torch's format.
 
-Static choices (optimizer family, Nesterov, momentum on/off, clipping on/off, bias correction)
-are part of ``signature()``: a change of them builds a new program.
+Static choices (optimizer family, Nesterov, momentum on/off, clipping on/off, bias correction,
+RMSprop's centered and TensorFlow variants) are part of ``signature()``: a change of them builds a new program.
 """
 import inspect
 import math
@@ -20,12 +21,19 @@ import math
 import torch
 import torch.optim.optimizer as _torch_optimizer
 
+from . import adaptive_updates
+
 _VELOCITY_SCALE_KEY = "velocity_scaling"  # optim/sgd.py: momentum_buffer is stored times this
 
 
 def family_of(optimizer):
-    """'sgd', 'adam', 'adamw' or None (not supported by the compiled backend)."""
+    """'sgd', 'adam', 'adamw', 'lamb', 'rmsprop' or None (not supported by the compiled backend)."""
+    from ...optim.lamb import LAMB
     for cls in type(optimizer).__mro__:
+        if cls is LAMB:
+            return "lamb"
+        if cls is torch.optim.RMSprop:
+            return "rmsprop"
         if cls is torch.optim.AdamW:
             return "adamw"
         if cls is torch.optim.Adam:
@@ -37,19 +45,22 @@ def family_of(optimizer):
 
 def _known_step(cls) -> bool:
     """Whether ``cls.step`` is the library's own (torch wraps ``step`` for its hooks: unwrap)."""
-    from ...optim import adam, sgd
+    from ...optim import adam, lamb, rmsprop, sgd
     from ...optim._base import Optimizer
     step = inspect.unwrap(cls.step)
-    if step in [inspect.unwrap(c.step) for c in (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)]:
+    torch_classes = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.RMSprop)
+    if step in [inspect.unwrap(c.step) for c in torch_classes]:
         return True
-    return step is inspect.unwrap(Optimizer.step) and cls._update in (sgd.SGD._update, adam._AdamBase._update)
+    return step is inspect.unwrap(Optimizer.step) and cls._update in (
+        sgd.SGD._update, adam._AdamBase._update, lamb.LAMB._update, rmsprop.RMSprop._update)
 
 
 def unsupported_reason(optimizer):
     """Why the compiled backend cannot run ``optimizer`` functionally, or None."""
     family = family_of(optimizer)
     if family is None:
-        return f"optimizer {type(optimizer).__name__} has no functional update (SGD, Adam, AdamW have)"
+        return (f"optimizer {type(optimizer).__name__} has no functional update "
+                "(SGD, Adam, AdamW, LAMB, RMSprop have)")
     for attr in ("accum_type", "velocity_accum_type", "first_order_momentum_accum_type",
                  "second_order_momentum_accum_type"):
         if getattr(optimizer, attr, torch.float32) != torch.float32:
@@ -73,15 +84,17 @@ def unsupported_reason(optimizer):
 
 def signature(optimizer):
     """The static choices an update program is built for: (family, clipping, per group
-    (parameter count, momentum on, nesterov, maximize, decoupled weight decay, bias correction))."""
+    (parameter count, momentum on, nesterov, maximize, decoupled weight decay, bias correction,
+    centered, TensorFlow's RMSprop))."""
     family = family_of(optimizer)
     groups = []
     for group in optimizer.param_groups:
-        momentum_on = family == "sgd" and float(group["momentum"]) != 0.0
+        momentum_on = family in ("sgd", "rmsprop") and float(group["momentum"]) != 0.0
         groups.append((len(group["params"]), momentum_on, bool(group.get("nesterov", False)),
                        bool(group.get("maximize", False)),
                        family == "adamw" or bool(group.get("decoupled_weight_decay", False)),
-                       bool(getattr(optimizer, "bias_correction", True))))
+                       bool(getattr(optimizer, "bias_correction", True)),
+                       bool(group.get("centered", False)), bool(getattr(optimizer, "use_tf_variant", False))))
     clipping = not math.isinf(float(getattr(optimizer, "max_grad_norm", math.inf) or math.inf))
     return (family, clipping, tuple(groups))
 
@@ -132,8 +145,12 @@ class FunctionalOptimizer:
             if self.family == "sgd":
                 v.update(momentum=group["momentum"], dampening=group["dampening"],
                          velocity_scale=self._velocity_scale(group))
+            elif self.family == "rmsprop":
+                v.update(momentum=group["momentum"], alpha=group["alpha"], eps=group["eps"])
             else:
                 v.update(beta1=group["betas"][0], beta2=group["betas"][1], eps=group["eps"])
+            if self.family == "lamb":
+                v["max_weight_norm"] = _max_weight_norm(group)
             values.append(v)
         if self.static[1]:
             values[0]["max_grad_norm"] = self.max_grad_norm
@@ -147,10 +164,14 @@ class FunctionalOptimizer:
     def state_in(self):
         """Per parameter a dict of state tensors (copies: the program's result replaces them)."""
         state = []
-        for group, params in zip(self.optimizer.param_groups, self.groups):
+        for group, static, params in zip(self.optimizer.param_groups, self.static[2], self.groups):
             for p in params:
                 st = self.optimizer.state.get(p, {})
-                if self.family == "sgd":
+                if self.family == "lamb":
+                    state.append(adaptive_updates.lamb_state(st, p))
+                elif self.family == "rmsprop":
+                    state.append(adaptive_updates.rmsprop_state(st, p, static[1], static[6], static[7]))
+                elif self.family == "sgd":
                     if float(group["momentum"]) == 0.0:
                         state.append({})
                         continue
@@ -187,7 +208,7 @@ class FunctionalOptimizer:
         for group, h in zip(self.static[2], hyper):
             n = group[0]
             for k in range(i, i + n):
-                update = self._sgd if self.family == "sgd" else self._adam
+                update = {"sgd": self._sgd, "lamb": self._lamb, "rmsprop": self._rmsprop}.get(self.family, self._adam)
                 p, st = update(group, params[k], grads[k], state[k], h)
                 new_params.append(p)
                 new_state.append(st)
@@ -195,7 +216,7 @@ class FunctionalOptimizer:
         return new_params, new_state
 
     def _sgd(self, group, p, g, st, h):
-        _, momentum_on, nesterov, maximize, _, _ = group
+        _, momentum_on, nesterov, maximize = group[:4]
         if maximize:
             g = -g
         g = g + h["weight_decay"] * p
@@ -212,7 +233,7 @@ class FunctionalOptimizer:
         return p, {"momentum_buffer": buf, "has_buffer": torch.ones_like(st["has_buffer"])}
 
     def _adam(self, group, p, g, st, h):
-        _, _, _, maximize, decoupled, bias_correction = group
+        maximize, decoupled, bias_correction = group[3:6]
         lr, beta1, beta2 = h["lr"], h["beta1"], h["beta2"]
         if decoupled:
             p = p * (1.0 - lr * h["weight_decay"])
@@ -229,6 +250,13 @@ class FunctionalOptimizer:
         else:
             p = p - lr * m / (torch.sqrt(v) + h["eps"])
         return p, {"step": step, "exp_avg": m, "exp_avg_sq": v}
+
+    def _lamb(self, group, p, g, st, h):
+        return adaptive_updates.lamb(p, g, st, h, bias_correction=group[5])
+
+    def _rmsprop(self, group, p, g, st, h):
+        return adaptive_updates.rmsprop(p, g, st, h, momentum_on=group[1], centered=group[6], tf_variant=group[7],
+                                        maximize=group[3])
 
     # ------------------------------------------------------------------ results
     def commit(self, new_state):
@@ -247,9 +275,13 @@ class FunctionalOptimizer:
                     else:
                         state.pop(_VELOCITY_SCALE_KEY, None)
                 else:
-                    state["step"] = st["step"]
-                    state["exp_avg"] = st["exp_avg"]
-                    state["exp_avg_sq"] = st["exp_avg_sq"]
+                    state.update(st)
+
+
+def _max_weight_norm(group):
+    from ...optim.lamb import MAX_WEIGHT_NORM
+    value = group.get("max_weight_norm")
+    return MAX_WEIGHT_NORM if value is None else value
 
 
 def _or_zeros(tensor, param):

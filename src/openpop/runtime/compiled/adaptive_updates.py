@@ -1,0 +1,75 @@
+"""LAMB and RMSprop updates of one parameter as pure tensor functions (``functional_optim.py``
+dispatches to them), numerically what ``optim/lamb.py`` and ``optim/rmsprop.py`` (and torch's
+RMSprop) compute in ``step()``.
+
+Hyperparameters arrive as 0-d tensors (``h``); static choices (bias correction, momentum on,
+centered, TensorFlow's variant, maximize) as Python values, part of the program's signature.
+"""
+import torch
+
+
+def lamb(p, g, st, h, bias_correction):
+    """LAMB (PopART's Lamb / LambNoBias): Adam's direction plus weight decay, scaled by the
+    trust ratio ``min(||w||, max_weight_norm) / ||u||`` (1 when either norm is 0)."""
+    step = st["step"] + 1.0
+    m = torch.lerp(st["exp_avg"], g, 1.0 - h["beta1"])
+    v = st["exp_avg_sq"] * h["beta2"] + g * g * (1.0 - h["beta2"])
+    if bias_correction:
+        denom = torch.sqrt(v) / torch.sqrt(1.0 - torch.pow(h["beta2"], step)) + h["eps"]
+        update = m / (1.0 - torch.pow(h["beta1"], step)) / denom
+    else:
+        update = m / (torch.sqrt(v) + h["eps"])
+    update = update + h["weight_decay"] * p
+    r1 = torch.minimum(torch.linalg.vector_norm(p), h["max_weight_norm"])
+    r2 = torch.linalg.vector_norm(update)
+    ratio = torch.where((r1 > 0) & (r2 > 0), r1 / r2, torch.ones_like(r1))
+    return p - h["lr"] * (update * ratio), {"step": step, "exp_avg": m, "exp_avg_sq": v}
+
+
+def lamb_state(st, p):
+    return {"step": _step_of(st, p), "exp_avg": _or_fill(st.get("exp_avg"), p),
+            "exp_avg_sq": _or_fill(st.get("exp_avg_sq"), p)}
+
+
+def rmsprop(p, g, st, h, momentum_on, centered, tf_variant, maximize):
+    """RMSprop: torch's (``eps`` outside the square root), or TensorFlow's (``eps`` inside, the
+    learning rate folded into the momentum buffer)."""
+    if maximize:
+        g = -g
+    g = g + h["weight_decay"] * p
+    new = {"step": st["step"] + 1.0}
+    square = st["square_avg"] * h["alpha"] + g * g * (1.0 - h["alpha"])
+    new["square_avg"] = square
+    if centered:
+        new["grad_avg"] = torch.lerp(st["grad_avg"], g, 1.0 - h["alpha"])
+        square = square - new["grad_avg"] * new["grad_avg"]
+    avg = torch.sqrt(square + h["eps"]) if tf_variant else torch.sqrt(square) + h["eps"]
+    if not momentum_on:
+        return p - h["lr"] * (g / avg), new
+    if tf_variant:
+        new["momentum_buffer"] = st["momentum_buffer"] * h["momentum"] + h["lr"] * (g / avg)
+        return p - new["momentum_buffer"], new
+    new["momentum_buffer"] = st["momentum_buffer"] * h["momentum"] + g / avg
+    return p - h["lr"] * new["momentum_buffer"], new
+
+
+def rmsprop_state(st, p, momentum_on, centered, tf_variant):
+    state = {"step": _step_of(st, p), "square_avg": _or_fill(st.get("square_avg"), p, 1.0 if tf_variant else 0.0)}
+    if centered:  # keys in the order rmsprop() returns them (the program carries them flattened)
+        state["grad_avg"] = _or_fill(st.get("grad_avg"), p)
+    if momentum_on:
+        state["momentum_buffer"] = _or_fill(st.get("momentum_buffer"), p)
+    return state
+
+
+def _step_of(st, p):
+    step = st.get("step")
+    if step is None:
+        return torch.zeros((), device=p.device)
+    return torch.as_tensor(step, dtype=torch.float32).to(p.device).reshape(())
+
+
+def _or_fill(tensor, param, fill=0.0):
+    if tensor is None:
+        return torch.full_like(param, fill, memory_format=torch.preserve_format)
+    return tensor.to(torch.float32)
