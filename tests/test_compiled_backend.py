@@ -239,6 +239,17 @@ def test_cuda_graph_helpers_are_off_on_cpu():
     assert cuda_graphs.compile_options(torch.device("cuda", 0)) == {"mode": "reduce-overhead"}
 
 
+def test_looping_cpu_programs_use_the_cpp_wrapper():
+    """A while_loop program's iterations run in Inductor's C++ wrapper, not a Python loop."""
+    from openpop.runtime.compiled.backend import _compile_kwargs
+    from openpop.runtime.geometry import BatchGeometry
+    cpu = torch.device("cpu")
+    looping = BatchGeometry.from_options(poptorch.Options().deviceIterations(4))
+    assert _compile_kwargs(cpu, looping) == {"options": {"cpp_wrapper": True}}
+    assert _compile_kwargs(cpu, BatchGeometry.from_options(poptorch.Options())) == {}
+    assert _compile_kwargs(torch.device("cuda", 0), looping) == {"mode": "reduce-overhead"}
+
+
 @pytest.mark.gpu
 def test_cuda_graphs_training_matches_eager():
     results = []

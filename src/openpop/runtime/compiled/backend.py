@@ -97,7 +97,8 @@ class CompiledBackend:
         layout = Layout(executor, inputs, spec, leaves)
         device = next(iter(model.parameters()), torch.empty(0)).device
         program = Program(model, layout, functional, compiled.loss_index, trained, frozen,
-                          lambda fn: torch.compile(fn, fullgraph=True, dynamic=False, **compile_options(device)),
+                          lambda fn: torch.compile(fn, fullgraph=True, dynamic=False,
+                                                   **_compile_kwargs(device, executor._geometry)),
                           *executor._precision.traced_forward(model))
         self._program, self._key = program, key
         return program
@@ -138,6 +139,20 @@ class CompiledBackend:
                           "output": [[done] * steps], "output_complete": [[done] * steps]}
         executor._last_run_seconds = done - started
         return result
+
+
+def _compile_kwargs(device, geometry):
+    """``torch.compile``'s arguments for a program on ``device``. CUDA: CUDA graphs
+    (``cuda_graphs.py``). CPU, a program that loops over device iterations: Inductor's C++
+    wrapper. Its default Python wrapper runs ``while_loop`` as a Python loop calling each
+    iteration's kernels from Python (argument asserts, buffer allocations, ATen matmul calls: ~20 µs
+    per step of the tiny MLP); the C++ wrapper runs the same loop in C++ (benchmarks/host_overhead.py:
+    DI=256 34 -> 12 µs per step). A one-step program has no loop and keeps the Python wrapper
+    (measured no faster in C++)."""
+    options = compile_options(device)
+    if not options and geometry.device_iterations > 1:
+        options = {"options": {"cpp_wrapper": True}}
+    return options
 
 
 @contextlib.contextmanager
