@@ -1,33 +1,143 @@
-"""Lightning's IPUStrategy with the compiled backend allowed: Lightning's per-optimizer-step work
-hangs on optimizer step hooks, so the executor stays eager (one warning naming them) and the
-run still equals the plain-PyTorch oracle."""
-import copy
-
+"""Lightning's IPUStrategy on the compiled backend: Lightning's per-optimizer-step work (step
+LR schedulers, gradient clipping, global_step) and ``self.log`` in ``training_step`` are part of
+the compiled program, and a run equals the same run on the eager backend (itself tested
+against plain PyTorch); per-step work the program cannot express keeps the executor eager."""
 import pytest
 import torch
 
 import poptorch
 
-from helpers.lightning_models import IPUStrategy, Regressor, loader, make_net, regression_data, trainer
+from helpers.lightning_models import IPUStrategy, loader, make_net, pl, regression_data, trainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def test_ipu_strategy_with_auto_backend_stays_eager_and_exact(warnings_logged):
+class LoggedRegressor(pl.LightningModule):
+    """MSE regression logging its loss, a value it does not return, and its batch_idx."""
+
+    def __init__(self, optimizer="sgd", schedule=False):
+        super().__init__()
+        self.net = make_net()
+        self.optimizer_name, self.schedule = optimizer, schedule
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        prediction = self.net(x)
+        loss = torch.nn.functional.mse_loss(prediction, y)
+        self.log("train_loss", loss)
+        self.log("largest", prediction.abs().max(), reduce_fx="max")
+        self.log("batch_idx", torch.as_tensor(batch_idx, dtype=torch.float32), reduce_fx="max")
+        return loss
+
+    def configure_optimizers(self):
+        if self.optimizer_name == "adam":
+            optimizer = torch.optim.Adam(self.parameters(), lr=0.02)
+        else:
+            optimizer = torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+        if not self.schedule:
+            return optimizer
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
+        return [optimizer], [{"scheduler": scheduler, "interval": "step", "frequency": 2}]
+
+
+class MetricsPerBatch(pl.Callback):
+    def __init__(self):
+        self.metrics, self.steps = [], []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        self.metrics.append({k: float(v) for k, v in trainer.callback_metrics.items()})
+        self.steps.append(trainer.global_step)
+
+
+def fit(backend, model, **trainer_args):
     x, y = regression_data(n=64)
-    model = Regressor(make_net(), lr=0.05, momentum=0.9)
-    reference = copy.deepcopy(model.net)
-    opts = poptorch.Options().openpopBackend("auto", compile_after=0.0)
-    t = trainer(accelerator="ipu", devices=1, max_epochs=1,
-                strategy=IPUStrategy(device_iterations=4, training_opts=opts))
+    record = MetricsPerBatch()
+    opts = poptorch.Options().openpopBackend(backend, compile_after=0.0)
+    t = trainer(accelerator="ipu", devices=1, max_epochs=1, callbacks=[record],
+                strategy=IPUStrategy(device_iterations=4, training_opts=opts), **trainer_args)
     t.fit(model, loader(x, y, batch_size=4))
-    optimizer = torch.optim.SGD(reference.parameters(), lr=0.05, momentum=0.9)
-    for step in range(16):
-        optimizer.zero_grad()
-        torch.nn.functional.mse_loss(reference(x[step * 4:(step + 1) * 4]), y[step * 4:(step + 1) * 4]).backward()
-        optimizer.step()
-    for ours, theirs in zip(model.net.parameters(), reference.parameters()):
+    return t, record
+
+
+def assert_same_run(eager, compiled):
+    (t_eager, m_eager, r_eager), (t_compiled, m_compiled, r_compiled) = eager, compiled
+    for ours, theirs in zip(m_compiled.parameters(), m_eager.parameters()):
         torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
+    assert t_compiled.global_step == t_eager.global_step == 16
+    assert r_compiled.steps == r_eager.steps == [4, 8, 12, 16]
+    assert len(r_compiled.metrics) == len(r_eager.metrics) == 4
+    for ours, theirs in zip(r_compiled.metrics, r_eager.metrics):
+        assert ours.keys() == theirs.keys()
+        for name in ours:
+            assert ours[name] == pytest.approx(theirs[name], rel=1e-5, abs=1e-7), name
+    for config_c, config_e in zip(t_compiled.lr_scheduler_configs, t_eager.lr_scheduler_configs):
+        assert config_c.scheduler.state_dict() == config_e.scheduler.state_dict()
+    groups = [t.optimizers[0].param_groups[0]["lr"] for t in (t_compiled, t_eager)]
+    assert groups[0] == groups[1]
+    progress = [t.fit_loop.epoch_loop.automatic_optimization.optim_progress.optimizer.step.state_dict()
+                for t in (t_compiled, t_eager)]
+    assert progress[0] == progress[1]
+
+
+@pytest.mark.parametrize("optimizer, clip, algorithm, schedule", [
+    ("sgd", 0.05, "norm", True),
+    ("adam", 0.01, "value", False),
+])
+def test_compiled_run_equals_eager_with_step_schedulers_clipping_and_logs(optimizer, clip, algorithm, schedule):
+    runs = []
+    for backend in ("eager", "compiled"):
+        model = LoggedRegressor(optimizer, schedule)
+        t, record = fit(backend, model, gradient_clip_val=clip, gradient_clip_algorithm=algorithm)
+        runs.append((t, model, record))
+    assert_same_run(*runs)  # forced compiled raises when it cannot run the model
+    assert runs[1][2].metrics[-1].keys() == {"train_loss", "largest", "batch_idx"}
+    assert runs[1][2].metrics[-1]["batch_idx"] == 15.0  # the CPU run's index of the last micro-batch
+
+
+class BranchesOnBatchIdx(LoggedRegressor):
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.net(x), y)
+        if batch_idx % 2 == 0:  # Python branching on batch_idx: the compiled program cannot
+            self.log("even", loss)
+        return loss
+
+
+class CallsSuper(LoggedRegressor):
+    def training_step(self, batch, batch_idx):
+        return super().training_step(batch, batch_idx)
+
+
+def test_failed_compile_leaves_schedulers_and_counters_for_the_eager_run(warnings_logged):
+    eager = fit("eager", BranchesOnBatchIdx(schedule=True))
+    model = BranchesOnBatchIdx(schedule=True)
+    t, record = fit("auto", model)
+    assert_same_run(_as_run(eager), (t, model, record))
     declined = [m for m in warnings_logged() if "compiled backend does not support" in m]
-    assert len(declined) == 1 and "optimizer step hooks" in declined[0]
-    assert t.global_step == 16
+    assert len(declined) == 1 and "torch.compile(fullgraph=True)" in declined[0]
+
+
+def test_step_that_fails_on_the_compiled_view_runs_eagerly(warnings_logged):
+    model = CallsSuper()
+    fit("auto", model)
+    declined = [m for m in warnings_logged() if "compiled backend does not support" in m]
+    assert len(declined) == 1 and "super(type, obj)" in declined[0]
+
+
+def _as_run(fitted):
+    t, record = fitted
+    return t, t.lightning_module, record
+
+
+class ClipsItself(LoggedRegressor):
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
+        self.clip_gradients(optimizer, gradient_clip_val=0.01, gradient_clip_algorithm="value")
+
+
+def test_hooks_between_optimizer_steps_keep_the_executor_eager(warnings_logged):
+    eager = fit("eager", ClipsItself())
+    model = ClipsItself()
+    t, record = fit("auto", model)
+    assert_same_run(_as_run(eager), (t, model, record))
+    declined = [m for m in warnings_logged() if "compiled backend does not support" in m]
+    assert len(declined) == 1 and "ClipsItself.configure_gradient_clipping" in declined[0]

@@ -78,20 +78,22 @@ class StepLogs:
         position, batch, discard = state
         if discard:
             return None
-        options = dict(_LOG_DEFAULTS)
-        options.update(zip(_LOG_NAMES, args))
-        unknown = set(kwargs) - options.keys()
-        if unknown:
-            raise TypeError(messages.LOG_UNEXPECTED_KWARGS.format(names=sorted(unknown)))
-        options.update(kwargs)
+        options = log_options(args, kwargs)
         batch_size = options.get("batch_size")
         if batch_size is None and not _is_metric(value):
-            batch_size = _infer_batch_size(batch)
+            batch_size = logged_batch_size(batch)
         if isinstance(value, torch.Tensor):
             value = value.detach()
         with self._lock:
             self._records.setdefault(name, []).append(_Record(position, value, options, batch_size))
         return None
+
+    def add_micro_batches(self, spec, stacked) -> None:
+        """A compiled host call's logs: ``stacked[i][p]`` is what micro-batch ``p`` logged as
+        ``spec.entries[i]`` (``compiled_steps.py``)."""
+        with self._lock:
+            for (name, options, batch_size), values in zip(spec.entries, stacked):
+                self._records.setdefault(name, []).append(_Record(-1, values, options, batch_size))
 
     def reduced(self) -> dict[str, tuple]:
         """``{name: (value, options)}`` with the micro-batch values reduced (see the module doc)."""
@@ -105,8 +107,7 @@ class StepLogs:
             if _is_metric(last.value):
                 result[name] = (last.value, options)
                 continue
-            values = torch.stack([_as_tensor(r.value) for r in items])
-            sizes = torch.tensor([float(r.batch_size or 1) for r in items], dtype=torch.float64)
+            values, sizes = _stacked(items)
             fx = options.get("reduce_fx", "mean")
             if fx in _MEAN:
                 shape = (-1,) + (1,) * (values.dim() - 1)
@@ -177,7 +178,30 @@ def _as_tensor(value) -> torch.Tensor:
     return torch.tensor(float(value))
 
 
-def _infer_batch_size(batch) -> int:
+def log_options(args, kwargs) -> dict:
+    """``self.log``'s options from its arguments after ``name, value``, with Lightning's defaults."""
+    options = dict(_LOG_DEFAULTS)
+    options.update(zip(_LOG_NAMES, args))
+    unknown = set(kwargs) - options.keys()
+    if unknown:
+        raise TypeError(messages.LOG_UNEXPECTED_KWARGS.format(names=sorted(unknown)))
+    options.update(kwargs)
+    return options
+
+
+def _stacked(items):
+    """Values and batch sizes of a name's records, in micro-batch order. Records of a compiled
+    call (position -1) hold every micro-batch's values stacked: several of them (the name logged
+    more than once per step) interleave, as the eager records sort."""
+    if items[0].position >= 0:
+        values = torch.stack([_as_tensor(r.value) for r in items])
+        return values, torch.tensor([float(r.batch_size or 1) for r in items], dtype=torch.float64)
+    values = torch.stack([_as_tensor(r.value) for r in items], dim=1).flatten(0, 1)
+    sizes = torch.tensor([float(r.batch_size or 1) for r in items], dtype=torch.float64).repeat(items[0].value.shape[0])
+    return values, sizes
+
+
+def logged_batch_size(batch) -> int:
     if isinstance(batch, torch.Tensor) and batch.dim() > 0:
         return batch.shape[0]
     if isinstance(batch, (tuple, list)) and batch and isinstance(batch[0], torch.Tensor) and batch[0].dim() > 0:

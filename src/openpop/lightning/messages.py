@@ -15,3 +15,8 @@ MISSING_LOSS_KEY = ("In automatic_optimization, when `training_step` returns a d
 DEVICE_ITERATIONS = ("IPUStrategy(device_iterations={value!r}): device_iterations is the number "
                      "of optimizer steps (or inference batches) one host call runs and must be an int >= 1.")
 OPTIONS_TYPE = "IPUStrategy({name}=...) must be a poptorch.Options, not {type}."
+COMPILED_LOG_VALUE = ("self.log({name!r}, <{kind}>) inside a step: the compiled backend logs tensors only "
+                      "(log a tensor, or log this from an on_*_batch_end hook)")
+COMPILED_STEP_REPLACED = "a {method} set on the LightningModule instance (the compiled backend runs the class's)"
+COMPILED_STEP_FAILED = ("{method} called with `self` as the compiled backend's logging view of the module "
+                        "({error})")

@@ -15,8 +15,20 @@ run on the CPU with DI times more (smaller) batches:
 
 Hooked through ``torch.optim.Optimizer.register_step_pre_hook`` / ``register_step_post_hook`` on
 the optimizer the executor steps; the hooks act only during the strategy's host calls.
+
+On the compiled backend no ``optimizer.step()`` runs: this object is attached to the optimizer as
+its step hooks' compiled form (``runtime/compiled/step_hooks.py``). Before the program runs it
+steps the LR schedulers and counters through the call's DI steps exactly as the hooks would,
+reading the optimizer's hyperparameters before each step (the program takes them as ``[DI]``
+tensors); gradient clipping by ``gradient_clip_val`` (norm or value) is part of the program's
+update. ``on_before_optimizer_step`` overridden by the module or a callback, or an overridden
+``configure_gradient_clipping`` / ``clip_gradients`` (Python that must run between steps), keeps
+the executor eager.
 """
 import contextlib
+import copy
+
+from openpop.runtime.compiled import step_hooks
 
 from ._framework import module
 
@@ -37,10 +49,18 @@ class PerStepHooks:
         self._call = module("trainer.call")
         self._original_update = None
         self._take_over_step_schedulers()
-        self._before_needed = _before_step_needed(trainer)
+        self._user_hooks = _user_before_step_hooks(trainer, precision)
+        self._before_needed = self._user_hooks is not None or bool(trainer.gradient_clip_val)
+        self._snapshot = None
+        step_hooks.attach(optimizer, self)
+
+    @property
+    def hook_ids(self):
+        return [handle.id for handle in self._handles]
 
     # ------------------------------------------------------------------ lifecycle
     def remove(self) -> None:
+        step_hooks.detach(self.optimizer)
         for handle in self._handles:
             handle.remove()
         self._handles = []
@@ -73,6 +93,51 @@ class PerStepHooks:
         # skipped GradScaler step does on the CPU.
         while self.steps < self.device_iterations:
             self._count_step()
+
+    # ------------------------------------------------------------------ compiled form (step_hooks.py)
+    def compiled_reason(self):
+        return None if self._user_hooks is None else f"{self._user_hooks} (runs between optimizer steps)"
+
+    def clipping(self):
+        value = self.trainer.gradient_clip_val
+        if not value or value <= 0:
+            return None
+        algorithm = self.trainer.gradient_clip_algorithm
+        return ("value" if algorithm is not None and str(getattr(algorithm, "value", algorithm)) == "value" else "norm",
+                float(value))
+
+    def begin_compiled_call(self, steps: int, read_hyper):
+        """The hyperparameters of each of the call's steps; afterwards the schedulers and counters
+        are where the eager steps leave them (``abort_compiled_call`` undoes it)."""
+        self._snapshot = self._state()
+        self.optimizer._opt_called = True  # what the scheduler-wrapped optimizer.step() would mark
+        per_step = []
+        for _ in range(steps):
+            per_step.append(read_hyper())
+            self._count_step()
+        return per_step
+
+    def abort_compiled_call(self) -> None:
+        if self._snapshot is None:
+            return
+        groups, schedulers, progress = self._snapshot
+        self._snapshot = None
+        for group, values in zip(self.optimizer.param_groups, groups):
+            group.update(values)
+        for config, state in zip(self.trainer.lr_scheduler_configs, schedulers):
+            config.scheduler.load_state_dict(state)
+        for counter, state in zip(self._progress(), progress):
+            counter.load_state_dict(state)
+        self.steps = 0
+
+    def _progress(self):
+        return [self._loop.automatic_optimization.optim_progress.optimizer.step, self._loop.scheduler_progress]
+
+    def _state(self):
+        groups = [copy.deepcopy({k: v for k, v in group.items() if k != "params"})
+                  for group in self.optimizer.param_groups]
+        schedulers = [copy.deepcopy(config.scheduler.state_dict()) for config in self.trainer.lr_scheduler_configs]
+        return groups, schedulers, [copy.deepcopy(counter.state_dict()) for counter in self._progress()]
 
     # ------------------------------------------------------------------ hooks
     def _before(self, optimizer, args, kwargs):
@@ -109,15 +174,20 @@ class PerStepHooks:
             self._loop.scheduler_progress.increment_completed()
 
 
-def _before_step_needed(trainer) -> bool:
-    """Whether any ``on_before_optimizer_step`` hook or gradient clipping can do something (the
-    defaults do nothing, and calling them costs more than a tiny model's step)."""
+def _user_before_step_hooks(trainer, precision):
+    """The first ``on_before_optimizer_step`` hook or clipping override that is not Lightning's
+    default (those do nothing but clip by ``gradient_clip_val``), or None."""
     callback_base = module("callbacks").Callback
     module_base = module("core.module").LightningModule
     lightning_module = trainer.lightning_module
-    if any(type(c).on_before_optimizer_step is not callback_base.on_before_optimizer_step for c in trainer.callbacks):
-        return True
+    for callback in trainer.callbacks:
+        if type(callback).on_before_optimizer_step is not callback_base.on_before_optimizer_step:
+            return f"{type(callback).__name__}.on_before_optimizer_step"
     for name in ("on_before_optimizer_step", "configure_gradient_clipping", "clip_gradients"):
         if getattr(type(lightning_module), name) is not getattr(module_base, name):
-            return True
-    return bool(trainer.gradient_clip_val)
+            return f"{type(lightning_module).__name__}.{name}"
+    precision_base = module("plugins.precision").Precision
+    for name in ("_after_closure", "_clip_gradients", "clip_gradients", "clip_grad_by_norm", "clip_grad_by_value"):
+        if getattr(type(precision), name, None) is not getattr(precision_base, name):
+            return f"{type(precision).__name__}.{name}"
+    return None

@@ -15,8 +15,10 @@ executor splits every tensor of the (combined) batch along dim 0 in PopART's ord
 
 The step runs eagerly (nothing is traced into constants), so Python branching on tensor values,
 ``self.global_step``, ``self.current_epoch`` ... behave as on the CPU. The micro-batch position
-reaches ``forward`` as a tensor split like the data (``positions``), so it stays right whatever
-order a schedule runs micro-batches in.
+reaches ``forward`` as a tensor split like the data (``positions``: ``host batch_idx x
+batches_per_call + position``), so it stays right whatever order a schedule runs micro-batches
+in. When the executor's compiled backend runs the call, the step is traced into one program
+instead: see ``compiled_steps.py``.
 
 The executor's compile pass runs ``forward`` once more on the first micro-batch to record
 blocks (model parallelism) and check the model. openpop undoes that pass's effects on weights,
@@ -29,6 +31,7 @@ tensor, or ``output["loss"]``; ``None`` skips the micro-batch: it contributes no
 """
 import contextlib
 import copy
+import functools
 from collections.abc import Mapping
 from typing import Optional
 
@@ -37,11 +40,12 @@ from torch.utils import _pytree as pytree
 
 from openpop.enums import OutputMode
 from openpop.runtime import context
+from openpop.runtime.compiled.eligibility import Ineligible
 from openpop.runtime.geometry import BatchGeometry
 from openpop.runtime.losses import identity_loss
 from openpop.runtime.outputs import OutputCollector
 
-from . import messages
+from . import compiled_steps, messages
 from ._framework import module as pl_module
 
 _NO_CONTEXT = contextlib.nullcontext()
@@ -64,6 +68,7 @@ class StepCall:
         self.precision = precision
         self.training = training
         self.output_kind = None  # "tensor", "dict" or "none": what the step returned
+        self.position_base = 0  # positions() are global: host-side runs give local ones
         # 32-true needs no context around each micro-batch
         self.forward_context = getattr(precision, "precision", "32-true") != "32-true"
 
@@ -74,7 +79,11 @@ class StepCall:
         return (int(self.batch_idx) * g.device_iterations + d) * g.gradient_accumulation + a
 
     def positions(self) -> torch.Tensor:
-        return torch.arange(self.geometry.batches_per_call, dtype=torch.int32)
+        """The executor's per-micro-batch input: ``host batch_idx x batches_per_call + position``
+        (the compiled program computes ``batch_idx`` from it)."""
+        count = self.geometry.batches_per_call
+        self.position_base = int(self.batch_idx) * count
+        return torch.arange(self.position_base, self.position_base + count, dtype=torch.int32)
 
 
 class StepModule(torch.nn.Module):
@@ -85,6 +94,8 @@ class StepModule(torch.nn.Module):
         self.module = lightning_module
         self.call: Optional[StepCall] = None
         self._takes_batch_idx = {}  # step method name -> whether its signature has batch_idx
+        self._log_specs = {}  # step method name -> its self.log calls (compiled backend's probe)
+        self._output_kinds = {}  # step method name -> what the training step returns (probe)
 
     def takes_batch_idx(self, method: str) -> bool:
         if method not in self._takes_batch_idx:
@@ -104,9 +115,14 @@ class StepModule(torch.nn.Module):
 
     def forward(self, batch, positions):
         call = self.call
+        if torch.compiler.is_compiling():
+            return self._compiled_forward(call, batch, positions, None)
         ctx = context.current()
         tracing = bool(ctx is not None and ctx.tracing)
-        position = int(positions) if isinstance(positions, torch.Tensor) else 0  # one element per micro-batch
+        if tracing and ctx.compiled:
+            return self._compiled_forward(call, batch, positions, ctx)
+        # one element per micro-batch
+        position = int(positions) - call.position_base if isinstance(positions, torch.Tensor) else 0
         step = getattr(self.module, call.method)
         args = (batch, call.micro_batch_index(position)) if call.pass_batch_idx else (batch,)
         with contextlib.ExitStack() if tracing or call.forward_context else _NO_CONTEXT as stack:
@@ -118,7 +134,59 @@ class StepModule(torch.nn.Module):
                 output = step(*args, *call.rest, **call.kwargs)
         if not call.training:
             return output
-        return self._training_output(call, output, ctx if tracing else None)
+        return self._training_output(call, output, ctx if tracing else None)[:2]
+
+    # ------------------------------------------------------------------ compiled backend
+    def _compiled_forward(self, call: StepCall, batch, positions, probe_ctx):
+        """One micro-batch as the compiled program runs it (``compiled_steps.py``); ``probe_ctx``:
+        the backend's eager probe, which records the ``self.log`` calls and the output kind."""
+        records = []
+        view = compiled_steps.LoggingView(self.module, records)
+        if probe_ctx is not None and call.method in vars(self.module):
+            raise Ineligible(messages.COMPILED_STEP_REPLACED.format(method=call.method))
+        step = functools.partial(getattr(type(self.module), call.method), view)
+        args = (batch,)
+        if call.pass_batch_idx:
+            args += (compiled_steps.micro_batch_index(call.geometry, positions.reshape(()).long()),)
+        with contextlib.ExitStack() as stack:
+            if probe_ctx is not None:
+                stack.enter_context(_restored_metrics(self.module))
+            if call.forward_context:
+                stack.enter_context(call.precision.forward_context())
+            if probe_ctx is None:
+                output = step(*args, *call.rest, **call.kwargs)
+            else:
+                try:
+                    output = step(*args, *call.rest, **call.kwargs)
+                except Exception as error:  # e.g. super() or isinstance on self: the eager run decides
+                    raise Ineligible(messages.COMPILED_STEP_FAILED.format(
+                        method=call.method, error=f"{type(error).__name__}: {error}")) from error
+        if probe_ctx is not None:
+            self._log_specs[call.method] = compiled_steps.LogSpec(records, batch)
+        logs = tuple(value.detach() for _, value, _, _ in records)
+        if not call.training:
+            return output, logs
+        loss, extra, kind = self._training_output(call, output, probe_ctx)
+        if probe_ctx is not None:
+            self._output_kinds[call.method] = kind
+        return loss, {} if extra is None else extra, logs  # the program's outputs are tensors
+
+    def compiled_micro_batch_leaves(self) -> int:
+        """The compiled backend returns the last this many output leaves (the logged values)
+        for every micro-batch."""
+        return len(self._log_specs[self.call.method])
+
+    def compiled_host_call_result(self, result):
+        """The compiled program's result as the eager host call's; the logged values go to the
+        call's ``StepLogs``."""
+        call = self.call
+        result, logs = compiled_steps.split_result(result, call.training)
+        call.logs.add_micro_batches(self._log_specs[call.method], logs)
+        if call.training:
+            call.output_kind = self._output_kinds[call.method]
+            if call.output_kind != "dict":
+                result = (result[0], None)
+        return result
 
     @staticmethod
     def _training_output(call: StepCall, output, tracing_ctx):
@@ -133,7 +201,8 @@ class StepModule(torch.nn.Module):
         else:
             raise pl_module("utilities.exceptions").MisconfigurationException(
                 TRAINING_OUTPUT.format(kind=type(output).__name__))
-        call.output_kind = kind
+        if not torch.compiler.is_compiling():  # the compiled program's call: its probe's kind
+            call.output_kind = kind
         if loss is None:
             loss = torch.zeros((), requires_grad=True)  # no gradient from a skipped micro-batch
         if tracing_ctx is not None:
@@ -143,7 +212,7 @@ class StepModule(torch.nn.Module):
             if tracker is not None:
                 tracker.losses.clear()
             loss = identity_loss(loss, reduction="none")
-        return loss, extra
+        return loss, extra, kind
 
 
 def lightning_training_output(call: StepCall, result):

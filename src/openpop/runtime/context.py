@@ -15,6 +15,7 @@ class RunContext:
     def __init__(self, training: bool, tracing: bool = False):
         self.training = training
         self.tracing = tracing  # True during the compile pass, False while executing
+        self.compiled = False  # the compiled backend's probe: the model runs as its program will
 
 
 def current():

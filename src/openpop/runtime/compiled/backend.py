@@ -3,6 +3,11 @@ compiled program and returns its outputs, or returns ``DECLINED`` and the eager 
 
 Declining in ``auto`` logs one line naming the reason and the executor stays eager; with
 ``Options.openpopBackend("compiled")`` the same reason is a ``poptorch.Error``.
+
+A model may take part (Lightning's ``StepModule`` does): ``compiled_micro_batch_leaves()``,
+asked after the probe, is how many trailing output leaves the program returns for every
+micro-batch whatever the output mode; ``compiled_host_call_result(result)`` turns the program's
+result into the host call's.
 """
 import contextlib
 import time
@@ -14,6 +19,7 @@ from ...log import logger
 from .. import context, messages
 from ..compile_cache import compile_cache_for
 from ..weights import bump_weights_version
+from . import step_hooks
 from .cuda_graphs import compile_options, mark_step_begin
 from .eligibility import Ineligible, check_static, probe
 from .functional_optim import FunctionalOptimizer, signature
@@ -94,7 +100,8 @@ class CompiledBackend:
         else:
             functional, trained = None, names
         frozen = [n for n in names if n not in set(trained)]
-        layout = Layout(executor, inputs, spec, leaves)
+        micro_batch_leaves = getattr(model, "compiled_micro_batch_leaves", None)
+        layout = Layout(executor, inputs, spec, leaves, micro_batch_leaves() if micro_batch_leaves else 0)
         device = next(iter(model.parameters()), torch.empty(0)).device
         program = Program(model, layout, functional, compiled.loss_index, trained, frozen,
                           lambda fn: torch.compile(fn, fullgraph=True, dynamic=False,
@@ -115,14 +122,21 @@ class CompiledBackend:
             named = dict(executor._model.named_parameters())
             trained = [named[n] for n in program.trained_names]
             frozen = [named[n].detach() for n in program.frozen_names]
+            hooks = step_hooks.of(executor._optimizer) if program.per_step_hyper else None
             if functional is not None:
-                state, hyper = functional.state_in(), functional.hyper()
-                loss_scale = functional.loss_scale()
+                state, loss_scale = functional.state_in(), functional.loss_scale()
+                hyper = functional.hyper() if hooks is None else functional.hyper_steps(
+                    hooks.begin_compiled_call(geometry.device_iterations, functional.hyper_values))
             else:
                 state, hyper, loss_scale = [], [], _ONE
             graphed = mark_step_begin(trained)
-            new_params, new_state, outs = program.run(split, [p.detach() for p in trained], frozen,
-                                                      state, hyper, loss_scale)
+            try:
+                new_params, new_state, outs = program.run(split, [p.detach() for p in trained], frozen,
+                                                          state, hyper, loss_scale)
+            except BaseException:
+                if hooks is not None:
+                    hooks.abort_compiled_call()
+                raise
             if graphed:  # the graph's outputs are overwritten by its next replay
                 new_state = [{k: v.clone() for k, v in st.items()} for st in new_state]
             if functional is not None:
@@ -133,6 +147,9 @@ class CompiledBackend:
         if executor._training:
             bump_weights_version(executor._user_model)
         result = program.finish(outs)
+        host_call_result = getattr(executor._model, "compiled_host_call_result", None)
+        if host_call_result is not None:
+            result = host_call_result(result)
         done = time.time()
         steps = geometry.device_iterations
         executor._perf = {"input": [[started] * steps], "input_complete": [[started] * steps],

@@ -84,6 +84,7 @@ def probe(executor, micro_args, micro_kwargs, executable):
     try:
         with context.running(executor._training, tracing=True) as ctx, \
                 torch.set_grad_enabled(executor._training):
+            ctx.compiled = True
             with executor._precision.forward(model, tracing=True):
                 output = model(*micro_args, **micro_kwargs)
             flat, spec = flatten_output(output)

@@ -12,8 +12,14 @@ RMSprop or torch's SGD / Adam / AdamW / RMSprop) and gives:
   ``adaptive_updates.py``);
 * ``commit(state)`` writes the new state back into ``optimizer.state`` in torch's format.
 
-Static choices (optimizer family, Nesterov, momentum on/off, clipping on/off, bias correction,
-RMSprop's centered and TensorFlow variants) are part of ``signature()``: a change of them builds a new program.
+Static choices (optimizer family, Nesterov, momentum on/off, clipping kind, bias correction,
+RMSprop's centered and TensorFlow variants, per-step hyperparameters) are part of
+``signature()``: a change of them builds a new program.
+
+With step hooks attached (``step_hooks.py``) the hyperparameters are per step: ``hyper_steps``
+stacks each one over the host call's optimizer steps (``[steps]`` tensors, indexed by the
+program's step counter), and the hooks' gradient clipping (by norm or by value) is part of the
+update.
 """
 import inspect
 import math
@@ -21,7 +27,7 @@ import math
 import torch
 import torch.optim.optimizer as _torch_optimizer
 
-from . import adaptive_updates
+from . import adaptive_updates, step_hooks
 
 _VELOCITY_SCALE_KEY = "velocity_scaling"  # optim/sgd.py: momentum_buffer is stored times this
 
@@ -67,10 +73,16 @@ def unsupported_reason(optimizer):
             return f"optimizer {attr}={getattr(optimizer, attr)} (float16 optimizer state)"
     if not _known_step(type(optimizer)):
         return f"{type(optimizer).__name__}.step overridden (only the library's update is known)"
-    if (getattr(optimizer, "_optimizer_step_pre_hooks", None) or getattr(optimizer, "_optimizer_step_post_hooks", None)
-            or _torch_optimizer._global_optimizer_pre_hooks or _torch_optimizer._global_optimizer_post_hooks):
-        # e.g. Lightning's per-optimizer-step work (lightning/optimizer_steps.py): step() must run
-        return "optimizer step hooks (optimizer.register_step_pre_hook / post_hook, e.g. Lightning's)"
+    hooks = step_hooks.of(optimizer)
+    if (_torch_optimizer._global_optimizer_pre_hooks or _torch_optimizer._global_optimizer_post_hooks
+            or not (step_hooks.owns_all(optimizer, hooks) if hooks is not None else _no_step_hooks(optimizer))):
+        return "optimizer step hooks (optimizer.register_step_pre_hook / post_hook)"
+    if hooks is not None:
+        reason = hooks.compiled_reason()
+        if reason is not None:
+            return reason
+        if hooks.clipping() is not None and _max_grad_norm(optimizer) != math.inf:
+            return "gradient clipping by the step hooks and by the optimizer's max_grad_norm"
     for group in optimizer.param_groups:
         if group.get("amsgrad", False):
             return "amsgrad"
@@ -82,10 +94,29 @@ def unsupported_reason(optimizer):
     return None
 
 
+def _no_step_hooks(optimizer) -> bool:
+    return not (getattr(optimizer, "_optimizer_step_pre_hooks", None)
+                or getattr(optimizer, "_optimizer_step_post_hooks", None))
+
+
+def _max_grad_norm(optimizer) -> float:
+    return float(getattr(optimizer, "max_grad_norm", math.inf) or math.inf)
+
+
+def clipping(optimizer):
+    """``None``, ``("norm", max_norm)`` (the optimizer's ``max_grad_norm`` or the step hooks')
+    or ``("value", clip_value)``."""
+    hooks = step_hooks.of(optimizer)
+    if hooks is not None and hooks.clipping() is not None:
+        return hooks.clipping()
+    norm = _max_grad_norm(optimizer)
+    return None if math.isinf(norm) else ("norm", norm)
+
+
 def signature(optimizer):
-    """The static choices an update program is built for: (family, clipping, per group
+    """The static choices an update program is built for: (family, clipping kind, per group
     (parameter count, momentum on, nesterov, maximize, decoupled weight decay, bias correction,
-    centered, TensorFlow's RMSprop))."""
+    centered, TensorFlow's RMSprop), per-step hyperparameters)."""
     family = family_of(optimizer)
     groups = []
     for group in optimizer.param_groups:
@@ -95,8 +126,8 @@ def signature(optimizer):
                        family == "adamw" or bool(group.get("decoupled_weight_decay", False)),
                        bool(getattr(optimizer, "bias_correction", True)),
                        bool(group.get("centered", False)), bool(getattr(optimizer, "use_tf_variant", False))))
-    clipping = not math.isinf(float(getattr(optimizer, "max_grad_norm", math.inf) or math.inf))
-    return (family, clipping, tuple(groups))
+    clip = clipping(optimizer)
+    return (family, clip[0] if clip else None, tuple(groups), step_hooks.of(optimizer) is not None)
 
 
 class FunctionalOptimizer:
@@ -116,7 +147,6 @@ class FunctionalOptimizer:
         self.params = [p for params in self.groups for p in params]
         self.device = self.params[0].device if self.params else torch.device("cpu")
         self.combined = bool(getattr(optimizer, "use_combined_accum", False))
-        self.max_grad_norm = float(getattr(optimizer, "max_grad_norm", math.inf) or math.inf)
 
     def _velocity_scale(self, group):
         return float(group.get("velocity_scaling", 1.0)) if self.combined else 1.0
@@ -138,7 +168,8 @@ class FunctionalOptimizer:
         """A 0-d float32 program input on the parameters' device (CUDA graphs take no CPU inputs)."""
         return torch.tensor(float(value), dtype=torch.float32, device=self.device)
 
-    def hyper(self):
+    def hyper_values(self):
+        """Per group ``{name: float}``: the hyperparameters the update reads now."""
         values = []
         for group in self.optimizer.param_groups:
             v = {"lr": group["lr"], "weight_decay": group["weight_decay"]}
@@ -152,13 +183,29 @@ class FunctionalOptimizer:
             if self.family == "lamb":
                 v["max_weight_norm"] = _max_weight_norm(group)
             values.append(v)
-        if self.static[1]:
-            values[0]["max_grad_norm"] = self.max_grad_norm
+        if self.static[1] is not None:
+            values[0]["clip"] = clipping(self.optimizer)[1]
+        return values
+
+    def hyper(self):
+        """``hyper_values()`` as 0-d tensors."""
+        values = self.hyper_values()
         key = [tuple(float(x) for x in v.values()) for v in values]
         cached = self._cache.get("hyper")
         if cached is None or cached[0] != key:
             tensors = [{k: self._scalar(x) for k, x in v.items()} for v in values]
             cached = self._cache["hyper"] = (key, tensors)
+        return cached[1]
+
+    def hyper_steps(self, per_step):
+        """``per_step`` (one ``hyper_values()`` per optimizer step) as ``[steps]`` tensors."""
+        key = [[tuple(float(x) for x in v.values()) for v in values] for values in per_step]
+        cached = self._cache.get("hyper_steps")
+        if cached is None or cached[0] != key:
+            tensors = [{k: torch.tensor([float(values[g][k]) for values in per_step], dtype=torch.float32,
+                                        device=self.device) for k in group}
+                       for g, group in enumerate(per_step[0])]
+            cached = self._cache["hyper_steps"] = (key, tensors)
         return cached[1]
 
     def state_in(self):
@@ -198,11 +245,12 @@ class FunctionalOptimizer:
     # ------------------------------------------------------------------ the update (traced)
     def update(self, params, grads, state, hyper):
         """New (params, state): pure, traced by torch.compile."""
-        if self.static[1]:
+        if self.static[1] == "norm":  # torch.nn.utils.clip_grad_norm_
             norms = torch.stack([torch.linalg.vector_norm(g, 2) for g in grads])
-            coefficient = torch.clamp(hyper[0]["max_grad_norm"] / (torch.linalg.vector_norm(norms, 2) + 1e-6),
-                                      max=1.0)
+            coefficient = torch.clamp(hyper[0]["clip"] / (torch.linalg.vector_norm(norms, 2) + 1e-6), max=1.0)
             grads = [g * coefficient for g in grads]
+        elif self.static[1] == "value":  # torch.nn.utils.clip_grad_value_
+            grads = [torch.clamp(g, min=-hyper[0]["clip"], max=hyper[0]["clip"]) for g in grads]
         new_params, new_state = [], []
         i = 0
         for group, h in zip(self.static[2], hyper):

@@ -11,7 +11,10 @@ call's inputs split ``[DI, GA, R_in, micro, ...]`` - compiled by ``torch.compile
 * DI > 1: ``torch._higher_order_ops.while_loop`` over the steps, the state carried; gradients
   are computed *inside* the loop body (differentiating through ``while_loop`` is not used);
 * outputs: every micro-batch's output leaves stacked ``[DI, GA*R, ...]`` (``Final``: only the
-  last step's, carried), assembled per output mode as ``outputs.py`` assembles them.
+  last step's, carried), assembled per output mode as ``outputs.py`` assembles them; the last
+  ``micro_batch_leaves`` leaves (a model's ``compiled_micro_batch_leaves()``) are returned for
+  every micro-batch whatever the mode, stacked ``[DI*GA*R, ...]`` (Lightning's ``self.log``);
+* per-step hyperparameters (``[DI]`` tensors, ``step_hooks.py``) are indexed by the step counter.
 
 Nothing the program computes reaches the model or the optimizer until it has finished: a call
 that raises changes nothing.
@@ -31,7 +34,7 @@ from ..outputs import _DEMOTE, _unflatten, flatten_output, protect_output
 class Layout:
     """What a program needs to know of one executor's call (static: a change rebuilds it)."""
 
-    def __init__(self, executor, inputs, output_spec, output_leaves):
+    def __init__(self, executor, inputs, output_spec, output_leaves, micro_batch_leaves=0):
         settings = executor._settings
         geometry = executor._geometry
         self.geometry = geometry
@@ -42,8 +45,12 @@ class Layout:
         self.period = settings.output_return_period if self.mode == OutputMode.EveryN else 1
         self.output_spec = output_spec
         self.output_leaves = output_leaves  # (shape, dtype) per leaf of one micro-batch's output
+        self.micro_batch_leaves = micro_batch_leaves  # trailing leaves returned per micro-batch
         self.mean = settings.reduction == ReductionType.Mean
         self.running = self.mean and settings.mean_strategy == MeanReductionStrategy.Running
+
+    def keeps_all(self, leaf: int) -> bool:
+        return self.mode != OutputMode.Final or leaf >= len(self.output_leaves) - self.micro_batch_leaves
 
 
 class Program:
@@ -61,6 +68,7 @@ class Program:
         self.loss_index = loss_index
         self.trained_names = trained_names  # the optimizer's parameters (inference: all)
         self.frozen_names = frozen_names
+        self.per_step_hyper = bool(functional_optimizer is not None and functional_optimizer.static[3])
         self.ran = False  # a first run that fails is a compile failure (backend.py)
         self._compiled = compile_fn(_own_code(self._program))
 
@@ -88,8 +96,11 @@ class Program:
         g = layout.geometry
         replicas, accumulation = g.replication_factor, g.gradient_accumulation
         leaves = []
-        for values in stacked:
+        for leaf, values in enumerate(stacked):
             leaf_shape = values.shape[2:]
+            if leaf >= len(stacked) - layout.micro_batch_leaves:
+                leaves.append(values.reshape(-1, *leaf_shape).clone())
+                continue
             if layout.mode == OutputMode.Final:
                 rows = values[-1].reshape(accumulation, replicas, *leaf_shape)[-1]
             elif layout.mode == OutputMode.Sum:
@@ -111,10 +122,10 @@ class Program:
     def _program(self, split_inputs, trained, frozen, state, hyper, loss_scale):
         layout = self.layout
         steps = layout.geometry.device_iterations
-        keep_all = layout.mode != OutputMode.Final
+        keep_all = [layout.keeps_all(leaf) for leaf in range(len(layout.output_leaves))]
         if steps == 1:
             trained, state, outs = self._step([x if x.dim() == 0 else x[0] for x in split_inputs],
-                                              trained, frozen, state, hyper, loss_scale)
+                                              trained, frozen, state, self._hyper_at(hyper, 0), loss_scale)
             return trained, state, self._assemble([o.unsqueeze(0) for o in outs])
 
         flat_state, state_spec = torch.utils._pytree.tree_flatten(state)
@@ -122,7 +133,8 @@ class Program:
         shapes = [(micro_count, *shape) for shape, _ in layout.output_leaves]
         dtypes = [dtype for _, dtype in layout.output_leaves]
         device = next((x.device for x in split_inputs), torch.device("cpu"))
-        outs0 = [torch.zeros((steps, *s) if keep_all else s, dtype=d, device=device) for s, d in zip(shapes, dtypes)]
+        outs0 = [torch.zeros((steps, *s) if keep else s, dtype=d, device=device)
+                 for s, d, keep in zip(shapes, dtypes, keep_all)]
         fixed = list(trained)  # inference: the weights are read, not carried (no aliasing in while_loop)
         if not layout.training:
             trained = []
@@ -137,21 +149,26 @@ class Program:
             outs = list(carried[n_trained + n_state:])
             index = i.reshape(1)
             step_inputs = [x if x.dim() == 0 else x.index_select(0, index)[0] for x in split_inputs]
-            params, st, step_outs = self._step(step_inputs, params, frozen, st, hyper, loss_scale)
-            if keep_all:
-                outs = [o.index_copy(0, index, s.unsqueeze(0)) for o, s in zip(outs, step_outs)]
-            else:
-                outs = [s.clone() for s in step_outs]
+            params, st, step_outs = self._step(step_inputs, params, frozen, st, self._hyper_at(hyper, index),
+                                               loss_scale)
+            outs = [o.index_copy(0, index, s.unsqueeze(0)) if keep else s.clone()
+                    for o, s, keep in zip(outs, step_outs, keep_all)]
             carried_params = params if layout.training else []
             return (i + 1, *carried_params, *torch.utils._pytree.tree_flatten(st)[0], *outs)
 
         result = while_loop(cond, body, (torch.tensor(0, device=outs0[0].device), *trained, *flat_state, *outs0))
         trained = list(result[1:1 + n_trained])
         state = torch.utils._pytree.tree_unflatten(list(result[1 + n_trained:1 + n_trained + n_state]), state_spec)
-        outs = list(result[1 + n_trained + n_state:])
-        if not keep_all:
-            outs = [o.unsqueeze(0) for o in outs]
+        outs = [o if keep else o.unsqueeze(0) for o, keep in zip(result[1 + n_trained + n_state:], keep_all)]
         return trained, state, self._assemble(outs)
+
+    def _hyper_at(self, hyper, index):
+        """Step ``index``'s hyperparameters (0-d tensors); constant ones are already 0-d."""
+        if not self.per_step_hyper:
+            return hyper
+        if isinstance(index, int):
+            return [{k: v[index] for k, v in h.items()} for h in hyper]
+        return [{k: v.index_select(0, index)[0] for k, v in h.items()} for h in hyper]
 
     def _forward(self, params, micro_inputs):
         leaves = list(self.layout.inputs.leaves)
