@@ -7,11 +7,11 @@ CUDA tensors when each instance has GPUs of its own) and a timeout for every col
 (``OPENPOP_COLLECTIVE_TIMEOUT`` seconds, default 600): a collective that one instance never joins
 fails with an error instead of hanging.
 
-The group is destroyed at interpreter exit (``atexit``, registered by ``initialize``), while the
-interpreter is still whole: gloo's worker threads must be joined before finalization; one of them that
-touches Python during finalization aborts the process ("terminate called
-without an active exception", exit status 134). Destroying the group joins them only if nothing else
-holds it: ``torch.distributed.nn.functional`` binds ``group.WORLD`` as the default argument of its
+The group is destroyed at interpreter exit (``atexit``, registered by ``initialize``) while the
+interpreter is still whole, so that gloo's worker threads are joined before finalization: a
+thread that touches Python during finalization aborts the process ("terminate called without an
+active exception", exit status 134). Destroying the group joins them only if nothing else holds
+it: ``torch.distributed.nn.functional`` binds ``group.WORLD`` as the default argument of its
 functions when first imported (``torch._dynamo`` imports it), so ``initialize`` imports it before
 creating the group, where those defaults stay ``None``.
 
