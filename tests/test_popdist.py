@@ -1,5 +1,9 @@
 """popdist outside poprun (PopDist's documented defaults), popdist.poptorch.Options, and the
 errors of a multi-process run that was not launched as one."""
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -7,6 +11,9 @@ import popdist
 import popdist.poptorch
 import poptorch
 from openpop.distributed import instance
+
+from helpers.poprun_runner import SRC
+from helpers.processes import free_port
 
 
 @pytest.fixture
@@ -89,3 +96,28 @@ def test_several_processes_need_a_launcher(no_poprun):
                                              r"\(or torchrun\): launch it with `poprun --num-instances 2 \.\.\.`"):
         training(torch.ones(4, 2))
     assert torch.equal(model.weight, before)
+
+
+EXIT_CHECK = """
+import atexit, os
+def gloo_threads_left():  # registered first: runs after the handlers popdist.init() registers
+    names = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+    print("gloo threads at exit:", sorted(n for n in names if "gloo" in n))
+atexit.register(gloo_threads_left)
+import popdist, torch, torch.distributed as dist
+popdist.init()
+dist.all_reduce(torch.ones(2))
+import torch.distributed.nn.functional  # torch._dynamo imports it (trainingModel) after init: it binds group.WORLD
+raise SystemExit(3)
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads the threads from /proc")
+def test_the_process_group_is_gone_before_the_interpreter_finalizes(no_poprun):
+    """gloo's threads must be joined while Python is whole: an instance whose threads outlive its
+    exit handlers may abort at exit ("terminate called without an active exception", status 134)."""
+    env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", WORLD_SIZE="1",
+               PYTHONPATH=os.pathsep.join([SRC, os.environ.get("PYTHONPATH", "")]))
+    result = subprocess.run([sys.executable, "-c", EXIT_CHECK], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 3, result.stderr
+    assert "gloo threads at exit: []" in result.stdout, result.stdout + result.stderr

@@ -5,7 +5,6 @@ for every instance and return PopDist's documented defaults outside poprun (one 
 replica, one IPU per replica, offsets 0). ``init()`` joins the instances' torch.distributed
 process group (gloo on CPUs, NCCL for GPUs); outside poprun it does nothing.
 """
-import atexit
 import os
 
 from openpop.distributed import instance as _env
@@ -86,10 +85,7 @@ def getDeviceId(ipusPerReplica: int = 0) -> int:
 
 def init() -> None:
     """Join the job's torch.distributed process group (no-op outside poprun or if joined)."""
-    if _group.is_initialized():
-        return
-    if _group.initialize():
-        atexit.register(_group.finalize)
+    _group.initialize()  # also destroys the group at exit
 
 
 def initializeBackend() -> None:

@@ -7,10 +7,19 @@ CUDA tensors when each instance has GPUs of its own) and a timeout for every col
 (``OPENPOP_COLLECTIVE_TIMEOUT`` seconds, default 600): a collective that one instance never joins
 fails with an error instead of hanging.
 
+The group is destroyed at interpreter exit (``atexit``, registered by ``initialize``) while the
+interpreter is still whole, so that gloo's worker threads are joined before finalization: a
+thread that touches Python during finalization aborts the process ("terminate called without an
+active exception", exit status 134). Destroying the group joins them only if nothing else holds
+it: ``torch.distributed.nn.functional`` binds ``group.WORLD`` as the default argument of its
+functions when first imported (``torch._dynamo`` imports it), so ``initialize`` imports it before
+creating the group, where those defaults stay ``None``.
+
 ``current_group()`` is the group openpop's own collectives use (the gradient all-reduce, the
 initial broadcast, the horovod compatibility layer): the whole job, or inside
 ``execute_on_instances`` the subgroup of the instances that run the function.
 """
+import atexit
 import contextlib
 import datetime
 import os
@@ -19,6 +28,7 @@ from . import instance as _env
 
 _current = []          # stack of subgroups entered by execute_on_instances
 _subgroups = {}        # frozenset(ranks) -> ProcessGroup (created by every rank, in the same order)
+_finalize_at_exit = False  # finalize() is registered with atexit
 
 
 def launched_by_torchrun() -> bool:
@@ -47,13 +57,18 @@ def is_initialized() -> bool:
 def initialize() -> bool:
     """Create the default process group if this process was launched by poprun/torchrun and
     none exists yet. Returns whether a group exists afterwards."""
+    global _finalize_at_exit
     import torch.distributed as dist
     if is_initialized():
         return True
     if not launched_by_torchrun():
         return False
+    import torch.distributed.nn.functional  # noqa: F401  (see the module docstring)
     dist.init_process_group(backend=backend(), init_method="env://",
                             timeout=datetime.timedelta(seconds=collective_timeout()))
+    if not _finalize_at_exit:
+        atexit.register(finalize)
+        _finalize_at_exit = True
     return True
 
 
