@@ -4,6 +4,7 @@ never compiles within a test's few seconds of eager host calls (README "Compiled
 tests here force it. All cases share one tiny model shape so Inductor's cache serves repeats."""
 import contextlib
 import copy
+import inspect
 import json
 
 import pytest
@@ -237,6 +238,26 @@ def test_cuda_graph_helpers_are_off_on_cpu():
     assert cuda_graphs.compile_options(cpu) == {}
     assert cuda_graphs.mark_step_begin([torch.zeros(1)]) is False
     assert cuda_graphs.compile_options(torch.device("cuda", 0)) == {"mode": "reduce-overhead"}
+
+
+def test_program_arguments_follow_replaced_parameters_and_submodules():
+    """Parameters are resolved once per program; a replaced parameter or submodule is seen."""
+    from openpop.runtime.compiled.arguments import ProgramArguments
+    from openpop.runtime.geometry import BatchGeometry
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1))
+    arguments = ProgramArguments(model, ["0.weight", "1.bias"], ["0.bias"],
+                                 BatchGeometry.from_options(poptorch.Options().deviceIterations(2)))
+    trained, frozen = arguments.parameters()
+    assert trained == [model[0].weight, model[1].bias] and frozen == [model[0].bias]
+    model[0].weight = torch.nn.Parameter(torch.zeros(3, 2))
+    assert arguments.parameters()[0][0] is model[0].weight
+    model[1] = torch.nn.Linear(3, 1)
+    assert arguments.parameters()[0][1] is model[1].bias
+    assert arguments.parameters()[1][0] is model[0].bias
+    x = torch.ones(8, 2)
+    from openpop.runtime.args import BoundInputs
+    inputs = BoundInputs(inspect.signature(lambda x: x), (x,), {})
+    assert arguments.split(inputs)[0].shape == (2, 1, 1, 4, 2)
 
 
 def test_looping_cpu_programs_use_the_cpp_wrapper():

@@ -6,6 +6,7 @@
 * ``adaptive_updates.py`` the LAMB and RMSprop updates it dispatches to
 * ``program.py``         DI x GA x R micro-batches, gradients, update, outputs, compiled
 * ``cuda_graphs.py``     CUDA graph capture of the program on GPUs
+* ``arguments.py``       the program's parameter and input arguments, resolved once per program
 * ``backend.py``         ``CompiledBackend.run``: what the executor calls
 """
 from .backend import DECLINED, CompiledBackend

@@ -20,6 +20,7 @@ from .. import context, messages
 from ..compile_cache import compile_cache_for
 from ..weights import bump_weights_version
 from . import step_hooks
+from .arguments import ProgramArguments
 from .cuda_graphs import compile_options, mark_step_begin
 from .eligibility import Ineligible, check_static, probe
 from .functional_optim import FunctionalOptimizer, signature
@@ -35,6 +36,7 @@ class CompiledBackend:
     def __init__(self, options):
         self.selection = Selection.from_options(options)
         self._program = None
+        self._arguments = None  # ProgramArguments of _program
         self._key = None
         self.last = None  # "compiled" or "eager": which backend ran the last host call
 
@@ -44,7 +46,7 @@ class CompiledBackend:
 
     def reset(self) -> None:
         """The executor was destroyed: its programs go too."""
-        self._program = None
+        self._program = self._arguments = None
         self._key = None
 
     def run(self, executor, inputs, compiled):
@@ -108,31 +110,29 @@ class CompiledBackend:
                                                    **_compile_kwargs(device, executor._geometry)),
                           *executor._precision.traced_forward(model))
         self._program, self._key = program, key
+        self._arguments = ProgramArguments(model, trained, frozen, executor._geometry)
         return program
 
     # ------------------------------------------------------------------ running
     def _execute(self, executor, inputs, compiled, program):
-        geometry = executor._geometry
         started = time.time()
-        split = [inputs.leaves[pos] for pos in inputs.tensor_positions]
-        split = [t if t.dim() == 0 else geometry.split(t) for t in split]
+        arguments = self._arguments
+        split = arguments.split(inputs)
         functional = program.optim
         with compiled.weights.active(), context.running(executor._training), torch.no_grad(), \
                 executor._precision.running(executor._model):  # CUDA matmul partials, as eager
-            named = dict(executor._model.named_parameters())
-            trained = [named[n] for n in program.trained_names]
-            frozen = [named[n].detach() for n in program.frozen_names]
+            trained, frozen = arguments.parameters()
             hooks = step_hooks.of(executor._optimizer) if program.per_step_hyper else None
             if functional is not None:
                 state, loss_scale = functional.state_in(), functional.loss_scale()
                 hyper = functional.hyper() if hooks is None else functional.hyper_steps(
-                    hooks.begin_compiled_call(geometry.device_iterations, functional.hyper_values))
+                    hooks.begin_compiled_call(executor._geometry.device_iterations, functional.hyper_values))
             else:
                 state, hyper, loss_scale = [], [], _ONE
             graphed = mark_step_begin(trained)
             try:
-                new_params, new_state, outs = program.run(split, [p.detach() for p in trained], frozen,
-                                                          state, hyper, loss_scale)
+                new_params, new_state, outs = program.run(split, [p.detach() for p in trained],
+                                                          [p.detach() for p in frozen], state, hyper, loss_scale)
             except BaseException:
                 if hooks is not None:
                     hooks.abort_compiled_call()
@@ -151,7 +151,7 @@ class CompiledBackend:
         if host_call_result is not None:
             result = host_call_result(result)
         done = time.time()
-        steps = geometry.device_iterations
+        steps = executor._geometry.device_iterations
         executor._perf = {"input": [[started] * steps], "input_complete": [[started] * steps],
                           "output": [[done] * steps], "output_complete": [[done] * steps]}
         executor._last_run_seconds = done - started

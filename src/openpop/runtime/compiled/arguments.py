@@ -1,0 +1,67 @@
+"""What a compiled host call hands its program, with what stays the same between calls worked
+out once per program: a host call of a small model costs tens of microseconds, so walking the
+module tree or recomputing shapes on every call shows (``benchmarks/host_overhead.py``).
+
+* ``parameters()``: the model's parameters in the program's (trained, frozen) order. Resolved by
+  name once; later calls check the few dict slots those names go through (``_modules`` and
+  ``_parameters`` entries) and resolve again when one holds another object (a parameter or
+  submodule replaced), so they see exactly what ``named_parameters()`` would give.
+* ``split(inputs)``: the call's tensor inputs viewed ``[DI, GA, R_in, micro, ...]``.
+"""
+
+
+class ProgramArguments:
+    """See the module docstring."""
+
+    def __init__(self, model, trained_names, frozen_names, geometry):
+        self._model = model
+        self._names = list(trained_names) + list(frozen_names)
+        self._trained_count = len(trained_names)
+        self._geometry = geometry
+        self._tensors = None
+        self._slots = None  # (dict, key, object) that must still hold; None: resolve every call
+        self._views = {}    # input shape -> its [DI, GA, R_in, micro, ...] shape
+
+    def parameters(self):
+        """(trained, frozen): the parameter tensors the model holds now."""
+        slots = self._slots
+        if slots is None or not all(table.get(key) is value for table, key, value in slots):
+            self._resolve()
+        tensors = self._tensors
+        return tensors[:self._trained_count], tensors[self._trained_count:]
+
+    def split(self, inputs):
+        """The tensor inputs in ``tensor_positions`` order, batched ones viewed per micro-batch."""
+        views = self._views
+        split = []
+        for pos in inputs.tensor_positions:
+            tensor = inputs.leaves[pos]
+            if tensor.dim() == 0:
+                split.append(tensor)
+                continue
+            shape = views.get(tensor.shape)
+            if shape is None:
+                shape = views[tensor.shape] = tuple(self._geometry.split(tensor).shape)
+            split.append(tensor.view(shape))
+        return split
+
+    def _resolve(self):
+        named = dict(self._model.named_parameters())
+        self._tensors = [named[name] for name in self._names]
+        try:
+            self._slots = tuple(_slots_of(self._model, self._names))
+        except KeyError:  # names not made of _modules / _parameters keys (a custom named_parameters)
+            self._slots = None
+
+
+def _slots_of(model, names):
+    slots = {}
+    for name in names:
+        module = model
+        *path, local = name.split(".")
+        for part in path:
+            child = module._modules[part]
+            slots[(id(module._modules), part)] = (module._modules, part, child)
+            module = child
+        slots[(id(module._parameters), local)] = (module._parameters, local, module._parameters[local])
+    return slots.values()
