@@ -108,6 +108,26 @@ class CallsSuper(LoggedRegressor):
         return super().training_step(batch, batch_idx)
 
 
+class ReadsGlobalStep(LoggedRegressor):
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.net(x), y)
+        return loss * 2 if self.global_step < 6 else loss  # changes inside a host call (DI=4)
+
+
+class ScaledByHook(LoggedRegressor):
+    """Reads a Python float a hook changes after every batch: torch.compile re-traces."""
+
+    scale = 1.0
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y) * self.scale
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        self.scale = self.scale * 0.5
+
+
 def test_failed_compile_leaves_schedulers_and_counters_for_the_eager_run(warnings_logged):
     eager = fit("eager", BranchesOnBatchIdx(schedule=True))
     model = BranchesOnBatchIdx(schedule=True)
@@ -117,11 +137,25 @@ def test_failed_compile_leaves_schedulers_and_counters_for_the_eager_run(warning
     assert len(declined) == 1 and "torch.compile(fullgraph=True)" in declined[0]
 
 
-def test_step_that_fails_on_the_compiled_view_runs_eagerly(warnings_logged):
-    model = CallsSuper()
-    fit("auto", model)
+@pytest.mark.parametrize("model_class, reason", [(CallsSuper, "super(type, obj)"),
+                                                 (ReadsGlobalStep, "`self.global_step` read inside a step")])
+def test_steps_the_program_cannot_run_exactly_run_eagerly(warnings_logged, model_class, reason):
+    eager = fit("eager", model_class())
+    model = model_class()
+    t, record = fit("auto", model)
+    assert_same_run(_as_run(eager), (t, model, record))
     declined = [m for m in warnings_logged() if "compiled backend does not support" in m]
-    assert len(declined) == 1 and "super(type, obj)" in declined[0]
+    assert len(declined) == 1 and reason in declined[0]
+
+
+def test_recompile_limit_switches_to_eager_from_the_next_call(warnings_logged, monkeypatch):
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    eager = fit("eager", ScaledByHook())
+    model = ScaledByHook()
+    t, record = fit("auto", model)  # call 1 compiled (scale 1), call 2 would re-trace: eager from there
+    assert_same_run(_as_run(eager), (t, model, record))
+    declined = [m for m in warnings_logged() if "compiled backend does not support" in m]
+    assert len(declined) == 1 and "re-traced" in declined[0]
 
 
 def _as_run(fitted):
