@@ -175,3 +175,24 @@ def test_hooks_between_optimizer_steps_keep_the_executor_eager(warnings_logged):
     assert_same_run(_as_run(eager), (t, model, record))
     declined = [m for m in warnings_logged() if "compiled backend does not support" in m]
     assert len(declined) == 1 and "ClipsItself.configure_gradient_clipping" in declined[0]
+
+
+class Evaluated(LoggedRegressor):
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        prediction = self.net(x)
+        self.log("val_loss", torch.nn.functional.mse_loss(prediction, y))
+        self.log("val_max", prediction.max(), reduce_fx="max")
+        return prediction
+
+
+def test_validation_logs_on_the_compiled_backend_equal_eager():
+    x, y = regression_data(n=56)  # 3 host calls of 16 samples and a last batch of 8 (run on the host)
+    results = []
+    for backend in ("eager", "compiled"):
+        opts = poptorch.Options().openpopBackend(backend)
+        t = trainer(accelerator="ipu", devices=1, strategy=IPUStrategy(device_iterations=4, inference_opts=opts))
+        results.append(t.validate(Evaluated(), loader(x, y, batch_size=4), verbose=False)[0])
+    assert results[0].keys() == results[1].keys() == {"val_loss", "val_max"}
+    for name in results[0]:
+        assert results[1][name] == pytest.approx(results[0][name], rel=1e-6), name
