@@ -108,6 +108,26 @@ class CallsSuper(LoggedRegressor):
         return super().training_step(batch, batch_idx)
 
 
+class ReadsGlobalStep(LoggedRegressor):
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.net(x), y)
+        return loss * 2 if self.global_step < 6 else loss  # changes inside a host call (DI=4)
+
+
+class ScaledByHook(LoggedRegressor):
+    """Reads a Python float a hook changes after every batch: torch.compile re-traces."""
+
+    scale = 1.0
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y) * self.scale
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        self.scale = self.scale * 0.5
+
+
 def test_failed_compile_leaves_schedulers_and_counters_for_the_eager_run(warnings_logged):
     eager = fit("eager", BranchesOnBatchIdx(schedule=True))
     model = BranchesOnBatchIdx(schedule=True)
@@ -117,11 +137,25 @@ def test_failed_compile_leaves_schedulers_and_counters_for_the_eager_run(warning
     assert len(declined) == 1 and "torch.compile(fullgraph=True)" in declined[0]
 
 
-def test_step_that_fails_on_the_compiled_view_runs_eagerly(warnings_logged):
-    model = CallsSuper()
-    fit("auto", model)
+@pytest.mark.parametrize("model_class, reason", [(CallsSuper, "super(type, obj)"),
+                                                 (ReadsGlobalStep, "`self.global_step` read inside a step")])
+def test_steps_the_program_cannot_run_exactly_run_eagerly(warnings_logged, model_class, reason):
+    eager = fit("eager", model_class())
+    model = model_class()
+    t, record = fit("auto", model)
+    assert_same_run(_as_run(eager), (t, model, record))
     declined = [m for m in warnings_logged() if "compiled backend does not support" in m]
-    assert len(declined) == 1 and "super(type, obj)" in declined[0]
+    assert len(declined) == 1 and reason in declined[0]
+
+
+def test_recompile_limit_switches_to_eager_from_the_next_call(warnings_logged, monkeypatch):
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    eager = fit("eager", ScaledByHook())
+    model = ScaledByHook()
+    t, record = fit("auto", model)  # call 1 compiled (scale 1), call 2 would re-trace: eager from there
+    assert_same_run(_as_run(eager), (t, model, record))
+    declined = [m for m in warnings_logged() if "compiled backend does not support" in m]
+    assert len(declined) == 1 and "re-traced" in declined[0]
 
 
 def _as_run(fitted):
@@ -141,3 +175,24 @@ def test_hooks_between_optimizer_steps_keep_the_executor_eager(warnings_logged):
     assert_same_run(_as_run(eager), (t, model, record))
     declined = [m for m in warnings_logged() if "compiled backend does not support" in m]
     assert len(declined) == 1 and "ClipsItself.configure_gradient_clipping" in declined[0]
+
+
+class Evaluated(LoggedRegressor):
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        prediction = self.net(x)
+        self.log("val_loss", torch.nn.functional.mse_loss(prediction, y))
+        self.log("val_max", prediction.max(), reduce_fx="max")
+        return prediction
+
+
+def test_validation_logs_on_the_compiled_backend_equal_eager():
+    x, y = regression_data(n=56)  # 3 host calls of 16 samples and a last batch of 8 (run on the host)
+    results = []
+    for backend in ("eager", "compiled"):
+        opts = poptorch.Options().openpopBackend(backend)
+        t = trainer(accelerator="ipu", devices=1, strategy=IPUStrategy(device_iterations=4, inference_opts=opts))
+        results.append(t.validate(Evaluated(), loader(x, y, batch_size=4), verbose=False)[0])
+    assert results[0].keys() == results[1].keys() == {"val_loss", "val_max"}
+    for name in results[0]:
+        assert results[1][name] == pytest.approx(results[0][name], rel=1e-6), name

@@ -17,6 +17,7 @@ One concept per module:
 * ``run_options.py``   the ``poptorch.Options`` each stage runs with (and the Sharded fallback's)
 * ``trainer_checks.py`` Trainer settings the strategy refuses or warns about
 * ``steps.py``         a LightningModule step as one micro-batch of a host call
+* ``compiled_steps.py`` the step as the compiled backend traces it (``self.log`` as outputs)
 * ``logs.py``          ``self.log`` reduced over micro-batches
 * ``optimizer_steps.py`` per-optimizer-step hooks, clipping, ``global_step``, LR schedulers
 * ``data.py``          dataloaders -> ``poptorch.DataLoader``

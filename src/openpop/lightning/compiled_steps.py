@@ -13,7 +13,13 @@ outside the micro-batch, so, there:
   output mode (``compiled_micro_batch_leaves``) and ``StepModule.compiled_host_call_result``
   hands them to the call's ``StepLogs``, which reduces and logs them as for an eager call;
 * ``batch_idx`` is a 0-d int64 tensor computed from the micro-batch's position: a Python int
-  would be a constant of the program (Python branching on it makes the backend decline).
+  would be a constant of the program (Python branching on it makes the backend decline);
+* Python values the step reads are constants of the program, re-traced by torch.compile when
+  they change between host calls (``self.current_epoch``: once per epoch). Values that change
+  between the optimizer steps of one host call cannot be constants: reading ``PER_STEP_STATE``
+  (``self.global_step``, ``self.trainer``, ...) directly in the step keeps the model eager, and
+  a value that changes at every host call ends in torch's recompile limit, after which the
+  backend declines (eager from then on).
 
 The names, options and batch sizes of the ``self.log`` calls come from the backend's probe, which
 runs the step eagerly once on the first micro-batch (``LogSpec``): they must not depend on the
@@ -24,15 +30,23 @@ from openpop.runtime.compiled.eligibility import Ineligible
 from . import messages
 from .logs import log_options, logged_batch_size
 
+# What a step may not read on the compiled backend: values that change between the optimizer
+# steps of one host call (the program would see the value of its trace, for every step).
+PER_STEP_STATE = frozenset({"global_step", "trainer", "_trainer", "optimizers", "lr_schedulers"})
+
 
 class LoggingView:
-    """``self`` for a traced step (see the module docstring)."""
+    """``self`` for a traced step (see the module docstring). ``probing``: the backend's eager
+    probe, where reading ``PER_STEP_STATE`` makes the model ineligible."""
 
-    def __init__(self, module, records: list):
+    def __init__(self, module, records: list, probing: bool = False):
         object.__setattr__(self, "_module", module)
         object.__setattr__(self, "_records", records)
+        object.__setattr__(self, "_probing", probing)
 
     def __getattr__(self, name):
+        if self._probing and name in PER_STEP_STATE:
+            raise Ineligible(messages.COMPILED_STEP_STATE.format(name=name))
         return getattr(self._module, name)
 
     def __setattr__(self, name, value):

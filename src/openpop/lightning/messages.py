@@ -20,3 +20,5 @@ COMPILED_LOG_VALUE = ("self.log({name!r}, <{kind}>) inside a step: the compiled 
 COMPILED_STEP_REPLACED = "a {method} set on the LightningModule instance (the compiled backend runs the class's)"
 COMPILED_STEP_FAILED = ("{method} called with `self` as the compiled backend's logging view of the module "
                         "({error})")
+COMPILED_STEP_STATE = ("`self.{name}` read inside a step (it changes between the optimizer steps of one host call; "
+                       "the compiled program would see one value: read it in a hook)")

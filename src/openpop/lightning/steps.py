@@ -141,7 +141,7 @@ class StepModule(torch.nn.Module):
         """One micro-batch as the compiled program runs it (``compiled_steps.py``); ``probe_ctx``:
         the backend's eager probe, which records the ``self.log`` calls and the output kind."""
         records = []
-        view = compiled_steps.LoggingView(self.module, records)
+        view = compiled_steps.LoggingView(self.module, records, probing=probe_ctx is not None)
         if probe_ctx is not None and call.method in vars(self.module):
             raise Ineligible(messages.COMPILED_STEP_REPLACED.format(method=call.method))
         step = functools.partial(getattr(type(self.module), call.method), view)
@@ -158,6 +158,8 @@ class StepModule(torch.nn.Module):
             else:
                 try:
                     output = step(*args, *call.rest, **call.kwargs)
+                except Ineligible:
+                    raise
                 except Exception as error:  # e.g. super() or isinstance on self: the eager run decides
                     raise Ineligible(messages.COMPILED_STEP_FAILED.format(
                         method=call.method, error=f"{type(error).__name__}: {error}")) from error

@@ -21,6 +21,8 @@ COMPILED_FORCED = ("Options.openpopBackend('compiled') cannot run this model: {r
 COMPILED_DECLINED = "openpop runs this model eagerly: the compiled backend does not support %s"
 # Why the compiled backend declines a model (the {reason} above)
 INELIGIBLE_FULLGRAPH = "what torch.compile(fullgraph=True) rejects: {error}"
+INELIGIBLE_RECOMPILES = ("Python values the model reads that change between host calls (torch.compile re-traced "
+                         "the program until its recompile limit): {error}")
 INELIGIBLE_INPUTS = "inputs that are not tensors"
 INELIGIBLE_HOST_IO = "{host_io} (host I/O inside the model)"
 INELIGIBLE_BUFFER = "buffer {name} updated in place by the forward pass"

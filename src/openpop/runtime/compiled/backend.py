@@ -64,10 +64,13 @@ class CompiledBackend:
                     with compile_cache_for(executor._compile_cache):
                         result = self._execute(executor, inputs, compiled, program)
             except Exception as exc:  # torch.compile's errors have many types
-                if program.ran:
+                if program.ran and type(exc).__name__ != "FailOnRecompileLimitHit":  # torch._dynamo.exc
                     raise
+                # A program re-traces when a Python value the model reads changes (guards); past
+                # torch's limit it fails before running anything: from then on, eager.
+                reason = messages.INELIGIBLE_RECOMPILES if program.ran else messages.INELIGIBLE_FULLGRAPH
                 self.reset()
-                return self._decline(messages.INELIGIBLE_FULLGRAPH.format(error=_first_line(exc)), exc)
+                return self._decline(reason.format(error=_first_line(exc)), exc)
         program.ran = True
         self.last = "compiled"
         return result
