@@ -13,7 +13,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class LoggedRegressor(pl.LightningModule):
-    """MSE regression logging its loss, a value it does not return, and its batch_idx."""
+    """MSE regression logging its loss (from a helper), a value it does not return, and its batch_idx."""
 
     def __init__(self, optimizer="sgd", schedule=False):
         super().__init__()
@@ -23,10 +23,14 @@ class LoggedRegressor(pl.LightningModule):
     def training_step(self, batch, batch_idx):
         x, y = batch
         prediction = self.net(x)
-        loss = torch.nn.functional.mse_loss(prediction, y)
-        self.log("train_loss", loss)
+        loss = self.shared_loss(prediction, y, "train")
         self.log("largest", prediction.abs().max(), reduce_fx="max")
         self.log("batch_idx", torch.as_tensor(batch_idx, dtype=torch.float32), reduce_fx="max")
+        return loss
+
+    def shared_loss(self, prediction, y, stage):  # a helper that logs: runs with the logging view as self
+        loss = torch.nn.functional.mse_loss(prediction, y)
+        self.log(f"{stage}_loss", loss)
         return loss
 
     def configure_optimizers(self):

@@ -5,9 +5,10 @@ The compiled backend traces ``StepModule.forward`` into one program per host cal
 outside the micro-batch, so, there:
 
 * ``self`` inside the step is a ``LoggingView`` of the LightningModule: ``self.log(name, value)``
-  appends to a list made for this micro-batch, and everything else (attributes, submodules,
-  ``self(x)``) is the module's; setting an attribute sets it on the module, which the program
-  cannot do (the backend then declines: the model runs eagerly);
+  appends to a list made for this micro-batch, the user's own methods (a shared step) are called
+  with the view as ``self``, and everything else (attributes, submodules, ``self(x)``) is the
+  module's; setting an attribute sets it on the module, which the program cannot do (the
+  backend then declines: the model runs eagerly);
 * the logged values become outputs of the step: ``(loss, extra, logs)`` in training,
   ``(output, logs)`` in evaluation. The program returns them for every micro-batch whatever the
   output mode (``compiled_micro_batch_leaves``) and ``StepModule.compiled_host_call_result``
@@ -25,6 +26,9 @@ The names, options and batch sizes of the ``self.log`` calls come from the backe
 runs the step eagerly once on the first micro-batch (``LogSpec``): they must not depend on the
 data. Logged values must be tensors (a ``torchmetrics.Metric`` or a number keeps the model eager).
 """
+import functools
+import inspect
+
 from openpop.runtime.compiled.eligibility import Ineligible
 
 from . import messages
@@ -43,10 +47,15 @@ class LoggingView:
         object.__setattr__(self, "_module", module)
         object.__setattr__(self, "_records", records)
         object.__setattr__(self, "_probing", probing)
+        if probing and type(module) not in _USER_METHODS:
+            _USER_METHODS[type(module)] = _user_methods(type(module))
 
     def __getattr__(self, name):
         if self._probing and name in PER_STEP_STATE:
             raise Ineligible(messages.COMPILED_STEP_STATE.format(name=name))
+        cls = type(self._module)
+        if name in _USER_METHODS.get(cls, ()):  # the user's helper (a shared step): its self.log too
+            return functools.partial(getattr(cls, name), self)
         return getattr(self._module, name)
 
     def __setattr__(self, name, value):
@@ -57,6 +66,20 @@ class LoggingView:
 
     def log(self, name, value, *args, **kwargs):
         self._records.append((name, value, args, kwargs))
+
+
+_USER_METHODS = {}  # LightningModule class -> names of methods its user classes define (filled by probes)
+
+
+def _user_methods(cls) -> frozenset:
+    """Plain methods defined by ``cls`` and its bases other than Lightning's and torch's."""
+    names = set()
+    for klass in cls.__mro__:
+        if klass.__module__.split(".")[0] in ("lightning", "pytorch_lightning", "torch", "builtins"):
+            continue
+        names.update(name for name, attr in vars(klass).items()
+                     if inspect.isfunction(attr) and not name.startswith("__"))
+    return frozenset(names)
 
 
 class LogSpec:

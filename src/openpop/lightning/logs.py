@@ -196,6 +196,9 @@ def _stacked(items):
     if items[0].position >= 0:
         values = torch.stack([_as_tensor(r.value) for r in items])
         return values, torch.tensor([float(r.batch_size or 1) for r in items], dtype=torch.float64)
+    if len(items) == 1:
+        values = _as_tensor(items[0].value)
+        return values, torch.full((values.shape[0],), float(items[0].batch_size or 1), dtype=torch.float64)
     values = torch.stack([_as_tensor(r.value) for r in items], dim=1).flatten(0, 1)
     sizes = torch.tensor([float(r.batch_size or 1) for r in items], dtype=torch.float64).repeat(items[0].value.shape[0])
     return values, sizes

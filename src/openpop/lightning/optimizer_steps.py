@@ -111,6 +111,11 @@ class PerStepHooks:
         are where the eager steps leave them (``abort_compiled_call`` undoes it)."""
         self._snapshot = self._state()
         self.optimizer._opt_called = True  # what the scheduler-wrapped optimizer.step() would mark
+        if not self._step_scheduler_configs():  # nothing changes the values between steps
+            values = read_hyper()
+            for _ in range(steps):
+                self._count_step()
+            return [values] * steps
         per_step = []
         for _ in range(steps):
             per_step.append(read_hyper())
@@ -134,10 +139,14 @@ class PerStepHooks:
         return [self._loop.automatic_optimization.optim_progress.optimizer.step, self._loop.scheduler_progress]
 
     def _state(self):
-        groups = [copy.deepcopy({k: v for k, v in group.items() if k != "params"})
-                  for group in self.optimizer.param_groups]
+        """What ``begin_compiled_call`` changes (group values are numbers and tuples: not copied)."""
+        groups = [{k: v for k, v in group.items() if k != "params"} for group in self.optimizer.param_groups]
         schedulers = [copy.deepcopy(config.scheduler.state_dict()) for config in self.trainer.lr_scheduler_configs]
-        return groups, schedulers, [copy.deepcopy(counter.state_dict()) for counter in self._progress()]
+        return groups, schedulers, [counter.state_dict() for counter in self._progress()]
+
+    def _step_scheduler_configs(self):
+        return [config for config in self.trainer.lr_scheduler_configs
+                if config.interval == "step" and not config.reduce_on_plateau]
 
     # ------------------------------------------------------------------ hooks
     def _before(self, optimizer, args, kwargs):
@@ -164,9 +173,7 @@ class PerStepHooks:
     def _step_schedulers(self, d: int) -> None:
         trainer = self.trainer
         cpu_batches = (self.batch_idx * self.device_iterations + d + 1) * self.accumulation
-        for config in trainer.lr_scheduler_configs:
-            if config.interval != "step" or config.reduce_on_plateau:
-                continue
+        for config in self._step_scheduler_configs():
             if cpu_batches % config.frequency:
                 continue
             self._loop.scheduler_progress.increment_ready()

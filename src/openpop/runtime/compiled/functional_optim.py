@@ -198,8 +198,11 @@ class FunctionalOptimizer:
         return cached[1]
 
     def hyper_steps(self, per_step):
-        """``per_step`` (one ``hyper_values()`` per optimizer step) as ``[steps]`` tensors."""
-        key = [[tuple(float(x) for x in v.values()) for v in values] for values in per_step]
+        """``per_step`` (one ``hyper_values()`` per optimizer step; the same object for steps
+        that share their values) as ``[steps]`` tensors."""
+        distinct = list({id(values): values for values in per_step}.values())
+        key = [[tuple(float(x) for x in v.values()) for v in values] for values in distinct]
+        key.append([id(values) for values in per_step] if len(distinct) > 1 else len(per_step))
         cached = self._cache.get("hyper_steps")
         if cached is None or cached[0] != key:
             tensors = [{k: torch.tensor([float(values[g][k]) for values in per_step], dtype=torch.float32,
