@@ -23,7 +23,8 @@ COMPILED_DECLINED = "openpop runs this model eagerly: the compiled backend does 
 INELIGIBLE_FULLGRAPH = "what torch.compile(fullgraph=True) rejects: {error}"
 INELIGIBLE_INPUTS = "inputs that are not tensors"
 INELIGIBLE_HOST_IO = "{host_io} (host I/O inside the model)"
-INELIGIBLE_BUFFER = "buffer {name} updated in place by the forward pass"
+INELIGIBLE_CUMULATIVE_AVERAGE = ("{module} with momentum=None (its cumulative average reads the batch count "
+                                 "as a Python number)")
 INELIGIBLE_OUTPUTS = "outputs that are not tensors"
 INELIGIBLE_NO_GRADIENT = "parameter {name} gets no gradient (eager leaves it and its state untouched)"
 INELIGIBLE_STAGE_DEVICES = ("pipeline stages on several devices (the device map puts the blocks on {devices}; "
