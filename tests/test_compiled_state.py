@@ -17,8 +17,9 @@ P = 0.5
 
 
 class NormedDropout(torch.nn.Module):
-    """Linear, BatchNorm, dropout; a buffer summing its inputs in place; the dropped activations
-    are an output (their zeros are the mask)."""
+    """Linear, BatchNorm, dropout, input noise (``randn_like``: Inductor would draw it with its
+    own generator code); a buffer summing its inputs in place; the dropped activations are an
+    output (their zeros are the mask)."""
 
     def __init__(self):
         super().__init__()
@@ -29,6 +30,8 @@ class NormedDropout(torch.nn.Module):
 
     def forward(self, x, target):
         self.seen.add_(x.detach().sum(0))
+        if self.training:
+            x = x + 0.1 * torch.randn_like(x)
         dropped = F.dropout(self.bn(self.fc1(x)), P, self.training)
         out = self.fc2(torch.relu(dropped))
         return out, F.mse_loss(out, target), dropped

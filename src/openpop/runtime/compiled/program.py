@@ -27,7 +27,9 @@ call's inputs split ``[DI, GA, R_in, micro, ...]`` - compiled by ``torch.compile
   update. So dropout masks equal eager's bit for bit, replicas get different masks (they draw
   one after another from one generator, as eager's replicas do), ``Options.randomSeed`` (which
   seeds torch) makes runs repeat, and the generator ends where eager's would: a later call,
-  compiled or eager, continues the same stream.
+  compiled or eager, continues the same stream. (Without it Inductor generates ``rand``/``randn``
+  and, on CUDA, dropout itself from a seed it draws: other numbers. CPU dropout is aten's
+  ``bernoulli_`` either way.)
 * per-step hyperparameters (``[DI]`` tensors, ``step_hooks.py``) are indexed by the step counter.
 
 Nothing the program computes reaches the model, its buffers or the optimizer until it has
