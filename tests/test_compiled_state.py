@@ -47,8 +47,8 @@ def options(backend, di, ga, r=1, seed=5):
 
 
 def train(backend, base, di, ga, r, calls=2, seed=5):
-    """``calls`` host calls; returns the outputs, the model's state, replica 1's stored buffers
-    and torch's generator state after them."""
+    """``calls`` host calls; returns the outputs, the model's state, replica 1's stored buffers,
+    torch's generator state after them and the training model."""
     model = copy.deepcopy(base)
     pop = poptorch.trainingModel(model, options(backend, di, ga, r, seed),
                                  torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
@@ -57,7 +57,7 @@ def train(backend, base, di, ga, r, calls=2, seed=5):
     replicas = pop._executable.replica_buffers
     names = [name for name, _ in model.named_buffers(remove_duplicate=False)]  # the executor's order
     stored = {n: b.clone() for n, b in zip(names, replicas.values[1])} if replicas.per_replica else {}
-    return outs, model.state_dict(), stored, torch.get_rng_state()
+    return outs, copy.deepcopy(model.state_dict()), stored, torch.get_rng_state(), pop
 
 
 def assert_same_state(a, b, rtol=1e-5, atol=1e-6):
@@ -72,9 +72,16 @@ def base():
     return NormedDropout()
 
 
-def test_statistics_and_dropout_match_eager_and_hand_loop(base):
-    di, ga = 3, 2
-    compiled = train("compiled", base, di, ga, 1)
+DI, GA = 3, 2
+
+
+@pytest.fixture(scope="module")
+def compiled(base):
+    return train("compiled", base, DI, GA, 1)
+
+
+def test_statistics_and_dropout_match_eager_and_hand_loop(base, compiled):
+    di, ga = DI, GA
     eager = train("eager", base, di, ga, 1)
 
     reference = copy.deepcopy(base)
@@ -131,3 +138,25 @@ def test_eval_inference_draws_nothing_and_keeps_statistics(base):
     torch.testing.assert_close(dropped, expected[2], rtol=1e-6, atol=1e-6)
     with pop._executable.weights.active():  # the executor's copies
         assert_same_state(model.state_dict(), reference.state_dict())
+
+
+def test_a_failing_call_changes_nothing(compiled):
+    """The program's buffers are committed only after it finished; the generators it advanced
+    are put back."""
+    pop = compiled[4]
+    program = pop._backend._program
+    run = program._compiled
+
+    def fails_after_running(*args):
+        run(*args)
+        raise RuntimeError("injected")
+
+    state, rng = copy.deepcopy(pop.model.state_dict()), torch.get_rng_state()
+    program._compiled = fails_after_running
+    try:
+        with pytest.raises(RuntimeError, match="injected"):
+            pop(*make_data(DI * GA * 4, seed=7))
+    finally:
+        program._compiled = run
+    assert_same_state(pop.model.state_dict(), state, rtol=0, atol=0)
+    assert torch.equal(torch.get_rng_state(), rng)

@@ -108,7 +108,7 @@ class CompiledBackend:
         program = Program(model, layout, functional, compiled.loss_index, trained, frozen,
                           lambda fn: torch.compile(fn, fullgraph=True, dynamic=False, **compile_kwargs),
                           *executor._precision.traced_forward(model),
-                          buffer_names=probed.updated_buffers, buffer_sets=sets)
+                          buffer_names=probed.updated_buffers, buffer_sets=sets, draws_random=probed.draws_random)
         self._program, self._key = program, key
         return program
 
@@ -134,9 +134,10 @@ class CompiledBackend:
             buffers = _buffer_sets(executor._model, program, compiled.replica_buffers)
             graphed = mark_step_begin(trained)
             try:
-                new_params, new_state, new_buffers, outs = program.run(
-                    split, [p.detach() for p in trained], frozen, [b for values in buffers for b in values],
-                    state, hyper, loss_scale)
+                with _generators_kept_on_error(program.draws_random, trained + frozen):
+                    new_params, new_state, new_buffers, outs = program.run(
+                        split, [p.detach() for p in trained], frozen, [b for values in buffers for b in values],
+                        state, hyper, loss_scale)
             except BaseException:
                 if hooks is not None:
                     hooks.abort_compiled_call()
@@ -195,6 +196,23 @@ def _buffer_sets(model, program, replica_buffers):
     position = {id(b): i for i, b in enumerate(replica_buffers.buffers)}
     return [live] + [[replica_buffers.values[r][position[id(b)]] for b in live]
                      for r in range(1, program.buffer_sets)]
+
+
+@contextlib.contextmanager
+def _generators_kept_on_error(draws_random, tensors):
+    """A program that raises leaves torch's generators as they were (as eager's rollback does)."""
+    if not draws_random:
+        yield
+        return
+    devices = sorted({t.device.index or 0 for t in tensors if t.is_cuda})
+    saved = torch.random.get_rng_state(), [torch.cuda.get_rng_state(d) for d in devices]
+    try:
+        yield
+    except BaseException:
+        torch.random.set_rng_state(saved[0])
+        for device, state in zip(devices, saved[1]):
+            torch.cuda.set_rng_state(state, device)
+        raise
 
 
 @contextlib.contextmanager

@@ -33,7 +33,7 @@ call's inputs split ``[DI, GA, R_in, micro, ...]`` - compiled by ``torch.compile
 * per-step hyperparameters (``[DI]`` tensors, ``step_hooks.py``) are indexed by the step counter.
 
 Nothing the program computes reaches the model, its buffers or the optimizer until it has
-finished: a call that raises changes nothing (the generator excepted: it has advanced).
+finished, and the generators are put back if it raises: a call that raises changes nothing.
 """
 import contextlib
 import itertools
@@ -73,7 +73,7 @@ class Program:
     """The compiled function for one executor, model, optimizer signature and layout."""
 
     def __init__(self, model, layout, functional_optimizer, loss_index, trained_names, frozen_names, compile_fn,
-                 forward_contexts=(), call_contexts=(), buffer_names=(), buffer_sets=1):
+                 forward_contexts=(), call_contexts=(), buffer_names=(), buffer_sets=1, draws_random=False):
         self.model = model
         self.forward_contexts = list(forward_contexts)  # RunPrecision.traced_forward: autocast
         # Around the whole compiled call, not inside the traced forward: a torch function mode
@@ -87,6 +87,7 @@ class Program:
         self.per_step_hyper = bool(functional_optimizer is not None and functional_optimizer.static[3])
         self.buffer_names = list(buffer_names)  # buffers the forward updates: carried state
         self.buffer_sets = buffer_sets  # R with per-replica buffers, else 1
+        self.draws_random = draws_random  # the model draws from torch's generators
         self.ran = False  # a first run that fails is a compile failure (backend.py)
         self._compiled = compile_fn(_own_code(self._program))
 
