@@ -29,7 +29,8 @@ call's inputs split ``[DI, GA, R_in, micro, ...]`` - compiled by ``torch.compile
   seeds torch) makes runs repeat, and the generator ends where eager's would: a later call,
   compiled or eager, continues the same stream. (Without it Inductor generates ``rand``/``randn``
   and, on CUDA, dropout itself from a seed it draws: other numbers. CPU dropout is aten's
-  ``bernoulli_`` either way.)
+  ``bernoulli_`` either way. ``torch._functorch.config.functionalize_rng_ops`` is not used: it
+  threads a CUDA philox seed and offset through the graph, i.e. its own numbers too.)
 * per-step hyperparameters (``[DI]`` tensors, ``step_hooks.py``) are indexed by the step counter.
 
 Nothing the program computes reaches the model, its buffers or the optimizer until it has
