@@ -25,7 +25,8 @@ INELIGIBLE_RECOMPILES = ("Python values the model reads that change between host
                          "the program until its recompile limit): {error}")
 INELIGIBLE_INPUTS = "inputs that are not tensors"
 INELIGIBLE_HOST_IO = "{host_io} (host I/O inside the model)"
-INELIGIBLE_BUFFER = "buffer {name} updated in place by the forward pass"
+INELIGIBLE_CUMULATIVE_AVERAGE = ("{module} with momentum=None (its cumulative average reads the batch count "
+                                 "as a Python number)")
 INELIGIBLE_OUTPUTS = "outputs that are not tensors"
 INELIGIBLE_NO_GRADIENT = "parameter {name} gets no gradient (eager leaves it and its state untouched)"
 INELIGIBLE_STAGE_DEVICES = ("pipeline stages on several devices (the device map puts the blocks on {devices}; "

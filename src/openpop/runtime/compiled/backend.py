@@ -95,7 +95,7 @@ class CompiledBackend:
         if not all(isinstance(leaf, torch.Tensor) for leaf in inputs.leaves):
             raise Ineligible(messages.INELIGIBLE_INPUTS)
         with compiled.weights.active():
-            spec, leaves = probe(executor, *_first_micro_batch(executor, inputs), compiled)
+            probed = probe(executor, *_first_micro_batch(executor, inputs), compiled)
         model = executor._model
         names = [n for n, _ in model.named_parameters()]
         if executor._training:
@@ -106,12 +106,14 @@ class CompiledBackend:
             functional, trained = None, names
         frozen = [n for n in names if n not in set(trained)]
         micro_batch_leaves = getattr(model, "compiled_micro_batch_leaves", None)
-        layout = Layout(executor, inputs, spec, leaves, micro_batch_leaves() if micro_batch_leaves else 0)
+        layout = Layout(executor, inputs, probed.spec, probed.leaves, micro_batch_leaves() if micro_batch_leaves else 0)
         device = next(iter(model.parameters()), torch.empty(0)).device
+        compile_kwargs = _compile_kwargs(device, executor._geometry, probed.draws_random)
+        sets = executor._geometry.replication_factor if compiled.replica_buffers.per_replica else 1
         program = Program(model, layout, functional, compiled.loss_index, trained, frozen,
-                          lambda fn: torch.compile(fn, fullgraph=True, dynamic=False,
-                                                   **_compile_kwargs(device, executor._geometry)),
-                          *executor._precision.traced_forward(model))
+                          lambda fn: torch.compile(fn, fullgraph=True, dynamic=False, **compile_kwargs),
+                          *executor._precision.traced_forward(model),
+                          buffer_names=probed.updated_buffers, buffer_sets=sets, draws_random=probed.draws_random)
         self._program, self._key = program, key
         self._arguments = ProgramArguments(model, trained, frozen, executor._geometry)
         return program
@@ -132,16 +134,21 @@ class CompiledBackend:
                     hooks.begin_compiled_call(executor._geometry.device_iterations, functional.hyper_values))
             else:
                 state, hyper, loss_scale = [], [], _ONE
+            buffers = _buffer_sets(executor._model, program, compiled.replica_buffers)
             graphed = mark_step_begin(trained)
             try:
-                new_params, new_state, outs = program.run(split, [p.detach() for p in trained],
-                                                          [p.detach() for p in frozen], state, hyper, loss_scale)
+                with _generators_kept_on_error(program.draws_random, trained + frozen):
+                    new_params, new_state, new_buffers, outs = program.run(
+                        split, [p.detach() for p in trained], [p.detach() for p in frozen],
+                        [b for values in buffers for b in values], state, hyper, loss_scale)
             except BaseException:
                 if hooks is not None:
                     hooks.abort_compiled_call()
                 raise
             if graphed:  # the graph's outputs are overwritten by its next replay
                 new_state = [{k: v.clone() for k, v in st.items()} for st in new_state]
+            if buffers:
+                torch._foreach_copy_([b for values in buffers for b in values], list(new_buffers))
             if functional is not None:
                 torch._foreach_copy_(trained, list(new_params))
                 functional.commit(list(new_state))
@@ -161,18 +168,54 @@ class CompiledBackend:
         return result
 
 
-def _compile_kwargs(device, geometry):
+def _compile_kwargs(device, geometry, draws_random):
     """``torch.compile``'s arguments for a program on ``device``. CUDA: CUDA graphs
     (``cuda_graphs.py``). CPU, a program that loops over device iterations: Inductor's C++
     wrapper. Its default Python wrapper runs ``while_loop`` as a Python loop calling each
     iteration's kernels from Python (argument asserts, buffer allocations, ATen matmul calls: ~20 µs
     per step of the tiny MLP); the C++ wrapper runs the same loop in C++ (benchmarks/host_overhead.py:
     DI=256 34 -> 12 µs per step). A one-step program has no loop and keeps the Python wrapper
-    (measured no faster in C++)."""
-    options = compile_options(device)
+    (measured no faster in C++). A model that draws random numbers: aten's random ops, drawing
+    from torch's generators at run time as eager does (``program.py``); only then, as it changes
+    Inductor's decompositions."""
+    options = dict(compile_options(device))
     if not options and geometry.device_iterations > 1:
-        options = {"options": {"cpp_wrapper": True}}
-    return options
+        options["cpp_wrapper"] = True
+    if draws_random:
+        options["fallback_random"] = True
+    return {"options": options} if options else {}
+
+
+def _buffer_sets(model, program, replica_buffers):
+    """The tensors holding the updated buffers' values, per replica set: set 0 is the live
+    buffers (``ReplicaBuffers`` keeps replica 0's there between calls), set r its stored copies."""
+    if not program.buffer_names:
+        return []
+    replica_buffers.switch_to(0)
+    named = dict(model.named_buffers())
+    live = [named[n] for n in program.buffer_names]
+    if program.buffer_sets == 1:
+        return [live]
+    position = {id(b): i for i, b in enumerate(replica_buffers.buffers)}
+    return [live] + [[replica_buffers.values[r][position[id(b)]] for b in live]
+                     for r in range(1, program.buffer_sets)]
+
+
+@contextlib.contextmanager
+def _generators_kept_on_error(draws_random, tensors):
+    """A program that raises leaves torch's generators as they were (as eager's rollback does)."""
+    if not draws_random:
+        yield
+        return
+    devices = sorted({t.device.index or 0 for t in tensors if t.is_cuda})
+    saved = torch.random.get_rng_state(), [torch.cuda.get_rng_state(d) for d in devices]
+    try:
+        yield
+    except BaseException:
+        torch.random.set_rng_state(saved[0])
+        for device, state in zip(devices, saved[1]):
+            torch.cuda.set_rng_state(state, device)
+        raise
 
 
 @contextlib.contextmanager

@@ -16,8 +16,9 @@ def uses_cuda_graphs(device: torch.device) -> bool:
 
 
 def compile_options(device: torch.device) -> dict:
-    """Extra ``torch.compile`` arguments for a program whose parameters live on ``device``."""
-    return {"mode": "reduce-overhead"} if uses_cuda_graphs(device) else {}
+    """Inductor options for a program whose parameters live on ``device`` (``"reduce-overhead"``
+    mode's, which ``torch.compile`` takes only without other options)."""
+    return {"triton.cudagraphs": True} if uses_cuda_graphs(device) else {}
 
 
 def mark_step_begin(params) -> bool:

@@ -2,9 +2,11 @@
 
 ``static_reasons`` looks at the compiled plan, the options and the optimizer; ``probe`` runs one
 micro-batch eagerly (as the compile pass does: no trace left - buffers and RNG restored, nothing
-printed) to find what only running shows: host I/O such as ``ipu_print_tensor``, buffers
-updated in place, parameters that get no gradient (eager skips their update; a functional
-update would not), outputs that are not tensors. Data-dependent Python control flow and
+printed) to find what only running shows: host I/O such as ``ipu_print_tensor``, parameters
+that get no gradient (eager skips their update; a functional update would not), outputs that
+are not tensors - and what the program must carry: the buffers the forward updates in place
+(by version counter, and normalisation statistics, whose kernels do not bump it) and whether
+it draws random numbers. Data-dependent Python control flow and
 unsupported ops are found by ``torch.compile(fullgraph=True)`` itself (``backend.py``).
 
 Block annotations and execution strategies (pipelined, sharded, phased) do not decline a model:
@@ -14,13 +16,15 @@ trace). PopTorch's plan checks ran before, at compile. Recomputation is not hono
 program (README "Compiled backend"). Plans spanning several devices, and micro-batches on
 concurrent threads (``OPENPOP_CONCURRENT_STAGES=on``), decline.
 """
+import dataclasses
+
 import torch
 
 from ...enums import OutputMode
 from .. import context, messages
 from ..outputs import flatten_output
 from ..pipeline import CONCURRENCY_ENV
-from ..weights import BufferSnapshot
+from ..weights import BufferSnapshot, NormStatistics
 from .functional_optim import unsupported_reason
 
 
@@ -38,7 +42,6 @@ def static_reasons(executor, executable):
             devices=", ".join(str(d) for d in layout.device_map.distinct_devices(0)))),
         (layout.replicas_apart, "replicas on devices of their own"),
         (layout.concurrent, messages.INELIGIBLE_CONCURRENT_STAGES.format(env=CONCURRENCY_ENV)),
-        (getattr(executable.replica_buffers, "per_replica", False), "buffers that differ between replicas"),
         (getattr(executor._processes, "num_processes", 1) > 1, "replicas in several processes (popdist)"),
         (bool(executable.anchors), "anchored tensors (Options.anchorTensor)"),
         (executable.track_losses, "a loss that the model does not return as one of its outputs"),
@@ -56,10 +59,8 @@ def static_reasons(executor, executable):
             yield reason
     for module in executor._model.modules():
         if module.training and isinstance(module, torch.nn.modules.batchnorm._NormBase) \
-                and module.track_running_stats:
-            yield f"{type(module).__name__} running statistics (updated in place)"
-        if module.training and isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.p > 0:
-            yield f"{type(module).__name__} (random numbers must follow eager's RNG stream)"
+                and module.track_running_stats and module.momentum is None:
+            yield messages.INELIGIBLE_CUMULATIVE_AVERAGE.format(module=type(module).__name__)
     if executor._training:
         reason = unsupported_reason(executor._optimizer)
         if reason is not None:
@@ -74,16 +75,28 @@ def check_static(executor, executable):
         raise Ineligible(reason)
 
 
+@dataclasses.dataclass
+class Probed:
+    """What one eager micro-batch showed."""
+
+    spec: object  # the output's pytree spec
+    leaves: list  # (shape, dtype) of each output leaf
+    updated_buffers: list  # names of the buffers the forward changes in place (model order)
+    draws_random: bool  # the micro-batch advanced a random generator
+
+
 def probe(executor, micro_args, micro_kwargs, executable):
-    """Run one micro-batch eagerly, leaving no trace. Returns ``(spec, [(shape, dtype)])`` of
-    the output leaves; raises ``Ineligible``."""
+    """Run one micro-batch eagerly, leaving no trace. Returns ``Probed``; raises ``Ineligible``."""
     model = executor._model
     buffers = list(model.buffers())
     snapshot = BufferSnapshot(buffers)
     rng = torch.random.get_rng_state()
+    devices = sorted({t.device.index or 0 for t in buffers + list(model.parameters()) if t.is_cuda})
+    cuda_rng = [torch.cuda.get_rng_state(d) for d in devices]
+    statistics = NormStatistics()
     try:
         with context.running(executor._training, tracing=True) as ctx, \
-                torch.set_grad_enabled(executor._training):
+                torch.set_grad_enabled(executor._training), statistics:
             ctx.compiled = True
             with executor._precision.forward(model, tracing=True):
                 output = model(*micro_args, **micro_kwargs)
@@ -92,15 +105,16 @@ def probe(executor, micro_args, micro_kwargs, executable):
                 params = [p for g in executor._optimizer.param_groups for p in g["params"]]
                 grads = torch.autograd.grad(flat[executable.loss_index], params, allow_unused=True)
             host_io = getattr(ctx, "host_io", None)
-        mutated = snapshot.mutated()
+        updated = {id(b) for b in snapshot.mutated() + statistics.of(model)}
+        draws_random = not torch.equal(torch.random.get_rng_state(), rng) or any(
+            not torch.equal(torch.cuda.get_rng_state(d), state) for d, state in zip(devices, cuda_rng))
     finally:
         snapshot.restore()
         torch.random.set_rng_state(rng)
+        for device, state in zip(devices, cuda_rng):
+            torch.cuda.set_rng_state(state, device)
     if host_io is not None:
         raise Ineligible(messages.INELIGIBLE_HOST_IO.format(host_io=host_io))
-    if mutated:
-        names = {id(b): n for n, b in model.named_buffers()}
-        raise Ineligible(messages.INELIGIBLE_BUFFER.format(name=names.get(id(mutated[0]), '?')))
     if not all(isinstance(leaf, torch.Tensor) for leaf in flat):
         raise Ineligible(messages.INELIGIBLE_OUTPUTS)
     if executor._training:
@@ -108,4 +122,5 @@ def probe(executor, micro_args, micro_kwargs, executable):
         unused = [names[id(p)] for p, g in zip(params, grads) if g is None]
         if unused:
             raise Ineligible(messages.INELIGIBLE_NO_GRADIENT.format(name=unused[0]))
-    return spec, [(tuple(leaf.shape), leaf.dtype) for leaf in flat]
+    return Probed(spec, [(tuple(leaf.shape), leaf.dtype) for leaf in flat],
+                  [name for name, b in model.named_buffers() if id(b) in updated], draws_random)

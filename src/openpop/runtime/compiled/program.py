@@ -14,10 +14,27 @@ call's inputs split ``[DI, GA, R_in, micro, ...]`` - compiled by ``torch.compile
   last step's, carried), assembled per output mode as ``outputs.py`` assembles them; the last
   ``micro_batch_leaves`` leaves (a model's ``compiled_micro_batch_leaves()``) are returned for
   every micro-batch whatever the mode, stacked ``[DI*GA*R, ...]`` (Lightning's ``self.log``);
+* buffers the forward updates in place (BatchNorm running statistics and ``num_batches_tracked``,
+  any buffer a forward changes): state of the program. Each micro-batch, in eager's order
+  ``[DI, GA, R]``, gets a clone of the current values through ``functional_call``, its updates
+  become the next micro-batch's values, carried across device iterations; with per-replica
+  buffers (``weights.ReplicaBuffers``) each replica carries its own set. A model in ``eval()``
+  updates nothing (the probe then finds no updated buffer).
+* random numbers: Inductor's ``fallback_random`` (``backend.py`` sets it when the probe saw the
+  model draw) keeps aten's random ops, which draw from torch's global generator at run time -
+  inside ``torch.func.grad`` and ``while_loop`` bodies as well - in the program's order, which
+  is eager's: micro-batch after micro-batch ``[DI, GA, R]``, nothing drawn in backward or the
+  update. So dropout masks equal eager's bit for bit, replicas get different masks (they draw
+  one after another from one generator, as eager's replicas do), ``Options.randomSeed`` (which
+  seeds torch) makes runs repeat, and the generator ends where eager's would: a later call,
+  compiled or eager, continues the same stream. (Without it Inductor generates ``rand``/``randn``
+  and, on CUDA, dropout itself from a seed it draws: other numbers. CPU dropout is aten's
+  ``bernoulli_`` either way. ``torch._functorch.config.functionalize_rng_ops`` is not used: it
+  threads a CUDA philox seed and offset through the graph, i.e. its own numbers too.)
 * per-step hyperparameters (``[DI]`` tensors, ``step_hooks.py``) are indexed by the step counter.
 
-Nothing the program computes reaches the model or the optimizer until it has finished: a call
-that raises changes nothing.
+Nothing the program computes reaches the model, its buffers or the optimizer until it has
+finished, and the generators are put back if it raises: a call that raises changes nothing.
 """
 import contextlib
 import itertools
@@ -57,7 +74,7 @@ class Program:
     """The compiled function for one executor, model, optimizer signature and layout."""
 
     def __init__(self, model, layout, functional_optimizer, loss_index, trained_names, frozen_names, compile_fn,
-                 forward_contexts=(), call_contexts=()):
+                 forward_contexts=(), call_contexts=(), buffer_names=(), buffer_sets=1, draws_random=False):
         self.model = model
         self.forward_contexts = list(forward_contexts)  # RunPrecision.traced_forward: autocast
         # Around the whole compiled call, not inside the traced forward: a torch function mode
@@ -69,13 +86,17 @@ class Program:
         self.trained_names = trained_names  # the optimizer's parameters (inference: all)
         self.frozen_names = frozen_names
         self.per_step_hyper = bool(functional_optimizer is not None and functional_optimizer.static[3])
+        self.buffer_names = list(buffer_names)  # buffers the forward updates: carried state
+        self.buffer_sets = buffer_sets  # R with per-replica buffers, else 1
+        self.draws_random = draws_random  # the model draws from torch's generators
         self.ran = False  # a first run that fails is a compile failure (backend.py)
         self._compiled = compile_fn(_own_code(self._program))
 
     # ------------------------------------------------------------------ host side
-    def run(self, split_inputs, trained, frozen, state, hyper, loss_scale):
-        """Run the program. Returns (new_params, new_state, outputs) - nothing committed."""
-        args = (tuple(split_inputs), tuple(trained), tuple(frozen), state, hyper, loss_scale)
+    def run(self, split_inputs, trained, frozen, buffers, state, hyper, loss_scale):
+        """Run the program; ``buffers``: the updated buffers' values, replica set after replica set.
+        Returns (new_params, new_state, new_buffers, outputs) - nothing committed."""
+        args = (tuple(split_inputs), tuple(trained), tuple(frozen), tuple(buffers), state, hyper, loss_scale)
         if not self.call_contexts:
             return self._compiled(*args)
         with contextlib.ExitStack() as stack:
@@ -119,14 +140,16 @@ class Program:
         return leaves
 
     # ------------------------------------------------------------------ traced
-    def _program(self, split_inputs, trained, frozen, state, hyper, loss_scale):
+    def _program(self, split_inputs, trained, frozen, buffers, state, hyper, loss_scale):
         layout = self.layout
         steps = layout.geometry.device_iterations
         keep_all = [layout.keeps_all(leaf) for leaf in range(len(layout.output_leaves))]
+        buffers = list(buffers)
         if steps == 1:
-            trained, state, outs = self._step([x if x.dim() == 0 else x[0] for x in split_inputs],
-                                              trained, frozen, state, self._hyper_at(hyper, 0), loss_scale)
-            return trained, state, self._assemble([o.unsqueeze(0) for o in outs])
+            trained, state, buffers, outs = self._step([x if x.dim() == 0 else x[0] for x in split_inputs],
+                                                       trained, frozen, buffers, state, self._hyper_at(hyper, 0),
+                                                       loss_scale)
+            return trained, state, buffers, self._assemble([o.unsqueeze(0) for o in outs])
 
         flat_state, state_spec = torch.utils._pytree.tree_flatten(state)
         micro_count = layout.geometry.micro_batches_per_step
@@ -138,7 +161,7 @@ class Program:
         fixed = list(trained)  # inference: the weights are read, not carried (no aliasing in while_loop)
         if not layout.training:
             trained = []
-        n_trained, n_state = len(trained), len(flat_state)
+        n_trained, n_state, n_buffers = len(trained), len(flat_state), len(buffers)
 
         def cond(i, *carried):
             return i < steps
@@ -146,21 +169,25 @@ class Program:
         def body(i, *carried):
             params = list(carried[:n_trained]) if layout.training else fixed
             st = torch.utils._pytree.tree_unflatten(list(carried[n_trained:n_trained + n_state]), state_spec)
-            outs = list(carried[n_trained + n_state:])
+            bufs = list(carried[n_trained + n_state:n_trained + n_state + n_buffers])
+            outs = list(carried[n_trained + n_state + n_buffers:])
             index = i.reshape(1)
             step_inputs = [x if x.dim() == 0 else x.index_select(0, index)[0] for x in split_inputs]
-            params, st, step_outs = self._step(step_inputs, params, frozen, st, self._hyper_at(hyper, index),
-                                               loss_scale)
+            params, st, bufs, step_outs = self._step(step_inputs, params, frozen, bufs, st,
+                                                     self._hyper_at(hyper, index), loss_scale)
             outs = [o.index_copy(0, index, s.unsqueeze(0)) if keep else s.clone()
                     for o, s, keep in zip(outs, step_outs, keep_all)]
             carried_params = params if layout.training else []
-            return (i + 1, *carried_params, *torch.utils._pytree.tree_flatten(st)[0], *outs)
+            return (i + 1, *carried_params, *torch.utils._pytree.tree_flatten(st)[0], *bufs, *outs)
 
-        result = while_loop(cond, body, (torch.tensor(0, device=outs0[0].device), *trained, *flat_state, *outs0))
+        result = while_loop(cond, body, (torch.tensor(0, device=outs0[0].device), *trained, *flat_state, *buffers,
+                                         *outs0))
         trained = list(result[1:1 + n_trained])
         state = torch.utils._pytree.tree_unflatten(list(result[1 + n_trained:1 + n_trained + n_state]), state_spec)
-        outs = [o if keep else o.unsqueeze(0) for o, keep in zip(result[1 + n_trained + n_state:], keep_all)]
-        return trained, state, self._assemble(outs)
+        buffers = list(result[1 + n_trained + n_state:1 + n_trained + n_state + n_buffers])
+        outs = [o if keep else o.unsqueeze(0)
+                for o, keep in zip(result[1 + n_trained + n_state + n_buffers:], keep_all)]
+        return trained, state, buffers, self._assemble(outs)
 
     def _hyper_at(self, hyper, index):
         """Step ``index``'s hyperparameters (0-d tensors); constant ones are already 0-d."""
@@ -170,33 +197,44 @@ class Program:
             return [{k: v[index] for k, v in h.items()} for h in hyper]
         return [{k: v.index_select(0, index)[0] for k, v in h.items()} for h in hyper]
 
-    def _forward(self, params, micro_inputs):
+    def _forward(self, params, buffers, micro_inputs):
+        """One micro-batch's output leaves and the values of the updated buffers after it (the
+        module updates clones: program inputs and carried values are never changed in place)."""
         leaves = list(self.layout.inputs.leaves)
         for pos, value in zip(self.layout.inputs.tensor_positions, micro_inputs):
             leaves[pos] = value
         args, kwargs = self.layout.inputs.rebuild(leaves)
-        output = _within(self.forward_contexts, functional_call, self.model, params, args, kwargs)
-        return flatten_output(output)[0]
+        own = [b.clone() for b in buffers]
+        output = _within(self.forward_contexts, functional_call, self.model,
+                         {**params, **dict(zip(self.buffer_names, own))}, args, kwargs)
+        return flatten_output(output)[0], own
 
-    def _step(self, step_inputs, trained, frozen, state, hyper, loss_scale):
+    def _step(self, step_inputs, trained, frozen, buffers, state, hyper, loss_scale):
         """One device iteration: every micro-batch, then (training) the update."""
         layout = self.layout
         g = layout.geometry
         frozen_params = dict(zip(self.frozen_names, frozen))
+        n = len(self.buffer_names)
+        sets = [buffers[k * n:(k + 1) * n] for k in range(self.buffer_sets)]
         outs = []
         grads = None
         for a in range(g.gradient_accumulation):
             for r in range(g.replication_factor):
                 micro = [x if x.dim() == 0 else x[a, layout.chunks[r]] for x in step_inputs]
+                s = r if self.buffer_sets > 1 else 0
                 if not layout.training:
-                    outs.append(self._forward({**frozen_params, **dict(zip(self.trained_names, trained))}, micro))
+                    flat, sets[s] = self._forward({**frozen_params, **dict(zip(self.trained_names, trained))},
+                                                  sets[s], micro)
+                    outs.append(flat)
                     continue
 
-                def scaled_loss(ps, micro=micro):
-                    flat = self._forward({**frozen_params, **dict(zip(self.trained_names, ps))}, micro)
-                    return flat[self.loss_index] * loss_scale, [leaf.detach() for leaf in flat]
+                def scaled_loss(ps, bufs, micro=micro):
+                    flat, bufs = self._forward({**frozen_params, **dict(zip(self.trained_names, ps))}, bufs, micro)
+                    return flat[self.loss_index] * loss_scale, ([leaf.detach() for leaf in flat],
+                                                                [b.detach() for b in bufs])
 
-                micro_grads, flat = torch.func.grad(scaled_loss, has_aux=True)(list(trained))
+                # The buffers are an argument (not differentiated) so that grad's level wraps them.
+                micro_grads, (flat, sets[s]) = torch.func.grad(scaled_loss, has_aux=True)(list(trained), sets[s])
                 outs.append(flat)
                 k = a * g.replication_factor + r
                 if grads is None:
@@ -206,12 +244,13 @@ class Program:
                 else:
                     grads = [acc + mg for acc, mg in zip(grads, micro_grads)]
         stacked = [torch.stack([flat[i] for flat in outs]) for i in range(len(outs[0]))]
+        buffers = [b for values in sets for b in values]
         if not layout.training:
-            return trained, state, stacked
+            return trained, state, buffers, stacked
         divisor = loss_scale * g.micro_batches_per_step if (layout.mean and not layout.running) else loss_scale
         grads = [gr / divisor for gr in grads]
         new_params, new_state = self.optim.update(list(trained), grads, state, hyper)
-        return new_params, new_state, stacked
+        return new_params, new_state, buffers, stacked
 
 
 def _within(contexts, fn, *args):
