@@ -1,6 +1,5 @@
 """Host-call arguments: binding against ``forward``'s signature, the micro-batch split, and the
 checks that later calls match the compiled ones (PopTorch's exact mismatch messages)."""
-import functools
 import inspect
 
 import torch
@@ -65,9 +64,20 @@ def _named_arguments(signature: inspect.Signature, arguments) -> dict:
     return named
 
 
-@functools.lru_cache(maxsize=256)
+_PLAIN_NAMES = {}  # id(signature) -> (signature, names): by identity (hashing a Signature costs µs)
+
+
 def _plain_parameter_names(signature: inspect.Signature):
     """Parameter names if every parameter is positional without a default, else None."""
+    cached = _PLAIN_NAMES.get(id(signature))
+    if cached is None or cached[0] is not signature:
+        if len(_PLAIN_NAMES) >= 256:
+            _PLAIN_NAMES.clear()
+        cached = _PLAIN_NAMES[id(signature)] = (signature, _plain_names_of(signature))
+    return cached[1]
+
+
+def _plain_names_of(signature: inspect.Signature):
     params = list(signature.parameters.values())
     if all(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty for p in params):
         return tuple(p.name for p in params)

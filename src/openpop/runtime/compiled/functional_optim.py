@@ -32,10 +32,20 @@ from . import adaptive_updates, step_hooks
 _VELOCITY_SCALE_KEY = "velocity_scaling"  # optim/sgd.py: momentum_buffer is stored times this
 
 
+_FAMILIES = {}  # optimizer class -> family_of (asked on every compiled host call)
+
+
 def family_of(optimizer):
     """'sgd', 'adam', 'adamw', 'lamb', 'rmsprop' or None (not supported by the compiled backend)."""
+    cls = type(optimizer)
+    if cls not in _FAMILIES:
+        _FAMILIES[cls] = _family_of_class(cls)
+    return _FAMILIES[cls]
+
+
+def _family_of_class(optimizer_class):
     from ...optim.lamb import LAMB
-    for cls in type(optimizer).__mro__:
+    for cls in optimizer_class.__mro__:
         if cls is LAMB:
             return "lamb"
         if cls is torch.optim.RMSprop:
