@@ -1,0 +1,88 @@
+"""Activation memory of a pipelined training host call, eager vs the compiled backend, as the
+gradient accumulation grows: 4 blocks of Linear(1024) + tanh on 4 virtual IPUs of one CPU,
+micro-batch 2048 (one activation tensor: 8 MiB), ``PipelinedExecution`` with PopTorch's
+recomputation on (eager) - the compiled program does not recompute (README "Compiled backend").
+
+Each variant runs in a process of its own with glibc's ``MALLOC_MMAP_THRESHOLD_`` at 64 KiB, so
+that freed tensors leave the resident set; the number is the resident-set peak of the second
+host call (``VmHWM`` reset just before it) above the resident set when it starts.
+
+    python benchmarks/pipeline_memory.py [--accumulations 8 16]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+import torch
+import torch.nn.functional as F
+
+import poptorch
+
+WIDTH, MICRO_BATCH = 1024, 2048
+
+
+class FourBlocks(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(torch.nn.Linear(WIDTH, WIDTH) for _ in range(4))
+        for i, layer in enumerate(self.layers):
+            poptorch.BeginBlock(layer, user_id=f"b{i}", ipu_id=i)
+
+    def forward(self, x, target):
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return x.sum(), F.mse_loss(x, target)
+
+
+def _status(field):
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) // 1024 for line in status if line.startswith(field))
+
+
+def measure(backend, accumulation):
+    """MiB above the call's starting resident set at the peak of one host call."""
+    torch.set_num_threads(1)
+    model = FourBlocks()
+    opts = poptorch.Options().outputMode(poptorch.OutputMode.Final).openpopBackend(backend)
+    opts.Training.gradientAccumulation(accumulation)
+    opts.setExecutionStrategy(poptorch.PipelinedExecution())
+    opts.showCompilationProgressBar(False)
+    pop = poptorch.trainingModel(model, opts, poptorch.optim.SGD(model.parameters(), lr=0.01))
+    x, t = torch.randn(accumulation * MICRO_BATCH, WIDTH), torch.randn(accumulation * MICRO_BATCH, WIDTH)
+    pop(x, t)  # compiles
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")  # resets VmHWM
+    start = _status("VmRSS")
+    pop(x, t)
+    assert pop._backend.last == backend
+    return _status("VmHWM") - start
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--accumulations", type=int, nargs="+", default=[8, 16])
+    parser.add_argument("--child", nargs=2, metavar=("BACKEND", "GA"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(measure(args.child[0], int(args.child[1])))
+        return
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+    peaks = {}
+    for accumulation in args.accumulations:
+        for backend in ("eager", "compiled"):
+            done = subprocess.run([sys.executable, __file__, "--child", backend, str(accumulation)], env=env,
+                                  capture_output=True, text=True, check=True)
+            peaks[f"{backend}_ga{accumulation}"] = int(done.stdout.split()[-1])
+    print(f"{'variant':<16}{'peak MiB':>10}{'vs eager':>10}")
+    for accumulation in args.accumulations:
+        for backend in ("eager", "compiled"):
+            name = f"{backend}_ga{accumulation}"
+            print(f"{name:<16}{peaks[name]:>10}{peaks[name] / peaks[f'eager_ga{accumulation}']:>9.2f}x")
+    print(json.dumps({"benchmark": "pipeline_memory", "activation_mib_per_micro_batch_tensor": 8,
+                      "peak_mib": peaks}))
+
+
+if __name__ == "__main__":
+    main()
