@@ -53,22 +53,23 @@ class MetricsPerBatch(pl.Callback):
         self.steps.append(trainer.global_step)
 
 
-def fit(backend, model, **trainer_args):
-    x, y = regression_data(n=64)
+def fit(backend, model, device_iterations=4, devices=1, samples=64, **trainer_args):
+    x, y = regression_data(n=samples)
     record = MetricsPerBatch()
     opts = poptorch.Options().openpopBackend(backend, compile_after=0.0)
-    t = trainer(accelerator="ipu", devices=1, max_epochs=1, callbacks=[record],
-                strategy=IPUStrategy(device_iterations=4, training_opts=opts), **trainer_args)
+    t = trainer(accelerator="ipu", devices=devices, max_epochs=1, callbacks=[record],
+                strategy=IPUStrategy(device_iterations=device_iterations, training_opts=opts), **trainer_args)
     t.fit(model, loader(x, y, batch_size=4))
     return t, record
 
 
-def assert_same_run(eager, compiled):
+def assert_same_run(eager, compiled, steps=(4, 8, 12, 16)):
+    """Same weights, global_step after each host call, logged metrics, scheduler and progress."""
     (t_eager, m_eager, r_eager), (t_compiled, m_compiled, r_compiled) = eager, compiled
     for ours, theirs in zip(m_compiled.parameters(), m_eager.parameters()):
         torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
-    assert t_compiled.global_step == t_eager.global_step == 16
-    assert r_compiled.steps == r_eager.steps == [4, 8, 12, 16]
+    assert t_compiled.global_step == t_eager.global_step == steps[-1]
+    assert r_compiled.steps == r_eager.steps == list(steps)
     assert len(r_compiled.metrics) == len(r_eager.metrics) == 4
     for ours, theirs in zip(r_compiled.metrics, r_eager.metrics):
         assert ours.keys() == theirs.keys()
@@ -83,17 +84,20 @@ def assert_same_run(eager, compiled):
     assert progress[0] == progress[1]
 
 
-@pytest.mark.parametrize("optimizer, clip, algorithm, schedule", [
-    ("sgd", 0.05, "norm", True),
-    ("adam", 0.01, "value", False),
+@pytest.mark.parametrize("optimizer, clip, algorithm, schedule, geometry", [
+    ("sgd", 0.05, "norm", True, {}),
+    # 2 replicas x accumulation 2 x DI 2: batch_idx, logs and steps count every micro-batch
+    ("adam", 0.01, "value", False, dict(device_iterations=2, devices=2, accumulate_grad_batches=2, samples=128)),
 ])
-def test_compiled_run_equals_eager_with_step_schedulers_clipping_and_logs(optimizer, clip, algorithm, schedule):
+def test_compiled_run_equals_eager_with_step_schedulers_clipping_and_logs(optimizer, clip, algorithm, schedule,
+                                                                          geometry):
     runs = []
     for backend in ("eager", "compiled"):
         model = LoggedRegressor(optimizer, schedule)
-        t, record = fit(backend, model, gradient_clip_val=clip, gradient_clip_algorithm=algorithm)
+        t, record = fit(backend, model, gradient_clip_val=clip, gradient_clip_algorithm=algorithm, **geometry)
         runs.append((t, model, record))
-    assert_same_run(*runs)  # forced compiled raises when it cannot run the model
+    # forced compiled raises when it cannot run the model
+    assert_same_run(*runs, steps=(2, 4, 6, 8) if geometry else (4, 8, 12, 16))
     assert runs[1][2].metrics[-1].keys() == {"train_loss", "largest", "batch_idx"}
     assert runs[1][2].metrics[-1]["batch_idx"] == 15.0  # the CPU run's index of the last micro-batch
 

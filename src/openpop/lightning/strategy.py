@@ -18,7 +18,9 @@ What a step is
 
 How ``training_step`` runs
     Per micro-batch, eagerly, inside the executor (``steps.py``); ``self.log`` values are
-    reduced over the micro-batches and logged once per host call (``logs.py``). The executor
+    reduced over the micro-batches and logged once per host call (``logs.py``). When the
+    executor's compiled backend runs the host call, the step is traced into its program
+    (``compiled_steps.py``) and the per-step work into the program's inputs (``optimizer_steps.py``). The executor
     back-propagates, reduces gradients (Mean over accumulation and replicas, as DDP with
     gradient accumulation does) and steps the optimizer; Lightning's own backward and optimizer
     step are no-ops (``precision.py``). During the run ``trainer.accumulate_grad_batches`` reads 1
