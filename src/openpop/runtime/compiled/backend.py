@@ -3,6 +3,17 @@ compiled program and returns its outputs, or returns ``DECLINED`` and the eager 
 
 Declining in ``auto`` logs one line naming the reason and the executor stays eager; with
 ``Options.openpopBackend("compiled")`` the same reason is a ``poptorch.Error``.
+
+When torch.compile compiles (the ``Graph compilation`` bar, ``compile_seconds``):
+
+* ``executor.compile(*args)`` with the backend forced (or ``auto`` with ``compile_after=0``):
+  ``compile_ahead`` builds the program and compiles it by running it once on ``compile()``'s
+  arguments and discarding the results (the program is a pure function: weights, optimizer
+  state and the RNG stream are as before). The executor's bar covers it; the first host call
+  just runs.
+* the first host call without ``compile()``: that call compiles and runs the program; the
+  executor hands its bar over (``progress``) and the bar finishes after the call.
+* ``auto`` once the eager budget is spent: the host call that compiles prints a bar of its own.
 """
 import contextlib
 import time
@@ -13,6 +24,7 @@ from ... import errors
 from ...log import logger
 from .. import context, messages
 from ..compile_cache import compile_cache_for
+from ..progress import CompilationProgress
 from ..weights import bump_weights_version
 from .cuda_graphs import compile_options, mark_step_begin
 from .eligibility import Ineligible, check_static, probe
@@ -31,6 +43,8 @@ class CompiledBackend:
         self._program = None
         self._key = None
         self.last = None  # "compiled" or "eager": which backend ran the last host call
+        self.progress = None  # the executor's unfinished bar, when the next run compiles
+        self.compile_seconds = 0.0  # time spent compiling programs (torch.compile, first runs)
 
     def record_eager(self, seconds: float) -> None:
         self.selection.record_eager(seconds)
@@ -43,26 +57,53 @@ class CompiledBackend:
 
     def run(self, executor, inputs, compiled):
         if not self.selection.wants_compiled():
+            self._finish_progress()
             return DECLINED
+        return self._run(executor, inputs, compiled, dry_run=False)
+
+    def compile_ahead(self, executor, inputs, compiled) -> None:
+        """``compile()``: build and compile the program now, changing nothing (module docstring)."""
+        if self.selection.wants_compiled():
+            rng = _RngState()
+            try:
+                self._run(executor, inputs, compiled, dry_run=True)
+            finally:
+                rng.restore()
+
+    def _run(self, executor, inputs, compiled, dry_run):
         with _compiled_modes(compiled):
             try:
                 program = self._program_for(executor, inputs, compiled)
             except Ineligible as exc:
+                self._finish_progress()
                 return self._decline(str(exc))
-            try:
-                if program.ran:
-                    result = self._execute(executor, inputs, compiled, program)
-                else:  # torch.compile compiles now: with the executable cache, if enabled
-                    with compile_cache_for(executor._compile_cache):
-                        result = self._execute(executor, inputs, compiled, program)
+            if program.ran:
+                return self._execute(executor, inputs, compiled, program, dry_run)
+            progress, handed = self.progress, self.progress is not None
+            if progress is None and not dry_run and executor._settings.show_compilation_progress_bar:
+                progress = CompilationProgress()
+            self.progress = None
+            started = time.perf_counter()
+            try:  # torch.compile compiles now: with the executable cache, if enabled
+                with compile_cache_for(executor._compile_cache):
+                    result = self._execute(executor, inputs, compiled, program, dry_run)
             except Exception as exc:  # torch.compile's errors have many types
-                if program.ran:
-                    raise
                 self.reset()
+                if handed and not self.selection.forced:  # the executor's compile itself succeeded
+                    progress.finish()
                 return self._decline(messages.INELIGIBLE_FULLGRAPH.format(error=_first_line(exc)), exc)
+            finally:
+                self.compile_seconds += time.perf_counter() - started
         program.ran = True
-        self.last = "compiled"
+        if progress is not None:
+            progress.finish()
         return result
+
+    def _finish_progress(self):
+        """The call that was to compile runs eagerly: the executor's compile has finished."""
+        if self.progress is not None:
+            self.progress.finish()
+            self.progress = None
 
     def _decline(self, reason, cause=None):
         if self.selection.forced:
@@ -103,7 +144,7 @@ class CompiledBackend:
         return program
 
     # ------------------------------------------------------------------ running
-    def _execute(self, executor, inputs, compiled, program):
+    def _execute(self, executor, inputs, compiled, program, dry_run=False):
         geometry = executor._geometry
         started = time.time()
         split = [inputs.leaves[pos] for pos in inputs.tensor_positions]
@@ -122,6 +163,8 @@ class CompiledBackend:
             graphed = mark_step_begin(trained)
             new_params, new_state, outs = program.run(split, [p.detach() for p in trained], frozen,
                                                       state, hyper, loss_scale)
+            if dry_run:
+                return None
             if graphed:  # the graph's outputs are overwritten by its next replay
                 new_state = [{k: v.clone() for k, v in st.items()} for st in new_state]
             if functional is not None:
@@ -137,6 +180,7 @@ class CompiledBackend:
         executor._perf = {"input": [[started] * steps], "input_complete": [[started] * steps],
                           "output": [[done] * steps], "output_complete": [[done] * steps]}
         executor._last_run_seconds = done - started
+        self.last = "compiled"
         return result
 
 
@@ -151,6 +195,20 @@ def _compiled_modes(compiled):
     finally:
         for module in changed:
             module.training = not module.training
+
+
+class _RngState:
+    """The default generators' states, put back after a dry run (dropout draws from them)."""
+
+    def __init__(self):
+        self._cpu = torch.random.get_rng_state()
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        self._cuda = torch.cuda.get_rng_state_all() if cuda else None
+
+    def restore(self):
+        torch.random.set_rng_state(self._cpu)
+        if self._cuda is not None:
+            torch.cuda.set_rng_state_all(self._cuda)
 
 
 def _first_micro_batch(executor, inputs):
