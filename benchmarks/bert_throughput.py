@@ -3,6 +3,7 @@ hand-written PyTorch loop, fp32 and bf16 autocast, with model FLOPs and an in-ru
 calibration so MFU is measured against this machine's own peak.
 
     python benchmarks/bert_throughput.py [--micro-batch 8] [--gradient-accumulation 2] [--rounds 3]
+        [--compiled] [--compile-times] [--layers 12] [--dropout 0.1]
 
 Same model (openpop-bert's PipelinedBertForPretraining, BERT-base, dropout 0.1, MLM on the 20
 masked positions), same data (random tokens), same optimizer object (LAMB without bias
@@ -16,14 +17,26 @@ counts as this machine's peak).
 MFU = samples/s x model FLOPs per sample / measured matmul rate of the same precision, with
 model FLOPs = 3 x forward FLOPs (openpop.bert.metrics.training_flops_per_sample).
 
+``--compiled`` adds the compiled backend (``openpopBackend("compiled")``) per precision: its own
+copy of the model (same initial weights) and optimizer, compiled in ``compile()``, timed in the
+same rounds; the ratio is compiled / openpop eager. ``--compile-times`` runs two fresh processes
+that build the compiled trainingModel of the same config and call ``compile()`` with one new
+executable cache directory: "first" compiles and fills it, "cached" should load every graph from
+it; it prints their ``compileSeconds()``, the process CPU seconds (g++ children included) and
+torch's split into Dynamo tracing and AOTAutograd + Inductor.
+
 Targets: openpop >= 0.97x the hand-written loop; fp32 >= 30 % of the fp32 matmul rate;
-bf16 autocast >= 2.5x fp32 throughput.
+bf16 autocast >= 2.5x fp32 throughput; compiled >= 1.1x openpop eager; BERT-base first compile
+<= 60 s and cached compile <= 10 s on this 2-core machine.
 """
 import argparse
 import json
 import os
 import platform
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
 import torch
@@ -37,7 +50,8 @@ from openpop.bert.train import get_options
 
 from _machine import cpu_name
 
-TARGETS = {"framework_tax": 0.97, "fp32_mfu": 0.30, "bf16_speedup": 2.5}
+TARGETS = {"framework_tax": 0.97, "fp32_mfu": 0.30, "bf16_speedup": 2.5, "compiled_speedup": 1.1,
+           "first_compile_seconds": 60.0, "cached_compile_seconds": 10.0}
 
 
 def machine_info():
@@ -109,8 +123,9 @@ class HandWritten:
 class OpenPop:
     """openpop-bert's own setup: poptorch.trainingModel with the app's options, compiled once."""
 
-    def __init__(self, model, optimizer, config, precision, batch):
-        self.executor = poptorch.trainingModel(model, get_options(config.replace(precision=precision)), optimizer)
+    def __init__(self, model, optimizer, config, precision, batch, backend="eager"):
+        options = get_options(config.replace(precision=precision)).openpopBackend(backend)
+        self.executor = poptorch.trainingModel(model, options, optimizer)
         self.executor.compile(*batch)
 
     def step(self, batch):
@@ -124,12 +139,15 @@ def main():
     parser.add_argument("--rounds", type=int, default=4, help="timed rounds (after one warm-up round)")
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     parser.add_argument("--layers", type=int, default=12, help="encoder layers (12 = BERT-base)")
+    parser.add_argument("--dropout", type=float, default=None, help="hidden dropout (default: the config's, 0.1)")
+    parser.add_argument("--compiled", action="store_true", help="add the compiled backend's rows")
+    parser.add_argument("--compile-times", action="store_true",
+                        help="only measure first and cached compile() times of the compiled backend")
     args = parser.parse_args()
 
-    config = make_config("cpu_base_128", micro_batch_size=args.micro_batch,
-                         gradient_accumulation=args.gradient_accumulation, device_iterations=1, replication_factor=1,
-                         num_hidden_layers=args.layers, ipus_per_replica=1, layers_per_ipu=[args.layers],
-                         loss_scaling=1.0, optimizer="LAMBNoBiasCorrection", precision="fp32")
+    config = make_bench_config(args)
+    if args.compile_times:
+        return compile_times(args)
     batches = make_batches(config, 2)
     samples_per_step = config.micro_batch_size * config.gradient_accumulation
     flops = training_flops_per_sample(config)
@@ -142,9 +160,17 @@ def main():
         torch.manual_seed(0)
         model = PipelinedBertForPretraining(config).parallelize(lambda line: None).train()
         optimizer = get_optimizer(config, model)
-        pairs.append((precision, HandWritten(model, optimizer, config, precision),
-                      OpenPop(model, optimizer, config, precision, batches[0])))
-    seconds = {f"{kind}_{p}": [] for p, _, _ in pairs for kind in ("hand", "openpop")}
+        variants = [("hand", HandWritten(model, optimizer, config, precision)),
+                    ("openpop", OpenPop(model, optimizer, config, precision, batches[0]))]
+        if args.compiled:  # a model of its own: one training executor per model
+            torch.manual_seed(0)
+            model = PipelinedBertForPretraining(config).parallelize(lambda line: None).train()
+            started = time.perf_counter()
+            variants.append(("compiled", OpenPop(model, get_optimizer(config, model), config, precision, batches[0],
+                                                 backend="compiled")))
+            print(f"compiled {precision}: compile() took {time.perf_counter() - started:.1f} s", flush=True)
+        pairs.append((precision, variants))
+    seconds = {f"{kind}_{p}": [] for p, variants in pairs for kind, _ in variants}
     rates = {"fp32": [], "bf16": []}
     print(f"BERT-base L{config.num_hidden_layers} H{config.hidden_size} seq {config.sequence_length}: micro-batch "
           f"{config.micro_batch_size} x accumulation {config.gradient_accumulation} = {samples_per_step} samples/step, "
@@ -154,8 +180,8 @@ def main():
         for dtype, key in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
             rates[key].append(matmul_rate(dtype, tokens, config.hidden_size, config.intermediate_size))
         batch = batches[round_index % len(batches)]
-        for precision, hand, ours in pairs:
-            order = [("hand", hand), ("openpop", ours)]
+        for precision, variants in pairs:
+            order = list(variants)
             if round_index % 2:
                 order.reverse()  # alternate who goes first
             for kind, variant in order:
@@ -187,6 +213,12 @@ def main():
     result["openpop_vs_hand_best_rounds"] = {p: round(throughput[f"openpop_{p}"] / throughput[f"hand_{p}"], 3)
                                              for p in args.precisions}
     result["mfu_vs_measured_matmul"] = mfu
+    if args.compiled:
+        result["compiled_vs_openpop_eager"] = {
+            p: round(statistics.median(e / c for e, c in zip(seconds[f"openpop_{p}"], seconds[f"compiled_{p}"])), 3)
+            for p in args.precisions}
+        for precision in args.precisions:
+            mfu[f"compiled_{precision}"] = round(throughput[f"compiled_{precision}"] * flops / 1e9 / peak[precision], 3)
     if {"fp32", "bf16"} <= set(args.precisions):
         result["bf16_vs_fp32"] = round(throughput["openpop_bf16"] / throughput["openpop_fp32"], 3)
         result["mfu_bf16_vs_fp32_matmul"] = round(throughput["openpop_bf16"] * flops / 1e9 / peak["fp32"], 3)
@@ -200,6 +232,9 @@ def main():
         checks["fp32_mfu>=30%"] = mfu["openpop_fp32"] >= TARGETS["fp32_mfu"]
     if "bf16_vs_fp32" in result:
         checks["bf16>=2.5x_fp32"] = result["bf16_vs_fp32"] >= TARGETS["bf16_speedup"]
+    if args.compiled:
+        slowest = min(result["compiled_vs_openpop_eager"].values())
+        checks["compiled>=1.1x_eager"] = slowest >= TARGETS["compiled_speedup"]
     result["targets_met"] = checks
 
     print()
@@ -210,6 +245,8 @@ def main():
     print(f"measured matmul peak: fp32 {peak['fp32']:.0f} GFLOP/s, bf16 {peak['bf16']:.0f} GFLOP/s")
     for precision, ratio in ratios.items():
         print(f"openpop / hand-written ({precision}, median of per-round ratios): {ratio:.3f}x")
+    for precision, ratio in result.get("compiled_vs_openpop_eager", {}).items():
+        print(f"compiled / openpop eager ({precision}, median of per-round ratios): {ratio:.3f}x")
     if "bf16_vs_fp32" in result:
         print(f"bf16 autocast / fp32 (openpop): {result['bf16_vs_fp32']:.2f}x "
               f"(bf16 / fp32 matmul rate on this machine: {result['matmul_bf16_vs_fp32']:.2f}x)")
@@ -217,5 +254,89 @@ def main():
     print(json.dumps(result), flush=True)
 
 
+def make_bench_config(args):
+    dropout = {} if args.dropout is None else {"hidden_dropout_prob": args.dropout}
+    return make_config("cpu_base_128", micro_batch_size=args.micro_batch,
+                       gradient_accumulation=args.gradient_accumulation, device_iterations=1, replication_factor=1,
+                       num_hidden_layers=args.layers, ipus_per_replica=1, layers_per_ipu=[args.layers],
+                       loss_scaling=1.0, optimizer="LAMBNoBiasCorrection", precision="fp32", **dropout)
+
+
+def _cpu_seconds():
+    import resource
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def compile_worker(args, precision, cache_dir):
+    """A fresh process: the compiled trainingModel's compile() with the executable cache; one JSON line."""
+    from torch._dynamo.utils import compilation_time_metrics as metrics
+
+    from openpop.runtime.compile_cache import CompileCache, watch_compiles
+    config = make_bench_config(args)
+    torch.manual_seed(0)
+    model = PipelinedBertForPretraining(config).parallelize(lambda line: None).train()
+    options = get_options(config.replace(precision=precision)).openpopBackend("compiled")
+    options.enableExecutableCaching(cache_dir)
+    executor = poptorch.trainingModel(model, options, get_optimizer(config, model))
+    batch = make_batches(config, 1)[0]
+    cpu = _cpu_seconds()
+    with watch_compiles(CompileCache.at(cache_dir)) as outcome:
+        executor.compile(*batch)
+    cpu = _cpu_seconds() - cpu
+    started = time.perf_counter()
+    loss = float(executor(*batch)[0])
+    total = sum(metrics.get("_compile.compile_inner", []))
+    backend = sum(metrics.get("OutputGraph.call_user_compiler", []))
+    print(json.dumps({"compile_seconds": executor.compileSeconds(), "cpu_seconds": cpu,
+                      "dynamo_seconds": total - backend,
+                      "backend_seconds": backend, "first_step_seconds": time.perf_counter() - started,
+                      "first_loss": loss, "loaded_from_cache": outcome.loaded_from_cache,
+                      "outcome": outcome.describe()}), flush=True)
+
+
+def compile_times(args):
+    """First and cached compile of the compiled backend, each in a fresh process (module docstring)."""
+    results = {}
+    for precision in args.precisions:
+        with tempfile.TemporaryDirectory(prefix="openpop-bert-cache-") as cache_dir:
+            for run in ("first", "cached"):
+                command = [sys.executable, os.path.abspath(__file__), "--compile-worker", precision, cache_dir,
+                           "--layers", str(args.layers), "--micro-batch", str(args.micro_batch),
+                           "--gradient-accumulation", str(args.gradient_accumulation)]
+                if args.dropout is not None:
+                    command += ["--dropout", str(args.dropout)]
+                env = dict(os.environ)
+                env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+                started = time.perf_counter()
+                done = subprocess.run(command, capture_output=True, text=True, env=env)
+                if done.returncode != 0:
+                    raise SystemExit(f"compile worker failed:\n{done.stderr[-4000:]}")
+                result = json.loads(done.stdout.strip().splitlines()[-1])
+                result["process_seconds"] = time.perf_counter() - started
+                results[f"{run}_{precision}"] = result
+                print(f"{run} compile ({precision}, L{args.layers}): {result['compile_seconds']:.1f} s "
+                      f"(Dynamo {result['dynamo_seconds']:.1f} s + "
+                      f"AOTAutograd/Inductor {result['backend_seconds']:.1f} s;"
+                      f" {result['cpu_seconds']:.0f} CPU-s; load {os.getloadavg()[0]:.1f}) - {result['outcome']}",
+                      flush=True)
+    checks = {}
+    if args.layers == 12 and "first_fp32" in results:
+        checks["first_compile<=60s"] = results["first_fp32"]["compile_seconds"] <= TARGETS["first_compile_seconds"]
+        checks["cached_compile<=10s"] = results["cached_fp32"]["compile_seconds"] <= TARGETS["cached_compile_seconds"]
+    print(json.dumps({"benchmark": "bert_compile_times", "machine": machine_info(), "layers": args.layers,
+                      "micro_batch": args.micro_batch, "gradient_accumulation": args.gradient_accumulation,
+                      "results": results, "targets_met": checks}), flush=True)
+
+
 if __name__ == "__main__":
-    main()
+    if len(sys.argv) > 3 and sys.argv[1] == "--compile-worker":
+        precision, cache_dir = sys.argv[2], sys.argv[3]
+        worker_parser = argparse.ArgumentParser()
+        for flag, kind in (("--layers", int), ("--micro-batch", int), ("--gradient-accumulation", int),
+                           ("--dropout", float)):
+            worker_parser.add_argument(flag, type=kind, default=None)
+        worker_args = worker_parser.parse_args(sys.argv[4:])
+        compile_worker(worker_args, precision, cache_dir)
+    else:
+        main()

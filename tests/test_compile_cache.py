@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -53,6 +54,51 @@ def test_second_process_loads_from_cache(tmp_path, monkeypatch):
     assert second["fx_graph_bypasses"] == second["autograd_bypasses"] == 0, second
     assert second["loaded_from_cache"] and not first["loaded_from_cache"]
     assert second["loss"] == first["loss"] and second["grads"] == first["grads"]
+
+
+def test_processes_sharing_a_cache_compile_once(tmp_path):
+    """Two processes (one thread each) compiling the same step into one new cache directory: the
+    lock lets one compile while the other waits, then loads every graph the first wrote. The test
+    holds the lock until both wait, so neither can start early."""
+    cache = CompileCache.at(str(tmp_path / "cache"))
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    logs = [tmp_path / f"stderr{i}.log" for i in range(2)]
+    with cache.locked() as held:
+        assert held
+        children = []
+        for log in logs:
+            with open(log, "w") as stderr:
+                children.append(subprocess.Popen([sys.executable, __file__, cache.path], stdout=subprocess.PIPE,
+                                                 stderr=stderr, text=True, env=env))
+        deadline = time.monotonic() + 300
+        while not all("another process is compiling into it" in log.read_text() for log in logs):
+            assert time.monotonic() < deadline and all(c.poll() is None for c in children), \
+                [log.read_text()[-2000:] for log in logs]
+            time.sleep(0.1)
+    outcomes = []
+    for child, log in zip(children, logs):
+        out, _ = child.communicate(timeout=600)
+        assert child.returncode == 0, log.read_text()[-3000:]
+        outcomes.append(json.loads(out.strip().splitlines()[-1]))
+    fresh, loaded = sorted(outcomes, key=lambda o: o["loaded_from_cache"])
+    assert fresh["fx_graph_misses"] > 0 and not fresh["loaded_from_cache"], outcomes
+    assert loaded["loaded_from_cache"] and loaded["fx_graph_misses"] == loaded["autograd_misses"] == 0, outcomes
+    assert loaded["loss"] == fresh["loss"] and loaded["grads"] == fresh["grads"]
+
+
+def test_cache_lock_is_reentrant_and_times_out(tmp_path, warnings_logged):
+    import fcntl
+    cache = CompileCache.at(str(tmp_path))
+    with compile_cache_for(cache), compile_cache_for(cache):  # nested in one process: no deadlock
+        pass
+    with open(tmp_path / "openpop-compile.lock") as other:  # another holder, as another process would be
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # free again after the blocks above
+        with cache.locked(timeout=0.2) as held:
+            assert not held
+    assert any("still locked after 0 s; compiling without the lock" in m for m in warnings_logged())
+    with cache.locked(timeout=0.2) as held:  # the other holder closed its file: free
+        assert held
 
 
 def test_settings_restored_after_the_block(tmp_path, monkeypatch):

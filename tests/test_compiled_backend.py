@@ -6,6 +6,7 @@ import contextlib
 import copy
 import inspect
 import json
+import re
 
 import pytest
 import torch
@@ -201,22 +202,59 @@ def test_unsupported_model_auto_logs_once_forced_raises(model_class, construct, 
     assert len(lines) == 1 and construct in lines[0]
 
 
-def test_auto_compiles_after_its_eager_budget():
-    """Ski rental: eager until the eager host calls have cost compile_after seconds."""
+def test_auto_compiles_after_its_eager_budget(capfd):
+    """Ski rental: eager until the eager host calls have cost compile_after seconds; the call
+    that compiles shows a progress bar of its own."""
     model = Regressor()
-    opts = compiled_options(2, backend="auto")
+    opts = compiled_options(2, backend="auto").showCompilationProgressBar(True)
     opts.openpopBackend("auto", compile_after=3600.0)
     pop = poptorch.trainingModel(model, opts)
     x, t = make_data(2 * 3)
     pop(x, t)
     assert pop._backend.last == "eager"
+    assert len(FINISHED_BAR.findall(capfd.readouterr().err)) == 1 and pop._backend.compile_seconds == 0
     pop._backend.selection.compile_after = 0.0  # as if an hour of eager calls had passed
     reference = copy.deepcopy(model)
     _, loss = pop(x, t)
     assert pop._backend.last == "compiled"
+    assert len(FINISHED_BAR.findall(capfd.readouterr().err)) == 1 and pop._backend.compile_seconds > 0
     ref_losses = train_loop(reference, torch.optim.SGD(reference.parameters(), lr=0.01), (x, t),
                             regressor_loss, 2, 1, 1)
     torch.testing.assert_close(loss, ref_losses, rtol=1e-6, atol=1e-6)
+
+
+FINISHED_BAR = re.compile(r"^Graph compilation: 100%", re.MULTILINE)
+
+
+def test_compile_compiles_the_program_and_changes_nothing(capfd):
+    """compile() builds and compiles the program under its progress bar without training: weights,
+    optimizer state and the RNG stream are unchanged; the first call then runs without compiling.
+    Without compile(), the first call compiles under one bar."""
+    model = Regressor()
+    reference = copy.deepcopy(model)
+    optimizer = poptorch.optim.Adam(model.parameters(), lr=0.01)
+    pop = poptorch.trainingModel(model, compiled_options(di=2).showCompilationProgressBar(True), optimizer)
+    x, t = make_data(2 * 3)
+    rng = torch.random.get_rng_state()
+    pop.compile(x, t)
+    assert pop._backend._program is not None and pop._backend._program.ran
+    compile_seconds = pop._backend.compile_seconds
+    assert compile_seconds > 0 and pop.compileSeconds() > compile_seconds
+    assert len(FINISHED_BAR.findall(capfd.readouterr().err)) == 1
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(p, q)
+    assert not optimizer.state and torch.equal(torch.random.get_rng_state(), rng)
+    _, losses = pop(x, t)
+    assert pop._backend.last == "compiled" and pop._backend.compile_seconds == compile_seconds
+    assert "Graph compilation" not in capfd.readouterr().err
+    ref_losses = train_loop(reference, torch.optim.Adam(reference.parameters(), lr=0.01), (x, t),
+                            regressor_loss, 2, 1, 1)
+    torch.testing.assert_close(losses, ref_losses, rtol=1e-5, atol=1e-6)
+
+    lazy = poptorch.trainingModel(Regressor(), compiled_options(di=2).showCompilationProgressBar(True))
+    lazy(x, t)
+    assert lazy._backend.last == "compiled" and lazy._backend.compile_seconds > 0
+    assert len(FINISHED_BAR.findall(capfd.readouterr().err)) == 1
 
 
 def test_backend_option_and_environment(monkeypatch):

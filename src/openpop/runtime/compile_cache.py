@@ -7,6 +7,15 @@ GPUs, Triton's kernel cache. ``compile_cache_for(options)`` points all of them a
 directory for the duration of a compile and restores the previous settings afterwards;
 ``watch_compiles()`` tells from torch's counters whether a compile was loaded from the cache.
 
+Several processes (poprun instances, a job array) compiling the same model into one cache
+directory take turns: ``compile_cache_for`` holds an exclusive ``fcntl.flock`` on
+``<cache>/openpop-compile.lock`` while it is active, so one process compiles and writes the
+artefacts and the others wait (one log line each), then find them in the cache. The lock is
+re-entrant within a process (nested ``compile_cache_for`` blocks, e.g. the BERT app around
+``compile()``), released when the block ends or the process dies, and waited for at most
+``OPENPOP_CACHE_LOCK_TIMEOUT`` seconds (default 1800); past that the process compiles without
+it (torch writes its cache entries atomically, so the worst case is compiling twice).
+
 Dynamo's tracing of the Python code is not cached by torch: a cached compile still re-traces the
 model, and only skips AOTAutograd's partitioning and Inductor's code generation. Inductor's keys
 include torch's version, the graph, the configuration and the number of intra-op threads: a
@@ -14,18 +23,25 @@ process with another ``torch.set_num_threads`` compiles afresh.
 """
 import contextlib
 import dataclasses
+import fcntl
 import os
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from typing import Optional
 
 from .. import errors
+from ..log import logger
 from . import messages
 
 ENVIRONMENT_VARIABLE = "POPTORCH_CACHE_DIR"
 OPTION = "poptorch.Options.enableExecutableCaching()"
+LOCK_FILE = "openpop-compile.lock"
+LOCK_TIMEOUT_ENV = "OPENPOP_CACHE_LOCK_TIMEOUT"
+LOCK_TIMEOUT = 1800.0
+_LOCK_POLL = 0.05
 
 # torch's counters (torch._dynamo.utils.counters) that tell a cache hit from a fresh compile.
 _COUNTERS = {
@@ -83,6 +99,35 @@ class CompileCache:
                 source=self.source, path=self.path, reason=exc.strerror or exc)) from None
 
     @contextlib.contextmanager
+    def locked(self, timeout: Optional[float] = None) -> Iterator[bool]:
+        """This process alone compiles into the directory until the block ends (module docstring).
+        Yields whether the lock is held (False after a timeout)."""
+        if timeout is None:
+            timeout = float(os.environ.get(LOCK_TIMEOUT_ENV) or LOCK_TIMEOUT)
+        with _held_locks_guard:
+            held = _held_locks.get(self.path)
+            if held is not None:
+                held[1] += 1
+        if held is not None:
+            try:
+                yield True
+            finally:
+                _release(self.path)
+            return
+        lock_path = os.path.join(self.path, LOCK_FILE)
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o666)
+        if not _acquire(fd, self.path, lock_path, timeout):
+            os.close(fd)
+            yield False
+            return
+        with _held_locks_guard:
+            _held_locks[self.path] = [fd, 1]
+        try:
+            yield True
+        finally:
+            _release(self.path)
+
+    @contextlib.contextmanager
     def active(self) -> Iterator["CompileCache"]:
         """torch's on-disk compile caches in this directory until the block ends."""
         import torch._functorch.config as functorch_config
@@ -110,6 +155,41 @@ class CompileCache:
                 clear_caches()
 
 
+_held_locks: dict = {}  # cache path -> [file descriptor, depth] of the locks this process holds
+_held_locks_guard = threading.Lock()
+
+
+def _acquire(fd: int, path: str, lock_path: str, timeout: float) -> bool:
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        pass
+    logger.warning(messages.CACHE_LOCK_WAITING, path, lock_path, timeout)
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        time.sleep(_LOCK_POLL)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue
+        logger.info(messages.CACHE_LOCK_ACQUIRED, path, time.monotonic() - started)
+        return True
+    logger.warning(messages.CACHE_LOCK_TIMEOUT, path, timeout)
+    return False
+
+
+def _release(path: str) -> None:
+    with _held_locks_guard:
+        held = _held_locks[path]
+        held[1] -= 1
+        if held[1]:
+            return
+        del _held_locks[path]
+    fcntl.flock(held[0], fcntl.LOCK_UN)
+    os.close(held[0])
+
+
 @contextlib.contextmanager
 def compile_cache_for(options) -> Iterator[Optional[CompileCache]]:
     """``with compile_cache_for(options) as cache:`` compile inside; ``options`` is a
@@ -119,7 +199,7 @@ def compile_cache_for(options) -> Iterator[Optional[CompileCache]]:
     if cache is None:
         yield None
         return
-    with cache.active():
+    with cache.locked(), cache.active():
         yield cache
 
 

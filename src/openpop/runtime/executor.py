@@ -106,10 +106,13 @@ class PoplarExecutor:
             logger.warning(errors.COMPILE_IGNORED)
             return
         inputs = BoundInputs(self._signature, args, kwargs)
-        prepare_tensors(inputs, self._warned)
-        self._compile(inputs)
+        callers = prepare_tensors(inputs, self._warned)
+        self._compile(inputs, callers)
 
-    def _compile(self, inputs: BoundInputs) -> None:
+    def _compile(self, inputs: BoundInputs, ahead_callers=None) -> None:
+        """Trace the model and build the executable. From ``compile()`` (``ahead_callers`` given) the
+        compiled backend, when it runs the calls, compiles its program here too; from a host call
+        that call compiles it and finishes the progress bar (``compiled/backend.py``)."""
         from ..compile_hooks import run_post_compile_hooks, run_pre_compile_hooks
         self._check_batch_dims(inputs)
         if self._training:
@@ -136,12 +139,28 @@ class PoplarExecutor:
             # Global replication (distributed_reduce.py): same model everywhere, instance 0's weights.
             self._processes = GlobalReplication.from_options(self._options)
             self._processes.join(model, self._optimizer)
+        self._executable, self._session = executable, session
+        self._schedule = schedule_for(settings, executable, session, self._precision)
+        backend_seconds = self._backend.compile_seconds
+        if self._backend.selection.wants_compiled() and settings.connection_type != ConnectionType.Never:
+            if ahead_callers is None:
+                self._backend.progress, bar = bar, None
+            else:
+                self._compile_ahead(inputs, ahead_callers)
         if bar is not None:
             bar.finish()
         run_post_compile_hooks()
-        self._compile_seconds = time.perf_counter() - started
-        self._executable, self._session = executable, session
-        self._schedule = schedule_for(settings, executable, session, self._precision)
+        # (the backend's compile counts in compileSeconds() as the backend's)
+        self._compile_seconds = time.perf_counter() - started - (self._backend.compile_seconds - backend_seconds)
+
+    def _compile_ahead(self, inputs: BoundInputs, callers) -> None:
+        """The compiled backend's program compiled now; a failure leaves the executor uncompiled."""
+        try:
+            self._session.move_inputs(inputs, callers)
+            self._backend.compile_ahead(self, inputs, self._executable)
+        except BaseException:
+            self._executable = self._session = self._schedule = None
+            raise
 
     def _claim_model(self) -> None:
         """A destroyed training executor that runs again wraps its model again, unless another
@@ -175,6 +194,7 @@ class PoplarExecutor:
         # The compiled backend runs the call unless it declines, or unless the call is traced: a
         # compiled program has no stages to trace, so traced calls run eagerly (same results).
         result = DECLINED if trace.records_next_call(self) else self._backend.run(self, inputs, self._executable)
+        self._backend._finish_progress()  # (a traced first call: the executor's compile is over)
         if result is not DECLINED:
             trace.count_untraced_call(self)
             callers.write_back()
@@ -348,12 +368,12 @@ class PoplarExecutor:
             raise errors.createPoptorchError(errors.COMPILE_TIME_NOT_COMPILED)
         if not self._settings.show_compilation_progress_bar:
             raise errors.createPoptorchError(errors.COMPILE_TIME_NO_BAR)
-        return datetime.timedelta(seconds=self._compile_seconds)
+        return datetime.timedelta(seconds=self.compileSeconds())
 
     def compileSeconds(self):
         """openpop extension: seconds the compile pass took (None before compile); unlike
         ``compilationTime()`` it does not need the progress bar option."""
-        return None if self._executable is None else self._compile_seconds
+        return None if self._executable is None else self._compile_seconds + self._backend.compile_seconds
 
     def executionPlan(self):
         """openpop extension: the ``ExecutionPlan`` (blocks, stages, IPUs, devices) built at

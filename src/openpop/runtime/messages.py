@@ -12,6 +12,11 @@ ANCHOR_HINT_INFERENCE = "; gradients exist in training models only"
 CACHE_PATH = "{source}: the executable cache path must be a non-empty directory path, got {path!r}."
 CACHE_NOT_WRITABLE = ("{source}: cannot use {path} as the executable cache directory ({reason}). Pass a "
                       "writable directory to {source}, or unset it to compile without a cache.")
+CACHE_LOCK_WAITING = ("Executable cache %s: another process is compiling into it (lock %s held); waiting up to "
+                      "%.0f s to load what it compiles")
+CACHE_LOCK_ACQUIRED = "Executable cache %s: lock acquired after %.1f s of waiting"
+CACHE_LOCK_TIMEOUT = ("Executable cache %s: still locked after %.0f s; compiling without the lock (set "
+                      "OPENPOP_CACHE_LOCK_TIMEOUT to wait longer)")
 
 # --- compiled backend -----------------------------------------------------------
 UNKNOWN_BACKEND = ("Unknown openpop backend {name!r}: use one of {backends} "

@@ -8,6 +8,17 @@ A model may take part (Lightning's ``StepModule`` does): ``compiled_micro_batch_
 asked after the probe, is how many trailing output leaves the program returns for every
 micro-batch whatever the output mode; ``compiled_host_call_result(result)`` turns the program's
 result into the host call's.
+
+When torch.compile compiles (the ``Graph compilation`` bar, ``compile_seconds``):
+
+* ``executor.compile(*args)`` with the backend forced (or ``auto`` with ``compile_after=0``):
+  ``compile_ahead`` builds the program and compiles it by running it once on ``compile()``'s
+  arguments and discarding the results (the program is a pure function: weights, optimizer
+  state and the RNG stream are as before). The executor's bar covers it; the first host call
+  just runs.
+* the first host call without ``compile()``: that call compiles and runs the program; the
+  executor hands its bar over (``progress``) and the bar finishes after the call.
+* ``auto`` once the eager budget is spent: the host call that compiles prints a bar of its own.
 """
 import contextlib
 import time
@@ -18,6 +29,7 @@ from ... import errors
 from ...log import logger
 from .. import context, messages
 from ..compile_cache import compile_cache_for
+from ..progress import CompilationProgress
 from ..weights import bump_weights_version
 from . import step_hooks
 from .arguments import ProgramArguments
@@ -39,6 +51,8 @@ class CompiledBackend:
         self._arguments = None  # ProgramArguments of _program
         self._key = None
         self.last = None  # "compiled" or "eager": which backend ran the last host call
+        self.progress = None  # the executor's unfinished bar, when the next run compiles
+        self.compile_seconds = 0.0  # time spent compiling programs (torch.compile, first runs)
 
     def record_eager(self, seconds: float) -> None:
         self.selection.record_eager(seconds)
@@ -51,29 +65,61 @@ class CompiledBackend:
 
     def run(self, executor, inputs, compiled):
         if not self.selection.wants_compiled():
+            self._finish_progress()
             return DECLINED
+        return self._run(executor, inputs, compiled, dry_run=False)
+
+    def compile_ahead(self, executor, inputs, compiled) -> None:
+        """``compile()``: build and compile the program now, changing nothing (module docstring)."""
+        if self.selection.wants_compiled():
+            rng = _RngState()
+            try:
+                self._run(executor, inputs, compiled, dry_run=True)
+            finally:
+                rng.restore()
+
+    def _run(self, executor, inputs, compiled, dry_run):
         with _compiled_modes(compiled):
             try:
                 program = self._program_for(executor, inputs, compiled)
             except Ineligible as exc:
+                self._finish_progress()
                 return self._decline(str(exc))
-            try:
-                if program.ran:
-                    result = self._execute(executor, inputs, compiled, program)
-                else:  # torch.compile compiles now: with the executable cache, if enabled
-                    with compile_cache_for(executor._compile_cache):
-                        result = self._execute(executor, inputs, compiled, program)
+            if program.ran:
+                try:
+                    return self._execute(executor, inputs, compiled, program, dry_run)
+                except Exception as exc:
+                    if type(exc).__name__ != "FailOnRecompileLimitHit":  # torch._dynamo.exc
+                        raise
+                    # A program re-traces when a Python value the model reads changes (guards);
+                    # past torch's limit it fails before running anything: from then on, eager.
+                    self.reset()
+                    return self._decline(messages.INELIGIBLE_RECOMPILES.format(error=_first_line(exc)), exc)
+            progress, handed = self.progress, self.progress is not None
+            if progress is None and not dry_run and executor._settings.show_compilation_progress_bar:
+                progress = CompilationProgress()
+            self.progress = None
+            started = time.perf_counter()
+            try:  # torch.compile compiles now: with the executable cache, if enabled
+                with compile_cache_for(executor._compile_cache):
+                    result = self._execute(executor, inputs, compiled, program, dry_run)
             except Exception as exc:  # torch.compile's errors have many types
-                if program.ran and type(exc).__name__ != "FailOnRecompileLimitHit":  # torch._dynamo.exc
-                    raise
-                # A program re-traces when a Python value the model reads changes (guards); past
-                # torch's limit it fails before running anything: from then on, eager.
-                reason = messages.INELIGIBLE_RECOMPILES if program.ran else messages.INELIGIBLE_FULLGRAPH
                 self.reset()
-                return self._decline(reason.format(error=_first_line(exc)), exc)
+                if handed and not self.selection.forced:  # the executor's compile itself succeeded
+                    progress.finish()
+                return self._decline(messages.INELIGIBLE_FULLGRAPH.format(error=_first_line(exc)), exc)
+            finally:
+                self.compile_seconds += time.perf_counter() - started
         program.ran = True
-        self.last = "compiled"
+        if progress is not None:
+            progress.finish()
         return result
+
+    def _finish_progress(self):
+        """The call that was to compile runs eagerly: the executor's compile has finished."""
+        if self.progress is not None:
+            self.progress.finish()
+            self.progress = None
 
     def _decline(self, reason, cause=None):
         if self.selection.forced:
@@ -119,7 +165,7 @@ class CompiledBackend:
         return program
 
     # ------------------------------------------------------------------ running
-    def _execute(self, executor, inputs, compiled, program):
+    def _execute(self, executor, inputs, compiled, program, dry_run=False):
         started = time.time()
         arguments = self._arguments
         split = arguments.split(inputs)
@@ -145,6 +191,10 @@ class CompiledBackend:
                 if hooks is not None:
                     hooks.abort_compiled_call()
                 raise
+            if dry_run:  # compile(): nothing is committed, per-step state is put back
+                if hooks is not None:
+                    hooks.abort_compiled_call()
+                return None
             if graphed:  # the graph's outputs are overwritten by its next replay
                 new_state = [{k: v.clone() for k, v in st.items()} for st in new_state]
             if buffers:
@@ -165,6 +215,7 @@ class CompiledBackend:
         executor._perf = {"input": [[started] * steps], "input_complete": [[started] * steps],
                           "output": [[done] * steps], "output_complete": [[done] * steps]}
         executor._last_run_seconds = done - started
+        self.last = "compiled"
         return result
 
 
@@ -229,6 +280,20 @@ def _compiled_modes(compiled):
     finally:
         for module in changed:
             module.training = not module.training
+
+
+class _RngState:
+    """The default generators' states, put back after a dry run (dropout draws from them)."""
+
+    def __init__(self):
+        self._cpu = torch.random.get_rng_state()
+        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        self._cuda = torch.cuda.get_rng_state_all() if cuda else None
+
+    def restore(self):
+        torch.random.set_rng_state(self._cpu)
+        if self._cuda is not None:
+            torch.cuda.set_rng_state_all(self._cuda)
 
 
 def _first_micro_batch(executor, inputs):
