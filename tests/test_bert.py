@@ -111,6 +111,20 @@ def test_flags_override_keys_and_single_layers_per_ipu_value_expands():
     assert config.config == "pretrain_base_128"
 
 
+@pytest.mark.parametrize("argv, environment, backend", [
+    ([], None, "eager"),  # not auto: BERT's program compiles for minutes, auto's budget is 30 s
+    ([], "compiled", "compiled"),
+    (["--backend", "auto"], "compiled", "auto"),
+])
+def test_backend_is_eager_unless_asked(argv, environment, backend, monkeypatch):
+    if environment is None:
+        monkeypatch.delenv("OPENPOP_BACKEND", raising=False)
+    else:
+        monkeypatch.setenv("OPENPOP_BACKEND", environment)
+    config = parse_args(["--config", "demo_tiny_128", *argv])
+    assert train.get_options(config).openpop_backend == backend
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--config", "no_such_config"], "unknown config 'no_such_config': choose one of"),
     (["--config", "pretrain_base_128", "--layers-per-ipu", "1", "4", "4", "4"],

@@ -119,6 +119,10 @@ _KEYS: list[Key] = [
     Key("profile_dir", _optional_str, None, "Profile directory: a torch.profiler trace, report.json and "
         "report.html of the first 2 host calls (python -m openpop.report DIR summarises it)", flag_only=True),
     Key("compile_only", str_to_bool, False, "Compile, then exit without training", flag_only=True),
+    Key("backend", _optional_str, None, "openpop: the runtime's backend (Options.openpopBackend). Default: "
+        "$OPENPOP_BACKEND, else eager - not auto, whose 30 s eager budget assumes a compile of about that "
+        "long, while BERT's program takes minutes to compile on a few CPU cores",
+        choices=("auto", "eager", "compiled"), flag_only=True),
     Key("recomputation", str_to_bool, False,
         "openpop: recompute each block's activations in the backward pass (saves memory, costs a forward "
         "pass; IPUs needed it, CPUs/GPUs rarely do)"),
@@ -277,7 +281,8 @@ def validate(config: BertRunConfig) -> BertRunConfig:
              "duplication_factor")
     for key in _KEYS:
         value = getattr(config, key.name)
-        if key.choices is not None and value not in key.choices:
+        optional_and_unset = value is None and key.default is None
+        if key.choices is not None and value not in key.choices and not optional_and_unset:
             raise ConfigError(messages.NOT_ONE_OF.format(
                 name=key.name, choices=', '.join(map(str, key.choices)), value=value))
 

@@ -8,6 +8,7 @@ Prints what the recipe prints (on stderr): the config, data loading, the device 
 compilation, one line per step with losses, accuracies and throughput, and the training
 metrics. On a terminal the steps show as a progress bar; otherwise as plain lines.
 """
+import os
 import random
 import sys
 import time
@@ -20,6 +21,7 @@ import torch
 import poptorch
 
 from ..runtime.compile_cache import CompileCache, CompileOutcome, compile_cache_for, watch_compiles
+from ..runtime.compiled.selection import ENV as BACKEND_ENV
 from ..runtime.half_compute import low_precision_is_faster
 from . import checkpoint as ckpt
 from . import messages
@@ -109,6 +111,7 @@ def get_options(config: BertRunConfig, instances: Optional[Instances] = None) ->
         .useReplicatedTensorSharding(config.replicated_tensor_sharding))
     opts.setExecutionStrategy(poptorch.PipelinedExecution(poptorch.AutoStage.AutoIncrement))
     opts.setAvailableMemoryProportion({f"IPU{i}": p for i, p in enumerate(config.matmul_proportion)})
+    opts.openpopBackend(config.backend or os.environ.get(BACKEND_ENV) or "eager")  # see the --backend help
     if config.executable_cache_dir:
         opts.enableExecutableCaching(config.executable_cache_dir)
     if config.profile_dir:
