@@ -143,3 +143,24 @@ def test_anchored_gradient_of_a_weight_outside_the_optimizer_is_declined():
         pop(*make_data(4))
     for key, value in model.state_dict().items():
         assert torch.equal(value, before[key])
+
+
+class Normed(Regressor):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.BatchNorm1d(6)
+
+    def forward(self, x, target):
+        return super().forward(self.norm(x), target)
+
+
+def test_anchored_buffer_the_forward_updates_is_declined_unless_final():
+    """Its per-step values are not reported: only ``Final`` (read after the call) runs compiled."""
+    model = Normed()
+    opts = poptorch.Options().deviceIterations(2).openpopBackend("compiled")
+    opts.anchorTensor("mean", "norm.running_mean", poptorch.OutputMode.All)
+    pop = poptorch.trainingModel(model, opts, poptorch.optim.SGD(model.parameters(), lr=0.1))
+    before = model.norm.running_mean.clone()
+    with pytest.raises(poptorch.Error, match="buffer norm.running_mean, updated by the forward pass"):
+        pop(*make_data(8))
+    assert torch.equal(model.norm.running_mean, before)
