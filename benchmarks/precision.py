@@ -5,6 +5,11 @@ half-compute policy (``OPENPOP_HALF_COMPUTE=auto``: float32 arithmetic where hal
 slow here) - all measured side by side in this run, with this machine's matmul rates.
 
     python benchmarks/precision.py [--layers 2 --d-model 256 --seq 64 --batch 8 --repeats 5 --threads N]
+    python benchmarks/precision.py --dropout 0 --device-iterations 4 --variants fp32 fp32_compiled \
+        bf16_autocast_policy bf16_autocast_compiled fp16_model_policy fp16_model_compiled
+
+The ``*_compiled`` variants (not run by default: each compiles for a minute or more) run the same
+model on the compiled backend (``openpopBackend("compiled")``; dropout must be 0 for it).
 
 Every variant trains a copy of the same model on the same data with AdamW. Each repeat times one
 host call of ``--device-iterations`` optimizer steps per variant, interleaved so machine load
@@ -39,21 +44,25 @@ class Encoder(torch.nn.Module):
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1))
 
 
-# name: (model dtype, autocast dtype, OPENPOP_HALF_COMPUTE)
+# name: (model dtype, autocast dtype, OPENPOP_HALF_COMPUTE, backend)
 VARIANTS = {
-    "fp32": (torch.float32, None, "auto"),
-    "bf16_model_native": (torch.bfloat16, None, "native"),
-    "bf16_model_policy": (torch.bfloat16, None, "auto"),
-    "fp16_model_native": (torch.float16, None, "native"),
-    "fp16_model_policy": (torch.float16, None, "auto"),
-    "bf16_autocast_native": (torch.float32, torch.bfloat16, "native"),
-    "bf16_autocast_policy": (torch.float32, torch.bfloat16, "auto"),
+    "fp32": (torch.float32, None, "auto", "eager"),
+    "bf16_model_native": (torch.bfloat16, None, "native", "eager"),
+    "bf16_model_policy": (torch.bfloat16, None, "auto", "eager"),
+    "fp16_model_native": (torch.float16, None, "native", "eager"),
+    "fp16_model_policy": (torch.float16, None, "auto", "eager"),
+    "bf16_autocast_native": (torch.float32, torch.bfloat16, "native", "eager"),
+    "bf16_autocast_policy": (torch.float32, torch.bfloat16, "auto", "eager"),
+    "fp32_compiled": (torch.float32, None, "auto", "compiled"),
+    "bf16_autocast_compiled": (torch.float32, torch.bfloat16, "auto", "compiled"),
+    "fp16_model_compiled": (torch.float16, None, "auto", "compiled"),
 }
+DEFAULT_VARIANTS = [name for name, variant in VARIANTS.items() if variant[3] == "eager"]
 
 
-def make_runner(base, dtype, autocast, setting, args):
+def make_runner(base, dtype, autocast, setting, backend, args):
     model = copy.deepcopy(base).to(dtype)
-    opts = poptorch.Options().deviceIterations(args.device_iterations)
+    opts = poptorch.Options().deviceIterations(args.device_iterations).openpopBackend(backend)
     opts.showCompilationProgressBar(False)
     if autocast is not None:
         opts.Precision.autocast(True, autocast)
@@ -93,7 +102,7 @@ def main():
     parser.add_argument("--device-iterations", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--matmul-size", type=int, default=512)
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, choices=list(VARIANTS))
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = parser.parse_args()
     if args.threads:

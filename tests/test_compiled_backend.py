@@ -344,7 +344,10 @@ def test_optimizers_without_a_functional_update_are_named():
     assert "LBFGS" in unsupported_reason(torch.optim.LBFGS(params))
     assert "OwnStep.step overridden" in unsupported_reason(OwnStep(params, lr=0.1))
     assert "step hooks" in unsupported_reason(hooked)
-    assert "float16" in unsupported_reason(poptorch.optim.SGD(params, lr=0.1, accum_type=torch.float16))
+    assert unsupported_reason(poptorch.optim.SGD(params, lr=0.1, accum_type=torch.float16)) is None
+    half = [torch.nn.Parameter(torch.zeros(2, dtype=torch.float16))]
+    assert unsupported_reason(poptorch.optim.SGD(half, lr=0.1)) is None
+    assert "torch.float16 parameter" in unsupported_reason(torch.optim.SGD(half, lr=0.1))  # computes in half
 
 
 def test_traced_calls_run_eagerly_and_training_is_unchanged(tmp_path):

@@ -14,7 +14,7 @@ works):
 Each anchor follows its own output mode (default: the model's): ``All`` stacks the value of
 every step, ``EveryN`` every N-th, ``Final`` keeps the last, ``Sum`` adds them up.
 """
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -28,17 +28,26 @@ UPDATED = "UpdatedVar___"
 
 
 class Anchor:
-    def __init__(self, read: Callable[[], torch.Tensor], mode: OutputMode, period: int):
-        self.read = read
+    """One anchored tensor: ``kind`` is ``GRADIENT``, ``UPDATED`` or "" (the value itself) of
+    ``tensor`` (a parameter or buffer)."""
+
+    def __init__(self, kind: str, tensor: torch.Tensor, mode: OutputMode, period: int):
+        self.kind = kind
+        self.tensor = tensor
         self.mode = mode
         self.period = period
         self.values: list[torch.Tensor] = []
 
-    def record(self, step: int, last: bool) -> None:
+    def read(self) -> Optional[torch.Tensor]:
+        return self.tensor.grad if self.kind == GRADIENT else self.tensor
+
+    def record(self, step: int, last: bool, value: Optional[Callable[[], torch.Tensor]] = None) -> None:
+        """Keep the step's value if the anchor's output mode returns it. ``value``: where it comes
+        from instead of ``read`` (the compiled backend's per-step values)."""
         mode = self.mode
         if not returned(mode, self.period, step, last):
             return
-        value = self.read()
+        value = (value or self.read)()
         if value is None:
             return
         value = value.detach().to("cpu", copy=True)
@@ -66,7 +75,7 @@ class AnchoredTensors:
         buffers = dict(model.named_buffers(remove_duplicate=False))
         self._anchors: dict[str, Anchor] = {}
         for short_name, (long_name, use_default, mode, period) in anchored.items():
-            read = _reader(long_name, params, buffers, training)
+            kind, tensor = _resolve(long_name, params, buffers, training)
             if use_default or mode is None:  # the model's output mode, period included
                 mode, period = default_mode, default_period
             mode = OutputMode(mode)
@@ -74,11 +83,14 @@ class AnchoredTensors:
                 mode = OutputMode.Final if training else OutputMode.All
             if mode == OutputMode.EveryN and (not isinstance(period, int) or period < 1):
                 raise errors.createPoptorchError(messages.ANCHOR_PERIOD.format(name=short_name, period=period))
-            self._anchors[short_name] = Anchor(read, mode, period if mode == OutputMode.EveryN else 1)
+            self._anchors[short_name] = Anchor(kind, tensor, mode, period if mode == OutputMode.EveryN else 1)
         self.memory: dict[str, torch.Tensor] = {}
 
     def __bool__(self) -> bool:
         return bool(self._anchors)
+
+    def anchors(self) -> list[Anchor]:
+        return list(self._anchors.values())
 
     def start_call(self) -> None:
         for anchor in self._anchors.values():
@@ -92,7 +104,8 @@ class AnchoredTensors:
         self.memory = {name: anchor.result() for name, anchor in self._anchors.items()}
 
 
-def _reader(long_name: str, params: dict, buffers: dict, training: bool):
+def _resolve(long_name: str, params: dict, buffers: dict, training: bool):
+    """(kind, the parameter or buffer) an anchor's long name refers to."""
     kind = ""
     name = long_name
     for prefix in (GRADIENT, UPDATED):
@@ -103,9 +116,7 @@ def _reader(long_name: str, params: dict, buffers: dict, training: bool):
         known = ", ".join(list(params)[:4] + (["..."] if len(params) > 4 else []))
         hint = messages.ANCHOR_HINT_TRAINING if training else messages.ANCHOR_HINT_INFERENCE
         raise errors.createPoptorchError(messages.ANCHOR_NOT_FOUND.format(name=long_name, known=known, hint=hint))
-    if kind == GRADIENT:
-        return lambda: tensor.grad
-    return lambda: tensor
+    return kind, tensor
 
 
 def _find(name: str, tensors: dict):

@@ -34,6 +34,8 @@ INELIGIBLE_CUMULATIVE_AVERAGE = ("{module} with momentum=None (its cumulative av
                                  "as a Python number)")
 INELIGIBLE_OUTPUTS = "outputs that are not tensors"
 INELIGIBLE_NO_GRADIENT = "parameter {name} gets no gradient (eager leaves it and its state untouched)"
+INELIGIBLE_ANCHORED_GRADIENT = "an anchored gradient of {name}, which the optimizer does not update"
+INELIGIBLE_ANCHORED_BUFFER = "buffer {name}, updated by the forward pass, anchored in a mode other than Final"
 INELIGIBLE_STAGE_DEVICES = ("pipeline stages on several devices (the device map puts the blocks on {devices}; "
                             "a compiled program runs a plan whose virtual IPUs all map onto one device)")
 INELIGIBLE_CONCURRENT_STAGES = "pipeline stages run by concurrent micro-batch threads ({env}=on)"

@@ -101,11 +101,10 @@ class RunPrecision:
             yield
 
     def traced_forward(self, model: torch.nn.Module):
-        """The contexts ``forward`` enters, for a compiled program, as zero-argument factories:
-        ``(around the traced forward, around the whole compiled call)`` - autocast, and
-        ``LowPrecisionOps`` (a torch function mode: torch.compile traces it from the outside, and
-        it changes nothing but the forward's half ops). Floating-point exceptions have no traced
-        form (the compiled backend declines them)."""
+        """``(factories, mode)``: the contexts ``forward`` enters, as zero-argument factories a
+        compiled program enters inside its traced forward (autocast, ``LowPrecisionOps``), and
+        whether one is a torch function mode. Floating-point exceptions have no traced form (the
+        compiled backend declines them)."""
         if self._low_precision_ops is None:
             self._low_precision_ops = self._needs_low_precision_ops(model)
         factories = []
@@ -113,8 +112,9 @@ class RunPrecision:
             factories.append(functools.partial(torch.autocast, "cpu", dtype=self.autocast_dtype))
             if torch.cuda.is_available():
                 factories.append(functools.partial(torch.autocast, "cuda", dtype=self.autocast_dtype))
-        whole_call = [functools.partial(LowPrecisionOps, self.half_compute)] if self._low_precision_ops else []
-        return factories, whole_call
+        if self._low_precision_ops:
+            factories.append(functools.partial(LowPrecisionOps, self.half_compute))
+        return factories, self._low_precision_ops
 
     @contextlib.contextmanager
     def running(self, model: torch.nn.Module):

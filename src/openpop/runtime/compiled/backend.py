@@ -34,8 +34,9 @@ from ..weights import bump_weights_version
 from . import step_hooks
 from .arguments import ProgramArguments
 from .cuda_graphs import compile_options, mark_step_begin
-from .eligibility import Ineligible, check_static, probe
+from .eligibility import Ineligible, anchored_in_program, check_static, probe
 from .functional_optim import FunctionalOptimizer, signature
+from .loss_scaling import ScalingState
 from .selection import Selection
 
 DECLINED = object()
@@ -154,11 +155,17 @@ class CompiledBackend:
         micro_batch_leaves = getattr(model, "compiled_micro_batch_leaves", None)
         layout = Layout(executor, inputs, probed.spec, probed.leaves, micro_batch_leaves() if micro_batch_leaves else 0)
         device = next(iter(model.parameters()), torch.empty(0)).device
-        compile_kwargs = _compile_kwargs(device, executor._geometry, probed.draws_random)
+        contexts, stepwise = executor._precision.traced_forward(model)
+        compile_kwargs = _compile_kwargs(device, executor._geometry, probed.draws_random, half_casts=bool(contexts),
+                                         loops=not stepwise)
+        scaling = ScalingState(executor._precision.dynamic if executor._training else None,
+                               executor._geometry.device_iterations)
         sets = executor._geometry.replication_factor if compiled.replica_buffers.per_replica else 1
         program = Program(model, layout, functional, compiled.loss_index, trained, frozen,
                           lambda fn: torch.compile(fn, fullgraph=True, dynamic=False, **compile_kwargs),
-                          *executor._precision.traced_forward(model),
+                          contexts, stepwise, scaling,
+                          anchored_in_program(compiled.anchors, model, trained, executor._training,
+                                              probed.updated_buffers),
                           buffer_names=probed.updated_buffers, buffer_sets=sets, draws_random=probed.draws_random)
         self._program, self._key = program, key
         self._arguments = ProgramArguments(model, trained, frozen, executor._geometry)
@@ -175,18 +182,19 @@ class CompiledBackend:
             trained, frozen = arguments.parameters()
             hooks = step_hooks.of(executor._optimizer) if program.per_step_hyper else None
             if functional is not None:
-                state, loss_scale = functional.state_in(), functional.loss_scale()
+                state = functional.state_in()
+                scaling = program.scaling.inputs(functional.loss_scale(), executor._precision.dynamic)
                 hyper = functional.hyper() if hooks is None else functional.hyper_steps(
                     hooks.begin_compiled_call(executor._geometry.device_iterations, functional.hyper_values))
             else:
-                state, hyper, loss_scale = [], [], _ONE
+                state, hyper, scaling = [], [], {"scale": _ONE}
             buffers = _buffer_sets(executor._model, program, compiled.replica_buffers)
             graphed = mark_step_begin(trained)
             try:
                 with _generators_kept_on_error(program.draws_random, [*trained, *frozen]):
-                    new_params, new_state, new_buffers, outs = program.run(
+                    new_params, new_state, new_buffers, outs, scaling, anchored = program.run(
                         split, [p.detach() for p in trained], [p.detach() for p in frozen],
-                        [b for values in buffers for b in values], state, hyper, loss_scale)
+                        [b for values in buffers for b in values], state, hyper, scaling)
             except BaseException:
                 if hooks is not None:
                     hooks.abort_compiled_call()
@@ -202,8 +210,11 @@ class CompiledBackend:
             if functional is not None:
                 torch._foreach_copy_(trained, list(new_params))
                 functional.commit(list(new_state))
+                program.scaling.commit(executor._precision.loss_scaler(executor._optimizer), scaling)
                 for p in trained:
                     p.grad = None
+            if compiled.anchors:
+                program.record_anchors(compiled.anchors, anchored)
         if executor._training:
             bump_weights_version(executor._user_model)
         result = program.finish(outs)
@@ -219,21 +230,26 @@ class CompiledBackend:
         return result
 
 
-def _compile_kwargs(device, geometry, draws_random):
+def _compile_kwargs(device, geometry, draws_random, half_casts=False, loops=True):
     """``torch.compile``'s arguments for a program on ``device``. CUDA: CUDA graphs
     (``cuda_graphs.py``). CPU, a program that loops over device iterations: Inductor's C++
     wrapper. Its default Python wrapper runs ``while_loop`` as a Python loop calling each
     iteration's kernels from Python (argument asserts, buffer allocations, ATen matmul calls: ~20 µs
     per step of the tiny MLP); the C++ wrapper runs the same loop in C++ (benchmarks/host_overhead.py:
     DI=256 34 -> 12 µs per step). A one-step program has no loop and keeps the Python wrapper
-    (measured no faster in C++). A model that draws random numbers: aten's random ops, drawing
-    from torch's generators at run time as eager does (``program.py``); only then, as it changes
-    Inductor's decompositions."""
+    (measured no faster in C++); so do stepwise ones (``loops=False``). A model that draws random
+    numbers: aten's random ops, drawing from torch's generators at run time as eager does
+    (``program.py``); only then, as it changes Inductor's decompositions. ``half_casts`` (programs
+    holding float16/bfloat16 tensors): every half intermediate rounded as eager rounds it
+    (Inductor otherwise keeps fused element-wise chains in float32: half gradients summed over
+    micro-batches, half weights updated would differ from eager's by an ulp)."""
     options = dict(compile_options(device))
-    if not options and geometry.device_iterations > 1:
+    if not options and loops and geometry.device_iterations > 1:
         options["cpp_wrapper"] = True
     if draws_random:
         options["fallback_random"] = True
+    if half_casts:
+        options["emulate_precision_casts"] = True
     return {"options": options} if options else {}
 
 

@@ -22,6 +22,7 @@ import torch
 
 from ...enums import OutputMode
 from .. import context, messages
+from ..anchors import GRADIENT
 from ..outputs import flatten_output
 from ..pipeline import CONCURRENCY_ENV
 from ..weights import BufferSnapshot, NormStatistics
@@ -43,13 +44,11 @@ def static_reasons(executor, executable):
         (layout.replicas_apart, "replicas on devices of their own"),
         (layout.concurrent, messages.INELIGIBLE_CONCURRENT_STAGES.format(env=CONCURRENCY_ENV)),
         (getattr(executor._processes, "num_processes", 1) > 1, "replicas in several processes (popdist)"),
-        (bool(executable.anchors), "anchored tensors (Options.anchorTensor)"),
         (executable.track_losses, "a loss that the model does not return as one of its outputs"),
         (precision.fp_exceptions, "Precision.enableFloatingPointExceptions"),
         (precision.stochastic_rounding, "Precision.enableStochasticRounding"),
-        (precision.dynamic is not None, "automatic loss scaling"),
-        (any(t.dtype != torch.float32 for t in list(executor._model.parameters()) + list(executor._model.buffers())
-             if t.is_floating_point()), "float16/bfloat16/float64 weights or buffers"),
+        (any(t.dtype == torch.float64 for t in list(executor._model.parameters()) + list(executor._model.buffers())),
+         "float64 weights or buffers"),
         (OutputMode(settings.output_mode) == OutputMode.EveryN
          and executor._geometry.device_iterations % max(1, settings.output_return_period) != 0,
          "OutputMode.EveryN with a period that does not divide deviceIterations"),
@@ -124,3 +123,31 @@ def probe(executor, micro_args, micro_kwargs, executable):
             raise Ineligible(messages.INELIGIBLE_NO_GRADIENT.format(name=unused[0]))
     return Probed(spec, [(tuple(leaf.shape), leaf.dtype) for leaf in flat],
                   [name for name, b in model.named_buffers() if id(b) in updated], draws_random)
+
+
+def anchored_in_program(anchors, model, trained_names, training, updated_buffers=()):
+    """The anchors whose per-step values the program reports, as ``(anchor, "grad" | "param",
+    index in trained_names)``: gradients and (training) the weights the optimizer updates. The
+    others - buffers, weights that do not change - the host reads after the call, as eager does.
+    Raises ``Ineligible`` for the gradient of a weight outside the optimizer (the program
+    computes only the optimizer's gradients) and for a buffer the forward updates anchored in a
+    mode other than ``Final`` (its per-step values are not reported)."""
+    if not anchors:
+        return []
+    buffers = dict(model.named_buffers())
+    for name in updated_buffers:
+        for anchor in anchors.anchors():
+            if anchor.tensor is buffers.get(name) and anchor.mode != OutputMode.Final:
+                raise Ineligible(messages.INELIGIBLE_ANCHORED_BUFFER.format(name=name))
+    if not training:
+        return []
+    index = {id(p): trained_names.index(n) for n, p in model.named_parameters() if n in trained_names}
+    reported = []
+    for anchor in anchors.anchors():
+        k = index.get(id(anchor.tensor))
+        if anchor.kind == GRADIENT and k is None and anchor.tensor.requires_grad:
+            names = {id(p): n for n, p in model.named_parameters()}
+            raise Ineligible(messages.INELIGIBLE_ANCHORED_GRADIENT.format(name=names.get(id(anchor.tensor), "?")))
+        if k is not None:
+            reported.append((anchor, "grad" if anchor.kind == GRADIENT else "param", k))
+    return reported

@@ -20,6 +20,12 @@ With step hooks attached (``step_hooks.py``) the hyperparameters are per step: `
 stacks each one over the host call's optimizer steps (``[steps]`` tensors, indexed by the
 program's step counter), and the hooks' gradient clipping (by norm or by value) is part of the
 update.
+
+Precision follows ``optim/_base.py``: updates are computed in float32 from float32 copies of
+float16/bfloat16 parameters, gradients and state, the new parameters rounded to the parameter's
+dtype; state is stored in its ``*_accum_type`` (float16 rounded after each update, the update
+itself using the unrounded value) or else float32. torch's own optimizers compute half
+parameters in half: only their float32 parameters are supported.
 """
 import inspect
 import math
@@ -30,6 +36,7 @@ import torch.optim.optimizer as _torch_optimizer
 from . import adaptive_updates, step_hooks
 
 _VELOCITY_SCALE_KEY = "velocity_scaling"  # optim/sgd.py: momentum_buffer is stored times this
+_HALF = (torch.float16, torch.bfloat16)
 
 
 _FAMILIES = {}  # optimizer class -> family_of (asked on every compiled host call)
@@ -77,10 +84,6 @@ def unsupported_reason(optimizer):
     if family is None:
         return (f"optimizer {type(optimizer).__name__} has no functional update "
                 "(SGD, Adam, AdamW, LAMB, RMSprop have)")
-    for attr in ("accum_type", "velocity_accum_type", "first_order_momentum_accum_type",
-                 "second_order_momentum_accum_type"):
-        if getattr(optimizer, attr, torch.float32) != torch.float32:
-            return f"optimizer {attr}={getattr(optimizer, attr)} (float16 optimizer state)"
     if not _known_step(type(optimizer)):
         return f"{type(optimizer).__name__}.step overridden (only the library's update is known)"
     hooks = step_hooks.of(optimizer)
@@ -99,9 +102,15 @@ def unsupported_reason(optimizer):
         if group.get("differentiable", False):
             return "a differentiable optimizer"
         for p in group["params"]:
-            if p.dtype != torch.float32:
-                return f"a {p.dtype} parameter (the compiled backend updates float32 parameters)"
+            if p.dtype != torch.float32 and not (_is_openpop(optimizer) and p.dtype in _HALF):
+                return (f"a {p.dtype} parameter (the compiled backend updates float32 parameters, and "
+                        "float16/bfloat16 ones with poptorch.optim optimizers)")
     return None
+
+
+def _is_openpop(optimizer) -> bool:
+    from ...optim._base import Optimizer
+    return isinstance(optimizer, Optimizer)
 
 
 def _no_step_hooks(optimizer) -> bool:
@@ -157,6 +166,21 @@ class FunctionalOptimizer:
         self.params = [p for params in self.groups for p in params]
         self.device = self.params[0].device if self.params else torch.device("cpu")
         self.combined = bool(getattr(optimizer, "use_combined_accum", False))
+        first = getattr(optimizer, "first_order_momentum_accum_type", None)
+        second = getattr(optimizer, "second_order_momentum_accum_type", None)
+        if self.family == "sgd":
+            velocity = optimizer.accum_type if self.combined else getattr(optimizer, "velocity_accum_type", None)
+            self.accum_types = {"momentum_buffer": velocity}
+        elif self.family == "rmsprop":  # its momentum buffer is always float32 (optim/rmsprop.py)
+            self.accum_types = {"square_avg": first, "grad_avg": second}
+        else:
+            self.accum_types = {"exp_avg": first, "exp_avg_sq": second}
+
+    def _stored(self, state):
+        """``state`` with each accumulator in the dtype the optimizer stores it in
+        (``optim._base.storage_dtype``: float16 when its accum type says so, else float32)."""
+        return {key: value.to(torch.float16 if self.accum_types.get(key) == torch.float16 else torch.float32)
+                if value.is_floating_point() and key != "step" else value for key, value in state.items()}
 
     def _velocity_scale(self, group):
         return float(group.get("velocity_scaling", 1.0)) if self.combined else 1.0
@@ -240,11 +264,10 @@ class FunctionalOptimizer:
                         state.append({"momentum_buffer": torch.zeros_like(p),
                                       "has_buffer": torch.tensor(False, device=p.device)})
                         continue
-                    buf = buf.to(torch.float32)
                     previous = st.get(_VELOCITY_SCALE_KEY, 1.0)
                     scale = self._velocity_scale(group)
                     if previous != scale:  # velocity_scaling changed: keep the velocity itself
-                        buf = buf * (scale / previous)
+                        buf = buf.to(torch.float32) * (scale / previous)
                     state.append({"momentum_buffer": buf, "has_buffer": torch.tensor(True, device=p.device)})
                 else:
                     step = st.get("step")
@@ -253,11 +276,14 @@ class FunctionalOptimizer:
                     state.append({"step": step.reshape(()),
                                   "exp_avg": _or_zeros(st.get("exp_avg"), p),
                                   "exp_avg_sq": _or_zeros(st.get("exp_avg_sq"), p)})
-        return state
+        return [self._stored(st) for st in state]
 
     # ------------------------------------------------------------------ the update (traced)
     def update(self, params, grads, state, hyper):
-        """New (params, state): pure, traced by torch.compile."""
+        """New (params, state): pure, traced by torch.compile. Computed in float32 (module docstring)."""
+        dtypes = [p.dtype for p in params]
+        params = [p.to(torch.float32) for p in params]
+        grads = [g.to(torch.float32) for g in grads]
         if self.static[1] == "norm":  # torch.nn.utils.clip_grad_norm_
             norms = torch.stack([torch.linalg.vector_norm(g, 2) for g in grads])
             coefficient = torch.clamp(hyper[0]["clip"] / (torch.linalg.vector_norm(norms, 2) + 1e-6), max=1.0)
@@ -270,9 +296,10 @@ class FunctionalOptimizer:
             n = group[0]
             for k in range(i, i + n):
                 update = {"sgd": self._sgd, "lamb": self._lamb, "rmsprop": self._rmsprop}.get(self.family, self._adam)
-                p, st = update(group, params[k], grads[k], state[k], h)
-                new_params.append(p)
-                new_state.append(st)
+                st = {key: v.to(torch.float32) if v.is_floating_point() else v for key, v in state[k].items()}
+                p, st = update(group, params[k], grads[k], st, h)
+                new_params.append(p.to(dtypes[k]))
+                new_state.append({key: value.to(state[k][key].dtype) for key, value in st.items()})
             i += n
         return new_params, new_state
 
@@ -347,5 +374,5 @@ def _max_weight_norm(group):
 
 def _or_zeros(tensor, param):
     if tensor is None:
-        return torch.zeros_like(param, memory_format=torch.preserve_format)
-    return tensor.to(torch.float32)
+        return torch.zeros_like(param, dtype=torch.float32, memory_format=torch.preserve_format)
+    return tensor

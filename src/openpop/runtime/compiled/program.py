@@ -31,12 +31,15 @@ call's inputs split ``[DI, GA, R_in, micro, ...]`` - compiled by ``torch.compile
   and, on CUDA, dropout itself from a seed it draws: other numbers. CPU dropout is aten's
   ``bernoulli_`` either way. ``torch._functorch.config.functionalize_rng_ops`` is not used: it
   threads a CUDA philox seed and offset through the graph, i.e. its own numbers too.)
-* per-step hyperparameters (``[DI]`` tensors, ``step_hooks.py``) are indexed by the step counter.
+* per-step hyperparameters (``[DI]`` tensors, ``step_hooks.py``) are indexed by the step counter;
+* *stepwise* programs (a forward under a torch function mode, ``LowPrecisionOps``, which
+  ``while_loop``'s body cannot hold) compile one step and the host loops over the steps;
+* loss scaling as program state (``loss_scaling.py``); anchored gradients and weights reported
+  per step ``[DI, ...]`` and recorded by the host as eager records them (``anchors.py``).
 
 Nothing the program computes reaches the model, its buffers or the optimizer until it has
 finished, and the generators are put back if it raises: a call that raises changes nothing.
 """
-import contextlib
 import itertools
 import types
 
@@ -46,6 +49,7 @@ from torch.func import functional_call
 
 from ...enums import MeanReductionStrategy, OutputMode, ReductionType
 from ..outputs import _DEMOTE, _unflatten, flatten_output, protect_output
+from .loss_scaling import ScalingState
 
 
 class Layout:
@@ -74,12 +78,18 @@ class Program:
     """The compiled function for one executor, model, optimizer signature and layout."""
 
     def __init__(self, model, layout, functional_optimizer, loss_index, trained_names, frozen_names, compile_fn,
-                 forward_contexts=(), call_contexts=(), buffer_names=(), buffer_sets=1, draws_random=False):
+                 forward_contexts=(), stepwise=False, scaling=None, anchored=(), buffer_names=(), buffer_sets=1,
+                 draws_random=False):
         self.model = model
-        self.forward_contexts = list(forward_contexts)  # RunPrecision.traced_forward: autocast
-        # Around the whole compiled call, not inside the traced forward: a torch function mode
-        # (LowPrecisionOps) pushed inside while_loop's body is a side effect torch.compile refuses.
-        self.call_contexts = list(call_contexts)
+        self.forward_contexts = list(forward_contexts)  # RunPrecision.traced_forward: autocast, half ops
+        # A torch function mode among them (LowPrecisionOps) has no place in while_loop's body: pushing
+        # it there is a side effect torch.compile refuses, and one pushed outside the program is not
+        # applied to the body. Such programs compile one device iteration; the host loops over them.
+        self.stepwise = stepwise and layout.geometry.device_iterations > 1
+        self.scaling = scaling if scaling is not None else ScalingState(None, layout.geometry.device_iterations)
+        # The anchors (anchors.Anchor) the program reports per step, as ("grad" | "param", index in trained).
+        self.anchor_ids = [id(anchor) for anchor, _, _ in anchored]
+        self.anchored = [(kind, k) for _, kind, k in anchored]
         self.layout = layout
         self.optim = functional_optimizer
         self.loss_index = loss_index
@@ -90,19 +100,47 @@ class Program:
         self.buffer_sets = buffer_sets  # R with per-replica buffers, else 1
         self.draws_random = draws_random  # the model draws from torch's generators
         self.ran = False  # a first run that fails is a compile failure (backend.py)
-        self._compiled = compile_fn(_own_code(self._program))
+        self._compiled = compile_fn(_own_code(self._one_step if self.stepwise else self._program))
 
     # ------------------------------------------------------------------ host side
-    def run(self, split_inputs, trained, frozen, buffers, state, hyper, loss_scale):
-        """Run the program; ``buffers``: the updated buffers' values, replica set after replica set.
-        Returns (new_params, new_state, new_buffers, outputs) - nothing committed."""
-        args = (tuple(split_inputs), tuple(trained), tuple(frozen), tuple(buffers), state, hyper, loss_scale)
-        if not self.call_contexts:
-            return self._compiled(*args)
-        with contextlib.ExitStack() as stack:
-            for context in self.call_contexts:
-                stack.enter_context(context())
-            return self._compiled(*args)
+    def run(self, split_inputs, trained, frozen, buffers, state, hyper, scaling):
+        """Run the program; ``buffers``: the updated buffers' values, replica set after replica set;
+        ``scaling``: ``ScalingState.inputs``. Returns (new_params, new_state, new_buffers, outputs,
+        scaling, anchored: per ``self.anchored`` entry its values ``[DI, ...]``) - nothing committed."""
+        if self.stepwise:
+            return self._run_stepwise(split_inputs, trained, frozen, buffers, state, hyper, scaling)
+        return self._compiled(tuple(split_inputs), tuple(trained), tuple(frozen), tuple(buffers), state, hyper,
+                              scaling)
+
+    def _run_stepwise(self, split_inputs, trained, frozen, buffers, state, hyper, scaling):
+        steps = self.layout.geometry.device_iterations
+        keep_all = [self.layout.keeps_all(leaf) for leaf in range(len(self.layout.output_leaves))]
+        kept, anchored = [], []
+        device = next((x.device for x in split_inputs), torch.device("cpu"))
+        for i in range(steps):
+            step_inputs = tuple(x if x.dim() == 0 else x[i] for x in split_inputs)
+            index = torch.tensor([i], device=device)  # an input: the same program serves every step
+            trained, state, buffers, outs, scaling, values = self._compiled(
+                step_inputs, tuple(trained), tuple(frozen), tuple(buffers), state, self._hyper_at(hyper, i), scaling,
+                index)
+            kept.append(outs)
+            anchored.append(values)
+        stacked = [torch.stack(leaf) if keep else leaf[-1].unsqueeze(0) for leaf, keep in zip(zip(*kept), keep_all)]
+        anchored = [torch.stack(values) for values in zip(*anchored)]
+        return trained, state, list(buffers), self._assemble(stacked), scaling, anchored
+
+    def record_anchors(self, anchors, anchored) -> None:
+        """Hand the call's anchored values to ``anchors`` step by step, as eager records them
+        (``anchors.py``: each anchor keeps what its output mode returns); anchors the program does
+        not report (buffers, weights it does not train) read the tensor as eager does."""
+        steps = self.layout.geometry.device_iterations
+        per_anchor = dict(zip(self.anchor_ids, anchored))
+        anchors.start_call()
+        for step in range(steps):
+            for anchor in anchors.anchors():
+                values = per_anchor.get(id(anchor))
+                anchor.record(step, step == steps - 1, None if values is None else (lambda v=values[step]: v))
+        anchors.finish_call()
 
     def finish(self, rows):
         """The host call's result from the program's assembled leaves (dtypes as PopTorch returns)."""
@@ -140,24 +178,31 @@ class Program:
         return leaves
 
     # ------------------------------------------------------------------ traced
-    def _program(self, split_inputs, trained, frozen, buffers, state, hyper, loss_scale):
+    def _program(self, split_inputs, trained, frozen, buffers, state, hyper, scaling):
         layout = self.layout
         steps = layout.geometry.device_iterations
         keep_all = [layout.keeps_all(leaf) for leaf in range(len(layout.output_leaves))]
         buffers = list(buffers)
+        device = next((x.device for x in split_inputs), torch.device("cpu"))
         if steps == 1:
-            trained, state, buffers, outs = self._step([x if x.dim() == 0 else x[0] for x in split_inputs],
-                                                       trained, frozen, buffers, state, self._hyper_at(hyper, 0),
-                                                       loss_scale)
-            return trained, state, buffers, self._assemble([o.unsqueeze(0) for o in outs])
+            trained, state, buffers, outs, scaling, values = self._step(
+                [x if x.dim() == 0 else x[0] for x in split_inputs], trained, frozen, buffers, state,
+                self._hyper_at(hyper, 0), scaling, torch.zeros(1, dtype=torch.int64, device=device))
+            return (trained, state, buffers, self._assemble([o.unsqueeze(0) for o in outs]), scaling,
+                    [v.unsqueeze(0) for v in values])
 
-        flat_state, state_spec = torch.utils._pytree.tree_flatten(state)
+        fixed_scaling = scaling  # static loss scaling is read, not carried (no aliasing in while_loop)
+        if not self.scaling.automatic:
+            scaling = {}
+        flat_state, state_spec = torch.utils._pytree.tree_flatten((state, scaling))
         micro_count = layout.geometry.micro_batches_per_step
         shapes = [(micro_count, *shape) for shape, _ in layout.output_leaves]
         dtypes = [dtype for _, dtype in layout.output_leaves]
-        device = next((x.device for x in split_inputs), torch.device("cpu"))
         outs0 = [torch.zeros((steps, *s) if keep else s, dtype=d, device=device)
                  for s, d, keep in zip(shapes, dtypes, keep_all)]
+        outs0 += [torch.zeros((steps, *trained[k].shape), dtype=trained[k].dtype, device=device)
+                  for _, k in self.anchored]  # every step's anchored values
+        n_outs = len(shapes)
         fixed = list(trained)  # inference: the weights are read, not carried (no aliasing in while_loop)
         if not layout.training:
             trained = []
@@ -168,26 +213,38 @@ class Program:
 
         def body(i, *carried):
             params = list(carried[:n_trained]) if layout.training else fixed
-            st = torch.utils._pytree.tree_unflatten(list(carried[n_trained:n_trained + n_state]), state_spec)
+            st, sc = torch.utils._pytree.tree_unflatten(list(carried[n_trained:n_trained + n_state]), state_spec)
             bufs = list(carried[n_trained + n_state:n_trained + n_state + n_buffers])
             outs = list(carried[n_trained + n_state + n_buffers:])
+            outs, anchored = outs[:n_outs], outs[n_outs:]
             index = i.reshape(1)
             step_inputs = [x if x.dim() == 0 else x.index_select(0, index)[0] for x in split_inputs]
-            params, st, bufs, step_outs = self._step(step_inputs, params, frozen, bufs, st,
-                                                     self._hyper_at(hyper, index), loss_scale)
+            params, st, bufs, step_outs, sc, values = self._step(
+                step_inputs, params, frozen, bufs, st, self._hyper_at(hyper, index),
+                sc if self.scaling.automatic else fixed_scaling, index)
+            if not self.scaling.automatic:
+                sc = {}
             outs = [o.index_copy(0, index, s.unsqueeze(0)) if keep else s.clone()
                     for o, s, keep in zip(outs, step_outs, keep_all)]
+            outs += [a.index_copy(0, index, v.unsqueeze(0)) for a, v in zip(anchored, values)]
             carried_params = params if layout.training else []
-            return (i + 1, *carried_params, *torch.utils._pytree.tree_flatten(st)[0], *bufs, *outs)
+            return (i + 1, *carried_params, *torch.utils._pytree.tree_flatten((st, sc))[0], *bufs, *outs)
 
         result = while_loop(cond, body, (torch.tensor(0, device=outs0[0].device), *trained, *flat_state, *buffers,
                                          *outs0))
         trained = list(result[1:1 + n_trained])
-        state = torch.utils._pytree.tree_unflatten(list(result[1 + n_trained:1 + n_trained + n_state]), state_spec)
+        state, scaling = torch.utils._pytree.tree_unflatten(list(result[1 + n_trained:1 + n_trained + n_state]),
+                                                            state_spec)
         buffers = list(result[1 + n_trained + n_state:1 + n_trained + n_state + n_buffers])
-        outs = [o if keep else o.unsqueeze(0)
-                for o, keep in zip(result[1 + n_trained + n_state + n_buffers:], keep_all)]
-        return trained, state, buffers, self._assemble(outs)
+        outs = list(result[1 + n_trained + n_state + n_buffers:])
+        outs, anchored = outs[:n_outs], outs[n_outs:]
+        outs = [o if keep else o.unsqueeze(0) for o, keep in zip(outs, keep_all)]
+        return (trained, state, buffers, self._assemble(outs), scaling if self.scaling.automatic else fixed_scaling,
+                anchored)
+
+    def _one_step(self, step_inputs, trained, frozen, buffers, state, hyper, scaling, index):
+        """One device iteration as a program of its own (``stepwise``; ``hyper``: the step's)."""
+        return self._step(list(step_inputs), list(trained), frozen, list(buffers), state, hyper, scaling, index)
 
     def _hyper_at(self, hyper, index):
         """Step ``index``'s hyperparameters (0-d tensors); constant ones are already 0-d."""
@@ -209,9 +266,11 @@ class Program:
                          {**params, **dict(zip(self.buffer_names, own))}, args, kwargs)
         return flatten_output(output)[0], own
 
-    def _step(self, step_inputs, trained, frozen, buffers, state, hyper, loss_scale):
-        """One device iteration: every micro-batch, then (training) the update."""
+    def _step(self, step_inputs, trained, frozen, buffers, state, hyper, scaling, index):
+        """One device iteration (``index``: which, a 1-element tensor): every micro-batch, then
+        (training) the update. Returns (params, state, buffers, stacked outputs, scaling, anchored values)."""
         layout = self.layout
+        loss_scale = scaling["scale"]
         g = layout.geometry
         frozen_params = dict(zip(self.frozen_names, frozen))
         n = len(self.buffer_names)
@@ -246,16 +305,18 @@ class Program:
         stacked = [torch.stack([flat[i] for flat in outs]) for i in range(len(outs[0]))]
         buffers = [b for values in sets for b in values]
         if not layout.training:
-            return trained, state, buffers, stacked
+            return trained, state, buffers, stacked, scaling, []
         divisor = loss_scale * g.micro_batches_per_step if (layout.mean and not layout.running) else loss_scale
-        grads = [gr / divisor for gr in grads]
-        new_params, new_state = self.optim.update(list(trained), grads, state, hyper)
-        return new_params, new_state, buffers, stacked
+        unscaled = [gr * (1.0 / divisor) for gr in grads]  # as eager unscales (gradients.py)
+        new = self.optim.update(list(trained), unscaled, state, hyper)
+        (new_params, new_state), scaling = self.scaling.apply(scaling, grads, (list(trained), state), new, index)
+        values = [unscaled[k] if kind == "grad" else new_params[k] for kind, k in self.anchored]
+        return new_params, new_state, buffers, stacked, scaling, values
 
 
 def _within(contexts, fn, *args):
     """``fn(*args)`` inside the contexts the factories ``contexts`` make, outermost first (the
-    forward's autocast), backward outside them as eager."""
+    forward's precision contexts), backward outside them as eager."""
     if not contexts:
         return fn(*args)
     with contexts[0]():
