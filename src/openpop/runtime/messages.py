@@ -33,6 +33,11 @@ INELIGIBLE_HOST_IO = "{host_io} (host I/O inside the model)"
 INELIGIBLE_CUMULATIVE_AVERAGE = ("{module} with momentum=None (its cumulative average reads the batch count "
                                  "as a Python number)")
 INELIGIBLE_OUTPUTS = "outputs that are not tensors"
+INELIGIBLE_INPUT_MUTATED = "input {name} changed in place by the forward pass"
+EAGER_SAVED_TENSOR_HOOKS = ("openpop runs host calls made inside torch.autograd.graph.saved_tensors_hooks "
+                            "eagerly: a compiled program has no saved tensors for the hooks to see")
+INELIGIBLE_FROZEN = "parameter {name} with requires_grad=False (eager leaves it and its state untouched)"
+INELIGIBLE_HOOKS = "module hooks ({kind} on {module}: a compiled program runs them once, when traced)"
 INELIGIBLE_NO_GRADIENT = "parameter {name} gets no gradient (eager leaves it and its state untouched)"
 INELIGIBLE_STAGE_DEVICES = ("pipeline stages on several devices (the device map puts the blocks on {devices}; "
                             "a compiled program runs a plan whose virtual IPUs all map onto one device)")
