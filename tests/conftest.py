@@ -28,6 +28,20 @@ def _deterministic_seed():
     yield
 
 
+@pytest.fixture(params=["eager", "compiled"])
+def backend(request, monkeypatch):
+    """The test runs twice: on the eager backend and on the compiled one (``OPENPOP_BACKEND`` is
+    the default of every ``Options`` the test makes; "compiled" is forced, so a model it cannot run
+    exactly raises instead of quietly running eagerly). Compiled runs use one thread: Inductor's
+    kernels for tiny models are fastest so, and compiling competes with nothing."""
+    monkeypatch.setenv("OPENPOP_BACKEND", request.param)
+    threads = torch.get_num_threads()
+    if request.param == "compiled":
+        torch.set_num_threads(1)
+    yield request.param
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture
 def one_thread():
     """Tiny models run fastest on one thread (and don't fight other processes for the cores)."""

@@ -170,10 +170,32 @@ class Branching(Regressor):
         return super().forward(x, target)
 
 
+class ClampsInput(Regressor):
+    def forward(self, x, target):
+        x.clamp_(-100.0, 100.0)  # in place on the caller's tensor (values unchanged)
+        return super().forward(x, target)
+
+
+class Hooked(Regressor):
+    def __init__(self):
+        super().__init__()
+        self.rows = []
+        self.fc1.register_forward_hook(lambda module, args, out: self.rows.append(out.shape[0]))
+
+
+class FrozenBias(Regressor):
+    def __init__(self):
+        super().__init__()
+        self.fc2.bias.requires_grad_(False)
+
+
 @pytest.mark.parametrize("model_class,construct", [
     (CumulativeBatchNormed, "BatchNorm1d with momentum=None"),
     (Printing, "ipu_print_tensor"),
     (Branching, "torch.compile(fullgraph=True) rejects"),
+    (ClampsInput, "input x changed in place"),
+    (Hooked, "module hooks (forward_hooks on fc1"),
+    (FrozenBias, "parameter fc2.bias with requires_grad=False"),
 ])
 def test_unsupported_model_auto_logs_once_forced_raises(model_class, construct, warnings_logged):
     x, t = make_data(8)
@@ -181,8 +203,10 @@ def test_unsupported_model_auto_logs_once_forced_raises(model_class, construct, 
     forced = model_class()
     pop = poptorch.trainingModel(forced, compiled_options(2))
     state = copy.deepcopy(forced.state_dict())
+    x_before = x.clone()
     with pytest.raises(poptorch.Error, match=construct.replace("(", r"\(").replace(")", r"\)")):
         pop(x, t)
+    assert x._version == 0 and torch.equal(x, x_before)  # the probe ran on a copy of the inputs
     for key, value in forced.state_dict().items():  # raised before anything changed
         torch.testing.assert_close(value, state[key])
 
@@ -200,6 +224,51 @@ def test_unsupported_model_auto_logs_once_forced_raises(model_class, construct, 
     assert pop._backend.last == "eager"
     lines = [m for m in warnings_logged() if "compiled backend does not support" in m]
     assert len(lines) == 1 and construct in lines[0]
+
+
+def test_frozen_parameters_and_hooks_added_after_compiling_are_noticed():
+    """Eager skips a parameter frozen between calls and runs a hook added between calls; the
+    compiled program would do neither, so such a call is refused (auto: runs eagerly)."""
+    model = Regressor()
+    pop = poptorch.trainingModel(model, compiled_options(2))
+    x, t = make_data(2 * 3)
+    pop(x, t)
+    model.fc2.bias.requires_grad_(False)
+    state = copy.deepcopy(model.state_dict())
+    with pytest.raises(poptorch.Error, match="parameter fc2.bias with requires_grad=False"):
+        pop(x, t)
+    model.fc2.bias.requires_grad_(True)
+    handle = model.fc1.register_forward_pre_hook(lambda module, args: None)
+    with pytest.raises(poptorch.Error, match="forward_pre_hooks on fc1"):
+        pop(x, t)
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, state[key])
+    handle.remove()
+    pop(x, t)
+    assert pop._backend.last == "compiled"
+
+
+def test_calls_inside_saved_tensors_hooks_run_eagerly(warnings_logged):
+    """The hooks see eager's saved activations; the calls outside stay compiled (same weights)."""
+    weights = {}
+    for hooked in (False, True):
+        torch.manual_seed(0)
+        model = Regressor()
+        pop = poptorch.trainingModel(model, compiled_options(2))
+        saved, backends = [], []
+        for call in range(3):
+            x, t = make_data(2 * 3, seed=call)
+            if hooked and call == 1:
+                with torch.autograd.graph.saved_tensors_hooks(lambda s, kept=saved: kept.append(s) or s, lambda s: s):
+                    pop(x, t)
+            else:
+                pop(x, t)
+            backends.append(pop._backend.last)
+        weights[hooked] = [p.detach().clone() for p in model.parameters()]
+    assert backends == ["compiled", "eager", "compiled"] and saved
+    assert sum("saved_tensors_hooks" in m for m in warnings_logged()) == 1
+    for a, b in zip(weights[False], weights[True]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
 def test_auto_compiles_after_its_eager_budget(capfd):
@@ -348,6 +417,12 @@ def test_optimizers_without_a_functional_update_are_named():
     half = [torch.nn.Parameter(torch.zeros(2, dtype=torch.float16))]
     assert unsupported_reason(poptorch.optim.SGD(half, lr=0.1)) is None
     assert "torch.float16 parameter" in unsupported_reason(torch.optim.SGD(half, lr=0.1))  # computes in half
+    own = torch.optim.SGD(params, lr=0.1)
+    own.step = lambda closure=None: None
+    assert "step function set on the optimizer instance" in unsupported_reason(own)
+    scheduled = torch.optim.SGD(params, lr=0.1)
+    torch.optim.lr_scheduler.StepLR(scheduled, step_size=1)  # wraps scheduled.step: still torch's update
+    assert unsupported_reason(scheduled) is None
 
 
 def test_traced_calls_run_eagerly_and_training_is_unchanged(tmp_path):

@@ -96,7 +96,7 @@ def test_step_counter_with_stochastic_rounding():
     assert not torch.equal(model.fc.weight, before)
 
 
-def test_an_lr_schedulers_step_wrapper_is_kept():
+def test_an_lr_schedulers_step_wrapper_is_kept(backend):
     """An LR scheduler wraps ``optimizer.step`` on the instance to know it was called: that
     callable is what the executor calls, so the scheduler does not warn about the order."""
     model = Classifier()

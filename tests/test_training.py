@@ -21,7 +21,7 @@ def options(di=1, ga=1, r=1, mode=None):
 
 @pytest.mark.parametrize("di,ga,r", [(1, 1, 1), (4, 3, 2), (2, 1, 4), (1, 5, 1)])
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
-def test_matches_hand_written_loop(di, ga, r, momentum):
+def test_matches_hand_written_loop(di, ga, r, momentum, backend):
     model = Regressor()
     reference = copy.deepcopy(model)
     x, t = make_data(di * ga * r * 3)
@@ -36,7 +36,7 @@ def test_matches_hand_written_loop(di, ga, r, momentum):
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6)
 
 
-def test_sum_reduction_matches_summed_gradients():
+def test_sum_reduction_matches_summed_gradients(backend):
     model = Regressor()
     reference = copy.deepcopy(model)
     opts = options(2, 3, 2)
@@ -50,7 +50,7 @@ def test_sum_reduction_matches_summed_gradients():
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6)
 
 
-def test_mean_accumulation_equals_one_big_batch():
+def test_mean_accumulation_equals_one_big_batch(backend):
     """accum=2 with Mean is one step on the double batch."""
     model = Regressor()
     reference = copy.deepcopy(model)
@@ -64,7 +64,7 @@ def test_mean_accumulation_equals_one_big_batch():
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6)
 
 
-def test_running_mean_strategy_matches_post():
+def test_running_mean_strategy_matches_post(backend):
     results = []
     for strategy in (poptorch.MeanReductionStrategy.Post, poptorch.MeanReductionStrategy.Running):
         torch.manual_seed(0)
@@ -79,7 +79,7 @@ def test_running_mean_strategy_matches_post():
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
-def test_default_optimizer_is_sgd_lr_0_01():
+def test_default_optimizer_is_sgd_lr_0_01(backend):
     model = Regressor()
     reference = copy.deepcopy(model)
     x, t = make_data(4)
@@ -91,7 +91,7 @@ def test_default_optimizer_is_sgd_lr_0_01():
         torch.testing.assert_close(p, q)
 
 
-def test_returned_loss_uses_weights_before_the_update():
+def test_returned_loss_uses_weights_before_the_update(backend):
     model = Regressor()
     x, t = make_data(4)
     expected = regressor_loss(model, x, t).detach()
@@ -101,7 +101,7 @@ def test_returned_loss_uses_weights_before_the_update():
     assert not torch.allclose(regressor_loss(model, x, t), expected)
 
 
-def test_torch_adam_and_adamw_parity():
+def test_torch_adam_and_adamw_parity(backend):
     for cls in (torch.optim.Adam, torch.optim.AdamW):
         model = Regressor()
         reference = copy.deepcopy(model)
@@ -126,7 +126,7 @@ class WithIdentityLoss(torch.nn.Module):
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-def test_identity_loss_reductions_train_like_oracle(reduction):
+def test_identity_loss_reductions_train_like_oracle(reduction, backend):
     model = WithIdentityLoss(reduction)
     reference = copy.deepcopy(model)
     x = torch.randn(4, 4)
@@ -141,7 +141,7 @@ def test_identity_loss_reductions_train_like_oracle(reduction):
         torch.testing.assert_close(p, q)
 
 
-def test_loss_feeding_another_loss_folds_away():
+def test_loss_feeding_another_loss_folds_away(backend):
     class TwoLosses(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -229,7 +229,7 @@ def test_backward_on_outputs_raises():
     (poptorch.OutputMode.EveryN, 2, [6 * 2], 6 * 2 * 3),
     (poptorch.OutputMode.Default, None, [2], 2 * 3),
 ])
-def test_training_output_shapes(mode, period, loss_shape, out_rows):
+def test_training_output_shapes(mode, period, loss_shape, out_rows, backend):
     di, ga, r, micro = 4, 3, 2, 3
     opts = options(di, ga, r)
     if mode != poptorch.OutputMode.Default:
@@ -240,7 +240,7 @@ def test_training_output_shapes(mode, period, loss_shape, out_rows):
     assert list(out.shape) == [out_rows, 2]
 
 
-def test_output_rows_follow_popart_order():
+def test_output_rows_follow_popart_order(backend):
     """Row order is [DI, GA, R, micro]: the identity model returns its input rows in order."""
     class Echo(torch.nn.Module):
         def __init__(self):
@@ -264,14 +264,14 @@ def test_output_rows_follow_popart_order():
     torch.testing.assert_close(every, view[2].reshape(-1, 1))
 
 
-def test_inference_every_n_returns_iterations_n_minus_1():
+def test_inference_every_n_returns_iterations_n_minus_1(backend):
     opts = poptorch.Options().deviceIterations(10).outputMode(poptorch.OutputMode.EveryN, 5)
     model = poptorch.inferenceModel(torch.nn.Identity(), opts)
     x = torch.arange(10, dtype=torch.float32).unsqueeze(1)
     torch.testing.assert_close(model(x), torch.tensor([[4.0], [9.0]]))
 
 
-def test_inference_default_is_all_and_dtypes_are_demoted():
+def test_inference_default_is_all_and_dtypes_are_demoted(backend):
     class Types(torch.nn.Module):
         def forward(self, x):
             return x.long(), x.double(), {"half": x.half(), "nested": [x * 2]}
@@ -428,7 +428,7 @@ def test_running_context_and_hardware_queries():
     assert poptorch.ipuHardwareIsAvailable() is False
 
 
-def test_set_optimizer_changes_lr_and_rejects_constant_changes():
+def test_set_optimizer_changes_lr_and_rejects_constant_changes(backend):
     model = Regressor()
     reference = copy.deepcopy(model)
     opt = poptorch.optim.SGD(model.parameters(), lr=0.1)
@@ -454,7 +454,7 @@ def test_set_optimizer_changes_lr_and_rejects_constant_changes():
         assert torch.equal(v, before[k])
 
 
-def test_lr_scheduler_reaches_the_optimizer_with_and_without_set_optimizer():
+def test_lr_scheduler_reaches_the_optimizer_with_and_without_set_optimizer(backend):
     for call_set_optimizer in (False, True):
         torch.manual_seed(0)
         model = Regressor()
@@ -484,7 +484,7 @@ def test_unsupported_optimizer_rejected_before_anything_runs():
         poptorch.trainingModel(model, optimizer=torch.optim.LBFGS(model.parameters()))
 
 
-def test_detached_loss_used_as_metric_does_not_count():
+def test_detached_loss_used_as_metric_does_not_count(backend):
     class WithMetric(torch.nn.Module):
         def __init__(self):
             super().__init__()

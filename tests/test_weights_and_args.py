@@ -285,7 +285,7 @@ def test_save_and_load_round_trip(tmp_path):
         poptorch.load(str(tmp_path / "junk"))
 
 
-def test_returned_tensors_never_alias_model_or_inputs():
+def test_returned_tensors_never_alias_model_or_inputs(backend):
     class ReturnsState(torch.nn.Module):
         def __init__(self):
             super().__init__()

@@ -96,6 +96,11 @@ def _independent_losses(losses):
     return unique
 
 
+def as_scalar(loss: torch.Tensor) -> torch.Tensor:
+    """The scalar whose gradient is ``backward``'s gradient of ones from ``loss`` (any shape)."""
+    return loss if loss.dim() == 0 else loss.sum()
+
+
 def backward(loss: torch.Tensor, scale: float) -> None:
     """Back-propagate ``scale`` times a gradient of ones from ``loss`` (any shape)."""
     if scale != 1.0:

@@ -22,8 +22,10 @@ When torch.compile compiles (the ``Graph compilation`` bar, ``compile_seconds``)
 """
 import contextlib
 import time
+import warnings
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from ... import errors
 from ...log import logger
@@ -34,7 +36,8 @@ from ..weights import bump_weights_version
 from . import step_hooks
 from .arguments import ProgramArguments
 from .cuda_graphs import compile_options, mark_step_begin
-from .eligibility import Ineligible, anchored_in_program, check_static, probe
+from .eligibility import (Ineligible, anchored_in_program, changing_reasons, check_static, probe,
+                          saved_tensor_hooks_active)
 from .functional_optim import FunctionalOptimizer, signature
 from .loss_scaling import ScalingState
 from .selection import Selection
@@ -51,6 +54,8 @@ class CompiledBackend:
         self._program = None
         self._arguments = None  # ProgramArguments of _program
         self._key = None
+        self._hooks_seen = None  # RemovableHandle.next_id when hooks were last looked for
+        self._told_saved_tensor_hooks = False
         self.last = None  # "compiled" or "eager": which backend ran the last host call
         self.progress = None  # the executor's unfinished bar, when the next run compiles
         self.compile_seconds = 0.0  # time spent compiling programs (torch.compile, first runs)
@@ -66,6 +71,12 @@ class CompiledBackend:
 
     def run(self, executor, inputs, compiled):
         if not self.selection.wants_compiled():
+            self._finish_progress()
+            return DECLINED
+        if saved_tensor_hooks_active():  # this call only, as a trace window's calls
+            if not self._told_saved_tensor_hooks:
+                logger.warning(messages.EAGER_SAVED_TENSOR_HOOKS)
+                self._told_saved_tensor_hooks = True
             self._finish_progress()
             return DECLINED
         return self._run(executor, inputs, compiled, dry_run=False)
@@ -102,7 +113,7 @@ class CompiledBackend:
             self.progress = None
             started = time.perf_counter()
             try:  # torch.compile compiles now: with the executable cache, if enabled
-                with compile_cache_for(executor._compile_cache):
+                with compile_cache_for(executor._compile_cache), _torch_warnings_ignored():
                     result = self._execute(executor, inputs, compiled, program, dry_run)
             except Exception as exc:  # torch.compile's errors have many types
                 self.reset()
@@ -135,14 +146,17 @@ class CompiledBackend:
         optimizer = executor._optimizer
         key = (id(compiled), signature(optimizer) if executor._training else None)
         if self._key == key:
+            self._check_changes(executor)
             if executor._training and self._program.optim.optimizer is not optimizer:
                 self._program.optim.bind(optimizer)
             return self._program
         check_static(executor, compiled)
+        self._hooks_seen = RemovableHandle.next_id
         if not all(isinstance(leaf, torch.Tensor) for leaf in inputs.leaves):
             raise Ineligible(messages.INELIGIBLE_INPUTS)
         with compiled.weights.active():
-            probed = probe(executor, *_first_micro_batch(executor, inputs), compiled)
+            (micro_args, micro_kwargs), micro_inputs = _first_micro_batch(executor, inputs)
+            probed = probe(executor, micro_args, micro_kwargs, micro_inputs, compiled)
         model = executor._model
         names = [n for n, _ in model.named_parameters()]
         if executor._training:
@@ -170,6 +184,15 @@ class CompiledBackend:
         self._program, self._key = program, key
         self._arguments = ProgramArguments(model, trained, frozen, executor._geometry)
         return program
+
+    def _check_changes(self, executor):
+        """What the user may have changed since the program was built (cheap: hooks are looked
+        for only when a hook handle was created since)."""
+        if (executor._training and not all(p.requires_grad for p in self._program.optim.params)) \
+                or RemovableHandle.next_id != self._hooks_seen:
+            for reason in changing_reasons(executor):
+                raise Ineligible(reason)
+            self._hooks_seen = RemovableHandle.next_id
 
     # ------------------------------------------------------------------ running
     def _execute(self, executor, inputs, compiled, program, dry_run=False):
@@ -203,6 +226,10 @@ class CompiledBackend:
                 if hooks is not None:
                     hooks.abort_compiled_call()
                 return None
+            if program.aliased is None:  # where Inductor returns input memory is fixed at compile
+                program.aliased = _aliased(outs, [*split, *trained, *frozen])
+            outs = [out.clone() if i in program.aliased else out for i, out in enumerate(outs)] \
+                if program.aliased else outs
             if graphed:  # the graph's outputs are overwritten by its next replay
                 new_state = [{k: v.clone() for k, v in st.items()} for st in new_state]
             if buffers:
@@ -312,12 +339,35 @@ class _RngState:
             torch.cuda.set_rng_state_all(self._cuda)
 
 
+@contextlib.contextmanager
+def _torch_warnings_ignored():
+    """Compiling imports and runs parts of torch that warn (deprecations): not the user's
+    business, and under a user's ``warnings.simplefilter("error")`` they would fail the compile."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", module=r"torch(\.|$)")
+        yield
+
+
 def _first_micro_batch(executor, inputs):
+    """``((args, kwargs), {name: tensor})`` of the call's first micro-batch, as copies: a model
+    that changes its inputs in place must not change the caller's tensors when probed."""
+    names = {id(tensor): name for name, tensor in inputs.named_tensors()}
     leaves = list(inputs.leaves)
+    copies = {}
     for pos in inputs.tensor_positions:
         tensor = leaves[pos]
-        leaves[pos] = tensor if tensor.dim() == 0 else executor._geometry.split(tensor)[0, 0, 0]
-    return inputs.rebuild(leaves)
+        micro = tensor if tensor.dim() == 0 else executor._geometry.split(tensor)[0, 0, 0]
+        with torch.inference_mode(False):  # a normal tensor: its in-place changes are counted
+            leaves[pos] = copies[names.get(id(tensor), f"#{pos}")] = micro.clone()
+    return inputs.rebuild(leaves), copies
+
+
+def _aliased(outs, inputs):
+    """The indices of the outputs sharing memory with a program input: Inductor may hand back an
+    input's own memory for an output that only copies it (it drops the copy), and a returned
+    tensor must not alias the caller's inputs or the model's weights (such outputs are copied)."""
+    shared = {t.untyped_storage().data_ptr() for t in inputs}
+    return {i for i, out in enumerate(outs) if out.untyped_storage().data_ptr() in shared}
 
 
 def _first_line(exc) -> str:

@@ -2,9 +2,9 @@
 
 ``static_reasons`` looks at the compiled plan, the options and the optimizer; ``probe`` runs one
 micro-batch eagerly (as the compile pass does: no trace left - buffers and RNG restored, nothing
-printed) to find what only running shows: host I/O such as ``ipu_print_tensor``, parameters
-that get no gradient (eager skips their update; a functional update would not), outputs that
-are not tensors - and what the program must carry: the buffers the forward updates in place
+printed) to find what only running shows: host I/O such as ``ipu_print_tensor``, inputs
+changed in place, parameters that get no gradient (eager skips their update; a functional update
+would not), outputs that are not tensors - and what the program must carry: the buffers the forward updates in place
 (by version counter, and normalisation statistics, whose kernels do not bump it) and whether
 it draws random numbers. Data-dependent Python control flow and
 unsupported ops are found by ``torch.compile(fullgraph=True)`` itself (``backend.py``).
@@ -23,6 +23,7 @@ import torch
 from ...enums import OutputMode
 from .. import context, messages
 from ..anchors import GRADIENT
+from ..losses import as_scalar
 from ..outputs import flatten_output
 from ..pipeline import CONCURRENCY_ENV
 from ..weights import BufferSnapshot, NormStatistics
@@ -67,6 +68,47 @@ def static_reasons(executor, executable):
         registered = {id(p) for p in executor._model.parameters()}
         if any(id(p) not in registered for g in executor._optimizer.param_groups for p in g["params"]):
             yield "optimizer parameters that the model does not register"
+    yield from changing_reasons(executor)
+
+
+def changing_reasons(executor):
+    """Reasons the user can create between host calls: a parameter frozen, a hook added."""
+    if executor._training:
+        frozen = {id(p) for g in executor._optimizer.param_groups for p in g["params"] if not p.requires_grad}
+        if frozen:
+            yield messages.INELIGIBLE_FROZEN.format(
+                name=next(n for n, p in executor._model.named_parameters() if id(p) in frozen))
+    reason = hooks_reason(executor._model)
+    if reason is not None:
+        yield reason
+
+
+def saved_tensor_hooks_active() -> bool:
+    """Whether the caller runs inside ``torch.autograd.graph.saved_tensors_hooks`` (e.g. to measure
+    activations): the program keeps no autograd graph for them to see, and ``torch.func.grad``
+    refuses to be traced under them (leaving functorch's state broken for the eager run after)."""
+    return torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
+
+
+_HOOK_KINDS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+
+
+def hooks_reason(model):
+    """The first module hook a user registered, named; openpop's own hooks (blocks, BERT's
+    recomputation checkpoints) are traced as part of the model."""
+    from torch.nn.modules import module as torch_module
+    for kind in _HOOK_KINDS:
+        if any(not _openpops(h) for h in getattr(torch_module, "_global" + kind, {}).values()):
+            return messages.INELIGIBLE_HOOKS.format(kind=kind.strip("_"), module="every module (global)")
+    for name, module in model.named_modules():
+        for kind in _HOOK_KINDS:
+            if any(not _openpops(h) for h in getattr(module, kind).values()):
+                return messages.INELIGIBLE_HOOKS.format(kind=kind.strip("_"), module=name or "the model")
+    return None
+
+
+def _openpops(hook) -> bool:
+    return (getattr(hook, "__module__", None) or type(hook).__module__).startswith("openpop.")
 
 
 def check_static(executor, executable):
@@ -84,9 +126,11 @@ class Probed:
     draws_random: bool  # the micro-batch advanced a random generator
 
 
-def probe(executor, micro_args, micro_kwargs, executable):
-    """Run one micro-batch eagerly, leaving no trace. Returns ``Probed``; raises ``Ineligible``."""
+def probe(executor, micro_args, micro_kwargs, micro_inputs, executable):
+    """Run one micro-batch eagerly, leaving no trace (``micro_inputs``, name -> tensor, are the
+    copies in the arguments). Returns ``Probed``; raises ``Ineligible``."""
     model = executor._model
+    versions = {name: tensor._version for name, tensor in micro_inputs.items()}
     buffers = list(model.buffers())
     snapshot = BufferSnapshot(buffers)
     rng = torch.random.get_rng_state()
@@ -102,7 +146,7 @@ def probe(executor, micro_args, micro_kwargs, executable):
             flat, spec = flatten_output(output)
             if executor._training:
                 params = [p for g in executor._optimizer.param_groups for p in g["params"]]
-                grads = torch.autograd.grad(flat[executable.loss_index], params, allow_unused=True)
+                grads = torch.autograd.grad(as_scalar(flat[executable.loss_index]), params, allow_unused=True)
             host_io = getattr(ctx, "host_io", None)
         updated = {id(b) for b in snapshot.mutated() + statistics.of(model)}
         draws_random = not torch.equal(torch.random.get_rng_state(), rng) or any(
@@ -112,6 +156,9 @@ def probe(executor, micro_args, micro_kwargs, executable):
         torch.random.set_rng_state(rng)
         for device, state in zip(devices, cuda_rng):
             torch.cuda.set_rng_state(state, device)
+    changed = [name for name, tensor in micro_inputs.items() if tensor._version != versions[name]]
+    if changed:  # the program's inputs are split views: eager's write-back to the caller is not traced
+        raise Ineligible(messages.INELIGIBLE_INPUT_MUTATED.format(name=changed[0]))
     if host_io is not None:
         raise Ineligible(messages.INELIGIBLE_HOST_IO.format(host_io=host_io))
     if not all(isinstance(leaf, torch.Tensor) for leaf in flat):

@@ -86,6 +86,9 @@ def unsupported_reason(optimizer):
                 "(SGD, Adam, AdamW, LAMB, RMSprop have)")
     if not _known_step(type(optimizer)):
         return f"{type(optimizer).__name__}.step overridden (only the library's update is known)"
+    own = vars(optimizer).get("step")
+    if callable(own) and inspect.unwrap(own) is not inspect.unwrap(type(optimizer).step):
+        return "a step function set on the optimizer instance (only the library's update is known)"
     hooks = step_hooks.of(optimizer)
     if (_torch_optimizer._global_optimizer_pre_hooks or _torch_optimizer._global_optimizer_post_hooks
             or not (step_hooks.owns_all(optimizer, hooks) if hooks is not None else _no_step_hooks(optimizer))):
@@ -348,7 +351,10 @@ class FunctionalOptimizer:
 
     # ------------------------------------------------------------------ results
     def commit(self, new_state):
-        """``optimizer.state`` as ``step()`` would have left it."""
+        """``optimizer.state`` as ``step()`` would have left it (and an LR scheduler's step
+        wrapper's flag, which its order check reads, as calling the wrapper sets it)."""
+        if getattr(vars(self.optimizer).get("step"), "_wrapped_by_lr_sched", False):
+            self.optimizer._opt_called = True
         for group, params in zip(self.optimizer.param_groups, self.groups):
             scale = self._velocity_scale(group) if self.family == "sgd" else 1.0
             for p in params:

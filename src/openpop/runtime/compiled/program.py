@@ -48,6 +48,7 @@ from torch._higher_order_ops import while_loop
 from torch.func import functional_call
 
 from ...enums import MeanReductionStrategy, OutputMode, ReductionType
+from ..losses import as_scalar
 from ..outputs import _DEMOTE, _unflatten, flatten_output, protect_output
 from .loss_scaling import ScalingState
 
@@ -100,6 +101,7 @@ class Program:
         self.buffer_sets = buffer_sets  # R with per-replica buffers, else 1
         self.draws_random = draws_random  # the model draws from torch's generators
         self.ran = False  # a first run that fails is a compile failure (backend.py)
+        self.aliased = None  # indices of outputs returned in an input's memory (backend.py)
         self._compiled = compile_fn(_own_code(self._one_step if self.stepwise else self._program))
 
     # ------------------------------------------------------------------ host side
@@ -289,7 +291,7 @@ class Program:
 
                 def scaled_loss(ps, bufs, micro=micro):
                     flat, bufs = self._forward({**frozen_params, **dict(zip(self.trained_names, ps))}, bufs, micro)
-                    return flat[self.loss_index] * loss_scale, ([leaf.detach() for leaf in flat],
+                    return as_scalar(flat[self.loss_index]) * loss_scale, ([leaf.detach() for leaf in flat],
                                                                 [b.detach() for b in bufs])
 
                 # The buffers are an argument (not differentiated) so that grad's level wraps them.
