@@ -36,8 +36,14 @@ from ..weights import bump_weights_version
 from . import step_hooks
 from .arguments import ProgramArguments
 from .cuda_graphs import compile_options, mark_step_begin
-from .eligibility import (Ineligible, anchored_in_program, changing_reasons, check_static, probe,
-                          saved_tensor_hooks_active)
+from .eligibility import (
+    Ineligible,
+    anchored_in_program,
+    changing_reasons,
+    check_static,
+    probe,
+    saved_tensor_hooks_active,
+)
 from .functional_optim import FunctionalOptimizer, signature
 from .loss_scaling import ScalingState
 from .selection import Selection
