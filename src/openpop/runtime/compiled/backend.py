@@ -97,7 +97,8 @@ class CompiledBackend:
                 rng.restore()
 
     def _run(self, executor, inputs, compiled, dry_run):
-        with _compiled_modes(compiled):
+        changed = [module for module, mode in compiled.training_flags if module.training != mode]
+        with _compiled_modes(changed) if changed else contextlib.nullcontext():
             try:
                 program = self._program_for(executor, inputs, compiled)
             except Ineligible as exc:
@@ -187,6 +188,7 @@ class CompiledBackend:
                           anchored_in_program(compiled.anchors, model, trained, executor._training,
                                               probed.updated_buffers),
                           buffer_names=probed.updated_buffers, buffer_sets=sets, draws_random=probed.draws_random)
+        program.host_call_result = getattr(model, "compiled_host_call_result", None)
         self._program, self._key = program, key
         self._arguments = ProgramArguments(model, trained, frozen, executor._geometry)
         return program
@@ -205,55 +207,20 @@ class CompiledBackend:
         started = time.time()
         arguments = self._arguments
         split = arguments.split(inputs)
-        functional = program.optim
-        with compiled.weights.active(), context.running(executor._training), torch.no_grad(), \
-                executor._precision.running(executor._model):  # CUDA matmul partials, as eager
+        weights = contextlib.nullcontext() if compiled.weights.shares_host_tensors else compiled.weights.active()
+        with weights, context.running(executor._training), torch.no_grad():
             trained, frozen = arguments.parameters()
-            hooks = step_hooks.of(executor._optimizer) if program.per_step_hyper else None
-            if functional is not None:
-                state = functional.state_in()
-                scaling = program.scaling.inputs(functional.loss_scale(), executor._precision.dynamic)
-                hyper = functional.hyper() if hooks is None else functional.hyper_steps(
-                    hooks.begin_compiled_call(executor._geometry.device_iterations, functional.hyper_values))
-            else:
-                state, hyper, scaling = [], [], {"scale": _ONE}
-            buffers = _buffer_sets(executor._model, program, compiled.replica_buffers)
-            graphed = mark_step_begin(trained)
-            try:
-                with _generators_kept_on_error(program.draws_random, [*trained, *frozen]):
-                    new_params, new_state, new_buffers, outs, scaling, anchored = program.run(
-                        split, [p.detach() for p in trained], [p.detach() for p in frozen],
-                        [b for values in buffers for b in values], state, hyper, scaling)
-            except BaseException:
-                if hooks is not None:
-                    hooks.abort_compiled_call()
-                raise
-            if dry_run:  # compile(): nothing is committed, per-step state is put back
-                if hooks is not None:
-                    hooks.abort_compiled_call()
-                return None
-            if program.aliased is None:  # where Inductor returns input memory is fixed at compile
-                program.aliased = _aliased(outs, [*split, *trained, *frozen])
-            outs = [out.clone() if i in program.aliased else out for i, out in enumerate(outs)] \
-                if program.aliased else outs
-            if graphed:  # the graph's outputs are overwritten by its next replay
-                new_state = [{k: v.clone() for k, v in st.items()} for st in new_state]
-            if buffers:
-                torch._foreach_copy_([b for values in buffers for b in values], list(new_buffers))
-            if functional is not None:
-                torch._foreach_copy_(trained, list(new_params))
-                functional.commit(list(new_state))
-                program.scaling.commit(executor._precision.loss_scaler(executor._optimizer), scaling)
-                for p in trained:
-                    p.grad = None
-            if compiled.anchors:
-                program.record_anchors(compiled.anchors, anchored)
+            cuda = any(p.is_cuda for p in trained) or any(p.is_cuda for p in frozen)
+            precision = executor._precision.running(executor._model) if cuda else contextlib.nullcontext()
+            with precision:  # CUDA matmul partials, as eager
+                outs = self._run_program(executor, compiled, program, split, trained, frozen, dry_run)
+        if dry_run:
+            return None
         if executor._training:
             bump_weights_version(executor._user_model)
         result = program.finish(outs)
-        host_call_result = getattr(executor._model, "compiled_host_call_result", None)
-        if host_call_result is not None:
-            result = host_call_result(result)
+        if program.host_call_result is not None:
+            result = program.host_call_result(result)
         done = time.time()
         steps = executor._geometry.device_iterations
         executor._perf = {"input": [[started] * steps], "input_complete": [[started] * steps],
@@ -262,6 +229,53 @@ class CompiledBackend:
         self.last = "compiled"
         return result
 
+    def _run_program(self, executor, compiled, program, split, trained, frozen, dry_run):
+        """Run ``program`` and (unless ``dry_run``) commit its results to the parameters, buffers,
+        optimizer, loss scaler and anchors; returns its output leaves."""
+        functional = program.optim
+        hooks = step_hooks.of(executor._optimizer) if program.per_step_hyper else None
+        if functional is not None:
+            state = functional.state_in()
+            scaling = program.scaling.inputs(functional.loss_scale(), executor._precision.dynamic)
+            hyper = functional.hyper() if hooks is None else functional.hyper_steps(
+                hooks.begin_compiled_call(executor._geometry.device_iterations, functional.hyper_values))
+        else:
+            state, hyper, scaling = [], [], {"scale": _ONE}
+        buffers = _buffer_sets(executor._model, program, compiled.replica_buffers)
+        graphed = mark_step_begin(trained)
+        args = (split, [p.detach() for p in trained], [p.detach() for p in frozen],
+                [b for values in buffers for b in values], state, hyper, scaling)
+        try:
+            if program.draws_random:
+                with _generators_kept_on_error([*trained, *frozen]):
+                    new_params, new_state, new_buffers, outs, scaling, anchored = program.run(*args)
+            else:
+                new_params, new_state, new_buffers, outs, scaling, anchored = program.run(*args)
+        except BaseException:
+            if hooks is not None:
+                hooks.abort_compiled_call()
+            raise
+        if dry_run:  # compile(): nothing is committed, per-step state is put back
+            if hooks is not None:
+                hooks.abort_compiled_call()
+            return None
+        if program.aliased is None:  # where Inductor returns input memory is fixed at compile
+            program.aliased = _aliased(outs, [*split, *trained, *frozen])
+        if program.aliased:
+            outs = [out.clone() if i in program.aliased else out for i, out in enumerate(outs)]
+        if graphed:  # the graph's outputs are overwritten by its next replay
+            new_state = [{k: v.clone() for k, v in st.items()} for st in new_state]
+        if buffers:
+            torch._foreach_copy_([b for values in buffers for b in values], list(new_buffers))
+        if functional is not None:
+            torch._foreach_copy_(trained, list(new_params))
+            functional.commit(list(new_state))
+            program.scaling.commit(executor._precision.loss_scaler(executor._optimizer), scaling)
+            for p in trained:
+                p.grad = None
+        if compiled.anchors:
+            program.record_anchors(compiled.anchors, anchored)
+        return outs
 
 def _compile_kwargs(device, geometry, draws_random, half_casts=False, loops=True):
     """``torch.compile``'s arguments for a program on ``device``. CUDA: CUDA graphs
@@ -302,11 +316,8 @@ def _buffer_sets(model, program, replica_buffers):
 
 
 @contextlib.contextmanager
-def _generators_kept_on_error(draws_random, tensors):
+def _generators_kept_on_error(tensors):
     """A program that raises leaves torch's generators as they were (as eager's rollback does)."""
-    if not draws_random:
-        yield
-        return
     devices = sorted({t.device.index or 0 for t in tensors if t.is_cuda})
     saved = torch.random.get_rng_state(), [torch.cuda.get_rng_state(d) for d in devices]
     try:
@@ -319,9 +330,9 @@ def _generators_kept_on_error(draws_random, tensors):
 
 
 @contextlib.contextmanager
-def _compiled_modes(compiled):
-    """The model runs in the train/eval mode it was compiled in (as the eager backend does)."""
-    changed = [module for module, mode in compiled.training_flags if module.training != mode]
+def _compiled_modes(changed):
+    """The model runs in the train/eval mode it was compiled in (as the eager backend does):
+    ``changed``, the modules in the other mode, switch for the call."""
     for module in changed:
         module.training = not module.training
     try:

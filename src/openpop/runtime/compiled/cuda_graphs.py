@@ -23,7 +23,7 @@ def compile_options(device: torch.device) -> dict:
 
 def mark_step_begin(params) -> bool:
     """Start a new CUDA-graph step before each host call on CUDA; no-op (False) elsewhere."""
-    if params and uses_cuda_graphs(params[0].device):
+    if params and params[0].is_cuda:
         torch.compiler.cudagraph_mark_step_begin()
         return True
     return False

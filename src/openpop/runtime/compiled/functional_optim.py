@@ -227,7 +227,7 @@ class FunctionalOptimizer:
     def hyper(self):
         """``hyper_values()`` as 0-d tensors."""
         values = self.hyper_values()
-        key = [tuple(float(x) for x in v.values()) for v in values]
+        key = [tuple(map(float, v.values())) for v in values]
         cached = self._cache.get("hyper")
         if cached is None or cached[0] != key:
             tensors = [{k: self._scalar(x) for k, x in v.items()} for v in values]
@@ -250,6 +250,8 @@ class FunctionalOptimizer:
 
     def state_in(self):
         """Per parameter a dict of state tensors (copies: the program's result replaces them)."""
+        if self.family == "sgd" and not any(group[1] for group in self.static[2]):
+            return [{} for _ in self.params]  # plain SGD keeps no state
         state = []
         for group, static, params in zip(self.optimizer.param_groups, self.static[2], self.groups):
             for p in params:
@@ -259,19 +261,18 @@ class FunctionalOptimizer:
                 elif self.family == "rmsprop":
                     state.append(adaptive_updates.rmsprop_state(st, p, static[1], static[6], static[7]))
                 elif self.family == "sgd":
-                    if float(group["momentum"]) == 0.0:
+                    if not static[1]:  # momentum 0 (the signature, checked every call, says so)
                         state.append({})
                         continue
                     buf = st.get("momentum_buffer")
                     if buf is None:
-                        state.append({"momentum_buffer": torch.zeros_like(p),
-                                      "has_buffer": torch.tensor(False, device=p.device)})
+                        state.append({"momentum_buffer": torch.zeros_like(p), "has_buffer": self._flag(False, p)})
                         continue
                     previous = st.get(_VELOCITY_SCALE_KEY, 1.0)
                     scale = self._velocity_scale(group)
                     if previous != scale:  # velocity_scaling changed: keep the velocity itself
                         buf = buf.to(torch.float32) * (scale / previous)
-                    state.append({"momentum_buffer": buf, "has_buffer": torch.tensor(True, device=p.device)})
+                    state.append({"momentum_buffer": buf, "has_buffer": self._flag(True, p)})
                 else:
                     step = st.get("step")
                     step = torch.zeros((), device=p.device) if step is None else \
@@ -280,6 +281,15 @@ class FunctionalOptimizer:
                                   "exp_avg": _or_zeros(st.get("exp_avg"), p),
                                   "exp_avg_sq": _or_zeros(st.get("exp_avg_sq"), p)})
         return [self._stored(st) for st in state]
+
+    def _flag(self, value, param):
+        """A 0-d bool program input for ``param``, made once (programs never write their inputs;
+        each parameter its own: ``while_loop`` refuses carried inputs that alias each other)."""
+        key = ("flag", value, id(param))
+        flag = self._cache.get(key)
+        if flag is None:
+            flag = self._cache[key] = torch.tensor(value, device=param.device)
+        return flag
 
     # ------------------------------------------------------------------ the update (traced)
     def update(self, params, grads, state, hyper):
