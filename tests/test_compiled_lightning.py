@@ -156,11 +156,12 @@ def test_steps_the_program_cannot_run_exactly_run_eagerly(warnings_logged, model
     assert len(declined) == 1 and reason in declined[0]
 
 
-def test_recompile_limit_switches_to_eager_from_the_next_call(warnings_logged, monkeypatch):
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+def test_recompile_limit_switches_to_eager_from_the_next_call(warnings_logged):
     eager = fit("eager", ScaledByHook())
     model = ScaledByHook()
-    t, record = fit("auto", model)  # call 1 compiled (scale 1), call 2 would re-trace: eager from there
+    # torch's own patch(): pytest 9.2's monkeypatch undo deletes a torch config entry for good
+    with torch._dynamo.config.patch(recompile_limit=1):
+        t, record = fit("auto", model)  # call 1 compiled (scale 1), call 2 would re-trace: eager from there
     assert_same_run(_as_run(eager), (t, model, record))
     declined = [m for m in warnings_logged() if "compiled backend does not support" in m]
     assert len(declined) == 1 and "re-traced" in declined[0]
