@@ -283,13 +283,15 @@ _WHILE_LOOP = "torch.ops.higher_order.while_loop"  # the name torch's caches kno
 
 def _compile_kwargs(device, geometry, draws_random, half_casts=False, loops=True):
     """``torch.compile``'s arguments for a program on ``device``. CUDA: CUDA graphs
-    (``cuda_graphs.py``). CPU, a program that loops (over device iterations or micro-batches):
-    Inductor's C++ wrapper. Its default Python wrapper runs ``while_loop`` as a Python loop calling
-    each iteration's kernels from Python (argument asserts, buffer allocations, ATen matmul calls:
-    ~20 µs per step of the tiny MLP); the C++ wrapper runs the same loop in C++ (benchmarks/host_overhead.py:
-    DI=256 34 -> 12 µs per step; DI=1 with 4 micro-batches 473 -> 331). A program of one micro-batch
-    and one step has no loop and keeps the Python wrapper (measured no faster in C++); so do stepwise
-    ones (``loops=False``). A looping program marks ``while_loop`` cacheable: torch's FX-graph and
+    (``cuda_graphs.py``). CPU, a program that loops over device iterations: Inductor's C++
+    wrapper. Its default Python wrapper runs ``while_loop`` as a Python loop calling each
+    iteration's kernels from Python (argument asserts, buffer allocations, ATen matmul calls: ~20 µs
+    per step of the tiny MLP); the C++ wrapper runs the same loop in C++ (benchmarks/host_overhead.py:
+    DI=256 34 -> 12 µs per step). A one-step program keeps the Python wrapper, also when it loops
+    over micro-batches: the C++ wrapper saves ~35 µs per micro-batch of the tiny MLP (DI=1 GA=4:
+    473 -> 331 µs per step) but its own C++ build is large for a large graph (BERT L2 GA 2: first
+    compile 64 -> 156 CPU-s); so do stepwise ones (``loops=False``). A program with a
+    ``while_loop`` (``loops`` and DI or GA x R > 1) marks it cacheable: torch's FX-graph and
     AOTAutograd caches refuse higher-order ops not marked so, and the loop bodies are part of the
     graph their keys hash (checked: a program differing only in a body misses). A model that draws random
     numbers: aten's random ops, drawing from torch's generators at run time as eager does
@@ -298,10 +300,9 @@ def _compile_kwargs(device, geometry, draws_random, half_casts=False, loops=True
     (Inductor otherwise keeps fused element-wise chains in float32: half gradients summed over
     micro-batches, half weights updated would differ from eager's by an ulp)."""
     options = dict(compile_options(device))
-    looping = loops and (geometry.device_iterations > 1 or geometry.micro_batches_per_step > 1)
-    if not options and looping:
+    if not options and loops and geometry.device_iterations > 1:
         options["cpp_wrapper"] = True
-    if looping:
+    if loops and (geometry.device_iterations > 1 or geometry.micro_batches_per_step > 1):
         options["unsafe_marked_cacheable_functions"] = {_WHILE_LOOP: torch.__version__}
     if draws_random:
         options["fallback_random"] = True

@@ -10,8 +10,9 @@ body computes the micro-batch's gradients with ``torch.func.grad`` (the program 
 differentiates through a loop) and carries:
 
 * the accumulated scaled gradients, from zeros: Sum and post-hoc Mean add; the running Mean
-  weighs by ``k / (k + 1)`` and divides by ``k + 1``, computed from ``k`` as float32 tensors, rounded to
-  the gradient's dtype after each product as the unrolled loop's Python-number products round;
+  multiplies the sum by ``k / (k + 1)`` and divides the new gradients by ``k + 1``, both float32
+  tensors made from ``k``, each result rounded to the gradient's dtype as the unrolled loop's
+  products with Python numbers round;
 * the buffers the forward updates: one set, or per-replica sets stacked ``[R, ...]`` and indexed
   by ``r = k % R``;
 * every micro-batch's output leaves, stacked ``[GA x R, ...]`` with ``index_copy``.
