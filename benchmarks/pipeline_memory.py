@@ -5,16 +5,19 @@ recomputation on (eager) - the compiled program does not recompute (README "Comp
 
 Each variant runs in a process of its own with glibc's ``MALLOC_MMAP_THRESHOLD_`` at 64 KiB, so
 that freed tensors leave the resident set; the number is the resident-set peak of the second
-host call (``VmHWM`` reset just before it) above the resident set when it starts, and with an
-Inductor cache of its own (a fresh directory), so the first call's seconds (wall and the process's
-CPU) are a first compile. An accumulation below 7 (a 4-stage pipeline needs at least 7) runs
-``ShardedExecution``: the compiled program is the same, eager runs the blocks one after another.
+host call (``VmHWM`` reset just before it) above the resident set when it starts. Each process
+has an Inductor cache of its own (a fresh directory), so the first call's wall seconds are a
+first compile; ``CPU s`` is the CPU time of the variant's whole process tree (Inductor builds its
+C++ kernels in worker processes; it includes starting Python and torch and the second call). An
+accumulation below 7 (a 4-stage pipeline needs at least 7) runs ``ShardedExecution``: the
+compiled program is the same, eager runs the blocks one after another.
 
     python benchmarks/pipeline_memory.py [--accumulations 8 16]
 """
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -82,9 +85,12 @@ def main():
         for backend in ("eager", "compiled"):
             with tempfile.TemporaryDirectory(prefix="pipeline-memory-inductor-") as cache:
                 env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536", TORCHINDUCTOR_CACHE_DIR=cache)
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
                 done = subprocess.run([sys.executable, __file__, "--child", backend, str(accumulation)], env=env,
                                       capture_output=True, text=True, check=True)
-            peak, wall, cpu = done.stdout.split()[-3:]
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+            peak, wall = done.stdout.split()[-3:-1]
             peaks[f"{backend}_ga{accumulation}"] = int(peak)
             first_calls[f"{backend}_ga{accumulation}"] = {"wall_s": float(wall), "cpu_s": float(cpu)}
     print(f"{'variant':<16}{'peak MiB':>10}{'vs eager':>10}{'first call s':>14}{'(CPU s)':>9}")
