@@ -2,11 +2,13 @@
 with device_iterations 1, 16 and 256 on the eager and the compiled backend
 (``Options.openpopBackend``), and a hand-written ``torch.compile``d step as the anchor, measured
 side by side in this run (compiled programs are built before the timing; their first-call
-seconds are printed). The ``no rollback``
+seconds are printed). The ``GA=`` rows accumulate each step's gradients over ``--accumulation``
+micro-batches of ``micro-batch / accumulation`` samples (the same samples per step; the compiled
+program runs them as a ``while_loop``, ``runtime/compiled/micro_batches.py``). The ``no rollback``
 rows run the same with ``Training.rollbackFailedCalls(False)``: their ratio to the default rows
 is what making a failed host call roll back costs (``runtime/transaction.py``).
 
-    python benchmarks/host_overhead.py [--steps 2048] [--clock cpu]
+    python benchmarks/host_overhead.py [--steps 2048] [--clock cpu] [--accumulation 4]
 
 ``--clock cpu`` times with this process's CPU time instead of wall time: on a machine shared with
 other jobs (one torch thread here) it counts the work done, not the time spent waiting for a core.
@@ -72,10 +74,12 @@ def hand_compiled_loop(model, xs, ys, steps, micro):
     return timed
 
 
-def openpop_loop(model, xs, ys, steps, micro, device_iterations, rollback=True, backend="eager"):
-    """Build (and for the compiled backend compile, outside the timing) a training model.
-    Returns a function timing ``steps`` optimizer steps and the seconds the build took."""
+def openpop_loop(model, xs, ys, steps, micro, device_iterations, rollback=True, backend="eager", accumulation=1):
+    """Build (and for the compiled backend compile, outside the timing) a training model; a step
+    takes ``micro`` samples as ``accumulation`` micro-batches. Returns a function timing ``steps``
+    optimizer steps and the seconds the build took."""
     opts = poptorch.Options().deviceIterations(device_iterations).openpopBackend(backend)
+    opts.Training.gradientAccumulation(accumulation)
     opts.showCompilationProgressBar(False)
     opts.Training.rollbackFailedCalls(rollback)
     training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.01))
@@ -99,7 +103,9 @@ ROWS = (("eager", "eager PyTorch loop"), ("di1", "openpop DI=1"),
         ("di1_no_rollback", "openpop DI=1 no rollback"), ("di16", "openpop DI=16"),
         ("di16_no_rollback", "openpop DI=16 no rollback"), ("di256", "openpop DI=256"),
         ("compiled_di1", "openpop compiled DI=1"), ("compiled_di16", "openpop compiled DI=16"),
-        ("compiled_di256", "openpop compiled DI=256"), ("hand_compiled", "hand torch.compile step"))
+        ("compiled_di256", "openpop compiled DI=256"), ("hand_compiled", "hand torch.compile step"),
+        ("di16_ga", "openpop DI=16 GA={}"), ("compiled_di1_ga", "openpop compiled DI=1 GA={}"),
+        ("compiled_di16_ga", "openpop compiled DI=16 GA={}"))
 
 
 def main():
@@ -108,6 +114,7 @@ def main():
     parser.add_argument("--micro-batch", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
+    parser.add_argument("--accumulation", type=int, default=4, help="micro-batches per step of the GA rows")
     args = parser.parse_args()
     global CLOCK
     CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
@@ -120,11 +127,13 @@ def main():
     variants = {"di1": (1, True, "eager"), "di1_no_rollback": (1, False, "eager"), "di16": (16, True, "eager"),
                 "di16_no_rollback": (16, False, "eager"), "di256": (256, True, "eager"),
                 "compiled_di1": (1, True, "compiled"), "compiled_di16": (16, True, "compiled"),
-                "compiled_di256": (256, True, "compiled")}
+                "compiled_di256": (256, True, "compiled"), "di16_ga": (16, True, "eager"),
+                "compiled_di1_ga": (1, True, "compiled"), "compiled_di16_ga": (16, True, "compiled")}
     timers, compile_seconds = {}, {}
     for name, (di, rollback, backend) in variants.items():  # built once: compiled programs are reused
+        accumulation = args.accumulation if name.endswith("_ga") else 1
         timers[name], seconds = openpop_loop(copy.deepcopy(base), xs, ys, args.steps, args.micro_batch, di,
-                                             rollback, backend)
+                                             rollback, backend, accumulation)
         if backend == "compiled":
             compile_seconds[name] = seconds
     timers["hand_compiled"] = hand_compiled_loop(copy.deepcopy(base), xs, ys, args.steps, args.micro_batch)
@@ -136,7 +145,7 @@ def main():
     best = {k: min(v) * 1e6 for k, v in results.items()}
     print(f"{'variant':<28}{'us/step':>10}{'vs eager':>10}")
     for key, label in ROWS:
-        print(f"{label:<28}{best[key]:>10.1f}{best[key] / best['eager']:>9.2f}x")
+        print(f"{label.format(args.accumulation):<28}{best[key]:>10.1f}{best[key] / best['eager']:>9.2f}x")
     rollback_cost = {f"di{di}": best[f"di{di}"] / best[f"di{di}_no_rollback"] for di in (1, 16)}
     print("rollback cost (time with / without): " + ", ".join(f"{k} {v:.3f}x" for k, v in rollback_cost.items()))
     speedup = {"compiled_di256_vs_eager_loop": best["eager"] / best["compiled_di256"],
@@ -148,7 +157,7 @@ def main():
     print(json.dumps({"benchmark": "host_overhead", "clock": args.clock, "us_per_step": best,
                       "ratio_vs_eager": {k: best[k] / best["eager"] for k in best},
                       "rollback_cost": rollback_cost, "compiled_speedup": speedup,
-                      "compile_seconds": compile_seconds}))
+                      "compile_seconds": compile_seconds, "accumulation": args.accumulation}))
 
 
 if __name__ == "__main__":

@@ -201,6 +201,29 @@ def test_bert_reports_the_compile_and_checks_the_cache_dir_first(tmp_path, capsy
     assert "--executable-cache-dir: cannot use" in err and "Data Loading Started" not in err
 
 
+def test_looping_programs_are_saved_and_loaded(tmp_path):
+    """A compiled program with while_loops (device iterations, micro-batches) goes into the
+    executable cache: a second executor compiling the same program loads it."""
+    from helpers.models import Regressor, make_data
+    outcomes, results = [], []
+    for _ in range(2):
+        torch.manual_seed(0)
+        model = Regressor()
+        opts = poptorch.Options().deviceIterations(2).openpopBackend("compiled").enableExecutableCaching(
+            str(tmp_path))
+        opts.Training.gradientAccumulation(2)
+        opts.showCompilationProgressBar(False)
+        pop = poptorch.trainingModel(model, opts, poptorch.optim.SGD(model.parameters(), lr=0.1))
+        with watch_compiles() as outcome:
+            results.append(pop(*make_data(2 * 2 * 3)))
+        assert pop._backend.last == "compiled"
+        outcomes.append(outcome)
+    fresh, loaded = outcomes
+    assert fresh.fx_graph_misses > 0 and fresh.fx_graph_bypasses == fresh.autograd_bypasses == 0, fresh
+    assert loaded.loaded_from_cache and loaded.fx_graph_misses == loaded.autograd_misses == 0, loaded
+    torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)
+
+
 def test_outcome_counts_inductor_graphs():
     from openpop.runtime.compile_cache import CompileOutcome
     cache = CompileCache("/cache")

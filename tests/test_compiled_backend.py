@@ -368,17 +368,24 @@ def test_program_arguments_follow_replaced_parameters_and_submodules():
 
 
 def test_looping_cpu_programs_use_the_cpp_wrapper():
-    """A while_loop program's iterations run in Inductor's C++ wrapper, not a Python loop."""
+    """A device-iteration while_loop runs in Inductor's C++ wrapper, not a Python loop; every
+    while_loop program is marked cacheable."""
     from openpop.runtime.compiled.backend import _compile_kwargs
     from openpop.runtime.geometry import BatchGeometry
     cpu = torch.device("cpu")
+    cacheable = {"unsafe_marked_cacheable_functions": {"torch.ops.higher_order.while_loop": torch.__version__}}
     looping = BatchGeometry.from_options(poptorch.Options().deviceIterations(4))
-    assert _compile_kwargs(cpu, looping, False) == {"options": {"cpp_wrapper": True}}
+    assert _compile_kwargs(cpu, looping, False) == {"options": {"cpp_wrapper": True, **cacheable}}
+    accumulating = poptorch.Options()
+    accumulating.Training.gradientAccumulation(2)  # a while_loop over the micro-batches, one step
+    assert _compile_kwargs(cpu, BatchGeometry.from_options(accumulating), False) == {"options": cacheable}
+    assert _compile_kwargs(cpu, BatchGeometry.from_options(accumulating), False, loops=False) == {}  # stepwise
     assert _compile_kwargs(cpu, BatchGeometry.from_options(poptorch.Options()), False) == {}
     assert _compile_kwargs(torch.device("cuda", 0), looping, False) == {
-        "options": torch._inductor.list_mode_options("reduce-overhead")}
+        "options": {**torch._inductor.list_mode_options("reduce-overhead"), **cacheable}}
     # A model that draws random numbers keeps aten's random ops (program.py)
-    assert _compile_kwargs(cpu, looping, True) == {"options": {"cpp_wrapper": True, "fallback_random": True}}
+    assert _compile_kwargs(cpu, looping, True) == {"options": {"cpp_wrapper": True, **cacheable,
+                                                               "fallback_random": True}}
 
 
 @pytest.mark.gpu

@@ -277,14 +277,23 @@ class CompiledBackend:
             program.record_anchors(compiled.anchors, anchored)
         return outs
 
+
+_WHILE_LOOP = "torch.ops.higher_order.while_loop"  # the name torch's caches know it by
+
+
 def _compile_kwargs(device, geometry, draws_random, half_casts=False, loops=True):
     """``torch.compile``'s arguments for a program on ``device``. CUDA: CUDA graphs
     (``cuda_graphs.py``). CPU, a program that loops over device iterations: Inductor's C++
     wrapper. Its default Python wrapper runs ``while_loop`` as a Python loop calling each
     iteration's kernels from Python (argument asserts, buffer allocations, ATen matmul calls: ~20 µs
     per step of the tiny MLP); the C++ wrapper runs the same loop in C++ (benchmarks/host_overhead.py:
-    DI=256 34 -> 12 µs per step). A one-step program has no loop and keeps the Python wrapper
-    (measured no faster in C++); so do stepwise ones (``loops=False``). A model that draws random
+    DI=256 34 -> 12 µs per step). A one-step program keeps the Python wrapper, also when it loops
+    over micro-batches: the C++ wrapper saves ~35 µs per micro-batch of the tiny MLP (DI=1 GA=4:
+    473 -> 331 µs per step) but its own C++ build is large for a large graph (BERT L2 GA 2: first
+    compile 64 -> 156 CPU-s); so do stepwise ones (``loops=False``). A program with a
+    ``while_loop`` (``loops`` and DI or GA x R > 1) marks it cacheable: torch's FX-graph and
+    AOTAutograd caches refuse higher-order ops not marked so, and the loop bodies are part of the
+    graph their keys hash (checked: a program differing only in a body misses). A model that draws random
     numbers: aten's random ops, drawing from torch's generators at run time as eager does
     (``program.py``); only then, as it changes Inductor's decompositions. ``half_casts`` (programs
     holding float16/bfloat16 tensors): every half intermediate rounded as eager rounds it
@@ -293,6 +302,8 @@ def _compile_kwargs(device, geometry, draws_random, half_casts=False, loops=True
     options = dict(compile_options(device))
     if not options and loops and geometry.device_iterations > 1:
         options["cpp_wrapper"] = True
+    if loops and (geometry.device_iterations > 1 or geometry.micro_batches_per_step > 1):
+        options["unsafe_marked_cacheable_functions"] = {_WHILE_LOOP: torch.__version__}
     if draws_random:
         options["fallback_random"] = True
     if half_casts:

@@ -8,8 +8,13 @@ call's inputs split ``[DI, GA, R_in, micro, ...]`` - compiled by ``torch.compile
   ``loss * loss_scaling`` through ``torch.func.functional_call`` of the user's module; the
   gradients reduced as the executor does (``gradients.py``: Sum, Mean post hoc or running
   mean) and unscaled; then the functional optimizer update (``functional_optim.py``);
-* DI > 1: ``torch._higher_order_ops.while_loop`` over the steps, the state carried; gradients
-  are computed *inside* the loop body (differentiating through ``while_loop`` is not used);
+* GA x R > 1: the micro-batches are a ``torch._higher_order_ops.while_loop`` carrying the
+  gradients, buffers and outputs (``micro_batches.py``): one forward + backward in the graph
+  whatever GA x R, so compile time and memory do not grow with them. Unrolled (traced Python)
+  only for forwards under a torch function mode (below);
+* DI > 1: ``torch._higher_order_ops.while_loop`` over the steps, the state carried (the
+  micro-batch loop nested in its body); gradients are computed *inside* the loop bodies
+  (differentiating through ``while_loop`` is not used);
 * outputs: every micro-batch's output leaves stacked ``[DI, GA*R, ...]`` (``Final``: only the
   last step's, carried), assembled per output mode as ``outputs.py`` assembles them; the last
   ``micro_batch_leaves`` leaves (a model's ``compiled_micro_batch_leaves()``) are returned for
@@ -33,7 +38,8 @@ call's inputs split ``[DI, GA, R_in, micro, ...]`` - compiled by ``torch.compile
   threads a CUDA philox seed and offset through the graph, i.e. its own numbers too.)
 * per-step hyperparameters (``[DI]`` tensors, ``step_hooks.py``) are indexed by the step counter;
 * *stepwise* programs (a forward under a torch function mode, ``LowPrecisionOps``, which
-  ``while_loop``'s body cannot hold) compile one step and the host loops over the steps;
+  ``while_loop``'s body cannot hold) compile one step, with its micro-batches unrolled, and the
+  host loops over the steps;
 * loss scaling as program state (``loss_scaling.py``); anchored gradients and weights reported
   per step ``[DI, ...]`` and recorded by the host as eager records them (``anchors.py``).
 
@@ -50,6 +56,7 @@ from torch.func import functional_call
 from ...enums import MeanReductionStrategy, OutputMode, ReductionType
 from ..losses import as_scalar
 from ..outputs import _DEMOTE, _unflatten, flatten_output, protect_output
+from . import micro_batches
 from .loss_scaling import ScalingState
 
 
@@ -87,6 +94,8 @@ class Program:
         # it there is a side effect torch.compile refuses, and one pushed outside the program is not
         # applied to the body. Such programs compile one device iteration; the host loops over them.
         self.stepwise = stepwise and layout.geometry.device_iterations > 1
+        # The same holds for a while_loop over the micro-batches (micro_batches.py).
+        self.loops_micro_batches = not stepwise and layout.geometry.micro_batches_per_step > 1
         self.scaling = scaling if scaling is not None else ScalingState(None, layout.geometry.device_iterations)
         # The anchors (anchors.Anchor) the program reports per step, as ("grad" | "param", index in trained).
         self.anchor_ids = [id(anchor) for anchor, _, _ in anchored]
@@ -268,43 +277,35 @@ class Program:
                          {**params, **dict(zip(self.buffer_names, own))}, args, kwargs)
         return flatten_output(output)[0], own
 
+    def micro_batch(self, params, buffers, micro_inputs, loss_scale):
+        """One micro-batch: (its scaled gradients, ``None`` in inference; its output leaves; the
+        updated buffers' values). ``params``: every weight by name."""
+        if not self.layout.training:
+            flat, buffers = self._forward(params, buffers, micro_inputs)
+            return None, flat, buffers
+
+        def scaled_loss(trained, bufs):
+            flat, bufs = self._forward({**params, **dict(zip(self.trained_names, trained))}, bufs, micro_inputs)
+            return as_scalar(flat[self.loss_index]) * loss_scale, ([leaf.detach() for leaf in flat],
+                                                                   [b.detach() for b in bufs])
+
+        # The buffers are an argument (not differentiated) so that grad's level wraps them.
+        trained = [params[name] for name in self.trained_names]
+        grads, (flat, buffers) = torch.func.grad(scaled_loss, has_aux=True)(trained, list(buffers))
+        return grads, flat, buffers
+
     def _step(self, step_inputs, trained, frozen, buffers, state, hyper, scaling, index):
-        """One device iteration (``index``: which, a 1-element tensor): every micro-batch, then
-        (training) the update. Returns (params, state, buffers, stacked outputs, scaling, anchored values)."""
+        """One device iteration (``index``: which, a 1-element tensor): every micro-batch
+        (``micro_batches.py``), then (training) the update. Returns (params, state, buffers,
+        stacked outputs, scaling, anchored values)."""
         layout = self.layout
         loss_scale = scaling["scale"]
         g = layout.geometry
-        frozen_params = dict(zip(self.frozen_names, frozen))
+        params = {**dict(zip(self.frozen_names, frozen)), **dict(zip(self.trained_names, trained))}
         n = len(self.buffer_names)
         sets = [buffers[k * n:(k + 1) * n] for k in range(self.buffer_sets)]
-        outs = []
-        grads = None
-        for a in range(g.gradient_accumulation):
-            for r in range(g.replication_factor):
-                micro = [x if x.dim() == 0 else x[a, layout.chunks[r]] for x in step_inputs]
-                s = r if self.buffer_sets > 1 else 0
-                if not layout.training:
-                    flat, sets[s] = self._forward({**frozen_params, **dict(zip(self.trained_names, trained))},
-                                                  sets[s], micro)
-                    outs.append(flat)
-                    continue
-
-                def scaled_loss(ps, bufs, micro=micro):
-                    flat, bufs = self._forward({**frozen_params, **dict(zip(self.trained_names, ps))}, bufs, micro)
-                    return as_scalar(flat[self.loss_index]) * loss_scale, ([leaf.detach() for leaf in flat],
-                                                                [b.detach() for b in bufs])
-
-                # The buffers are an argument (not differentiated) so that grad's level wraps them.
-                micro_grads, (flat, sets[s]) = torch.func.grad(scaled_loss, has_aux=True)(list(trained), sets[s])
-                outs.append(flat)
-                k = a * g.replication_factor + r
-                if grads is None:
-                    grads = list(micro_grads)
-                elif layout.running:
-                    grads = [acc * (k / (k + 1)) + mg / (k + 1) for acc, mg in zip(grads, micro_grads)]
-                else:
-                    grads = [acc + mg for acc, mg in zip(grads, micro_grads)]
-        stacked = [torch.stack([flat[i] for flat in outs]) for i in range(len(outs[0]))]
+        run = micro_batches.looped if self.loops_micro_batches else micro_batches.unrolled
+        grads, stacked, sets = run(self, step_inputs, params, sets, loss_scale)
         buffers = [b for values in sets for b in values]
         if not layout.training:
             return trained, state, buffers, stacked, scaling, []
