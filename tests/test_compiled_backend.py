@@ -136,8 +136,10 @@ def test_inference_matches_oracle_and_follows_host_weights():
     model = Regressor()
     pop = poptorch.inferenceModel(model, compiled_options(3, 1, 2))
     x, t = make_data(3 * 2 * 4)
+    pop.compile(x, t)  # compiles the inference program without running it
+    assert pop._backend._program.compiler.runs == 0
     out, loss = pop(x, t)
-    assert pop._backend.last == "compiled"
+    assert pop._backend.last == "compiled" and pop._backend._program.compiler.runs == 1
     with torch.no_grad():
         torch.testing.assert_close(out, model(x, t)[0], rtol=1e-6, atol=1e-6)
         ref_losses = torch.stack([model(xm, tm)[1] for xm, tm in zip(x.split(4), t.split(4))])
