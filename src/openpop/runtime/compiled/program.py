@@ -52,7 +52,7 @@ source"), as with ``torch.autograd.grad`` traced in the program; an opaque custo
 function's context). The alternative, torch's regional compilation (the layer compiled once,
 the rest of the host call eager), compiles in about a minute at any depth but was not adopted
 as a mode: on CPU the fp32 layer is matmul-bound, so compiling it alone buys little (BERT L2,
-CPU time: 1.01x eager fp32, 1.22x bf16), while this program's gain (L12: 1.19x fp32, 1.40x
+CPU time: 1.01x eager fp32, 1.22x bf16), while this program's gain (L12: 1.08-1.19x fp32, 1.05-1.40x
 bf16) comes mostly from fusing what surrounds the layers (LAMB over 110 M parameters, gradient
 accumulation, the embeddings' backward). README "BERT compiled" has the measurements.
 """
