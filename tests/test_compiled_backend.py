@@ -136,8 +136,10 @@ def test_inference_matches_oracle_and_follows_host_weights():
     model = Regressor()
     pop = poptorch.inferenceModel(model, compiled_options(3, 1, 2))
     x, t = make_data(3 * 2 * 4)
+    pop.compile(x, t)  # compiles the inference program without running it
+    assert pop._backend._program.compiler.runs == 0
     out, loss = pop(x, t)
-    assert pop._backend.last == "compiled"
+    assert pop._backend.last == "compiled" and pop._backend._program.compiler.runs == 1
     with torch.no_grad():
         torch.testing.assert_close(out, model(x, t)[0], rtol=1e-6, atol=1e-6)
         ref_losses = torch.stack([model(xm, tm)[1] for xm, tm in zip(x.split(4), t.split(4))])
@@ -296,9 +298,9 @@ FINISHED_BAR = re.compile(r"^Graph compilation: 100%", re.MULTILINE)
 
 
 def test_compile_compiles_the_program_and_changes_nothing(capfd):
-    """compile() builds and compiles the program under its progress bar without training: weights,
-    optimizer state and the RNG stream are unchanged; the first call then runs without compiling.
-    Without compile(), the first call compiles under one bar."""
+    """compile() builds and compiles the program under its progress bar without running it (no
+    training step: weights, optimizer state and the RNG stream are unchanged); the first call
+    then runs it once, without compiling. Without compile(), the first call compiles under one bar."""
     model = Regressor()
     reference = copy.deepcopy(model)
     optimizer = poptorch.optim.Adam(model.parameters(), lr=0.01)
@@ -306,7 +308,8 @@ def test_compile_compiles_the_program_and_changes_nothing(capfd):
     x, t = make_data(2 * 3)
     rng = torch.random.get_rng_state()
     pop.compile(x, t)
-    assert pop._backend._program is not None and pop._backend._program.ran
+    program = pop._backend._program
+    assert program is not None and program.compiled and not program.ran and program.compiler.runs == 0
     compile_seconds = pop._backend.compile_seconds
     assert compile_seconds > 0 and pop.compileSeconds() > compile_seconds
     assert len(FINISHED_BAR.findall(capfd.readouterr().err)) == 1
@@ -315,6 +318,7 @@ def test_compile_compiles_the_program_and_changes_nothing(capfd):
     assert not optimizer.state and torch.equal(torch.random.get_rng_state(), rng)
     _, losses = pop(x, t)
     assert pop._backend.last == "compiled" and pop._backend.compile_seconds == compile_seconds
+    assert program.compiler.runs == 1
     assert "Graph compilation" not in capfd.readouterr().err
     ref_losses = train_loop(reference, torch.optim.Adam(reference.parameters(), lr=0.01), (x, t),
                             regressor_loss, 2, 1, 1)

@@ -12,10 +12,11 @@ result into the host call's.
 When torch.compile compiles (the ``Graph compilation`` bar, ``compile_seconds``):
 
 * ``executor.compile(*args)`` with the backend forced (or ``auto`` with ``compile_after=0``):
-  ``compile_ahead`` builds the program and compiles it by running it once on ``compile()``'s
-  arguments and discarding the results (the program is a pure function: weights, optimizer
-  state and the RNG stream are as before). The executor's bar covers it; the first host call
-  just runs.
+  ``compile_ahead`` builds the program and compiles it by calling it once on ``compile()``'s
+  arguments without running it (``inductor.py``: the compiled graph returns placeholders, which
+  are discarded; weights, optimizer state and the RNG stream are as before). The executor's bar
+  covers it; the first host call runs the program for the first time - a failure there is still
+  a compile failure (``auto``: eager from then on) - without a bar of its own.
 * the first host call without ``compile()``: that call compiles and runs the program; the
   executor hands its bar over (``progress``) and the bar finishes after the call.
 * ``auto`` once the eager budget is spent: the host call that compiles prints a bar of its own.
@@ -45,6 +46,7 @@ from .eligibility import (
     saved_tensor_hooks_active,
 )
 from .functional_optim import FunctionalOptimizer, signature
+from .inductor import ProgramCompiler
 from .loss_scaling import ScalingState
 from .selection import Selection
 
@@ -104,9 +106,11 @@ class CompiledBackend:
             except Ineligible as exc:
                 self._finish_progress()
                 return self._decline(str(exc))
-            if program.ran:
+            only = program.compiler.compiling_only() if dry_run else contextlib.nullcontext()
+            if program.ran:  # (compiled and has run once)
                 try:
-                    return self._execute(executor, inputs, compiled, program, dry_run)
+                    with only:
+                        return self._execute(executor, inputs, compiled, program, dry_run)
                 except Exception as exc:
                     if type(exc).__name__ != "FailOnRecompileLimitHit":  # torch._dynamo.exc
                         raise
@@ -114,13 +118,14 @@ class CompiledBackend:
                     # past torch's limit it fails before running anything: from then on, eager.
                     self.reset()
                     return self._decline(messages.INELIGIBLE_RECOMPILES.format(error=_first_line(exc)), exc)
+            compiling = not program.compiled  # (else compile() compiled it without running it)
             progress, handed = self.progress, self.progress is not None
-            if progress is None and not dry_run and executor._settings.show_compilation_progress_bar:
+            if progress is None and compiling and not dry_run and executor._settings.show_compilation_progress_bar:
                 progress = CompilationProgress()
             self.progress = None
             started = time.perf_counter()
             try:  # torch.compile compiles now: with the executable cache, if enabled
-                with compile_cache_for(executor._compile_cache), _torch_warnings_ignored():
+                with compile_cache_for(executor._compile_cache), _torch_warnings_ignored(), only:
                     result = self._execute(executor, inputs, compiled, program, dry_run)
             except Exception as exc:  # torch.compile's errors have many types
                 self.reset()
@@ -128,8 +133,10 @@ class CompiledBackend:
                     progress.finish()
                 return self._decline(messages.INELIGIBLE_FULLGRAPH.format(error=_first_line(exc)), exc)
             finally:
-                self.compile_seconds += time.perf_counter() - started
-        program.ran = True
+                if compiling:
+                    self.compile_seconds += time.perf_counter() - started
+        program.compiled = True
+        program.ran = program.ran or not dry_run
         if progress is not None:
             progress.finish()
         return result
@@ -182,12 +189,14 @@ class CompiledBackend:
         scaling = ScalingState(executor._precision.dynamic if executor._training else None,
                                executor._geometry.device_iterations)
         sets = executor._geometry.replication_factor if compiled.replica_buffers.per_replica else 1
+        compiler = ProgramCompiler(compile_kwargs.get("options"))
         program = Program(model, layout, functional, compiled.loss_index, trained, frozen,
-                          lambda fn: torch.compile(fn, fullgraph=True, dynamic=False, **compile_kwargs),
+                          lambda fn: torch.compile(fn, backend=compiler, fullgraph=True, dynamic=False),
                           contexts, stepwise, scaling,
                           anchored_in_program(compiled.anchors, model, trained, executor._training,
                                               probed.updated_buffers),
                           buffer_names=probed.updated_buffers, buffer_sets=sets, draws_random=probed.draws_random)
+        program.compiler = compiler
         program.host_call_result = getattr(model, "compiled_host_call_result", None)
         self._program, self._key = program, key
         self._arguments = ProgramArguments(model, trained, frozen, executor._geometry)

@@ -45,6 +45,22 @@ call's inputs split ``[DI, GA, R_in, micro, ...]`` - compiled by ``torch.compile
 
 Nothing the program computes reaches the model, its buffers or the optimizer until it has
 finished, and the generators are put back if it raises: a call that raises changes nothing.
+
+Repeated layers (BERT's 12 encoder layers) are inlined: each copy is traced by Dynamo and
+lowered by Inductor (which defines, and g++ compiles, identical kernels once: it keys them on
+their source). Compiling the repeated layer once inside the program is not possible with torch
+2.13 (``benchmarks/bert_regional.py`` checks it): ``torch.compiler.nested_compile_region`` on
+the layers' forward compiles forward-only programs, but Dynamo fails on it under
+``torch.func.grad`` ("Expected FakeTensor") and inside ``while_loop`` ("Freevar has no
+source"), as with ``torch.autograd.grad`` traced in the program; an opaque custom op or
+``autograd.Function`` around a separately compiled layer fails under the traced
+``torch.func.grad`` too (custom ops' autograd lacks ``setup_context``; Dynamo cannot proxy the
+function's context). The alternative, torch's regional compilation (the layer compiled once,
+the rest of the host call eager), compiles in about a minute at any depth but was not adopted
+as a mode: on CPU the fp32 layer is matmul-bound, so compiling it alone buys little (BERT L2,
+CPU time: 1.01x eager fp32, 1.22x bf16), while this program's gain (L12: 1.08-1.19x fp32, 1.05-1.40x
+bf16) comes mostly from fusing what surrounds the layers (LAMB over 110 M parameters, gradient
+accumulation, the embeddings' backward). README "BERT compiled" has the measurements.
 """
 import itertools
 import types
@@ -109,7 +125,9 @@ class Program:
         self.buffer_names = list(buffer_names)  # buffers the forward updates: carried state
         self.buffer_sets = buffer_sets  # R with per-replica buffers, else 1
         self.draws_random = draws_random  # the model draws from torch's generators
+        self.compiled = False  # torch.compile has compiled it (compile() does, without running it)
         self.ran = False  # a first run that fails is a compile failure (backend.py)
+        self.compiler = None  # the torch.compile backend (inductor.ProgramCompiler), set by backend.py
         self.aliased = None  # indices of outputs returned in an input's memory (backend.py)
         self._compiled = compile_fn(_own_code(self._one_step if self.stepwise else self._program))
 
