@@ -8,8 +8,8 @@ training call of positional tensors ran, the backend keeps a ``RepeatCall``: the
 checks, in one pass, that it is the same kind of call - as many tensors with the same dtypes and
 shapes, none needing a conversion (requires grad, not contiguous), the same optimizer with the
 same static choices, no parameter frozen and no hook added, the same train/eval modes, no trace
-session watching the executor, no saved-tensor hooks - and then runs the program as the general path would
-(``CompiledBackend.run_split``). Whenever one check fails it returns ``DECLINED`` having changed
+session watching the executor, no saved-tensor hooks - and then runs the program as the general
+path would (``CompiledBackend.run_split``). Whenever one check fails it returns ``DECLINED`` having changed
 nothing, and the executor takes its general path, which checks everything again, explains what
 is wrong or rebuilds the program.
 """
@@ -17,7 +17,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 from .. import trace
-from ..args import _plain_parameter_names
+from ..args import plain_parameter_names
 from ..devices import HostPlacement
 from .eligibility import saved_tensor_hooks_active
 from .functional_optim import signature
@@ -46,7 +46,7 @@ class RepeatCall:
     def possible(cls, executor, inputs, compiled) -> bool:
         """Whether calls like ``inputs`` can repeat: a training call binding positional tensors
         without defaults, host-placed inputs and weights the model's own tensors."""
-        names = _plain_parameter_names(executor._signature)
+        names = plain_parameter_names(executor._signature)
         return (executor._training and inputs.simple and names is not None and len(names) == len(inputs.args)
                 and type(executor._session.placement) is HostPlacement and not executor._session.replicas.own_weights
                 and compiled.weights.shares_host_tensors)
