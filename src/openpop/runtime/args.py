@@ -14,7 +14,7 @@ class BoundInputs:
     """One host call's arguments: ``forward``'s parameters by name, flattened to leaves."""
 
     def __init__(self, signature: inspect.Signature, args, kwargs):
-        names = _plain_parameter_names(signature)
+        names = plain_parameter_names(signature)
         if not kwargs and names is not None and len(args) == len(names):
             # forward(a, b, ...) called with exactly its parameters: nothing to bind.
             self.arguments = dict(zip(names, args))
@@ -67,7 +67,7 @@ def _named_arguments(signature: inspect.Signature, arguments) -> dict:
 _PLAIN_NAMES = {}  # id(signature) -> (signature, names): by identity (hashing a Signature costs µs)
 
 
-def _plain_parameter_names(signature: inspect.Signature):
+def plain_parameter_names(signature: inspect.Signature):
     """Parameter names if every parameter is positional without a default, else None."""
     cached = _PLAIN_NAMES.get(id(signature))
     if cached is None or cached[0] is not signature:

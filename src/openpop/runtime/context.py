@@ -3,7 +3,6 @@
 Ops such as ``for_loop`` and ``isRunningOnIpu()`` ask this module; the executor
 enters ``running(...)`` around every trace and every host call.
 """
-import contextlib
 import threading
 
 _local = threading.local()
@@ -33,27 +32,30 @@ def is_training() -> bool:
     return ctx is not None and ctx.training
 
 
-@contextlib.contextmanager
-def running(training: bool, tracing: bool = False):
-    stack = getattr(_local, "stack", None)
-    if stack is None:
-        stack = _local.stack = []
-    ctx = RunContext(training, tracing)
-    stack.append(ctx)
-    try:
-        yield ctx
-    finally:
-        stack.pop()
+def running(training: bool, tracing: bool = False) -> "_Entered":
+    """Context manager: a new ``RunContext`` is current inside (and returned by ``with``)."""
+    return _Entered(RunContext(training, tracing))
 
 
-@contextlib.contextmanager
-def resumed(ctx):
+class _Entered:
+    """Makes a ``RunContext`` current while entered (a class, not a generator: entered on every
+    compiled host call, where a generator's cost shows)."""
+    __slots__ = ("_ctx",)
+
+    def __init__(self, ctx):
+        self._ctx = ctx
+
+    def __enter__(self):
+        stack = getattr(_local, "stack", None)
+        if stack is None:
+            stack = _local.stack = []
+        stack.append(self._ctx)
+        return self._ctx
+
+    def __exit__(self, *exc_info):
+        _local.stack.pop()
+
+
+def resumed(ctx) -> "_Entered":
     """Make ``ctx`` current on this thread too (autograd's threads recomputing a forward)."""
-    stack = getattr(_local, "stack", None)
-    if stack is None:
-        stack = _local.stack = []
-    stack.append(ctx)
-    try:
-        yield ctx
-    finally:
-        stack.pop()
+    return _Entered(ctx)

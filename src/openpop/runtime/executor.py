@@ -27,7 +27,7 @@ from .distributed_reduce import GlobalReplication
 from .executable import Executable, trace_model
 from .gradients import GradientReduction, MeanPolicy, ReplicaSum
 from .outputs import OutputCollector
-from .perf import PerfRecorder, empty_counters, latency
+from .perf import PerfRecorder, as_counters, empty_counters, latency
 from .precision import RunPrecision
 from .progress import CompilationProgress
 from .saved import read_saved_executor, write_saved_executor
@@ -177,6 +177,11 @@ class PoplarExecutor:
 
     # ------------------------------------------------------------------ running
     def __call__(self, *args, **kwargs):
+        repeat = self._backend.repeat  # a call like the last compiled one: few checks (compiled/repeat_call.py)
+        if repeat is not None and not kwargs:
+            result = repeat.run(self, args)
+            if result is not DECLINED:
+                return result
         if self._settings.connection_type == ConnectionType.Never:
             raise AssertionError(errors.OFFLINE_CALL)
         inputs = BoundInputs(self._signature, args, kwargs)
@@ -390,19 +395,19 @@ class PoplarExecutor:
 
     def getPerfCounters(self):
         """Per-step timestamps (seconds since the epoch) of the last host call, by input tensor."""
-        return copy.deepcopy(self._perf)
+        return copy.deepcopy(as_counters(self._perf))
 
     def getHostIpuLatency(self):
-        return latency(self._perf, "input", "input_complete")
+        return latency(as_counters(self._perf), "input", "input_complete")
 
     def getComputeLatency(self):
-        return latency(self._perf, "input_complete", "output")
+        return latency(as_counters(self._perf), "input_complete", "output")
 
     def getIpuHostLatency(self):
-        return latency(self._perf, "output", "output_complete")
+        return latency(as_counters(self._perf), "output", "output_complete")
 
     def getLatency(self):
-        return latency(self._perf, "input", "output_complete")
+        return latency(as_counters(self._perf), "input", "output_complete")
 
     def getAnchoredTensor(self, short_name: str):
         """The tensor anchored as ``short_name`` (``Options.anchorTensor``) by the last call."""

@@ -139,6 +139,11 @@ def records_next_call(executor) -> bool:
     return session is not None and session.wants_next_call(executor)
 
 
+def watches(executor) -> bool:
+    """Whether a trace session records or counts ``executor``'s host calls."""
+    return _session_for(executor) is not None
+
+
 def count_untraced_call(executor) -> None:
     """A host call ran outside ``host_call`` (the compiled backend): it still counts towards
     the window's call indices."""

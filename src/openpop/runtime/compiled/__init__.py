@@ -8,7 +8,9 @@
 * ``cuda_graphs.py``     CUDA graph capture of the program on GPUs
 * ``arguments.py``       the program's parameter and input arguments, resolved once per program
 * ``backend.py``         ``CompiledBackend.run``: what the executor calls
+* ``repeat_call.py``     the executor's fast path for a host call like the last compiled one
 """
-from .backend import DECLINED, CompiledBackend
+from .backend import CompiledBackend
+from .selection import DECLINED
 
 __all__ = ["DECLINED", "CompiledBackend"]

@@ -23,12 +23,17 @@ class ProgramArguments:
         self._views = {}    # input shape -> its [DI, GA, R_in, micro, ...] shape
 
     def parameters(self):
-        """(trained, frozen): the parameter tensors the model holds now."""
+        """(trained, frozen): the parameter tensors the model holds now (lists the caller must
+        not change: the same ones are handed out until a parameter is replaced)."""
         slots = self._slots
-        if slots is None or not all(table.get(key) is value for table, key, value in slots):
+        if slots is None:
             self._resolve()
-        tensors = self._tensors
-        return tensors[:self._trained_count], tensors[self._trained_count:]
+        else:
+            for table, key, value in slots:
+                if table.get(key) is not value:
+                    self._resolve()
+                    break
+        return self._tensors
 
     def split(self, inputs):
         """The tensor inputs in ``tensor_positions`` order, batched ones viewed per micro-batch."""
@@ -47,7 +52,8 @@ class ProgramArguments:
 
     def _resolve(self):
         named = dict(self._model.named_parameters())
-        self._tensors = [named[name] for name in self._names]
+        tensors = [named[name] for name in self._names]
+        self._tensors = tensors[:self._trained_count], tensors[self._trained_count:]
         try:
             self._slots = tuple(_slots_of(self._model, self._names))
         except KeyError:  # names not made of _modules / _parameters keys (a custom named_parameters)

@@ -32,6 +32,7 @@ from ... import errors
 from ...log import logger
 from .. import context, messages
 from ..compile_cache import compile_cache_for
+from ..perf import UniformCounters
 from ..progress import CompilationProgress
 from ..weights import bump_weights_version
 from . import step_hooks
@@ -48,9 +49,9 @@ from .eligibility import (
 from .functional_optim import FunctionalOptimizer, signature
 from .inductor import ProgramCompiler
 from .loss_scaling import ScalingState
-from .selection import Selection
+from .repeat_call import RepeatCall
+from .selection import DECLINED, Selection
 
-DECLINED = object()
 _ONE = torch.tensor(1.0)
 
 
@@ -67,6 +68,7 @@ class CompiledBackend:
         self.last = None  # "compiled" or "eager": which backend ran the last host call
         self.progress = None  # the executor's unfinished bar, when the next run compiles
         self.compile_seconds = 0.0  # time spent compiling programs (torch.compile, first runs)
+        self.repeat = None  # RepeatCall of _program: the executor's fast path for the next call
 
     def record_eager(self, seconds: float) -> None:
         self.selection.record_eager(seconds)
@@ -74,7 +76,7 @@ class CompiledBackend:
 
     def reset(self) -> None:
         """The executor was destroyed: its programs go too."""
-        self._program = self._arguments = None
+        self._program = self._arguments = self.repeat = None
         self._key = None
 
     def run(self, executor, inputs, compiled):
@@ -108,16 +110,11 @@ class CompiledBackend:
                 return self._decline(str(exc))
             only = program.compiler.compiling_only() if dry_run else contextlib.nullcontext()
             if program.ran:  # (compiled and has run once)
-                try:
-                    with only:
-                        return self._execute(executor, inputs, compiled, program, dry_run)
-                except Exception as exc:
-                    if type(exc).__name__ != "FailOnRecompileLimitHit":  # torch._dynamo.exc
-                        raise
-                    # A program re-traces when a Python value the model reads changes (guards);
-                    # past torch's limit it fails before running anything: from then on, eager.
-                    self.reset()
-                    return self._decline(messages.INELIGIBLE_RECOMPILES.format(error=_first_line(exc)), exc)
+                with only:
+                    result = self.run_split(executor, self._arguments.split(inputs), compiled, program, dry_run)
+                if not dry_run and result is not DECLINED:
+                    self._expect_repeats(executor, inputs, compiled, program)
+                return result
             compiling = not program.compiled  # (else compile() compiled it without running it)
             progress, handed = self.progress, self.progress is not None
             if progress is None and compiling and not dry_run and executor._settings.show_compilation_progress_bar:
@@ -126,7 +123,7 @@ class CompiledBackend:
             started = time.perf_counter()
             try:  # torch.compile compiles now: with the executable cache, if enabled
                 with compile_cache_for(executor._compile_cache), _torch_warnings_ignored(), only:
-                    result = self._execute(executor, inputs, compiled, program, dry_run)
+                    result = self._execute(executor, self._arguments.split(inputs), compiled, program, dry_run)
             except Exception as exc:  # torch.compile's errors have many types
                 self.reset()
                 if handed and not self.selection.forced:  # the executor's compile itself succeeded
@@ -139,7 +136,15 @@ class CompiledBackend:
         program.ran = program.ran or not dry_run
         if progress is not None:
             progress.finish()
+        if not dry_run:
+            self._expect_repeats(executor, inputs, compiled, program)
         return result
+
+    def _expect_repeats(self, executor, inputs, compiled, program):
+        """After a compiled call on the general path: the next call like it takes the fast path
+        (``repeat_call.py``), with what this call found (program, optimizer, hooks seen)."""
+        possible = RepeatCall.possible(executor, inputs, compiled)
+        self.repeat = RepeatCall(self, executor, inputs, compiled, program) if possible else None
 
     def _finish_progress(self):
         """The call that was to compile runs eagerly: the executor's compile has finished."""
@@ -212,17 +217,32 @@ class CompiledBackend:
             self._hooks_seen = RemovableHandle.next_id
 
     # ------------------------------------------------------------------ running
-    def _execute(self, executor, inputs, compiled, program, dry_run=False):
+    def run_split(self, executor, split, compiled, program, dry_run=False):
+        """Run a compiled program that has run before on ``split`` (``ProgramArguments.split``):
+        the host call's result, or ``DECLINED`` when torch's recompile limit sends the model eager."""
+        try:
+            return self._execute(executor, split, compiled, program, dry_run)
+        except Exception as exc:
+            if type(exc).__name__ != "FailOnRecompileLimitHit":  # torch._dynamo.exc
+                raise
+            # A program re-traces when a Python value the model reads changes (guards);
+            # past torch's limit it fails before running anything: from then on, eager.
+            self.reset()
+            return self._decline(messages.INELIGIBLE_RECOMPILES.format(error=_first_line(exc)), exc)
+
+    def _execute(self, executor, split, compiled, program, dry_run=False):
         started = time.time()
-        arguments = self._arguments
-        split = arguments.split(inputs)
-        weights = contextlib.nullcontext() if compiled.weights.shares_host_tensors else compiled.weights.active()
-        with weights, context.running(executor._training), torch.no_grad():
-            trained, frozen = arguments.parameters()
-            cuda = any(p.is_cuda for p in trained) or any(p.is_cuda for p in frozen)
-            precision = executor._precision.running(executor._model) if cuda else contextlib.nullcontext()
-            with precision:  # CUDA matmul partials, as eager
-                outs = self._run_program(executor, compiled, program, split, trained, frozen, dry_run)
+        grad_enabled = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)  # torch.no_grad(), without its object per call
+        try:
+            with context.running(executor._training):
+                if compiled.weights.shares_host_tensors:
+                    outs = self._run_on_parameters(executor, compiled, program, split, dry_run)
+                else:
+                    with compiled.weights.active():
+                        outs = self._run_on_parameters(executor, compiled, program, split, dry_run)
+        finally:
+            torch._C._set_grad_enabled(grad_enabled)
         if dry_run:
             return None
         if executor._training:
@@ -231,12 +251,19 @@ class CompiledBackend:
         if program.host_call_result is not None:
             result = program.host_call_result(result)
         done = time.time()
-        steps = executor._geometry.device_iterations
-        executor._perf = {"input": [[started] * steps], "input_complete": [[started] * steps],
-                          "output": [[done] * steps], "output_complete": [[done] * steps]}
+        executor._perf = UniformCounters(started, done, executor._geometry.device_iterations)
         executor._last_run_seconds = done - started
         self.last = "compiled"
         return result
+
+    def _run_on_parameters(self, executor, compiled, program, split, dry_run):
+        """``_run_program`` on the parameters the model holds now."""
+        trained, frozen = self._arguments.parameters()
+        for p in (*trained, *frozen):
+            if p.is_cuda:
+                with executor._precision.running(executor._model):  # CUDA matmul partials, as eager
+                    return self._run_program(executor, compiled, program, split, trained, frozen, dry_run)
+        return self._run_program(executor, compiled, program, split, trained, frozen, dry_run)
 
     def _run_program(self, executor, compiled, program, split, trained, frozen, dry_run):
         """Run ``program`` and (unless ``dry_run``) commit its results to the parameters, buffers,
@@ -279,7 +306,8 @@ class CompiledBackend:
         if functional is not None:
             torch._foreach_copy_(trained, list(new_params))
             functional.commit(list(new_state))
-            program.scaling.commit(executor._precision.loss_scaler(executor._optimizer), scaling)
+            if program.scaling.automatic:
+                program.scaling.commit(executor._precision.loss_scaler(executor._optimizer), scaling)
             for p in trained:
                 p.grad = None
         if compiled.anchors:

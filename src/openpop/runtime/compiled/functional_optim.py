@@ -159,6 +159,7 @@ class FunctionalOptimizer:
         self.family = family_of(optimizer)
         self.bind(optimizer)
         self.static = signature(optimizer)
+        self.stateless = self.family == "sgd" and not any(group[1] for group in self.static[2])  # plain SGD
 
     def bind(self, optimizer) -> None:
         """Read hyperparameters and state from ``optimizer`` from now on (``setOptimizer``):
@@ -250,8 +251,8 @@ class FunctionalOptimizer:
 
     def state_in(self):
         """Per parameter a dict of state tensors (copies: the program's result replaces them)."""
-        if self.family == "sgd" and not any(group[1] for group in self.static[2]):
-            return [{} for _ in self.params]  # plain SGD keeps no state
+        if self.stateless:
+            return [{} for _ in self.params]
         state = []
         for group, static, params in zip(self.optimizer.param_groups, self.static[2], self.groups):
             for p in params:
@@ -365,6 +366,8 @@ class FunctionalOptimizer:
         wrapper's flag, which its order check reads, as calling the wrapper sets it)."""
         if getattr(vars(self.optimizer).get("step"), "_wrapped_by_lr_sched", False):
             self.optimizer._opt_called = True
+        if self.stateless:
+            return
         for group, params in zip(self.optimizer.param_groups, self.groups):
             scale = self._velocity_scale(group) if self.family == "sgd" else 1.0
             for p in params:

@@ -173,7 +173,7 @@ class Program:
 
     def finish(self, rows):
         """The host call's result from the program's assembled leaves (dtypes as PopTorch returns)."""
-        rows = [out.cpu() for out in rows]  # one device-to-host copy per output, as eager
+        rows = [out if out.is_cpu else out.cpu() for out in rows]  # one device-to-host copy per output, as eager
         leaves = [protect_output(out.to(_DEMOTE[out.dtype]) if out.dtype in _DEMOTE else out) for out in rows]
         return _unflatten(leaves, self.layout.output_spec)
 

@@ -15,6 +15,7 @@ from .. import messages
 BACKENDS = ("auto", "eager", "compiled")
 ENV = "OPENPOP_BACKEND"
 COMPILE_AFTER_ENV = "OPENPOP_COMPILE_AFTER"  # e.g. 0: run a test suite compiled wherever possible
+DECLINED = object()  # the compiled backend's answer to a host call the eager backend runs
 
 
 def check_backend(name) -> str:

@@ -1,0 +1,80 @@
+"""The host call that repeats the previous compiled call's structure, run with little Python.
+
+A compiled host call of a small model costs tens of microseconds, of which torch's own call
+machinery (Dynamo's guards, AOTAutograd's and Inductor's wrappers) is most; what the executor
+adds around it - binding the arguments, checking them against the compiled signature, looking
+up the program, building its inputs - shows (``benchmarks/host_overhead.py``). After a compiled
+training call of positional tensors ran, the backend keeps a ``RepeatCall``: the next call
+checks, in one pass, that it is the same kind of call - as many tensors with the same dtypes and
+shapes, none needing a conversion (requires grad, not contiguous), the same optimizer with the
+same static choices, no parameter frozen and no hook added, the same train/eval modes, no trace
+session watching the executor, no saved-tensor hooks - and then runs the program as the general
+path would (``CompiledBackend.run_split``). Whenever one check fails it returns ``DECLINED`` having changed
+nothing, and the executor takes its general path, which checks everything again, explains what
+is wrong or rebuilds the program.
+"""
+import torch
+from torch.utils.hooks import RemovableHandle
+
+from .. import trace
+from ..args import plain_parameter_names
+from ..devices import HostPlacement
+from .eligibility import saved_tensor_hooks_active
+from .functional_optim import signature
+from .selection import DECLINED
+
+
+class RepeatCall:
+    """See the module docstring. Built by ``CompiledBackend`` from a call that just ran compiled."""
+
+    def __init__(self, backend, executor, inputs, compiled, program):
+        self.backend = backend
+        self.program = program
+        self.compiled = compiled
+        self.session = executor._session
+        self.optimizer = executor._optimizer
+        self.signature = signature(executor._optimizer)
+        self.hooks_seen = backend._hooks_seen
+        self.trained = program.optim.params
+        self.training_flags = compiled.training_flags
+        geometry = executor._geometry
+        # (dtype, shape, the [DI, GA, R_in, micro, ...] view's shape or None for a 0-d tensor)
+        self.specs = [(t.dtype, t.shape, None if t.dim() == 0 else tuple(geometry.split(t).shape))
+                      for t in inputs.args]
+
+    @classmethod
+    def possible(cls, executor, inputs, compiled) -> bool:
+        """Whether calls like ``inputs`` can repeat: a training call binding positional tensors
+        without defaults, host-placed inputs and weights the model's own tensors."""
+        names = plain_parameter_names(executor._signature)
+        return (executor._training and inputs.simple and names is not None and len(names) == len(inputs.args)
+                and type(executor._session.placement) is HostPlacement and not executor._session.replicas.own_weights
+                and compiled.weights.shares_host_tensors)
+
+    def run(self, executor, args):
+        """The call's result, or ``DECLINED`` (nothing changed) when it is not a repeat."""
+        if len(args) != len(self.specs):
+            return DECLINED
+        split = []
+        for tensor, (dtype, shape, view) in zip(args, self.specs):
+            if (type(tensor) is not torch.Tensor or tensor.dtype != dtype or tensor.shape != shape
+                    or tensor.requires_grad or not tensor.is_contiguous()):
+                return DECLINED
+            split.append(tensor if view is None else tensor.view(*view))
+        backend = self.backend
+        optimizer = executor._optimizer
+        if (backend._program is not self.program or backend.progress is not None
+                or executor._executable is not self.compiled or not self.session.attached
+                or optimizer is not self.optimizer or RemovableHandle.next_id != self.hooks_seen
+                or not backend.selection.wants_compiled() or saved_tensor_hooks_active()
+                or trace.watches(executor)):
+            return DECLINED
+        for module, mode in self.training_flags:
+            if module.training != mode:
+                return DECLINED
+        for p in self.trained:
+            if not p.requires_grad:
+                return DECLINED
+        if signature(optimizer) != self.signature:
+            return DECLINED
+        return backend.run_split(executor, split, self.compiled, self.program)

@@ -1,0 +1,102 @@
+"""The compiled backend's fast path for a host call like the last one (runtime/compiled/repeat_call.py):
+it binds no arguments, and any call that differs - inputs to convert, train/eval switched, an
+optimizer's static choice changed, a shape that does not match - takes the general path, with
+eager's results and PopTorch's warnings and errors."""
+import copy
+
+import pytest
+import torch
+
+import poptorch
+from openpop import errors
+from openpop.runtime import executor as executor_module
+
+from helpers.models import Regressor, make_data, regressor_loss
+from helpers.oracle import train_loop
+
+
+def options(backend="compiled"):
+    opts = poptorch.Options().openpopBackend(backend)
+    opts.showCompilationProgressBar(False)
+    return opts
+
+
+@pytest.fixture
+def binding_calls(monkeypatch):
+    """The host calls (indices in ``calls``, which the test appends to) that bound their arguments."""
+    calls, bound = [], []
+    real = executor_module.BoundInputs
+
+    def counted(*args):
+        bound.append(len(calls))
+        return real(*args)
+
+    monkeypatch.setattr(executor_module, "BoundInputs", counted)
+    return calls, bound
+
+
+def test_repeated_calls_bind_nothing_and_match_the_oracle(binding_calls):
+    calls, bound = binding_calls
+    torch.manual_seed(0)
+    model = Regressor()
+    reference = copy.deepcopy(model)
+    pop = poptorch.trainingModel(model, options(), torch.optim.SGD(model.parameters(), lr=0.1))
+    oracle = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for seed in range(4):
+        x, t = make_data(4, seed=seed)
+        calls.append(pop(x, t))
+        expected = train_loop(reference, oracle, (x, t), regressor_loss, 1, 1, 1)
+        torch.testing.assert_close(calls[-1][1], expected[0], rtol=1e-5, atol=1e-6)
+    assert bound == [0]  # only the first call, which compiled the program
+    assert pop._backend.last == "compiled"
+    counters = pop.getPerfCounters()  # the one step's timestamps, as on the general path
+    assert sorted(counters) == ["input", "input_complete", "output", "output_complete"]
+    assert [len(v[0]) for v in counters.values()] == [1] * 4
+    assert counters["input"][0][0] <= counters["output_complete"][0][0]
+    assert pop.getLatency()[0] >= 0
+    for a, b in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _calls_unlike_the_last(backend, calls):
+    torch.manual_seed(0)
+    model = Regressor()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    pop = poptorch.trainingModel(model, options(backend), optimizer)
+    calls.append(pop(*make_data(4, seed=0)))
+    calls.append(pop(*make_data(4, seed=1)))
+    optimizer.param_groups[0]["lr"] = 0.05  # a hyperparameter: read by every call
+    calls.append(pop(*make_data(4, seed=2)))
+    model.eval()  # the call runs in the compiled (training) mode
+    calls.append(pop(*make_data(4, seed=3)))
+    model.train()
+    x, t = make_data(4, seed=4)
+    calls.append(pop(x.t().contiguous().t(), t))  # not contiguous: converted
+    x, t = make_data(4, seed=5)
+    calls.append(pop(x.requires_grad_(), t))  # requires grad: detached
+    optimizer.param_groups[0]["momentum"] = 0.9  # a static choice: a new program
+    calls.append(pop(*make_data(4, seed=6)))
+    calls.append(pop(*make_data(4, seed=7)))
+    state = copy.deepcopy(model.state_dict())
+    with pytest.raises(poptorch.Error, match="Shape mismatch for x"):
+        pop(*make_data(8, seed=8))
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, state[key])
+    return [p.detach().clone() for p in model.parameters()], pop._backend.last
+
+
+def test_calls_unlike_the_last_take_the_general_path(binding_calls, warnings_logged):
+    calls, bound = binding_calls
+    weights, last = _calls_unlike_the_last("compiled", calls)
+    assert last == "compiled"
+    # Bound: the first call (compiled), then each call that differs; 1, 2 and 7 repeat the call before.
+    assert bound == [0, 3, 4, 5, 6, 8]
+    logged = warnings_logged()
+    assert errors.INPUT_NOT_CONTIGUOUS in logged and errors.INPUT_REQUIRES_GRAD in logged
+    eager_calls = []
+    eager_weights, _ = _calls_unlike_the_last("eager", eager_calls)
+    for compiled, eager in zip(calls, eager_calls):
+        for a, b in zip(compiled, eager):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    for a, b in zip(weights, eager_weights):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
