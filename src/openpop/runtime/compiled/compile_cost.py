@@ -1,0 +1,106 @@
+"""What compiling a program will cost, guessed before compiling it: the C of ``auto``'s ski rental
+(``selection.py``).
+
+The guess is linear in the size of the graph torch.compile traces, measured by counting the aten
+ops of the probe micro-batch (``eligibility.probe``: one eager forward + backward, which runs before
+any compile anyway; ``auto`` runs it once, at its first host call, to get the estimate):
+
+    seconds = FIXED_SECONDS + SECONDS_PER_OP * ops * unrolled + SECONDS_PER_TENSOR * trained tensors
+
+``unrolled`` is how many copies of the micro-batch's forward and backward the program holds
+(``program.py`` unrolls the GA x R micro-batches of a step; device iterations are a
+``while_loop``, traced once); the trained tensors each get a functional optimizer update. The
+constants come from ``benchmarks/compile_cost.py`` (the README's calibration table) and are the
+only place to recalibrate.
+
+A program already compiled - in this process, or into the executable cache directory
+(``enableExecutableCaching``) by any process - is *warm*: Dynamo still traces it, but Inductor
+loads its kernels. Each compiled program leaves its fingerprint (model structure, op count,
+geometry, optimizer) in ``_compiled_here`` and, with a cache directory, as an empty file under
+``<cache>/openpop-programs/``; a warm program's estimate is ``WARM_FRACTION`` of the cold one.
+"""
+import dataclasses
+import hashlib
+import os
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# Calibration (benchmarks/compile_cost.py, README "The `auto` rule"): seconds on this 2-core machine.
+FIXED_SECONDS = 6.0
+SECONDS_PER_OP = 0.012
+SECONDS_PER_TENSOR = 0.05
+WARM_FRACTION = 0.25
+
+PROGRAMS_DIR = "openpop-programs"  # in the executable cache directory: one empty file per program
+_compiled_here = set()  # fingerprints of the programs compiled in this process
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileCost:
+    """The estimate and what it was computed from (for the log line and the tests)."""
+
+    ops: int  # aten ops of one micro-batch's forward + backward
+    unrolled: int  # copies of it in the program
+    tensors: int  # trained tensors (optimizer updates)
+    warm: bool
+    fingerprint: str
+
+    @property
+    def seconds(self) -> float:
+        cold = FIXED_SECONDS + SECONDS_PER_OP * self.ops * self.unrolled + SECONDS_PER_TENSOR * self.tensors
+        return cold * WARM_FRACTION if self.warm else cold
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the aten ops run under it (backward ops included)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def unrolled_micro_batches(geometry) -> int:
+    """Copies of the micro-batch forward + backward in the traced program (``program.py``)."""
+    return geometry.micro_batches_per_step
+
+
+def estimate(executor, ops: int, cache=None) -> CompileCost:
+    """The compile cost of ``executor``'s program, from ``ops`` counted in its probe."""
+    model = executor._model
+    tensors = sum(1 for p in model.parameters() if p.requires_grad) if executor._training else 0
+    print_ = _fingerprint(executor, ops)
+    warm = print_ in _compiled_here or (cache is not None and os.path.exists(_marker(cache, print_)))
+    return CompileCost(ops, unrolled_micro_batches(executor._geometry), tensors, warm, print_)
+
+
+def compiled(cost: CompileCost, cache=None) -> None:
+    """``cost``'s program has compiled: the next estimate of it is warm."""
+    _compiled_here.add(cost.fingerprint)
+    if cache is not None:
+        try:
+            os.makedirs(os.path.join(cache.path, PROGRAMS_DIR), exist_ok=True)
+            with open(_marker(cache, cost.fingerprint), "a"):
+                pass
+        except OSError:  # a read-only cache only loses the hint
+            pass
+
+
+def _marker(cache, fingerprint):
+    return os.path.join(cache.path, PROGRAMS_DIR, fingerprint)
+
+
+def _fingerprint(executor, ops) -> str:
+    """The program's identity as far as a compile cache sees it: what it computes, not its values."""
+    model, geometry = executor._model, executor._geometry
+    parts = [type(model).__qualname__, executor._training, ops, torch.__version__, torch.get_num_threads(),
+             geometry.device_iterations, geometry.gradient_accumulation, geometry.replication_factor]
+    parts += [(name, tuple(t.shape), str(t.dtype), t.requires_grad)
+              for name, t in [*model.named_parameters(), *model.named_buffers()]]
+    if executor._training:
+        parts += [type(executor._optimizer).__qualname__, len(executor._optimizer.param_groups)]
+    return hashlib.sha1(repr(parts).encode()).hexdigest()[:20]
