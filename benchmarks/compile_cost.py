@@ -1,9 +1,10 @@
 """Calibration of the ``auto`` rule's compile-cost estimate (``runtime/compiled/compile_cost.py``):
 for a range of models, the estimate's inputs (aten ops of one probe micro-batch, unrolled
 micro-batches, trained tensors) and the compiled backend's real compile time, cold (a fresh
-process with an empty Inductor cache) and warm (a second executor of the same model in that
-process); then the least-squares fit of ``seconds = a + b * ops * unrolled + c * tensors`` and
-the estimate's error per model.
+process with an empty Inductor cache, one compile thread so that g++'s CPU time is counted: CPU
+seconds are what the fit uses, as they hardly depend on the machine's load) and warm (a second
+executor of the same model in that process); then the least-squares fit of
+``seconds = a + b * ops * unrolled + c * tensors``.
 
     python benchmarks/compile_cost.py [--cases mlp,mlp_ga4,bn,conv,pipe4_ga8,bert_l1,bert_l1_ga2,bert_l2]
 
@@ -14,10 +15,10 @@ import argparse
 import copy
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
-import time
 
 import torch
 import torch.nn.functional as F
@@ -86,19 +87,27 @@ def build(case):
     return model, opts, torch.optim.SGD(model.parameters(), lr=0.01), batch
 
 
+def _cpu_seconds():
+    """This process's CPU time and its reaped children's (g++ runs as a child with one compile thread)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def compiled_once(model, opts, optimizer_of, batch):
     """A fresh ``auto`` executor: its estimate at the first (eager) call, then its compile forced
-    (the rental paid at once). Returns ``(CompileCost, compile seconds)``."""
+    (the rental paid at once). Returns ``(CompileCost, compile seconds, compile CPU seconds)``."""
     executor = poptorch.trainingModel(model, opts, optimizer_of(model))
     executor(*batch)
     selection = executor._backend.selection
     cost = selection.cost
     selection.compile_after = 0.0
+    cpu = _cpu_seconds()
     executor(*batch)
+    cpu = _cpu_seconds() - cpu
     assert executor._backend.last == "compiled", selection.declined
     seconds = executor._backend.compile_seconds
     executor.destroy()
-    return cost, seconds
+    return cost, seconds, cpu
 
 
 def worker(case):
@@ -117,19 +126,18 @@ def worker(case):
         def optimizer_of(m):
             return kind(m.parameters(), lr=lr)
     twin = copy.deepcopy(model)
-    started = time.process_time()
-    cost, cold = compiled_once(model, opts, optimizer_of, batch)
-    cpu = time.process_time() - started
-    warm_cost, warm = compiled_once(twin, opts, optimizer_of, batch)
+    cost, cold, cpu = compiled_once(model, opts, optimizer_of, batch)
+    warm_cost, warm, _ = compiled_once(twin, opts, optimizer_of, batch)
     print(json.dumps({"case": case, "ops": cost.ops, "unrolled": cost.unrolled, "tensors": cost.tensors,
-                      "estimate": cost.seconds, "cold_seconds": cold, "cold_cpu_seconds": cpu,
-                      "warm_estimate": warm_cost.seconds, "warm_flagged": warm_cost.warm, "warm_seconds": warm}))
+                      "optimizer": kind.__name__, "estimate": cost.seconds, "cold_seconds": cold,
+                      "cold_cpu_seconds": cpu, "warm_estimate": warm_cost.seconds, "warm_flagged": warm_cost.warm,
+                      "warm_seconds": warm}))
 
 
 def fit(rows):
-    """Least squares of cold seconds on (1, ops * unrolled, tensors)."""
+    """Least squares of cold compile CPU seconds on (1, ops * unrolled, tensors)."""
     a = torch.tensor([[1.0, r["ops"] * r["unrolled"], r["tensors"]] for r in rows], dtype=torch.float64)
-    b = torch.tensor([r["cold_seconds"] for r in rows], dtype=torch.float64)
+    b = torch.tensor([r["cold_cpu_seconds"] for r in rows], dtype=torch.float64)
     if len(rows) < 3:
         return None
     return torch.linalg.lstsq(a, b.unsqueeze(1)).solution.squeeze(1).tolist()
@@ -143,11 +151,12 @@ def main():
     if args.worker:
         return worker(args.worker)
     rows = []
-    print(f"{'case':12} {'ops':>6} {'unroll':>6} {'tensors':>7} {'estimate':>9} {'cold s':>8} {'warm est':>8} "
-          f"{'warm s':>7} {'load':>5}", flush=True)
+    print(f"{'case':12} {'ops':>6} {'unroll':>6} {'tensors':>7} {'estimate':>9} {'cold s':>8} {'cold CPU-s':>10} "
+          f"{'warm est':>8} {'warm s':>7} {'load':>5}", flush=True)
     for case in args.cases.split(","):
         with tempfile.TemporaryDirectory(prefix="openpop-compile-cost-") as cache:
-            env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache)
+            # one compile thread: g++ runs as this process's child, so its CPU time is counted
+            env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=cache, TORCHINDUCTOR_COMPILE_THREADS="1")
             env.pop("POPTORCH_CACHE_DIR", None)
             env.pop("OPENPOP_COMPILE_AFTER", None)
             done = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", case],
@@ -159,7 +168,8 @@ def main():
         row["load"] = os.getloadavg()[0]
         rows.append(row)
         print(f"{case:12} {row['ops']:6d} {row['unrolled']:6d} {row['tensors']:7d} {row['estimate']:9.1f} "
-              f"{row['cold_seconds']:8.1f} {row['warm_estimate']:8.1f} {row['warm_seconds']:7.1f} "
+              f"{row['cold_seconds']:8.1f} {row['cold_cpu_seconds']:10.1f} {row['warm_estimate']:8.1f} "
+              f"{row['warm_seconds']:7.1f} "
               f"{row['load']:5.1f}", flush=True)
     coefficients = fit(rows)
     if coefficients is not None:

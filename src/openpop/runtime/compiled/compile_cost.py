@@ -5,13 +5,16 @@ The guess is linear in the size of the graph torch.compile traces, measured by c
 ops of the probe micro-batch (``eligibility.probe``: one eager forward + backward, which runs before
 any compile anyway; ``auto`` runs it once, at its first host call, to get the estimate):
 
-    seconds = FIXED_SECONDS + SECONDS_PER_OP * ops * unrolled + SECONDS_PER_TENSOR * trained tensors
+    seconds = FIXED_SECONDS + SECONDS_PER_OP * ops * unrolled + per-tensor seconds * trained tensors
 
-``unrolled`` is how many copies of the micro-batch's forward and backward the program holds
-(``program.py`` unrolls the GA x R micro-batches of a step; device iterations are a
-``while_loop``, traced once); the trained tensors each get a functional optimizer update. The
-constants come from ``benchmarks/compile_cost.py`` (the README's calibration table) and are the
-only place to recalibrate.
+``ops`` counts the ops that compute (views excluded); ``unrolled`` is how many copies of the
+micro-batch's forward and backward the program holds (``program.py`` unrolls the GA x R
+micro-batches of a step; device iterations are a ``while_loop``, traced once); the trained tensors
+each get a functional optimizer update, whose cost depends on the optimizer (LAMB's norms and
+trust ratio: five times SGD's). The constants below come from ``benchmarks/compile_cost.py``
+(the README's calibration table) and are the only place to recalibrate. They are CPU seconds,
+which hardly depend on the machine's load; the eager seconds they are compared with are wall
+seconds, which load stretches about as much as it stretches a compile.
 
 A program already compiled - in this process, or into the executable cache directory
 (``enableExecutableCaching``) by any process - is *warm*: Dynamo still traces it, but Inductor
@@ -26,11 +29,13 @@ import os
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-# Calibration (benchmarks/compile_cost.py, README "The `auto` rule"): seconds on this 2-core machine.
-FIXED_SECONDS = 6.0
-SECONDS_PER_OP = 0.012
-SECONDS_PER_TENSOR = 0.05
-WARM_FRACTION = 0.25
+# Calibration (benchmarks/compile_cost.py; README "The `auto` rule"): compile CPU seconds on this
+# machine (about the wall seconds of an idle 2-core machine).
+FIXED_SECONDS = 10.0  # Dynamo, AOTAutograd and Inductor's start, the smallest program
+SECONDS_PER_OP = 0.16  # per computing aten op (views excluded) of the traced forward + backward
+SECONDS_PER_TENSOR = {"SGD": 0.1, "LAMB": 0.5}  # per trained tensor's update, by optimizer class
+OTHER_OPTIMIZER_SECONDS_PER_TENSOR = 0.3  # Adam, AdamW, RMSprop: not measured, between the two
+WARM_FRACTION = 0.15  # compiled before: Dynamo traces again, Inductor loads (measured 0.03-0.2)
 
 PROGRAMS_DIR = "openpop-programs"  # in the executable cache directory: one empty file per program
 _compiled_here = set()  # fingerprints of the programs compiled in this process
@@ -40,27 +45,33 @@ _compiled_here = set()  # fingerprints of the programs compiled in this process
 class CompileCost:
     """The estimate and what it was computed from (for the log line and the tests)."""
 
-    ops: int  # aten ops of one micro-batch's forward + backward
+    ops: int  # computing aten ops of one micro-batch's forward + backward
     unrolled: int  # copies of it in the program
     tensors: int  # trained tensors (optimizer updates)
     warm: bool
     fingerprint: str
+    optimizer: str = "SGD"  # the optimizer's class name
 
     @property
     def seconds(self) -> float:
-        cold = FIXED_SECONDS + SECONDS_PER_OP * self.ops * self.unrolled + SECONDS_PER_TENSOR * self.tensors
+        per_tensor = SECONDS_PER_TENSOR.get(self.optimizer, OTHER_OPTIMIZER_SECONDS_PER_TENSOR)
+        cold = FIXED_SECONDS + SECONDS_PER_OP * self.ops * self.unrolled + per_tensor * self.tensors
         return cold * WARM_FRACTION if self.warm else cold
 
 
 class OpCounter(TorchDispatchMode):
-    """Counts the aten ops run under it (backward ops included)."""
+    """Counts the aten ops run under it (backward ops included): all, and those that compute
+    (not views, which Inductor folds into the kernels around them)."""
 
     def __init__(self):
         super().__init__()
+        self.all_ops = 0
         self.ops = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops += 1
+        self.all_ops += 1
+        if not func.is_view:
+            self.ops += 1
         return func(*args, **(kwargs or {}))
 
 
@@ -75,7 +86,8 @@ def estimate(executor, ops: int, cache=None) -> CompileCost:
     tensors = sum(1 for p in model.parameters() if p.requires_grad) if executor._training else 0
     print_ = _fingerprint(executor, ops)
     warm = print_ in _compiled_here or (cache is not None and os.path.exists(_marker(cache, print_)))
-    return CompileCost(ops, unrolled_micro_batches(executor._geometry), tensors, warm, print_)
+    optimizer = type(executor._optimizer).__name__ if executor._training else ""
+    return CompileCost(ops, unrolled_micro_batches(executor._geometry), tensors, warm, print_, optimizer)
 
 
 def compiled(cost: CompileCost, cache=None) -> None:
