@@ -109,3 +109,19 @@ def test_backend_from_env_default(monkeypatch):
     assert backend_from_env(default="eager") == "compiled"
     with pytest.raises(poptorch.Error, match="Unknown openpop backend 'fast'"):
         backend_from_env(default="fast")
+
+
+class FailsInTheProbe(Regressor):
+    """Raises in the compiled backend's probe only: the estimate is skipped, the eager call runs."""
+
+    def forward(self, x, target):
+        from openpop.runtime import context
+        if getattr(context.current(), "compiled", False):
+            raise ValueError("in the probe")
+        return super().forward(x, target)
+
+
+def test_a_probe_that_raises_leaves_the_eager_call_alone(fresh):
+    selection = first_call(FailsInTheProbe())._backend.selection
+    assert selection.estimated and selection.cost is None
+    assert selection.budget == 30.0

@@ -141,12 +141,13 @@ class CompiledBackend:
 
     def _estimate(self, executor, inputs, compiled):
         """``auto``: what compiling this model will cost, from a counted probe (``compile_cost.py``).
-        A model that fails the checks gets no estimate; compiling it declines it later, as before."""
+        A model that fails the checks, or whose probe raises (the eager call then shows the error
+        as it always did), gets no estimate; compiling it declines it later, as before."""
         changed = [module for module, mode in compiled.training_flags if module.training != mode]
         with _compiled_modes(changed) if changed else contextlib.nullcontext():
             try:
                 self._probe(executor, inputs, compiled)
-            except Ineligible:
+            except Exception:  # Ineligible, or the model's own error
                 self.selection.set_cost(None)
                 return
         self.selection.set_cost(compile_cost.estimate(executor, self._ops, executor._compile_cache))
