@@ -16,10 +16,12 @@ from helpers.models import FourBlocks, Regressor
 
 
 @pytest.fixture
-def fresh(monkeypatch):
-    """No compile_after from the environment, no program compiled in this process yet."""
+def fresh(monkeypatch, tmp_path_factory):
+    """No compile_after from the environment, no program compiled in this process or in the
+    Inductor cache directory yet."""
     monkeypatch.delenv("OPENPOP_COMPILE_AFTER", raising=False)
     monkeypatch.setattr(compile_cost, "_compiled_here", set())
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("inductor")))
 
 
 def first_call(model, features=6, outputs=2, ga=1, cache=None):
@@ -100,6 +102,9 @@ def test_a_program_compiled_before_is_estimated_warm(fresh, tmp_path):
     assert first_call(Regressor(), cache=tmp_path)._backend.selection.cost.warm
     assert not first_call(Regressor())._backend.selection.cost.warm
     assert not first_call(Regressor(), ga=2, cache=tmp_path)._backend.selection.cost.warm  # another program
+    compile_cost.compiled(cold)  # without an executable cache: Inductor's own directory
+    compile_cost._compiled_here.clear()
+    assert first_call(Regressor())._backend.selection.cost.warm
 
 
 def test_backend_from_env_default(monkeypatch):

@@ -16,15 +16,19 @@ trust ratio: five times SGD's). The constants below come from ``benchmarks/compi
 which hardly depend on the machine's load; the eager seconds they are compared with are wall
 seconds, which load stretches about as much as it stretches a compile.
 
-A program already compiled - in this process, or into the executable cache directory
-(``enableExecutableCaching``) by any process - is *warm*: Dynamo still traces it, but Inductor
-loads its kernels. Each compiled program leaves its fingerprint (model structure, op count,
-geometry, optimizer) in ``_compiled_here`` and, with a cache directory, as an empty file under
-``<cache>/openpop-programs/``; a warm program's estimate is ``WARM_FRACTION`` of the cold one.
+A program already compiled - in this process, or by any process into the directory Inductor
+caches it in (the executable cache, ``enableExecutableCaching``, else torch's default
+``TORCHINDUCTOR_CACHE_DIR``) - is *warm*: Dynamo still traces it, but Inductor loads its kernels.
+Each compiled program leaves its fingerprint (model structure, op count, geometry, optimizer) in
+``_compiled_here`` and as an empty file under ``<that directory>/openpop-programs/``; a warm
+program's estimate is ``WARM_FRACTION`` of the cold one.
 """
 import dataclasses
+import getpass
 import hashlib
 import os
+import re
+import tempfile
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -85,7 +89,7 @@ def estimate(executor, ops: int, cache=None) -> CompileCost:
     model = executor._model
     tensors = sum(1 for p in model.parameters() if p.requires_grad) if executor._training else 0
     print_ = _fingerprint(executor, ops)
-    warm = print_ in _compiled_here or (cache is not None and os.path.exists(_marker(cache, print_)))
+    warm = print_ in _compiled_here or os.path.exists(_marker(cache, print_))
     optimizer = type(executor._optimizer).__name__ if executor._training else ""
     return CompileCost(ops, unrolled_micro_batches(executor._geometry), tensors, warm, print_, optimizer)
 
@@ -93,17 +97,28 @@ def estimate(executor, ops: int, cache=None) -> CompileCost:
 def compiled(cost: CompileCost, cache=None) -> None:
     """``cost``'s program has compiled: the next estimate of it is warm."""
     _compiled_here.add(cost.fingerprint)
-    if cache is not None:
-        try:
-            os.makedirs(os.path.join(cache.path, PROGRAMS_DIR), exist_ok=True)
-            with open(_marker(cache, cost.fingerprint), "a"):
-                pass
-        except OSError:  # a read-only cache only loses the hint
+    marker = _marker(cache, cost.fingerprint)
+    try:
+        os.makedirs(os.path.dirname(marker), exist_ok=True)
+        with open(marker, "a"):
             pass
+    except OSError:  # a read-only cache only loses the hint
+        pass
 
 
 def _marker(cache, fingerprint):
-    return os.path.join(cache.path, PROGRAMS_DIR, fingerprint)
+    """The marker file in the directory Inductor caches the program in (``cache``: the executable
+    cache, or None: torch's default, as ``torch._inductor.runtime.cache_dir_utils`` finds it)."""
+    if cache is not None:
+        directory = cache.path
+    else:
+        try:
+            user = getpass.getuser()
+        except (KeyError, OSError):
+            user = f"uid_{os.getuid()}"
+        directory = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(
+            tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+    return os.path.join(directory, PROGRAMS_DIR, fingerprint)
 
 
 def _fingerprint(executor, ops) -> str:
