@@ -11,12 +11,10 @@ Prints microseconds per optimizer step and ratios, then one JSON line.
 import argparse
 import copy
 import json
-import time
 
 import torch
 
-import host_overhead
-from host_overhead import eager_loop, openpop_loop
+from host_overhead import add_timing_args, eager_loop, openpop_loop, use_timing_args
 
 
 class StatefulMLP(torch.nn.Module):
@@ -38,13 +36,9 @@ ROWS = (("eager", "eager PyTorch loop"), ("openpop_eager", "openpop eager DI=16"
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=1024)
-    parser.add_argument("--micro-batch", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
+    add_timing_args(parser, steps=1024)
     args = parser.parse_args()
-    host_overhead.CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
-    torch.set_num_threads(1)
+    use_timing_args(args)
     torch.manual_seed(0)
     model, plain = StatefulMLP(), StatefulMLP(stateful=False)
     xs = torch.randn(args.steps * args.micro_batch, 32)

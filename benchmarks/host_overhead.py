@@ -38,6 +38,21 @@ class MLP(torch.nn.Module):
 CLOCK = time.perf_counter
 
 
+def add_timing_args(parser, steps):
+    """The options of the benchmarks timing a tiny MLP's steps (this one, ``compiled_state.py``)."""
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--micro-batch", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
+
+
+def use_timing_args(args):
+    """``--clock`` picks this module's ``CLOCK``; one torch thread."""
+    global CLOCK
+    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
+    torch.set_num_threads(1)
+
+
 def eager_loop(model, xs, ys, steps, micro):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     start = CLOCK()
@@ -110,15 +125,10 @@ ROWS = (("eager", "eager PyTorch loop"), ("di1", "openpop DI=1"),
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=2048)
-    parser.add_argument("--micro-batch", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
+    add_timing_args(parser, steps=2048)
     parser.add_argument("--accumulation", type=int, default=4, help="micro-batches per step of the GA rows")
     args = parser.parse_args()
-    global CLOCK
-    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
-    torch.set_num_threads(1)
+    use_timing_args(args)
     torch.manual_seed(0)
     base = MLP()
     xs = torch.randn(args.steps * args.micro_batch, 32)

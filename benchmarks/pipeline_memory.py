@@ -24,24 +24,11 @@ import tempfile
 import time
 
 import torch
-import torch.nn.functional as F
+from _models import FourBlocks
 
 import poptorch
 
 WIDTH, MICRO_BATCH = 1024, 2048
-
-
-class FourBlocks(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.layers = torch.nn.ModuleList(torch.nn.Linear(WIDTH, WIDTH) for _ in range(4))
-        for i, layer in enumerate(self.layers):
-            poptorch.BeginBlock(layer, user_id=f"b{i}", ipu_id=i)
-
-    def forward(self, x, target):
-        for layer in self.layers:
-            x = torch.tanh(layer(x))
-        return x.sum(), F.mse_loss(x, target)
 
 
 def _status(field):
@@ -53,7 +40,7 @@ def measure(backend, accumulation):
     """MiB above the call's starting resident set at the peak of one host call; the first
     call's wall and CPU seconds."""
     torch.set_num_threads(1)
-    model = FourBlocks()
+    model = FourBlocks(WIDTH, summed=True)
     opts = poptorch.Options().outputMode(poptorch.OutputMode.Final).openpopBackend(backend)
     opts.Training.gradientAccumulation(accumulation)
     opts.setExecutionStrategy(poptorch.PipelinedExecution() if accumulation >= 7 else poptorch.ShardedExecution())

@@ -19,26 +19,13 @@ import time
 import timeit
 
 import torch
-import torch.nn.functional as F
+from _models import FourBlocks
 
 import poptorch
 from openpop.runtime import executor as executor_module
 from openpop.runtime import trace
 
 from host_overhead import MLP  # the same tiny MLP as the host-overhead benchmark
-
-
-class FourStages(torch.nn.Module):
-    def __init__(self, width=256):
-        super().__init__()
-        self.layers = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(4))
-        for i, layer in enumerate(self.layers):
-            poptorch.BeginBlock(layer, user_id=f"b{i}", ipu_id=i)
-
-    def forward(self, x, y):
-        for layer in self.layers:
-            x = torch.tanh(layer(x))
-        return x, F.mse_loss(x, y)
 
 
 def mlp_seconds_per_step(base, xs, ys, steps, micro, di, bypass):
@@ -69,7 +56,7 @@ def pipelined_call_seconds(calls, traced_calls, directory):
     opts.Training.gradientAccumulation(8)
     opts.setExecutionStrategy(poptorch.PipelinedExecution())
     opts.showCompilationProgressBar(False)
-    model = FourStages()
+    model = FourBlocks(256)
     training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.01))
     x, y = torch.randn(4 * 8 * 16, 256), torch.randn(4 * 8 * 16, 256)
     training(x, y)  # compile

@@ -112,7 +112,7 @@ def test_flags_override_keys_and_single_layers_per_ipu_value_expands():
 
 
 @pytest.mark.parametrize("argv, environment, backend", [
-    ([], None, "eager"),  # not auto: BERT's program compiles for minutes, auto's budget is 30 s
+    ([], None, "eager"),  # not auto (train.DEFAULT_BACKEND)
     ([], "compiled", "compiled"),
     (["--backend", "auto"], "compiled", "auto"),
 ])

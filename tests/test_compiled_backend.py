@@ -273,7 +273,7 @@ def test_calls_inside_saved_tensors_hooks_run_eagerly(warnings_logged):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_auto_compiles_after_its_eager_budget(capfd):
+def test_auto_compiles_after_its_eager_budget(capfd, monkeypatch):
     """Ski rental: eager until the eager host calls have cost compile_after seconds; the call
     that compiles shows a progress bar of its own."""
     model = Regressor()
@@ -292,6 +292,11 @@ def test_auto_compiles_after_its_eager_budget(capfd):
     ref_losses = train_loop(reference, torch.optim.SGD(reference.parameters(), lr=0.01), (x, t),
                             regressor_loss, 2, 1, 1)
     torch.testing.assert_close(loss, ref_losses, rtol=1e-6, atol=1e-6)
+    # the same program again (another executor): auto expects a cheap compile (compile_cost.py)
+    monkeypatch.delenv("OPENPOP_COMPILE_AFTER", raising=False)
+    again = poptorch.trainingModel(Regressor(), compiled_options(2, backend="auto"))
+    again(x, t)
+    assert again._backend.selection.cost.warm
 
 
 FINISHED_BAR = re.compile(r"^Graph compilation: 100%", re.MULTILINE)

@@ -205,3 +205,17 @@ def test_validation_logs_on_the_compiled_backend_equal_eager():
     assert results[0].keys() == results[1].keys() == {"val_loss", "val_max"}
     for name in results[0]:
         assert results[1][name] == pytest.approx(results[0][name], rel=1e-6), name
+
+
+@pytest.mark.parametrize("precision", ["16-mixed", "bf16-mixed"])
+def test_mixed_precision_compiles_and_equals_eager(precision):
+    """precision="16-mixed" / "bf16-mixed": the program enters the precision's autocast (and, on a
+    CPU whose half matmuls are slow, its float32-compute function mode: a stepwise program) around
+    each traced micro-batch, as the eager step enters it; 16-mixed's automatic loss scaling skips the same steps,
+    and the step scheduler counts the skipped steps in their place on both backends."""
+    runs = []
+    for backend in ("eager", "compiled"):
+        model = LoggedRegressor(schedule=True)
+        t, record = fit(backend, model, precision=precision)
+        runs.append((t, model, record))
+    assert_same_run(*runs)  # (forced "compiled" raises where it cannot run the model)

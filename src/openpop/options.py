@@ -746,8 +746,9 @@ class Options(OptionsDict):
         """openpop extension: how host calls run. ``"eager"`` (the reference), ``"compiled"``
         (one compiled program per host call, ``runtime/compiled/``; an error naming the construct
         for a model it cannot compile) or ``"auto"`` (default; environment ``OPENPOP_BACKEND``):
-        eager until eager host calls have taken ``compile_after`` seconds (default 30), then
-        compiled where possible. See the README's "Compiled backend"."""
+        eager until eager host calls have taken ``compile_after`` seconds (default: the program's
+        estimated compile time, ``runtime/compiled/compile_cost.py``; environment
+        ``OPENPOP_COMPILE_AFTER``), then compiled where possible. See the README's "Compiled backend"."""
         from .runtime.compiled.selection import check_backend
         check_backend(backend)
         if compile_after is not None:

@@ -120,8 +120,9 @@ _KEYS: list[Key] = [
         "report.html of the first 2 host calls (python -m openpop.report DIR summarises it)", flag_only=True),
     Key("compile_only", str_to_bool, False, "Compile, then exit without training", flag_only=True),
     Key("backend", _optional_str, None, "openpop: the runtime's backend (Options.openpopBackend). Default: "
-        "$OPENPOP_BACKEND, else eager - not auto, whose 30 s eager budget assumes a compile of about that "
-        "long, while BERT's program takes minutes to compile on a few CPU cores",
+        "$OPENPOP_BACKEND, else eager (auto would compile after as many eager seconds as the program's "
+        "estimated compile: ~29 CPU-minutes for BERT-base at the recipe's accumulation 16, whose micro-batches "
+        "the program unrolls)",
         choices=("auto", "eager", "compiled"), flag_only=True),
     Key("recomputation", str_to_bool, False,
         "openpop: recompute each block's activations in the backward pass (saves memory, costs a forward "

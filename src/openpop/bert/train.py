@@ -8,7 +8,6 @@ Prints what the recipe prints (on stderr): the config, data loading, the device 
 compilation, one line per step with losses, accuracies and throughput, and the training
 metrics. On a terminal the steps show as a progress bar; otherwise as plain lines.
 """
-import os
 import random
 import sys
 import time
@@ -21,7 +20,7 @@ import torch
 import poptorch
 
 from ..runtime.compile_cache import CompileCache, CompileOutcome, compile_cache_for, watch_compiles
-from ..runtime.compiled.selection import ENV as BACKEND_ENV
+from ..runtime.compiled.selection import backend_from_env
 from ..runtime.half_compute import low_precision_is_faster
 from . import checkpoint as ckpt
 from . import messages
@@ -31,6 +30,13 @@ from .instances import Instances
 from .metrics import StepMetrics, reduce_outputs, step_description, throughput_text
 from .model import PipelinedBertForPretraining
 from .optimization import get_lr_scheduler, get_optimizer
+
+# The backend without --backend / OPENPOP_BACKEND. Not the library's auto yet: auto would compile
+# once eager steps have cost the program's estimated compile time, but the program unrolls the
+# GA micro-batches of a step (the recipe's cpu_base_128: 16), so it is estimated at ~29 CPU-minutes
+# (compile_cost.py) and would hold 16 copies of BERT-base's activations - memory the estimate
+# does not weigh (README "The `auto` rule").
+DEFAULT_BACKEND = "eager"
 
 RULE = "-----------------------------------------------------------"
 HEADERS = {
@@ -111,7 +117,7 @@ def get_options(config: BertRunConfig, instances: Optional[Instances] = None) ->
         .useReplicatedTensorSharding(config.replicated_tensor_sharding))
     opts.setExecutionStrategy(poptorch.PipelinedExecution(poptorch.AutoStage.AutoIncrement))
     opts.setAvailableMemoryProportion({f"IPU{i}": p for i, p in enumerate(config.matmul_proportion)})
-    opts.openpopBackend(config.backend or os.environ.get(BACKEND_ENV) or "eager")  # see the --backend help
+    opts.openpopBackend(config.backend or backend_from_env(default=DEFAULT_BACKEND))
     if config.executable_cache_dir:
         opts.enableExecutableCaching(config.executable_cache_dir)
     if config.profile_dir:

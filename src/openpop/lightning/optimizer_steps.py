@@ -34,8 +34,12 @@ from ._framework import module
 
 
 class PerStepHooks:
-    def __init__(self, trainer, optimizer, precision, device_iterations: int, accumulation: int):
+    def __init__(self, trainer, optimizer, precision, device_iterations: int, accumulation: int,
+                 skipped_steps=lambda: 0):
         self.trainer = trainer
+        self._skipped_steps = skipped_steps  # steps automatic loss scaling has skipped so far (all calls)
+        self._skipped_before = 0  # ... when the host call started
+        self._applied = 0  # steps of the host call the optimizer applied
         self.optimizer = optimizer
         self.precision = precision
         self.device_iterations = device_iterations
@@ -84,14 +88,20 @@ class PerStepHooks:
         """Around one host call: afterwards the call counted exactly DI optimizer steps."""
         self.active = True
         self.batch_idx = self._loop.batch_idx
-        self.steps = 0
+        self.steps = self._applied = 0
+        self._skipped_before = self._skipped_steps()
         try:
             yield
         finally:
             self.active = False
-        # Steps the executor skipped (automatic loss scaling found inf/NaN) still count, as a
-        # skipped GradScaler step does on the CPU.
+        # Steps the executor skipped (automatic loss scaling found inf/NaN) still count, in their
+        # place, as a skipped GradScaler step does on the CPU: those before a step when it starts,
+        # the call's last ones here.
         while self.steps < self.device_iterations:
+            self._count_step()
+
+    def _count_skipped(self) -> None:
+        while self.steps < self._applied + self._skipped_steps() - self._skipped_before:
             self._count_step()
 
     # ------------------------------------------------------------------ compiled form (step_hooks.py)
@@ -150,6 +160,8 @@ class PerStepHooks:
 
     # ------------------------------------------------------------------ hooks
     def _before(self, optimizer, args, kwargs):
+        if self.active:
+            self._count_skipped()
         if not self.active or not self._before_needed:
             return None
         lightning_module = self.trainer.lightning_module
@@ -158,6 +170,7 @@ class PerStepHooks:
 
     def _after(self, optimizer, args, kwargs):
         if self.active:
+            self._applied += 1
             self._count_step()
         return None
 

@@ -140,6 +140,13 @@ class IPUPrecision(pl.plugins.precision.Precision):
         else:
             yield
 
+    def traced_forward(self):
+        """``(factories, stepwise)`` as ``RunPrecision.traced_forward``: the contexts of
+        ``forward_context`` that a compiled program enters around each traced micro-batch (mixed
+        precision: ``half_compute.autocast_contexts``). Other precisions: none; the step enters
+        its ``forward_context`` itself."""
+        return half_compute.autocast_contexts(self.dtype) if self.mixed else ([], False)
+
     # The strategy applies forward_context per micro-batch; the host call itself gets none.
     @contextlib.contextmanager
     def train_step_context(self):

@@ -151,7 +151,7 @@ class StepModule(torch.nn.Module):
         with contextlib.ExitStack() as stack:
             if probe_ctx is not None:
                 stack.enter_context(_restored_metrics(self.module))
-            if call.forward_context:
+            if call.forward_context and (probe_ctx is not None or not self.compiled_forward_contexts()[0]):
                 stack.enter_context(call.precision.forward_context())
             if probe_ctx is None:
                 output = step(*args, *call.rest, **call.kwargs)
@@ -177,6 +177,12 @@ class StepModule(torch.nn.Module):
         """The compiled backend returns the last this many output leaves (the logged values)
         for every micro-batch."""
         return len(self._log_specs[self.call.method])
+
+    def compiled_forward_contexts(self):
+        """``(factories, stepwise)``: the precision's contexts the compiled program enters around
+        each traced micro-batch (``IPUPrecision.traced_forward``), instead of the step."""
+        traced = getattr(self.call.precision, "traced_forward", None)
+        return traced() if traced is not None else ([], False)
 
     def compiled_host_call_result(self, result):
         """The compiled program's result as the eager host call's; the logged values go to the

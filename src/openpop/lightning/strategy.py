@@ -257,7 +257,8 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
             self.precision_plugin.prepare_optimizer(optimizer, self._options.training)
         executor = trainingModel(self._step_module, self._options.training, optimizer)
         per_step = PerStepHooks(trainer, optimizer, self.precision_plugin, self._options.training.device_iterations,
-                                self._options.training.Training.gradient_accumulation)
+                                self._options.training.Training.gradient_accumulation,
+                                lambda: getattr(executor._precision.dynamic, "skipped_steps", 0))
         return executor, per_step
 
     @override

@@ -371,16 +371,25 @@ def op_name(func) -> str:
     return f"{module}.{name}" if module else name
 
 
-@contextlib.contextmanager
-def autocast(dtype: torch.dtype, policy: HalfComputePolicy = None):
-    """``torch.autocast`` to ``dtype`` on the CPU (and CUDA when present), with the CPU's slow
-    ``dtype`` matmuls/convolutions computed in float32 (rule 2) - for autocast outside an
+def autocast_contexts(dtype: torch.dtype, policy: HalfComputePolicy = None):
+    """``(factories, function_mode)``: zero-argument factories of ``torch.autocast`` to ``dtype``
+    on the CPU (and CUDA when present) and, when the CPU's ``dtype`` matmuls/convolutions are slow,
+    ``LowPrecisionOps`` computing them in float32 (rule 2); ``function_mode``: whether that torch
+    function mode is among them (a compiled program then runs stepwise). For autocast outside an
     executor's forward (Lightning's ``*-mixed`` precisions)."""
     policy = policy if policy is not None else HalfComputePolicy.from_env()
+    factories = [functools.partial(torch.autocast, "cpu", dtype=dtype)]
+    if torch.cuda.is_available():
+        factories.append(functools.partial(torch.autocast, "cuda", dtype=dtype))
+    if policy.all_native("cpu", dtype):
+        return factories, False
+    return factories + [functools.partial(LowPrecisionOps, policy)], True
+
+
+@contextlib.contextmanager
+def autocast(dtype: torch.dtype, policy: HalfComputePolicy = None):
+    """The contexts of ``autocast_contexts``, entered."""
     with contextlib.ExitStack() as stack:
-        stack.enter_context(torch.autocast("cpu", dtype=dtype))
-        if torch.cuda.is_available():
-            stack.enter_context(torch.autocast("cuda", dtype=dtype))
-        if not policy.all_native("cpu", dtype):
-            stack.enter_context(LowPrecisionOps(policy))
+        for factory in autocast_contexts(dtype, policy)[0]:
+            stack.enter_context(factory())
         yield

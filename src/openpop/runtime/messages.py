@@ -23,6 +23,9 @@ UNKNOWN_BACKEND = ("Unknown openpop backend {name!r}: use one of {backends} "
                    "(Options.openpopBackend or the {env} environment variable).")
 COMPILED_FORCED = ("Options.openpopBackend('compiled') cannot run this model: {reason}. "
                    "Use openpopBackend('auto') or 'eager' to run it eagerly.")
+AUTO_COMPILES = ("openpop auto backend: compiling this model now: its eager host calls took %.1f s, the "
+                 "estimated compile time (%.1f s, %s)")
+AUTO_ESTIMATE = "{ops} aten ops per micro-batch x {unrolled} unrolled, {tensors} trained tensors{warm}"
 COMPILED_DECLINED = "openpop runs this model eagerly: the compiled backend does not support %s"
 # Why the compiled backend declines a model (the {reason} above)
 INELIGIBLE_FULLGRAPH = "what torch.compile(fullgraph=True) rejects: {error}"

@@ -1,6 +1,7 @@
 """The executor's compiled backend (issue 15): a host call as one ``torch.compile``d program.
 
 * ``selection.py``       auto | eager | compiled, and the ski-rental rule of ``auto``
+* ``compile_cost.py``    ``auto``'s estimate of what compiling a program costs (calibrated constants)
 * ``eligibility.py``     what cannot be compiled exactly, found before compiling
 * ``functional_optim.py`` optimizer updates as pure tensor functions (SGD, Adam, AdamW)
 * ``adaptive_updates.py`` the LAMB and RMSprop updates it dispatches to

@@ -7,7 +7,8 @@ Declining in ``auto`` logs one line naming the reason and the executor stays eag
 A model may take part (Lightning's ``StepModule`` does): ``compiled_micro_batch_leaves()``,
 asked after the probe, is how many trailing output leaves the program returns for every
 micro-batch whatever the output mode; ``compiled_host_call_result(result)`` turns the program's
-result into the host call's.
+result into the host call's; ``compiled_forward_contexts()``, ``(factories, stepwise)`` as
+``RunPrecision.traced_forward``, adds contexts the program enters around each traced forward.
 
 When torch.compile compiles (the ``Graph compilation`` bar, ``compile_seconds``):
 
@@ -35,7 +36,7 @@ from ..compile_cache import compile_cache_for
 from ..perf import UniformCounters
 from ..progress import CompilationProgress
 from ..weights import bump_weights_version
-from . import step_hooks
+from . import compile_cost, step_hooks
 from .arguments import ProgramArguments
 from .cuda_graphs import compile_options, mark_step_begin
 from .eligibility import (
@@ -69,6 +70,7 @@ class CompiledBackend:
         self.progress = None  # the executor's unfinished bar, when the next run compiles
         self.compile_seconds = 0.0  # time spent compiling programs (torch.compile, first runs)
         self.repeat = None  # RepeatCall of _program: the executor's fast path for the next call
+        self._ops = None  # aten ops the last probe counted (compile_cost.py)
 
     def record_eager(self, seconds: float) -> None:
         self.selection.record_eager(seconds)
@@ -80,6 +82,8 @@ class CompiledBackend:
         self._key = None
 
     def run(self, executor, inputs, compiled):
+        if self.selection.needs_estimate:
+            self._estimate(executor, inputs, compiled)
         if not self.selection.wants_compiled():
             self._finish_progress()
             return DECLINED
@@ -134,6 +138,8 @@ class CompiledBackend:
                     self.compile_seconds += time.perf_counter() - started
         program.compiled = True
         program.ran = program.ran or not dry_run
+        if compiling:
+            self._compiled(executor)
         if progress is not None:
             progress.finish()
         if not dry_run:
@@ -145,6 +151,36 @@ class CompiledBackend:
         (``repeat_call.py``), with what this call found (program, optimizer, hooks seen)."""
         possible = RepeatCall.possible(executor, inputs, compiled)
         self.repeat = RepeatCall(self, executor, inputs, compiled, program) if possible else None
+
+    def _estimate(self, executor, inputs, compiled):
+        """``auto``: what compiling this model will cost, from a counted probe (``compile_cost.py``).
+        A model that fails the checks, or whose probe raises (the eager call then shows the error
+        as it always did), gets no estimate; compiling it declines it later, as before."""
+        changed = [module for module, mode in compiled.training_flags if module.training != mode]
+        with _compiled_modes(changed) if changed else contextlib.nullcontext():
+            try:
+                self._probe(executor, inputs, compiled)
+            except Exception:  # Ineligible, or the model's own error
+                self.selection.set_cost(None)
+                return
+        self.selection.set_cost(compile_cost.estimate(executor, self._ops, executor._compile_cache))
+
+    def _probe(self, executor, inputs, compiled):
+        """The checks and the probe micro-batch (``eligibility.py``), its aten ops counted."""
+        check_static(executor, compiled)
+        if not all(isinstance(leaf, torch.Tensor) for leaf in inputs.leaves):
+            raise Ineligible(messages.INELIGIBLE_INPUTS)
+        with compiled.weights.active():
+            (micro_args, micro_kwargs), micro_inputs = _first_micro_batch(executor, inputs)
+            with compile_cost.OpCounter() as counter:
+                probed = probe(executor, micro_args, micro_kwargs, micro_inputs, compiled)
+        self._ops = counter.ops
+        return probed
+
+    def _compiled(self, executor):
+        """A program has compiled: compiling it again (another executor, process) is cheap."""
+        if self._ops is not None:
+            compile_cost.compiled(compile_cost.estimate(executor, self._ops), executor._compile_cache)
 
     def _finish_progress(self):
         """The call that was to compile runs eagerly: the executor's compile has finished."""
@@ -169,13 +205,8 @@ class CompiledBackend:
             if executor._training and self._program.optim.optimizer is not optimizer:
                 self._program.optim.bind(optimizer)
             return self._program
-        check_static(executor, compiled)
         self._hooks_seen = RemovableHandle.next_id
-        if not all(isinstance(leaf, torch.Tensor) for leaf in inputs.leaves):
-            raise Ineligible(messages.INELIGIBLE_INPUTS)
-        with compiled.weights.active():
-            (micro_args, micro_kwargs), micro_inputs = _first_micro_batch(executor, inputs)
-            probed = probe(executor, micro_args, micro_kwargs, micro_inputs, compiled)
+        probed = self._probe(executor, inputs, compiled)
         model = executor._model
         names = [n for n, _ in model.named_parameters()]
         if executor._training:
@@ -189,6 +220,10 @@ class CompiledBackend:
         layout = Layout(executor, inputs, probed.spec, probed.leaves, micro_batch_leaves() if micro_batch_leaves else 0)
         device = next(iter(model.parameters()), torch.empty(0)).device
         contexts, stepwise = executor._precision.traced_forward(model)
+        own_contexts = getattr(model, "compiled_forward_contexts", None)  # Lightning's precision
+        if own_contexts is not None:
+            factories, function_mode = own_contexts()
+            contexts, stepwise = contexts + list(factories), stepwise or function_mode
         compile_kwargs = _compile_kwargs(device, executor._geometry, probed.draws_random, half_casts=bool(contexts),
                                          loops=not stepwise)
         scaling = ScalingState(executor._precision.dynamic if executor._training else None,

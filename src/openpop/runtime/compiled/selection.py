@@ -1,21 +1,25 @@
 """Which backend runs a host call: ``Options.openpopBackend("auto"|"eager"|"compiled")``
 (default from the environment variable ``OPENPOP_BACKEND``, else ``auto``).
 
-``auto`` is a ski-rental rule: compiling costs a roughly fixed time C (seconds to tens of
-seconds of Inductor) and then saves a fraction of every host call. Without knowing how long the
-run will be, running eager until the eager host calls have taken ``compile_after`` seconds
-(default 30, about C) and compiling then never costs more than twice the best choice in
-hindsight - short runs (tests, notebooks) never pay for a compile; long runs pay it once.
+``auto`` is a ski-rental rule: compiling costs a time C (seconds for a tiny model, many minutes
+for BERT) and then saves a fraction of every host call. Without knowing how long the run will be,
+running eager until the eager host calls have taken C seconds and compiling then never costs
+more than twice the best choice in hindsight - short runs (tests, notebooks) never pay for a
+compile; long runs pay it once. C is ``compile_after`` when given (``openpopBackend("auto",
+compile_after=...)`` or ``OPENPOP_COMPILE_AFTER``), else ``compile_cost.py``'s estimate for this
+program, made at the first host call (``DEFAULT_COMPILE_AFTER`` when the model cannot be probed).
 """
 import os
 
 from ... import errors
+from ...log import logger
 from .. import messages
 
 BACKENDS = ("auto", "eager", "compiled")
 ENV = "OPENPOP_BACKEND"
 COMPILE_AFTER_ENV = "OPENPOP_COMPILE_AFTER"  # e.g. 0: run a test suite compiled wherever possible
 DECLINED = object()  # the compiled backend's answer to a host call the eager backend runs
+DEFAULT_COMPILE_AFTER = 30.0  # seconds: C when there is no estimate
 
 
 def check_backend(name) -> str:
@@ -25,25 +29,30 @@ def check_backend(name) -> str:
     return name
 
 
-def backend_from_env() -> str:
-    return check_backend(os.environ.get(ENV, "auto") or "auto")
+def backend_from_env(default: str = "auto") -> str:
+    """``OPENPOP_BACKEND`` if set, else ``default``."""
+    default = check_backend(default)
+    return check_backend(os.environ.get(ENV) or default)
 
 
 class Selection:
     """The per-executor decision: eager, compiled, or eager until the rental is paid."""
 
-    def __init__(self, backend: str, compile_after: float):
+    def __init__(self, backend: str, compile_after=None):
         self.backend = check_backend(backend)
-        self.compile_after = float(compile_after)
+        self.compile_after = None if compile_after is None else float(compile_after)  # None: estimate
+        self.cost = None  # compile_cost.CompileCost, once estimated
+        self.estimated = False
         self.eager_seconds = 0.0
         self.declined = None  # why the compiled backend cannot run this model (auto: once)
+        self._decided = False
 
     @classmethod
     def from_options(cls, options):
         """Options win; unset, the environment (``OPENPOP_BACKEND``, ``OPENPOP_COMPILE_AFTER``)."""
         backend = options.openpop_backend if options.explicitlySet("openpop_backend") else backend_from_env()
-        compile_after = options.compile_after
-        if not options.explicitlySet("compile_after") and os.environ.get(COMPILE_AFTER_ENV):
+        compile_after = options.compile_after if options.explicitlySet("compile_after") else None
+        if compile_after is None and os.environ.get(COMPILE_AFTER_ENV):
             compile_after = float(os.environ[COMPILE_AFTER_ENV])
         return cls(backend, compile_after)
 
@@ -51,10 +60,45 @@ class Selection:
     def forced(self) -> bool:
         return self.backend == "compiled"
 
+    @property
+    def needs_estimate(self) -> bool:
+        return self.backend == "auto" and self.compile_after is None and not self.estimated \
+            and self.declined is None
+
+    def set_cost(self, cost) -> None:
+        """The estimate (a ``CompileCost``, or None: the model could not be probed)."""
+        self.cost, self.estimated = cost, True
+
+    @property
+    def budget(self):
+        """Seconds of eager host calls after which ``auto`` compiles (None: not known yet)."""
+        if self.compile_after is not None:
+            return self.compile_after
+        if not self.estimated:
+            return None
+        return DEFAULT_COMPILE_AFTER if self.cost is None else self.cost.seconds
+
     def wants_compiled(self) -> bool:
         if self.backend == "eager" or self.declined is not None:
             return False
-        return self.forced or self.eager_seconds >= self.compile_after
+        if self.forced:
+            return True
+        budget = self.budget
+        if budget is None or self.eager_seconds < budget:
+            return False
+        if not self._decided and budget > 0:
+            self._decided = True
+            logger.info(messages.AUTO_COMPILES, self.eager_seconds, budget, self._basis())
+        return True
+
+    def _basis(self) -> str:
+        if self.compile_after is not None:
+            return "compile_after"
+        cost = self.cost
+        if cost is None:
+            return "default"
+        return messages.AUTO_ESTIMATE.format(ops=cost.ops, unrolled=cost.unrolled, tensors=cost.tensors,
+                                             warm=", warm" if cost.warm else "")
 
     def record_eager(self, seconds: float) -> None:
         self.eager_seconds += seconds

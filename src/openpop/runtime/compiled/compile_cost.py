@@ -1,0 +1,133 @@
+"""What compiling a program will cost, guessed before compiling it: the C of ``auto``'s ski rental
+(``selection.py``).
+
+The guess is linear in the size of the graph torch.compile traces, measured by counting the aten
+ops of the probe micro-batch (``eligibility.probe``: one eager forward + backward, which runs before
+any compile anyway; ``auto`` runs it once, at its first host call, to get the estimate):
+
+    seconds = FIXED_SECONDS + SECONDS_PER_OP * ops * unrolled + per-tensor seconds * trained tensors
+
+``ops`` counts the ops that compute (views excluded); ``unrolled`` is how many copies of the
+micro-batch's forward and backward the program holds (``program.py`` unrolls the GA x R
+micro-batches of a step; device iterations are a ``while_loop``, traced once); the trained tensors
+each get a functional optimizer update, whose cost depends on the optimizer (LAMB's norms and
+trust ratio: five times SGD's). The constants below come from ``benchmarks/compile_cost.py``
+(the README's calibration table) and are the only place to recalibrate. They are CPU seconds,
+which hardly depend on the machine's load; the eager seconds they are compared with are wall
+seconds, which load stretches about as much as it stretches a compile.
+
+A program already compiled - in this process, or by any process into the directory Inductor
+caches it in (the executable cache, ``enableExecutableCaching``, else torch's default
+``TORCHINDUCTOR_CACHE_DIR``) - is *warm*: Dynamo still traces it, but Inductor loads its kernels.
+Each compiled program leaves its fingerprint (model structure, op count, geometry, optimizer) in
+``_compiled_here`` and as an empty file under ``<that directory>/openpop-programs/``; a warm
+program's estimate is ``WARM_FRACTION`` of the cold one.
+"""
+import dataclasses
+import getpass
+import hashlib
+import os
+import re
+import tempfile
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+# Calibration (benchmarks/compile_cost.py; README "The `auto` rule"): compile CPU seconds on this
+# machine (about the wall seconds of an idle 2-core machine).
+FIXED_SECONDS = 10.0  # Dynamo, AOTAutograd and Inductor's start, the smallest program
+SECONDS_PER_OP = 0.16  # per computing aten op (views excluded) of the traced forward + backward
+SECONDS_PER_TENSOR = {"SGD": 0.1, "LAMB": 0.5}  # per trained tensor's update, by optimizer class
+OTHER_OPTIMIZER_SECONDS_PER_TENSOR = 0.3  # Adam, AdamW, RMSprop: not measured, between the two
+WARM_FRACTION = 0.15  # compiled before: Dynamo traces again, Inductor loads (measured 0.03-0.2)
+
+PROGRAMS_DIR = "openpop-programs"  # in the executable cache directory: one empty file per program
+_compiled_here = set()  # fingerprints of the programs compiled in this process
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileCost:
+    """The estimate and what it was computed from (for the log line and the tests)."""
+
+    ops: int  # computing aten ops of one micro-batch's forward + backward
+    unrolled: int  # copies of it in the program
+    tensors: int  # trained tensors (optimizer updates)
+    warm: bool
+    fingerprint: str
+    optimizer: str = "SGD"  # the optimizer's class name
+
+    @property
+    def seconds(self) -> float:
+        per_tensor = SECONDS_PER_TENSOR.get(self.optimizer, OTHER_OPTIMIZER_SECONDS_PER_TENSOR)
+        cold = FIXED_SECONDS + SECONDS_PER_OP * self.ops * self.unrolled + per_tensor * self.tensors
+        return cold * WARM_FRACTION if self.warm else cold
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the aten ops run under it (backward ops included): all, and those that compute
+    (not views, which Inductor folds into the kernels around them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.all_ops = 0
+        self.ops = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.all_ops += 1
+        if not func.is_view:
+            self.ops += 1
+        return func(*args, **(kwargs or {}))
+
+
+def unrolled_micro_batches(geometry) -> int:
+    """Copies of the micro-batch forward + backward in the traced program (``program.py``)."""
+    return geometry.micro_batches_per_step
+
+
+def estimate(executor, ops: int, cache=None) -> CompileCost:
+    """The compile cost of ``executor``'s program, from ``ops`` counted in its probe."""
+    model = executor._model
+    tensors = sum(1 for p in model.parameters() if p.requires_grad) if executor._training else 0
+    print_ = _fingerprint(executor, ops)
+    warm = print_ in _compiled_here or os.path.exists(_marker(cache, print_))
+    optimizer = type(executor._optimizer).__name__ if executor._training else ""
+    return CompileCost(ops, unrolled_micro_batches(executor._geometry), tensors, warm, print_, optimizer)
+
+
+def compiled(cost: CompileCost, cache=None) -> None:
+    """``cost``'s program has compiled: the next estimate of it is warm."""
+    _compiled_here.add(cost.fingerprint)
+    marker = _marker(cache, cost.fingerprint)
+    try:
+        os.makedirs(os.path.dirname(marker), exist_ok=True)
+        with open(marker, "a"):
+            pass
+    except OSError:  # a read-only cache only loses the hint
+        pass
+
+
+def _marker(cache, fingerprint):
+    """The marker file in the directory Inductor caches the program in (``cache``: the executable
+    cache, or None: torch's default, as ``torch._inductor.runtime.cache_dir_utils`` finds it)."""
+    if cache is not None:
+        directory = cache.path
+    else:
+        try:
+            user = getpass.getuser()
+        except (KeyError, OSError):
+            user = f"uid_{os.getuid()}"
+        directory = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(
+            tempfile.gettempdir(), "torchinductor_" + re.sub(r'[\\/:*?"<>|]', "_", user))
+    return os.path.join(directory, PROGRAMS_DIR, fingerprint)
+
+
+def _fingerprint(executor, ops) -> str:
+    """The program's identity as far as a compile cache sees it: what it computes, not its values."""
+    model, geometry = executor._model, executor._geometry
+    parts = [type(model).__qualname__, executor._training, ops, torch.__version__, torch.get_num_threads(),
+             geometry.device_iterations, geometry.gradient_accumulation, geometry.replication_factor]
+    parts += [(name, tuple(t.shape), str(t.dtype), t.requires_grad)
+              for name, t in [*model.named_parameters(), *model.named_buffers()]]
+    if executor._training:
+        parts += [type(executor._optimizer).__qualname__, len(executor._optimizer.param_groups)]
+    return hashlib.sha1(repr(parts).encode()).hexdigest()[:20]
