@@ -3,6 +3,7 @@ the eager host calls have cost what compiling this program is estimated to cost.
 compiles: the estimate comes from the first (eager) call's probe, eager time is injected."""
 import dataclasses
 import logging
+import types
 
 import pytest
 import torch
@@ -38,15 +39,24 @@ def first_call(model, features=6, outputs=2, ga=1, cache=None):
 
 
 def test_estimate_orders_programs_by_size(fresh):
-    """More ops per micro-batch, more unrolled micro-batches: a larger estimate; the estimate is
-    the budget of eager seconds."""
+    """More ops per micro-batch: a larger estimate; accumulation adds the micro-batch loop (one
+    copy of forward + backward, not GA); the estimate is the budget of eager seconds."""
     small = first_call(Regressor())._backend.selection
     deep = first_call(FourBlocks(), 8, 8)._backend.selection
     accumulated = first_call(FourBlocks(), 8, 8, ga=4)._backend.selection
     assert small.cost.ops < deep.cost.ops == accumulated.cost.ops
-    assert (small.cost.unrolled, accumulated.cost.unrolled) == (1, 4)
+    assert (small.cost.unrolled, accumulated.cost.unrolled) == (1, 1)
+    assert (deep.cost.micro_batch_loop, accumulated.cost.micro_batch_loop) == (False, True)
     assert small.cost.seconds < deep.cost.seconds < accumulated.cost.seconds
+    assert accumulated.cost.seconds == pytest.approx(deep.cost.seconds + compile_cost.MICRO_BATCH_LOOP_SECONDS)
     assert small.budget == small.cost.seconds and not small.cost.warm
+
+
+def test_a_stepwise_program_unrolls_its_micro_batches():
+    """A stepwise program (a torch function mode in its forward) cannot loop: GA x R copies."""
+    geometry = types.SimpleNamespace(micro_batches_per_step=6)
+    assert compile_cost.unrolled_micro_batches(geometry, loops=False) == 6
+    assert compile_cost.unrolled_micro_batches(geometry, loops=True) == 1
 
 
 def test_auto_compiles_later_for_a_costlier_model(fresh, caplog):

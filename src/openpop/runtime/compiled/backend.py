@@ -163,7 +163,8 @@ class CompiledBackend:
             except Exception:  # Ineligible, or the model's own error
                 self.selection.set_cost(None)
                 return
-        self.selection.set_cost(compile_cost.estimate(executor, self._ops, executor._compile_cache))
+        loops = not _forward_contexts(executor)[1]
+        self.selection.set_cost(compile_cost.estimate(executor, self._ops, executor._compile_cache, loops))
 
     def _probe(self, executor, inputs, compiled):
         """The checks and the probe micro-batch (``eligibility.py``), its aten ops counted."""
@@ -219,11 +220,7 @@ class CompiledBackend:
         micro_batch_leaves = getattr(model, "compiled_micro_batch_leaves", None)
         layout = Layout(executor, inputs, probed.spec, probed.leaves, micro_batch_leaves() if micro_batch_leaves else 0)
         device = next(iter(model.parameters()), torch.empty(0)).device
-        contexts, stepwise = executor._precision.traced_forward(model)
-        own_contexts = getattr(model, "compiled_forward_contexts", None)  # Lightning's precision
-        if own_contexts is not None:
-            factories, function_mode = own_contexts()
-            contexts, stepwise = contexts + list(factories), stepwise or function_mode
+        contexts, stepwise = _forward_contexts(executor)
         compile_kwargs = _compile_kwargs(device, executor._geometry, probed.draws_random, half_casts=bool(contexts),
                                          loops=not stepwise)
         scaling = ScalingState(executor._precision.dynamic if executor._training else None,
@@ -351,6 +348,18 @@ class CompiledBackend:
 
 
 _WHILE_LOOP = "torch.ops.higher_order.while_loop"  # the name torch's caches know it by
+
+
+def _forward_contexts(executor):
+    """``(factories, stepwise)``: the contexts the traced forward enters (the run's precision, and
+    Lightning's through the model's ``compiled_forward_contexts``), and whether one is a torch
+    function mode, which makes the program stepwise (``program.py``)."""
+    contexts, stepwise = executor._precision.traced_forward(executor._model)
+    own_contexts = getattr(executor._model, "compiled_forward_contexts", None)  # Lightning's precision
+    if own_contexts is not None:
+        factories, function_mode = own_contexts()
+        contexts, stepwise = contexts + list(factories), stepwise or function_mode
+    return contexts, stepwise
 
 
 def _compile_kwargs(device, geometry, draws_random, half_casts=False, loops=True):

@@ -6,10 +6,12 @@ ops of the probe micro-batch (``eligibility.probe``: one eager forward + backwar
 any compile anyway; ``auto`` runs it once, at its first host call, to get the estimate):
 
     seconds = FIXED_SECONDS + SECONDS_PER_OP * ops * unrolled + per-tensor seconds * trained tensors
+              (+ MICRO_BATCH_LOOP_SECONDS for a loop over a step's micro-batches)
 
 ``ops`` counts the ops that compute (views excluded); ``unrolled`` is how many copies of the
-micro-batch's forward and backward the program holds (``program.py`` unrolls the GA x R
-micro-batches of a step; device iterations are a ``while_loop``, traced once); the trained tensors
+micro-batch's forward and backward the program holds (one: device iterations and a step's
+micro-batches are ``while_loop``s, traced once; GA x R for a stepwise program, which unrolls the
+micro-batches); the trained tensors
 each get a functional optimizer update, whose cost depends on the optimizer (LAMB's norms and
 trust ratio: five times SGD's). The constants below come from ``benchmarks/compile_cost.py``
 (the README's calibration table) and are the only place to recalibrate. They are CPU seconds,
@@ -39,6 +41,7 @@ FIXED_SECONDS = 10.0  # Dynamo, AOTAutograd and Inductor's start, the smallest p
 SECONDS_PER_OP = 0.16  # per computing aten op (views excluded) of the traced forward + backward
 SECONDS_PER_TENSOR = {"SGD": 0.1, "LAMB": 0.5}  # per trained tensor's update, by optimizer class
 OTHER_OPTIMIZER_SECONDS_PER_TENSOR = 0.3  # Adam, AdamW, RMSprop: not measured, between the two
+MICRO_BATCH_LOOP_SECONDS = 3.0  # a step's micro-batches as a while_loop (MLP GA 4, BERT L2 GA 2: +3-4 s)
 WARM_FRACTION = 0.15  # compiled before: Dynamo traces again, Inductor loads (measured 0.03-0.2)
 
 PROGRAMS_DIR = "openpop-programs"  # in the executable cache directory: one empty file per program
@@ -55,11 +58,14 @@ class CompileCost:
     warm: bool
     fingerprint: str
     optimizer: str = "SGD"  # the optimizer's class name
+    micro_batch_loop: bool = False  # the program loops over a step's micro-batches
 
     @property
     def seconds(self) -> float:
         per_tensor = SECONDS_PER_TENSOR.get(self.optimizer, OTHER_OPTIMIZER_SECONDS_PER_TENSOR)
         cold = FIXED_SECONDS + SECONDS_PER_OP * self.ops * self.unrolled + per_tensor * self.tensors
+        if self.micro_batch_loop:
+            cold += MICRO_BATCH_LOOP_SECONDS
         return cold * WARM_FRACTION if self.warm else cold
 
 
@@ -79,19 +85,24 @@ class OpCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def unrolled_micro_batches(geometry) -> int:
-    """Copies of the micro-batch forward + backward in the traced program (``program.py``)."""
-    return geometry.micro_batches_per_step
+def unrolled_micro_batches(geometry, loops=True) -> int:
+    """Copies of the micro-batch forward + backward in the traced program: one when the program
+    loops over a step's micro-batches (``micro_batches.py``), GA x R when it unrolls them (a
+    stepwise program, ``program.py``)."""
+    return 1 if loops else geometry.micro_batches_per_step
 
 
-def estimate(executor, ops: int, cache=None) -> CompileCost:
-    """The compile cost of ``executor``'s program, from ``ops`` counted in its probe."""
+def estimate(executor, ops: int, cache=None, loops=True) -> CompileCost:
+    """The compile cost of ``executor``'s program, from ``ops`` counted in its probe (``loops``:
+    whether the program loops over micro-batches or unrolls them)."""
     model = executor._model
     tensors = sum(1 for p in model.parameters() if p.requires_grad) if executor._training else 0
     print_ = _fingerprint(executor, ops)
     warm = print_ in _compiled_here or os.path.exists(_marker(cache, print_))
     optimizer = type(executor._optimizer).__name__ if executor._training else ""
-    return CompileCost(ops, unrolled_micro_batches(executor._geometry), tensors, warm, print_, optimizer)
+    unrolled = unrolled_micro_batches(executor._geometry, loops)
+    loop = loops and executor._geometry.micro_batches_per_step > 1
+    return CompileCost(ops, unrolled, tensors, warm, print_, optimizer, loop)
 
 
 def compiled(cost: CompileCost, cache=None) -> None:
