@@ -52,15 +52,11 @@ def one_thread():
 
 
 @pytest.fixture
-def warnings_logged(caplog):
+def warnings_logged():
     """The messages poptorch's logger warns with during the test (a function returning them)."""
-    import poptorch
-    poptorch.logger.propagate = True
-    try:
-        with caplog.at_level(logging.WARNING, logger="poptorch::python"):
-            yield lambda: [r.getMessage() for r in caplog.records]
-    finally:
-        poptorch.logger.propagate = False
+    from helpers.logs import logged
+    with logged(logging.WARNING) as messages:
+        yield messages
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ from openpop.runtime.compile_cache import CompileCache
 from openpop.runtime.compiled import compile_cost
 from openpop.runtime.compiled.selection import Selection, backend_from_env
 
+from helpers.logs import logged
 from helpers.models import FourBlocks, Regressor
 
 
@@ -59,18 +60,14 @@ def test_a_stepwise_program_unrolls_its_micro_batches():
     assert compile_cost.unrolled_micro_batches(geometry, loops=True) == 1
 
 
-def test_auto_compiles_later_for_a_costlier_model(fresh, caplog):
+def test_auto_compiles_later_for_a_costlier_model(fresh):
     small = first_call(Regressor())._backend.selection
     deep = first_call(FourBlocks(), 8, 8)._backend.selection
     for selection in (small, deep):
         selection.eager_seconds = small.cost.seconds  # as if that much eager time had passed
-    with caplog.at_level(logging.INFO, logger="poptorch::python"):
-        poptorch.logger.propagate = True
-        try:
-            assert small.wants_compiled() and small.wants_compiled() and not deep.wants_compiled()
-        finally:
-            poptorch.logger.propagate = False
-    lines = [r.getMessage() for r in caplog.records if "auto backend" in r.getMessage()]
+    with logged(logging.INFO) as messages:
+        assert small.wants_compiled() and small.wants_compiled() and not deep.wants_compiled()
+    lines = [m for m in messages() if "auto backend" in m]
     assert len(lines) == 1 and f"{small.cost.ops} aten ops per micro-batch" in lines[0]
 
 
