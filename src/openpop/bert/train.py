@@ -31,11 +31,9 @@ from .metrics import StepMetrics, reduce_outputs, step_description, throughput_t
 from .model import PipelinedBertForPretraining
 from .optimization import get_lr_scheduler, get_optimizer
 
-# The backend without --backend / OPENPOP_BACKEND. Not the library's auto yet: auto would compile
-# once eager steps have cost the program's estimated compile time, but the program unrolls the
-# GA micro-batches of a step (the recipe's cpu_base_128: 16), so it is estimated at ~29 CPU-minutes
-# (compile_cost.py) and would hold 16 copies of BERT-base's activations - memory the estimate
-# does not weigh (README "The `auto` rule").
+# The backend without --backend / OPENPOP_BACKEND. Not the library's auto: measured on the main job
+# (README "The `auto` rule"), auto compiled after 37 of 150 steps, the compile took 4.4 minutes
+# against its ~1-minute estimate, and the compiled steps were no faster: 559 s against 254 s eager.
 DEFAULT_BACKEND = "eager"
 
 RULE = "-----------------------------------------------------------"
