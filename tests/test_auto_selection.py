@@ -99,7 +99,7 @@ def test_explicit_compile_after_wins_over_the_estimate(monkeypatch):
     assert Selection.from_options(poptorch.Options().openpopBackend("auto", compile_after=5.0)).budget == 5.0
 
 
-def test_a_program_compiled_before_is_estimated_warm(fresh, tmp_path):
+def test_a_program_compiled_before_is_estimated_warm(fresh, tmp_path, monkeypatch):
     """Compiled in this process, or into the executable cache by another: a fraction of the cost."""
     cold = first_call(Regressor(), cache=tmp_path)._backend.selection.cost
     compile_cost.compiled(cold, CompileCache.at(str(tmp_path)))
@@ -109,6 +109,9 @@ def test_a_program_compiled_before_is_estimated_warm(fresh, tmp_path):
     assert first_call(Regressor(), cache=tmp_path)._backend.selection.cost.warm
     assert not first_call(Regressor())._backend.selection.cost.warm
     assert not first_call(Regressor(), ga=2, cache=tmp_path)._backend.selection.cost.warm  # another program
+    with monkeypatch.context() as patch:  # another openpop traces another program: a cache miss
+        patch.setattr(compile_cost, "_program_source", lambda: "other openpop")
+        assert not first_call(Regressor(), cache=tmp_path)._backend.selection.cost.warm
     compile_cost.compiled(cold)  # without an executable cache: Inductor's own directory
     compile_cost._compiled_here.clear()
     assert first_call(Regressor())._backend.selection.cost.warm

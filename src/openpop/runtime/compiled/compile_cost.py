@@ -21,12 +21,15 @@ seconds, which load stretches about as much as it stretches a compile.
 A program already compiled - in this process, or by any process into the directory Inductor
 caches it in (the executable cache, ``enableExecutableCaching``, else torch's default
 ``TORCHINDUCTOR_CACHE_DIR``) - is *warm*: Dynamo still traces it, but Inductor loads its kernels.
-Each compiled program leaves its fingerprint (model structure, op count, geometry, optimizer) in
+Each compiled program leaves its fingerprint (model structure, op count, geometry, optimizer,
+openpop's compiled-backend code) in
 ``_compiled_here`` and as an empty file under ``<that directory>/openpop-programs/``; a warm
 program's estimate is ``WARM_FRACTION`` of the cold one.
 """
 import dataclasses
+import functools
 import getpass
+import glob
 import hashlib
 import os
 import re
@@ -132,10 +135,22 @@ def _marker(cache, fingerprint):
     return os.path.join(directory, PROGRAMS_DIR, fingerprint)
 
 
+@functools.cache
+def _program_source() -> str:
+    """A hash of the compiled backend's own code: another openpop traces other programs, which
+    Inductor's cache misses, so its markers must not make them warm."""
+    digest = hashlib.sha1()
+    for path in sorted(glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), "*.py"))):
+        with open(path, "rb") as source:
+            digest.update(source.read())
+    return digest.hexdigest()[:12]
+
+
 def _fingerprint(executor, ops) -> str:
     """The program's identity as far as a compile cache sees it: what it computes, not its values."""
     model, geometry = executor._model, executor._geometry
-    parts = [type(model).__qualname__, executor._training, ops, torch.__version__, torch.get_num_threads(),
+    parts = [type(model).__qualname__, executor._training, ops, torch.__version__, _program_source(),
+             torch.get_num_threads(),
              geometry.device_iterations, geometry.gradient_accumulation, geometry.replication_factor]
     parts += [(name, tuple(t.shape), str(t.dtype), t.requires_grad)
               for name, t in [*model.named_parameters(), *model.named_buffers()]]
