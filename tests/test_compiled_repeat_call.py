@@ -100,3 +100,53 @@ def test_calls_unlike_the_last_take_the_general_path(binding_calls, warnings_log
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     for a, b in zip(weights, eager_weights):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+class Scaled(torch.nn.Module):
+    """A linear layer whose output is multiplied by a Python float the forward reads: Dynamo
+    guards it, so a new value re-traces."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(6, 2)
+        self.scale = 2.0
+
+    def forward(self, x, target):
+        out = self.fc(x) * self.scale
+        return out, torch.nn.functional.mse_loss(out, target)
+
+
+def test_cache_hits_skip_dynamos_frame_evaluation_and_guards_still_retrace():
+    """Calls whose guards pass run the compiled code without Dynamo's per-call machinery
+    (compiled/cache_hit.py); a Python value the forward reads that changed fails a guard and goes
+    through Dynamo (a recompile), and a changed torch.compile stance is honoured."""
+    torch.manual_seed(0)
+    model = Scaled()
+    reference = copy.deepcopy(model)
+    pop = poptorch.trainingModel(model, options(), torch.optim.SGD(model.parameters(), lr=0.1))
+    oracle = torch.optim.SGD(reference.parameters(), lr=0.1)
+    through_dynamo = []
+
+    def call(seed):
+        x, t = make_data(4, seed=seed)
+        _, loss = pop(x, t)
+        expected = train_loop(reference, oracle, (x, t), lambda m, *xs: m(*xs)[1], 1, 1, 1)
+        torch.testing.assert_close(loss, expected[0], rtol=1e-5, atol=1e-6)
+
+    call(0)
+    program_call = pop._backend._program._compiled
+    dynamo = program_call._compiled
+    program_call._compiled = lambda *args: through_dynamo.append(1) or dynamo(*args)
+    call(1)
+    call(2)
+    assert through_dynamo == []
+    model.scale = reference.scale = 3.0  # a guard fails: Dynamo traces again
+    call(3)
+    assert through_dynamo == [1]
+    call(4)  # the new entry's guards pass
+    assert through_dynamo == [1]
+    with torch.compiler.set_stance("force_eager"):
+        call(5)
+    assert through_dynamo == [1, 1]
+    for a, b in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

@@ -38,6 +38,7 @@ from ..progress import CompilationProgress
 from ..weights import bump_weights_version
 from . import compile_cost, step_hooks
 from .arguments import ProgramArguments
+from .cache_hit import program_guards
 from .cuda_graphs import compile_options, mark_step_begin
 from .eligibility import (
     Ineligible,
@@ -228,7 +229,8 @@ class CompiledBackend:
         sets = executor._geometry.replication_factor if compiled.replica_buffers.per_replica else 1
         compiler = ProgramCompiler(compile_kwargs.get("options"))
         program = Program(model, layout, functional, compiled.loss_index, trained, frozen,
-                          lambda fn: torch.compile(fn, backend=compiler, fullgraph=True, dynamic=False),
+                          lambda fn: torch.compile(fn, backend=compiler, fullgraph=True, dynamic=False,
+                                                   options={"guard_filter_fn": program_guards}),
                           contexts, stepwise, scaling,
                           anchored_in_program(compiled.anchors, model, trained, executor._training,
                                               probed.updated_buffers),
