@@ -30,6 +30,7 @@ signature, loss scaling, anchors, ...), so guards on the ``Program`` object's ow
 (``self.model``: its structure, hooks, attributes its forward reads), on the forward's precision
 contexts, on globals and on torch's global state stay.
 """
+import re
 import types
 
 import torch
@@ -37,16 +38,36 @@ from torch._dynamo import eval_frame
 
 _cache_entries = getattr(torch._C._dynamo.eval_frame, "_debug_get_cache_entry_list", None)
 _KEPT_UNDER_SELF = ("self.model", "self.forward_contexts")
+_OWN_PACKAGES = ("torch", "openpop", "poptorch", "popart", "popdist")
+_CALLS = re.compile(r"^([\w.]+\()+")  # a guard name's leading calls: dict(type(self.model)...
+_DYNAMO_INSTALLED = re.compile(r"__|_\d+_c")  # globals Dynamo adds to the traced frame's module
 
 
 def program_guards(entries):
     """``torch.compile``'s ``guard_filter_fn`` for programs (module docstring): keep or drop each."""
-    return [not _openpop_state(entry.name) for entry in entries]
+    return [not (_openpop_state(entry.name) or _library_global(entry.name)) for entry in entries]
 
 
 def _openpop_state(name: str) -> bool:
-    name = name.removeprefix("dict(type(")
+    """A guard on the ``Program`` (the traced method's ``self``), but not on the user's model."""
+    name = _CALLS.sub("", name)
     return name == "self" or (name.startswith("self.") and not name.startswith(_KEPT_UNDER_SELF))
+
+
+def _library_global(name: str) -> bool:
+    """A guard on a global of ``program.py`` (the traced frame's globals: ``torch``, openpop's
+    helpers), of a module of torch or openpop, on Python's builtins, or on torch's pytree registry."""
+    if "__import__('torch')" in name:
+        return True
+    name = _CALLS.sub("", name)
+    if not name.startswith("G['"):
+        return False
+    key = name[3:name.index("']")]
+    if key.startswith("__import_"):  # Dynamo's alias of a module the inlined code reads a global of
+        return key[len("__import_"):].split("_dot_")[0] in _OWN_PACKAGES
+    if key.startswith("__builtins_dict"):
+        return True
+    return _DYNAMO_INSTALLED.match(key) is None  # else program.py's own name
 
 
 class CacheHitCall:
