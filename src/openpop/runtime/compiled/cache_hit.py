@@ -71,11 +71,13 @@ def _library_global(name: str) -> bool:
 
 
 class CacheHitCall:
-    """``CacheHitCall(method, compiled)(*args)`` is ``compiled(*args)``, ``compiled`` being
-    ``torch.compile(method)`` (see the module docstring)."""
+    """``CacheHitCall(method, compiled, around_dynamo)(*args)`` is ``compiled(*args)``, ``compiled``
+    being ``torch.compile(method)`` (see the module docstring), called inside ``around_dynamo()``
+    when it goes through Dynamo: tracing runs the model's Python, which may ask for the run context."""
 
-    def __init__(self, method, compiled):
+    def __init__(self, method, compiled, around_dynamo):
         function = method.__func__
+        self._around_dynamo = around_dynamo  # a context for calls through Dynamo (which may trace)
         self._code = function.__code__
         self._globals = function.__globals__
         self._self = method.__self__
@@ -92,7 +94,8 @@ class CacheHitCall:
                 for entry in entries:
                     if entry.guard_manager.check(frame_locals):
                         return self._function(entry.code)(self._self, *args)
-        return self._compiled(*args)
+        with self._around_dynamo():
+            return self._compiled(*args)
 
     def _function(self, code):
         function = self._functions.get(code)
