@@ -100,4 +100,3 @@ def test_calls_unlike_the_last_take_the_general_path(binding_calls, warnings_log
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     for a, b in zip(weights, eager_weights):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-
