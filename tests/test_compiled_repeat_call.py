@@ -100,3 +100,19 @@ def test_calls_unlike_the_last_take_the_general_path(binding_calls, warnings_log
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     for a, b in zip(weights, eager_weights):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_repeated_calls_keep_an_inference_model_of_the_same_weights_in_sync():
+    """Each repeated call counts as new weights (``weights.weights_version``): an inference model
+    sharing the model uploads them before its next call."""
+    torch.manual_seed(0)
+    model = Regressor()
+    pop = poptorch.trainingModel(model, options(), torch.optim.SGD(model.parameters(), lr=0.1))
+    inference = poptorch.inferenceModel(model, options("eager"))
+    x, t = make_data(4, seed=0)
+    for _ in range(3):
+        pop(x, t)
+        with torch.no_grad():
+            expected = model(x, t)
+        torch.testing.assert_close(inference(x, t)[0], expected[0], rtol=0, atol=0)
+    assert pop._backend.repeat is not None and pop._backend.last == "compiled"
