@@ -22,13 +22,18 @@ freed) is gone from the list the next call reads. What is skipped: the wrapper's
 (its callback is only consulted when tracing, and the transformed code calls nothing Dynamo
 would trace), the profiler's "Torch-Compiled Region" marker and the cache entries' reordering.
 
-``program_guards``: the guards a program keeps. A program is rebuilt whenever what openpop
-reads while tracing changes (``backend._program_for`` keys it: geometry, output mode, optimizer
-signature, loss scaling, anchors, ...), so guards on the ``Program`` object's own attributes
-(its layout, geometry, functional optimizer's static choices) can never fail and are dropped
-(438 -> 359 guards for the tiny MLP, 13 -> 10 us). Guards on the tensors, on the user's model
-(``self.model``: its structure, hooks, attributes its forward reads), on the forward's precision
-contexts, on globals and on torch's global state stay.
+``program_guards``: the guards a program keeps (the ``guard_filter_fn`` every program is compiled
+with; one filter for all uses). A program is rebuilt whenever what openpop reads while tracing
+changes (``backend._program_for`` keys it: geometry, output mode, optimizer signature, loss
+scaling, anchors, ...), so guards on the ``Program`` object's own attributes (its layout,
+geometry, functional optimizer's static choices) can never fail; nor, unless someone replaces
+library functions while a program lives, can guards on globals of ``program.py``, of torch's and
+openpop's modules and on Python's builtins. Both are dropped (438 -> 122 guards for the tiny MLP
+of ``benchmarks/host_overhead.py``, 11-13 -> 5 us per check). Kept: the tensors' guards (shape,
+stride, dtype, device, requires_grad), torch's global state (grad mode, autocast, deterministic
+algorithms, default device, torch function modes, saved-tensor hooks), everything under the
+user's model (``self.model``: its structure, the attributes its forward reads, its class), the
+forward's precision contexts, the user's own module globals and any global Dynamo installed.
 """
 import re
 import types
@@ -83,7 +88,7 @@ class CacheHitCall:
         self._self = method.__self__
         self._names = self._code.co_varnames[:self._code.co_argcount]
         self._compiled = compiled
-        self._functions = {}  # a cache entry's transformed code -> a function running it
+        self._functions = []  # (a cache entry's transformed code, a function running it), newest first
 
     def __call__(self, *args):
         stance = eval_frame._stance
@@ -98,7 +103,9 @@ class CacheHitCall:
             return self._compiled(*args)
 
     def _function(self, code):
-        function = self._functions.get(code)
-        if function is None:
-            function = self._functions[code] = types.FunctionType(code, self._globals)
+        for known, function in self._functions:  # (by identity: hashing a code object costs a µs)
+            if known is code:
+                return function
+        function = types.FunctionType(code, self._globals)
+        self._functions = [(code, function), *self._functions[:7]]
         return function
