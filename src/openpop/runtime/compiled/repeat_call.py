@@ -9,9 +9,12 @@ checks, in one pass, that it is the same kind of call - as many tensors with the
 shapes, none needing a conversion (requires grad, not contiguous), the same optimizer with the
 same static choices, no parameter frozen and no hook added, the same train/eval modes, no trace
 session watching the executor, no saved-tensor hooks - and then runs the program as the general
-path would (``CompiledBackend.run_split``). Whenever one check fails it returns ``DECLINED`` having changed
-nothing, and the executor takes its general path, which checks everything again, explains what
-is wrong or rebuilds the program.
+path would (``CompiledBackend.run_split``), or, for a *plain* program (only weights and optimizer
+state to commit: no updated buffers, anchors, random numbers, automatic loss scaling, per-step
+hyperparameters, stepwise loop or CUDA tensors), as ``_run_plain``: the same steps in one
+function. Whenever one check fails it returns ``DECLINED`` having changed nothing, and the
+executor takes its general path, which checks everything again, explains what is wrong or
+rebuilds the program.
 """
 import time
 
