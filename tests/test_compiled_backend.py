@@ -377,8 +377,8 @@ def test_program_arguments_follow_replaced_parameters_and_submodules():
 
 
 def test_looping_cpu_programs_use_the_cpp_wrapper():
-    """A device-iteration while_loop runs in Inductor's C++ wrapper, not a Python loop; every
-    while_loop program is marked cacheable."""
+    """A device-iteration while_loop runs in Inductor's C++ wrapper, not a Python loop, and so does
+    a small program; every while_loop program is marked cacheable."""
     from openpop.runtime.compiled.backend import _compile_kwargs
     from openpop.runtime.geometry import BatchGeometry
     cpu = torch.device("cpu")
@@ -390,6 +390,13 @@ def test_looping_cpu_programs_use_the_cpp_wrapper():
     assert _compile_kwargs(cpu, BatchGeometry.from_options(accumulating), False) == {"options": cacheable}
     assert _compile_kwargs(cpu, BatchGeometry.from_options(accumulating), False, loops=False) == {}  # stepwise
     assert _compile_kwargs(cpu, BatchGeometry.from_options(poptorch.Options()), False) == {}
+    # a small one-step program (aten ops per micro-batch as the probe counts them): C++ too
+    one_step = BatchGeometry.from_options(poptorch.Options())
+    assert _compile_kwargs(cpu, one_step, False, ops=13) == {"options": {"cpp_wrapper": True}}
+    assert _compile_kwargs(cpu, one_step, False, ops=122) == {}
+    assert _compile_kwargs(cpu, BatchGeometry.from_options(accumulating), False, ops=13) == {
+        "options": {"cpp_wrapper": True, **cacheable}}
+    assert _compile_kwargs(cpu, BatchGeometry.from_options(accumulating), False, loops=False, ops=13) == {}
     assert _compile_kwargs(torch.device("cuda", 0), looping, False) == {
         "options": {**torch._inductor.list_mode_options("reduce-overhead"), **cacheable}}
     # A model that draws random numbers keeps aten's random ops (program.py)

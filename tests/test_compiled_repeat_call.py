@@ -100,3 +100,58 @@ def test_calls_unlike_the_last_take_the_general_path(binding_calls, warnings_log
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
     for a, b in zip(weights, eager_weights):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_repeated_calls_keep_an_inference_model_of_the_same_weights_in_sync():
+    """Each repeated call counts as new weights (``weights.weights_version``): an inference model
+    sharing the model uploads them before its next call."""
+    torch.manual_seed(0)
+    model = Regressor()
+    pop = poptorch.trainingModel(model, options(), torch.optim.SGD(model.parameters(), lr=0.1))
+    inference = poptorch.inferenceModel(model, options("eager"))
+    x, t = make_data(4, seed=0)
+    for _ in range(3):
+        pop(x, t)
+        with torch.no_grad():
+            expected = model(x, t)
+        torch.testing.assert_close(inference(x, t)[0], expected[0], rtol=0, atol=0)
+    assert pop._backend.repeat is not None and pop._backend.last == "compiled"
+
+
+def test_a_repeated_call_that_fails_changes_nothing():
+    """A plain program's repeated call (``RepeatCall._run_plain``) commits only after the program
+    has run: one that raises leaves weights and optimizer state as they were."""
+    torch.manual_seed(0)
+    model = Regressor()
+    reference = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    pop = poptorch.trainingModel(model, options(), optimizer)
+    oracle = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    for seed in range(2):
+        x, t = make_data(4, seed=seed)
+        pop(x, t)
+        train_loop(reference, oracle, (x, t), regressor_loss, 1, 1, 1)
+    assert pop._backend.repeat.plain
+    program = pop._backend._program
+    run = program._compiled
+
+    def fails_after_running(*args):
+        run(*args)
+        raise RuntimeError("injected")
+
+    weights = [p.detach().clone() for p in model.parameters()]
+    velocities = [optimizer.state[p]["momentum_buffer"].clone() for p in model.parameters()]
+    program._compiled = fails_after_running
+    try:
+        with pytest.raises(RuntimeError, match="injected"):
+            pop(*make_data(4, seed=2))
+    finally:
+        program._compiled = run
+    for p, w, v in zip(model.parameters(), weights, velocities):
+        assert torch.equal(p, w) and torch.equal(optimizer.state[p]["momentum_buffer"], v)
+    x, t = make_data(4, seed=3)
+    _, loss = pop(x, t)
+    expected = train_loop(reference, oracle, (x, t), regressor_loss, 1, 1, 1)
+    torch.testing.assert_close(loss, expected[0], rtol=1e-5, atol=1e-6)
+    for a, b in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

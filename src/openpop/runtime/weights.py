@@ -16,16 +16,25 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-_versions = weakref.WeakKeyDictionary()
+_versions = weakref.WeakKeyDictionary()  # model -> [version]
 
 
 def weights_version(model: torch.nn.Module) -> int:
     """How many training host calls have changed ``model``'s weights so far."""
-    return _versions.get(model, 0)
+    return version_cell(model)[0]
 
 
 def bump_weights_version(model: torch.nn.Module) -> None:
-    _versions[model] = _versions.get(model, 0) + 1
+    version_cell(model)[0] += 1
+
+
+def version_cell(model: torch.nn.Module) -> list:
+    """``[weights_version(model)]``, the list that holds it (a caller may keep it and add to it:
+    a compiled host call costs microseconds, a weak dictionary's look-up shows)."""
+    cell = _versions.get(model)
+    if cell is None:
+        cell = _versions[model] = [0]
+    return cell
 
 
 def _slots(model: torch.nn.Module, which: str):

@@ -38,6 +38,7 @@ from ..progress import CompilationProgress
 from ..weights import bump_weights_version
 from . import compile_cost, step_hooks
 from .arguments import ProgramArguments
+from .cache_hit import program_guards
 from .cuda_graphs import compile_options, mark_step_begin
 from .eligibility import (
     Ineligible,
@@ -222,13 +223,14 @@ class CompiledBackend:
         device = next(iter(model.parameters()), torch.empty(0)).device
         contexts, stepwise = _forward_contexts(executor)
         compile_kwargs = _compile_kwargs(device, executor._geometry, probed.draws_random, half_casts=bool(contexts),
-                                         loops=not stepwise)
+                                         loops=not stepwise, ops=self._ops)
         scaling = ScalingState(executor._precision.dynamic if executor._training else None,
                                executor._geometry.device_iterations)
         sets = executor._geometry.replication_factor if compiled.replica_buffers.per_replica else 1
         compiler = ProgramCompiler(compile_kwargs.get("options"))
         program = Program(model, layout, functional, compiled.loss_index, trained, frozen,
-                          lambda fn: torch.compile(fn, backend=compiler, fullgraph=True, dynamic=False),
+                          lambda fn: torch.compile(fn, backend=compiler, fullgraph=True, dynamic=False,
+                                                   options={"guard_filter_fn": program_guards}),
                           contexts, stepwise, scaling,
                           anchored_in_program(compiled.anchors, model, trained, executor._training,
                                               probed.updated_buffers),
@@ -255,12 +257,16 @@ class CompiledBackend:
         try:
             return self._execute(executor, split, compiled, program, dry_run)
         except Exception as exc:
-            if type(exc).__name__ != "FailOnRecompileLimitHit":  # torch._dynamo.exc
-                raise
-            # A program re-traces when a Python value the model reads changes (guards);
-            # past torch's limit it fails before running anything: from then on, eager.
-            self.reset()
-            return self._decline(messages.INELIGIBLE_RECOMPILES.format(error=_first_line(exc)), exc)
+            return self.past_recompile_limit(exc)
+
+    def past_recompile_limit(self, exc):
+        """``DECLINED`` (from now on eager) when ``exc``, raised by a program, is torch's recompile
+        limit; else raises it. A program re-traces when a Python value the model reads changes
+        (guards); past torch's limit it fails before running anything."""
+        if type(exc).__name__ != "FailOnRecompileLimitHit":  # torch._dynamo.exc
+            raise exc
+        self.reset()
+        return self._decline(messages.INELIGIBLE_RECOMPILES.format(error=_first_line(exc)), exc)
 
     def _execute(self, executor, split, compiled, program, dry_run=False):
         started = time.time()
@@ -348,6 +354,7 @@ class CompiledBackend:
 
 
 _WHILE_LOOP = "torch.ops.higher_order.while_loop"  # the name torch's caches know it by
+SMALL_PROGRAM_OPS = 32  # (the tiny MLP of benchmarks/host_overhead.py: 13; one BERT layer: 122)
 
 
 def _forward_contexts(executor):
@@ -362,16 +369,19 @@ def _forward_contexts(executor):
     return contexts, stepwise
 
 
-def _compile_kwargs(device, geometry, draws_random, half_casts=False, loops=True):
+def _compile_kwargs(device, geometry, draws_random, half_casts=False, loops=True, ops=None):
     """``torch.compile``'s arguments for a program on ``device``. CUDA: CUDA graphs
-    (``cuda_graphs.py``). CPU, a program that loops over device iterations: Inductor's C++
-    wrapper. Its default Python wrapper runs ``while_loop`` as a Python loop calling each
+    (``cuda_graphs.py``). CPU, a program that loops over device iterations, or a small one (at
+    most ``SMALL_PROGRAM_OPS`` aten ops per micro-batch, ``ops`` as the probe counted them):
+    Inductor's C++ wrapper. Its default Python wrapper runs ``while_loop`` as a Python loop calling each
     iteration's kernels from Python (argument asserts, buffer allocations, ATen matmul calls: ~20 µs
     per step of the tiny MLP); the C++ wrapper runs the same loop in C++ (benchmarks/host_overhead.py:
     DI=256 34 -> 12 µs per step). A one-step program keeps the Python wrapper, also when it loops
-    over micro-batches: the C++ wrapper saves ~35 µs per micro-batch of the tiny MLP (DI=1 GA=4:
-    473 -> 331 µs per step) but its own C++ build is large for a large graph (BERT L2 GA 2: first
-    compile 64 -> 156 CPU-s); so do stepwise ones (``loops=False``). A program with a
+    over micro-batches, unless it is small: the C++ wrapper saves ~35 µs per micro-batch of the tiny
+    MLP (DI=1 GA=4: 473 -> 331 µs per step) and ~10 µs per host call of its one-step program (whose
+    cold compile it leaves at 19 CPU-s), but its own C++ build is large for a large graph (BERT L2 GA
+    2: first compile 64 -> 156 CPU-s), whose steps take milliseconds; stepwise programs
+    (``loops=False``) keep it too. A program with a
     ``while_loop`` (``loops`` and DI or GA x R > 1) marks it cacheable: torch's FX-graph and
     AOTAutograd caches refuse higher-order ops not marked so, and the loop bodies are part of the
     graph their keys hash (checked: a program differing only in a body misses). A model that draws random
@@ -381,7 +391,8 @@ def _compile_kwargs(device, geometry, draws_random, half_casts=False, loops=True
     (Inductor otherwise keeps fused element-wise chains in float32: half gradients summed over
     micro-batches, half weights updated would differ from eager's by an ulp)."""
     options = dict(compile_options(device))
-    if not options and loops and geometry.device_iterations > 1:
+    small = ops is not None and ops <= SMALL_PROGRAM_OPS
+    if not options and loops and (geometry.device_iterations > 1 or small):
         options["cpp_wrapper"] = True
     if loops and (geometry.device_iterations > 1 or geometry.micro_batches_per_step > 1):
         options["unsafe_marked_cacheable_functions"] = {_WHILE_LOOP: torch.__version__}

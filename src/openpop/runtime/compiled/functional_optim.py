@@ -168,6 +168,7 @@ class FunctionalOptimizer:
         self._cache = {}
         self.groups = [list(group["params"]) for group in optimizer.param_groups]
         self.params = [p for params in self.groups for p in params]
+        self._no_state = [{} for _ in self.params]  # plain SGD's (the program never changes its inputs)
         self.device = self.params[0].device if self.params else torch.device("cpu")
         self.combined = bool(getattr(optimizer, "use_combined_accum", False))
         first = getattr(optimizer, "first_order_momentum_accum_type", None)
@@ -252,7 +253,7 @@ class FunctionalOptimizer:
     def state_in(self):
         """Per parameter a dict of state tensors (copies: the program's result replaces them)."""
         if self.stateless:
-            return [{} for _ in self.params]
+            return self._no_state
         state = []
         for group, static, params in zip(self.optimizer.param_groups, self.static[2], self.groups):
             for p in params:

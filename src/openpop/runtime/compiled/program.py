@@ -70,9 +70,11 @@ from torch._higher_order_ops import while_loop
 from torch.func import functional_call
 
 from ...enums import MeanReductionStrategy, OutputMode, ReductionType
+from .. import context
 from ..losses import as_scalar
 from ..outputs import _DEMOTE, _unflatten, flatten_output, protect_output
 from . import micro_batches
+from .cache_hit import CacheHitCall
 from .loss_scaling import ScalingState
 
 
@@ -129,7 +131,9 @@ class Program:
         self.ran = False  # a first run that fails is a compile failure (backend.py)
         self.compiler = None  # the torch.compile backend (inductor.ProgramCompiler), set by backend.py
         self.aliased = None  # indices of outputs returned in an input's memory (backend.py)
-        self._compiled = compile_fn(_own_code(self._one_step if self.stepwise else self._program))
+        traced = _own_code(self._one_step if self.stepwise else self._program)
+        self._compiled = CacheHitCall(traced, compile_fn(traced),  # torch.compile's function, called cheaply
+                                      lambda: context.running(layout.training))
 
     # ------------------------------------------------------------------ host side
     def run(self, split_inputs, trained, frozen, buffers, state, hyper, scaling):

@@ -9,16 +9,23 @@ checks, in one pass, that it is the same kind of call - as many tensors with the
 shapes, none needing a conversion (requires grad, not contiguous), the same optimizer with the
 same static choices, no parameter frozen and no hook added, the same train/eval modes, no trace
 session watching the executor, no saved-tensor hooks - and then runs the program as the general
-path would (``CompiledBackend.run_split``). Whenever one check fails it returns ``DECLINED`` having changed
-nothing, and the executor takes its general path, which checks everything again, explains what
-is wrong or rebuilds the program.
+path would (``CompiledBackend.run_split``), or, for a *plain* program (only weights and optimizer
+state to commit: no updated buffers, anchors, random numbers, automatic loss scaling, per-step
+hyperparameters, stepwise loop or CUDA tensors), as ``_run_plain``: the same steps in one
+function. Whenever one check fails it returns ``DECLINED`` having changed nothing, and the
+executor takes its general path, which checks everything again, explains what is wrong or
+rebuilds the program.
 """
+import time
+
 import torch
 from torch.utils.hooks import RemovableHandle
 
 from .. import trace
 from ..args import plain_parameter_names
 from ..devices import HostPlacement
+from ..perf import UniformCounters
+from ..weights import version_cell
 from .eligibility import saved_tensor_hooks_active
 from .functional_optim import signature
 from .selection import DECLINED
@@ -41,6 +48,14 @@ class RepeatCall:
         # (dtype, shape, the [DI, GA, R_in, micro, ...] view's shape or None for a 0-d tensor)
         self.specs = [(t.dtype, t.shape, None if t.dim() == 0 else tuple(geometry.split(t).shape))
                       for t in inputs.args]
+        self.arguments = backend._arguments
+        self.weights_version = version_cell(executor._user_model)
+        self.steps = geometry.device_iterations
+        trained, frozen = self.arguments.parameters()
+        # A program with nothing but weights and optimizer state to commit runs in ``_run_plain``.
+        self.plain = not (program.stepwise or program.per_step_hyper or program.buffer_names or compiled.anchors
+                          or program.draws_random or program.scaling.automatic or program.host_call_result
+                          or any(p.is_cuda for p in (*trained, *frozen)))
 
     @classmethod
     def possible(cls, executor, inputs, compiled) -> bool:
@@ -60,7 +75,7 @@ class RepeatCall:
             if (type(tensor) is not torch.Tensor or tensor.dtype != dtype or tensor.shape != shape
                     or tensor.requires_grad or not tensor.is_contiguous()):
                 return DECLINED
-            split.append(tensor if view is None else tensor.view(*view))
+            split.append(tensor if view is None else tensor.view(view))
         backend = self.backend
         optimizer = executor._optimizer
         if (backend._program is not self.program or backend.progress is not None
@@ -77,4 +92,39 @@ class RepeatCall:
                 return DECLINED
         if signature(optimizer) != self.signature:
             return DECLINED
+        if self.plain:
+            try:
+                return self._run_plain(executor, split)
+            except Exception as exc:
+                return backend.past_recompile_limit(exc)
         return backend.run_split(executor, split, self.compiled, self.program)
+
+    def _run_plain(self, executor, split):
+        """``CompiledBackend._execute`` of a program without buffers, anchors, random numbers,
+        automatic loss scaling, per-step hyperparameters or CUDA tensors (what it commits is the
+        weights and the optimizer state), in fewer steps."""
+        program = self.program
+        functional = program.optim
+        started = time.time()
+        grad_enabled = torch.is_grad_enabled()
+        torch._C._set_grad_enabled(False)
+        try:  # (no run context: the program enters it if Dynamo traces)
+            trained, frozen = self.arguments.parameters()
+            new_params, new_state, _, outs, _, _ = program.run(
+                split, [p.detach() for p in trained], [p.detach() for p in frozen], (), functional.state_in(),
+                functional.hyper(), {"scale": functional.loss_scale()})
+            if program.aliased:
+                outs = [out.clone() if i in program.aliased else out for i, out in enumerate(outs)]
+            torch._foreach_copy_(trained, list(new_params))
+            functional.commit(list(new_state))
+            for p in trained:
+                p.grad = None
+        finally:
+            torch._C._set_grad_enabled(grad_enabled)
+        self.weights_version[0] += 1  # (bump_weights_version)
+        result = program.finish(outs)
+        done = time.time()
+        executor._perf = UniformCounters(started, done, self.steps)
+        executor._last_run_seconds = done - started
+        self.backend.last = "compiled"
+        return result
