@@ -14,6 +14,8 @@ import contextlib
 
 import torch
 
+from .kernel_batch import batched_kernels
+
 
 class ProgramCompiler:
     """``torch.compile(fn, backend=ProgramCompiler(options), ...)``: Inductor with ``options``
@@ -35,7 +37,8 @@ class ProgramCompiler:
 
     def __call__(self, graph, example_inputs):
         from torch._inductor.compile_fx import compile_fx
-        compiled = compile_fx(graph, example_inputs, config_patches=self.options)
+        with batched_kernels():
+            compiled = compile_fx(graph, example_inputs, config_patches=self.options)
         outputs = [getattr(node, "meta", {}).get("example_value") for node in graph.graph.output_node().args[0]]
         skippable = all(isinstance(v, torch.Tensor) for v in outputs)  # else a dry call runs it
         boxed = getattr(compiled, "_boxed_call", False)  # takes its arguments as one list
