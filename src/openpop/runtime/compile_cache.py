@@ -51,6 +51,8 @@ _COUNTERS = {
     "autograd_hits": ("aot_autograd", "autograd_cache_hit"),
     "autograd_misses": ("aot_autograd", "autograd_cache_miss"),
     "autograd_bypasses": ("aot_autograd", "autograd_cache_bypass"),
+    "programs_loaded": ("openpop", "saved_program_loaded"),  # whole programs (compiled/saved_programs.py)
+    "programs_saved": ("openpop", "saved_program_saved"),
 }
 
 
@@ -215,6 +217,8 @@ class CompileOutcome:
     autograd_hits: int = 0
     autograd_misses: int = 0
     autograd_bypasses: int = 0
+    programs_loaded: int = 0
+    programs_saved: int = 0
 
     @property
     def hits(self) -> int:
@@ -228,13 +232,15 @@ class CompileOutcome:
 
     @property
     def compiled_anything(self) -> bool:
-        return self.hits + self.misses + self.autograd_hits + self.autograd_misses + self.autograd_bypasses > 0
+        return (self.hits + self.misses + self.autograd_hits + self.autograd_misses + self.autograd_bypasses
+                + self.programs_loaded + self.programs_saved > 0)
 
     @property
     def loaded_from_cache(self) -> bool:
         """Every Inductor graph came from the cache. AOTAutograd may still have re-run for a graph
-        it does not save (e.g. an empty graph after a graph break), which costs little."""
-        return self.hits > 0 and self.misses == 0
+        it does not save (e.g. an empty graph after a graph break), which costs little. A program
+        loaded whole (``compiled/saved_programs.py``) counts as loaded: it holds its graphs."""
+        return (self.hits > 0 or self.programs_loaded > 0) and self.misses == 0
 
     def describe(self) -> str:
         """One log line's worth: fresh compile, load from cache, or nothing compiled."""
@@ -242,12 +248,14 @@ class CompileOutcome:
         counts = (f"FX graphs: {self.fx_graph_hits} from cache, {self.fx_graph_misses} compiled"
                   + (f", {self.fx_graph_bypasses} not cacheable" if self.fx_graph_bypasses else "")
                   + f"; AOTAutograd: {self.autograd_hits} from cache, {self.autograd_misses} compiled"
-                  + (f", {self.autograd_bypasses} not cacheable" if self.autograd_bypasses else ""))
+                  + (f", {self.autograd_bypasses} not cacheable" if self.autograd_bypasses else "")
+                  + (f"; programs: {self.programs_loaded} loaded whole (no trace)" if self.programs_loaded else "")
+                  + (f"; programs: {self.programs_saved} saved whole" if self.programs_saved else ""))
         if not self.compiled_anything:
             return f"nothing compiled by torch.compile (eager backend); {where}"
         if self.loaded_from_cache:
             return f"loaded from cache ({counts}); {where}"
-        if self.hits:
+        if self.hits or self.programs_loaded:
             return f"partly loaded from cache ({counts}); {where}"
         return f"compiled fresh ({counts}); {where}"
 
