@@ -227,6 +227,26 @@ def test_looping_programs_are_saved_and_loaded(tmp_path):
     torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)
 
 
+def test_isa_probes_are_remembered_in_the_cache(tmp_path, monkeypatch):
+    """Inductor's per-process ISA checks load a test library in a child process each; a library
+    that loaded once (recorded in the cache directory) is not probed again by a later block."""
+    from torch._inductor.cpu_vec_isa import VecISA
+
+    from openpop.runtime.compile_cache import _isa_probes_remembered
+    probed = []
+
+    def child_process_load(isa, path):
+        probed.append(path)
+        return not path.endswith("bad.so")
+
+    monkeypatch.setattr(VecISA, "_probe_load", child_process_load)
+    for _ in range(2):  # two processes, as far as the record goes
+        with _isa_probes_remembered(str(tmp_path)):
+            assert VecISA._probe_load(None, "/c/good.so") and not VecISA._probe_load(None, "/c/bad.so")
+        assert VecISA._probe_load is child_process_load
+    assert probed == ["/c/good.so", "/c/bad.so", "/c/bad.so"]
+
+
 def test_outcome_counts_inductor_graphs():
     from openpop.runtime.compile_cache import CompileOutcome
     cache = CompileCache("/cache")

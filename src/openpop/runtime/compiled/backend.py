@@ -238,7 +238,9 @@ class CompiledBackend:
             return torch.compile(fn, backend=compiler, fullgraph=True, dynamic=False,
                                  options={"guard_filter_fn": program_guards})
 
-        cache = executor._compile_cache
+        # Saved whole with the executable cache (saved_programs.py); not stepwise programs, whose
+        # dry run (compile()) needs their steps' placeholder outputs.
+        cache = executor._compile_cache if not (stepwise and executor._geometry.device_iterations > 1) else None
         saved = []  # the SavedProgram compile_fn makes (Program wraps it in a CacheHitCall)
 
         def compile_fn(fn):
