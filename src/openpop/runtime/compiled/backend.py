@@ -255,9 +255,9 @@ class CompiledBackend:
                           buffer_names=probed.updated_buffers, buffer_sets=sets, draws_random=probed.draws_random)
         program.compiler = compiler
         if cache is not None:
-            key = program_key(executor, program, self._ops_digest, compile_kwargs.get("options", {}))
+            saved_as = program_key(executor, program, self._ops_digest, compile_kwargs.get("options", {}))
             program.saved = saved[0]
-            program.saved.path = os.path.join(cache.path, DIRECTORY, key + SUFFIX)
+            program.saved.path = os.path.join(cache.path, DIRECTORY, saved_as + SUFFIX)
         program.host_call_result = getattr(model, "compiled_host_call_result", None)
         self._program, self._key = program, key
         self._arguments = ProgramArguments(model, trained, frozen, executor._geometry)
