@@ -327,8 +327,7 @@ def _watched_from(argnames, entries) -> _Watched:
         else:
             continue
         names.add(name)
-    watched = _Watched(argnames, constants, identities)
-    return watched
+    return _Watched(argnames, constants, identities)
 
 
 def _atomic_write(path, data: bytes) -> None:
