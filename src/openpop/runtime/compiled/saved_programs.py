@@ -33,7 +33,12 @@ before every call. What the other guards covered is covered here:
 
 A program whose ``aot_compile`` or save fails, a saved program that fails to load or whose values
 differ, and any call whose checks fail, use the ordinary path (one info line; nothing is lost but
-the time of a trace). *Limits:* a function or class swapped between host calls in the same
+the time of a trace - and, when saving failed after Inductor compiled, that compile: the bundled
+artefacts do not fill Inductor's FX-graph cache). A program torch could not save leaves
+``<key>.program.unsaved`` (the reason), so later processes do not try again. Seen: Lightning's
+step programs (the guards' pickle of the program reaches the trainer's thread locks; one
+``UncapturedHigherOrderOpError`` from ``aot_compile`` where ``torch.compile`` succeeds).
+*Limits:* a function or class swapped between host calls in the same
 process for another of the same qualified name, and Python state the trace read through an
 object's identity only, are not noticed (Dynamo's ID guards would have re-traced); a saved program
 is only valid for this machine's torch build (the key holds torch's version and torch checks its
@@ -42,6 +47,7 @@ differently from how it runs eagerly (``torch.compiler.is_compiling()`` branches
 eager ops only.
 """
 import builtins
+import contextlib
 import hashlib
 import importlib
 import os
@@ -57,6 +63,7 @@ from .. import messages
 
 DIRECTORY = "openpop-programs"
 SUFFIX = ".program"
+UNSAVED = ".unsaved"  # next to where a program torch could not save would be: the reason
 _VALUE_GUARDS = ("CONSTANT_MATCH", "EQUALS_MATCH")
 _IDENTITY_GUARDS = ("ID_MATCH", "FUNCTION_MATCH", "CLASS_MATCH", "MODULE_MATCH", "CLOSURE_MATCH", "BUILTIN_MATCH")
 _CONSTANTS = (bool, int, float, str, type(None))
@@ -232,6 +239,9 @@ class SavedProgram:
         if self.path is None:
             self._use_fallback(messages.SAVED_PROGRAM_NOT_SAVED, self.path, "no key")
             return
+        if os.path.exists(self.path + UNSAVED):  # torch could not save it before: not tried again
+            self._use_fallback(messages.SAVED_PROGRAM_NOT_SAVED, self.path, "failed before")
+            return
         if os.path.exists(self.path):
             try:
                 self._load(args)
@@ -250,6 +260,8 @@ class SavedProgram:
         except Exception as exc:  # torch cannot save this program (its guards, its backend)
             self._aot = None
             self._use_fallback(messages.SAVED_PROGRAM_NOT_SAVED, self.path, _first_line(exc))
+            with contextlib.suppress(OSError):
+                _atomic_write(self.path + UNSAVED, _first_line(exc).encode())
 
     def _use_fallback(self, message, *values):
         logger.info(message, *values)
