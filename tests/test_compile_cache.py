@@ -220,10 +220,11 @@ def test_looping_programs_are_saved_and_loaded(tmp_path):
             results.append(pop(*make_data(2 * 2 * 3)))
         assert pop._backend.last == "compiled"
         outcomes.append(outcome)
-    fresh, loaded = outcomes  # saved and loaded whole (runtime/compiled/saved_programs.py)
-    assert fresh.programs_saved == 1 and fresh.fx_graph_bypasses == fresh.autograd_bypasses == 0, fresh
-    assert loaded.loaded_from_cache and loaded.programs_loaded == 1, loaded
-    assert loaded.fx_graph_misses == loaded.autograd_misses == 0, loaded
+    fresh, loaded = outcomes  # saved whole (saved_programs.py), or, where torch cannot save it, by Inductor
+    assert fresh.programs_saved == 1 or fresh.fx_graph_misses > 0, fresh
+    assert fresh.fx_graph_bypasses == fresh.autograd_bypasses == 0, fresh
+    assert loaded.loaded_from_cache and loaded.programs_loaded == fresh.programs_saved, loaded
+    assert loaded.fx_graph_misses == 0 and (loaded.autograd_misses == 0 or not fresh.programs_saved), loaded
     torch.testing.assert_close(results[0], results[1], rtol=0, atol=0)
 
 
