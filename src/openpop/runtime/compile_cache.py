@@ -16,8 +16,11 @@ re-entrant within a process (nested ``compile_cache_for`` blocks, e.g. the BERT 
 ``OPENPOP_CACHE_LOCK_TIMEOUT`` seconds (default 1800); past that the process compiles without
 it (torch writes its cache entries atomically, so the worst case is compiling twice).
 
-Dynamo's tracing of the Python code is not cached by torch: a cached compile still re-traces the
-model, and only skips AOTAutograd's partitioning and Inductor's code generation. Inductor's keys
+Dynamo's tracing of the Python code is not cached by torch: through these caches alone a cached
+compile still re-traces the model, and only skips AOTAutograd's partitioning and Inductor's code
+generation. The compiled backend therefore also saves each program whole into the cache directory
+(``compiled/saved_programs.py``: ``openpop-programs/<key>.program``), which a later process loads
+without tracing; ``CompileOutcome`` counts those programs too. Inductor's keys
 include torch's version, the graph, the configuration and the number of intra-op threads: a
 process with another ``torch.set_num_threads`` compiles afresh.
 """
@@ -51,6 +54,8 @@ _COUNTERS = {
     "autograd_hits": ("aot_autograd", "autograd_cache_hit"),
     "autograd_misses": ("aot_autograd", "autograd_cache_miss"),
     "autograd_bypasses": ("aot_autograd", "autograd_cache_bypass"),
+    "programs_loaded": ("openpop", "saved_program_loaded"),  # whole programs (compiled/saved_programs.py)
+    "programs_saved": ("openpop", "saved_program_saved"),
 }
 
 
@@ -141,7 +146,8 @@ class CompileCache:
         if moved:
             clear_caches()  # in-memory caches keyed by the old directory
         try:
-            with inductor_config.patch(fx_graph_cache=True), functorch_config.patch(enable_autograd_cache=True):
+            with inductor_config.patch(fx_graph_cache=True), functorch_config.patch(enable_autograd_cache=True), \
+                    _isa_probes_remembered(self.path):
                 yield self
         finally:
             # Inductor writes TORCHINDUCTOR_CACHE_DIR itself when it resolves its default directory,
@@ -153,6 +159,47 @@ class CompileCache:
                     os.environ[name] = value
             if moved:
                 clear_caches()
+
+
+ISA_PROBES = "openpop-isa-probes-{torch}.txt"
+
+
+@contextlib.contextmanager
+def _isa_probes_remembered(path: str) -> Iterator[None]:
+    """Inductor's CPU ISA checks, remembered in the cache directory. Before generating or loading
+    CPU kernels, each process builds a test library per vector ISA (AMX, AVX512-VNNI, AVX512,
+    AVX2; kept in the cache) and loads each in a fresh Python child process, ten children in all:
+    ~1 CPU-s and, on this loaded 2-core machine, 5-10 s of a cached compile's wall time. A library
+    (its path in the cache is a hash of its source, flags and compiler) that loaded once loads
+    again with the same torch: its path is recorded in ``ISA_PROBES`` and not probed again. The
+    ISA still has to be in the CPU's flags (torch checks those first, in-process)."""
+    try:
+        import torch
+        from torch._inductor.cpu_vec_isa import VecISA
+        probe = VecISA.__dict__["_probe_load"]
+    except (ImportError, KeyError):  # another torch: its own checks, unremembered
+        yield
+        return
+    record = os.path.join(path, ISA_PROBES.format(torch=torch.__version__.replace("/", "_")))
+
+    def probe_load(isa, output_path):
+        try:
+            with open(record) as file:
+                if output_path in file.read().splitlines():
+                    return True
+        except OSError:
+            pass
+        loaded = probe(isa, output_path)
+        if loaded:
+            with open(record, "a") as file:
+                file.write(output_path + "\n")
+        return loaded
+
+    VecISA._probe_load = probe_load
+    try:
+        yield
+    finally:
+        VecISA._probe_load = probe
 
 
 _held_locks: dict = {}  # cache path -> [file descriptor, depth] of the locks this process holds
@@ -215,6 +262,8 @@ class CompileOutcome:
     autograd_hits: int = 0
     autograd_misses: int = 0
     autograd_bypasses: int = 0
+    programs_loaded: int = 0
+    programs_saved: int = 0
 
     @property
     def hits(self) -> int:
@@ -228,13 +277,15 @@ class CompileOutcome:
 
     @property
     def compiled_anything(self) -> bool:
-        return self.hits + self.misses + self.autograd_hits + self.autograd_misses + self.autograd_bypasses > 0
+        return (self.hits + self.misses + self.autograd_hits + self.autograd_misses + self.autograd_bypasses
+                + self.programs_loaded + self.programs_saved > 0)
 
     @property
     def loaded_from_cache(self) -> bool:
         """Every Inductor graph came from the cache. AOTAutograd may still have re-run for a graph
-        it does not save (e.g. an empty graph after a graph break), which costs little."""
-        return self.hits > 0 and self.misses == 0
+        it does not save (e.g. an empty graph after a graph break), which costs little. A program
+        loaded whole (``compiled/saved_programs.py``) counts as loaded: it holds its graphs."""
+        return (self.hits > 0 or self.programs_loaded > 0) and self.misses == 0
 
     def describe(self) -> str:
         """One log line's worth: fresh compile, load from cache, or nothing compiled."""
@@ -242,12 +293,14 @@ class CompileOutcome:
         counts = (f"FX graphs: {self.fx_graph_hits} from cache, {self.fx_graph_misses} compiled"
                   + (f", {self.fx_graph_bypasses} not cacheable" if self.fx_graph_bypasses else "")
                   + f"; AOTAutograd: {self.autograd_hits} from cache, {self.autograd_misses} compiled"
-                  + (f", {self.autograd_bypasses} not cacheable" if self.autograd_bypasses else ""))
+                  + (f", {self.autograd_bypasses} not cacheable" if self.autograd_bypasses else "")
+                  + (f"; programs: {self.programs_loaded} loaded whole (no trace)" if self.programs_loaded else "")
+                  + (f"; programs: {self.programs_saved} saved whole" if self.programs_saved else ""))
         if not self.compiled_anything:
             return f"nothing compiled by torch.compile (eager backend); {where}"
         if self.loaded_from_cache:
             return f"loaded from cache ({counts}); {where}"
-        if self.hits:
+        if self.hits or self.programs_loaded:
             return f"partly loaded from cache ({counts}); {where}"
         return f"compiled fresh ({counts}); {where}"
 

@@ -100,3 +100,11 @@ NOT_A_PROFILE = "{directory!r} is not an openpop profile directory: {path} not f
 # --- interrupts -----------------------------------------------------------------
 INTERRUPTED_AFTER_UPDATE = ("interrupted while the host call applied its last optimizer update: the "
                             "call completed, its updates are applied")
+
+# Whole programs saved in the executable cache (runtime/compiled/saved_programs.py)
+SAVED_PROGRAM_LOADED = "Compiled program loaded from %s (no trace)"
+SAVED_PROGRAM_UNUSABLE = "Saved program %s not used (%s): compiling it as usual"
+SAVED_PROGRAM_NOT_SAVED = "Program not saved to %s (%s): compiled as usual"
+SAVED_PROGRAM_CHANGED = ("A Python value the saved program %s was compiled with changed (or a tensor argument's "
+                         "shape, dtype or torch's global state): compiling it as usual")
+SAVED_PROGRAM_VALUES = "Python values it was compiled with differ from this process's: {differences}"

@@ -23,6 +23,7 @@ When torch.compile compiles (the ``Graph compilation`` bar, ``compile_seconds``)
 * ``auto`` once the eager budget is spent: the host call that compiles prints a bar of its own.
 """
 import contextlib
+import os
 import time
 import warnings
 
@@ -52,6 +53,7 @@ from .functional_optim import FunctionalOptimizer, signature
 from .inductor import ProgramCompiler
 from .loss_scaling import ScalingState
 from .repeat_call import RepeatCall
+from .saved_programs import DIRECTORY, SUFFIX, OpRecorder, SavedProgram, program_key
 from .selection import DECLINED, Selection
 
 _ONE = torch.tensor(1.0)
@@ -72,6 +74,7 @@ class CompiledBackend:
         self.compile_seconds = 0.0  # time spent compiling programs (torch.compile, first runs)
         self.repeat = None  # RepeatCall of _program: the executor's fast path for the next call
         self._ops = None  # aten ops the last probe counted (compile_cost.py)
+        self._ops_digest = None  # their hash, with the executable cache on (saved_programs.py)
 
     def record_eager(self, seconds: float) -> None:
         self.selection.record_eager(seconds)
@@ -172,11 +175,13 @@ class CompiledBackend:
         check_static(executor, compiled)
         if not all(isinstance(leaf, torch.Tensor) for leaf in inputs.leaves):
             raise Ineligible(messages.INELIGIBLE_INPUTS)
+        recorder = OpRecorder() if executor._compile_cache is not None else contextlib.nullcontext()
         with compiled.weights.active():
             (micro_args, micro_kwargs), micro_inputs = _first_micro_batch(executor, inputs)
-            with compile_cost.OpCounter() as counter:
+            with compile_cost.OpCounter() as counter, recorder:
                 probed = probe(executor, micro_args, micro_kwargs, micro_inputs, compiled)
         self._ops = counter.ops
+        self._ops_digest = recorder.digest if executor._compile_cache is not None else None
         return probed
 
     def _compiled(self, executor):
@@ -228,14 +233,31 @@ class CompiledBackend:
                                executor._geometry.device_iterations)
         sets = executor._geometry.replication_factor if compiled.replica_buffers.per_replica else 1
         compiler = ProgramCompiler(compile_kwargs.get("options"))
+
+        def traced(fn):
+            return torch.compile(fn, backend=compiler, fullgraph=True, dynamic=False,
+                                 options={"guard_filter_fn": program_guards})
+
+        # Saved whole with the executable cache (saved_programs.py); not stepwise programs, whose
+        # dry run (compile()) needs their steps' placeholder outputs.
+        cache = executor._compile_cache if not (stepwise and executor._geometry.device_iterations > 1) else None
+        saved = []  # the SavedProgram compile_fn makes (Program wraps it in a CacheHitCall)
+
+        def compile_fn(fn):
+            saved.append(SavedProgram(fn, compile_kwargs.get("options", {}), compiler, traced))
+            return saved[-1]
+
         program = Program(model, layout, functional, compiled.loss_index, trained, frozen,
-                          lambda fn: torch.compile(fn, backend=compiler, fullgraph=True, dynamic=False,
-                                                   options={"guard_filter_fn": program_guards}),
+                          traced if cache is None else compile_fn,
                           contexts, stepwise, scaling,
                           anchored_in_program(compiled.anchors, model, trained, executor._training,
                                               probed.updated_buffers),
                           buffer_names=probed.updated_buffers, buffer_sets=sets, draws_random=probed.draws_random)
         program.compiler = compiler
+        if cache is not None:
+            saved_as = program_key(executor, program, self._ops_digest, compile_kwargs.get("options", {}))
+            program.saved = saved[0]
+            program.saved.path = os.path.join(cache.path, DIRECTORY, saved_as + SUFFIX)
         program.host_call_result = getattr(model, "compiled_host_call_result", None)
         self._program, self._key = program, key
         self._arguments = ProgramArguments(model, trained, frozen, executor._geometry)

@@ -26,6 +26,11 @@ class ProgramCompiler:
         self.runs = 0
         self._skip = False
 
+    @property
+    def skipping(self) -> bool:
+        """Inside ``compiling_only()`` (``saved_programs.SavedProgram`` reads it too)."""
+        return self._skip
+
     @contextlib.contextmanager
     def compiling_only(self):
         """Calls of the compiled function inside compile (or load) and return placeholders."""

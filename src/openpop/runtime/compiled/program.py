@@ -131,6 +131,7 @@ class Program:
         self.ran = False  # a first run that fails is a compile failure (backend.py)
         self.compiler = None  # the torch.compile backend (inductor.ProgramCompiler), set by backend.py
         self.aliased = None  # indices of outputs returned in an input's memory (backend.py)
+        self.saved = None  # saved_programs.SavedProgram, with the executable cache on (backend.py)
         traced = _own_code(self._one_step if self.stepwise else self._program)
         self._compiled = CacheHitCall(traced, compile_fn(traced),  # torch.compile's function, called cheaply
                                       lambda: context.running(layout.training))

@@ -1,0 +1,118 @@
+"""Whole compiled programs saved in the executable cache (runtime/compiled/saved_programs.py): a
+second process loads the program without Dynamo tracing it and trains as the first process and
+as eager; a model differing in one op, or a Python value read by the trace that changes, does
+not run the saved program."""
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+import poptorch
+
+
+class Net(torch.nn.Module):
+    """Linear -> activation -> Linear, MSE loss; ``activation`` is the one op that differs."""
+
+    def __init__(self, activation="relu"):
+        super().__init__()
+        torch.manual_seed(0)
+        self.first, self.second = torch.nn.Linear(8, 8), torch.nn.Linear(8, 1)
+        self.activation = activation
+
+    def forward(self, x, y):
+        h = self.first(x)
+        h = torch.relu(h) if self.activation == "relu" else torch.tanh(h)
+        out = self.second(h)
+        return out, torch.nn.functional.mse_loss(out, y)
+
+
+def data():
+    generator = torch.Generator().manual_seed(1)
+    return torch.randn(16, 8, generator=generator), torch.randn(16, 1, generator=generator)
+
+
+def train(activation, backend, cache=None, calls=3, flip_after=None):
+    """Train ``Net`` for ``calls`` host calls (GA 2, micro-batch 8); its weights, losses and
+    which way the compiled program came (saved_programs.SavedProgram.source)."""
+    model = Net(activation)
+    options = poptorch.Options().openpopBackend(backend)
+    options.Training.gradientAccumulation(2)
+    options.showCompilationProgressBar(False)
+    if cache is not None:
+        options.enableExecutableCaching(cache)
+    executor = poptorch.trainingModel(model, options, poptorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    if cache is not None:
+        executor.compile(*data())  # compiles (or loads) without running; the first call runs that program
+    losses = []
+    for call in range(calls):
+        if call == flip_after:
+            model.activation = "tanh"
+        losses.append(executor(*data())[1].tolist())
+    program = getattr(executor._backend, "_program", None)
+    saved = getattr(program, "saved", None)
+    return {"losses": losses, "weights": [p.tolist() for p in model.parameters()],
+            "source": getattr(saved, "source", None)}
+
+
+def in_subprocess(activation, cache):
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENPOP_BACKEND="compiled")
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    done = subprocess.run([sys.executable, __file__, activation, cache], capture_output=True, text=True, env=env,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def assert_same(a, b, exact=True):
+    tolerance = {"rtol": 0, "atol": 0} if exact else {}
+    torch.testing.assert_close(torch.tensor(a["losses"]), torch.tensor(b["losses"]), **tolerance)
+    for wa, wb in zip(a["weights"], b["weights"]):
+        torch.testing.assert_close(torch.tensor(wa), torch.tensor(wb), **tolerance)
+
+
+def test_second_process_loads_the_program_without_tracing(tmp_path):
+    cache = str(tmp_path / "cache")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the subprocess: the key holds the thread count
+    try:
+        first = train("relu", "compiled", cache)
+        eager = train("relu", "eager")
+    finally:
+        torch.set_num_threads(threads)
+    assert first["source"] == "saved"
+    assert [name.endswith(".program") for name in os.listdir(tmp_path / "cache" / "openpop-programs")].count(True) == 1
+
+    second = in_subprocess("relu", cache)
+    assert second["source"] == "loaded" and second["dynamo_frames"] == 0, second
+    assert second["outcome"].startswith("loaded from cache") and "programs: 1 loaded whole" in second["outcome"], second
+    assert_same(second, first)
+    assert_same(second, eager, exact=False)
+
+    changed = in_subprocess("tanh", cache)  # one op differs, same shapes: another key
+    assert changed["source"] == "saved" and changed["dynamo_frames"] > 0, changed
+    assert len(os.listdir(tmp_path / "cache" / "openpop-programs")) >= 2
+    assert_same(changed, train("tanh", "eager"), exact=False)
+
+
+def test_a_value_the_trace_read_changing_between_calls_retraces(tmp_path):
+    """``activation`` is a Python value the trace reads (a constant guard): flipped after the
+    first call, the saved program is not run; the ordinary torch.compile path re-traces."""
+    compiled = train("relu", "compiled", str(tmp_path / "cache"), calls=2, flip_after=1)
+    assert compiled["source"] == "traced"
+    assert_same(compiled, train("relu", "eager", calls=2, flip_after=1), exact=False)
+
+
+if __name__ == "__main__":
+    from torch._dynamo.utils import counters
+
+    from openpop.runtime.compile_cache import CompileCache, watch_compiles
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import test_saved_programs  # Net's module as under pytest: the key holds the model's classes
+    torch.set_num_threads(1)
+    with watch_compiles(CompileCache.at(sys.argv[2])) as outcome:
+        result = test_saved_programs.train(sys.argv[1], "compiled", sys.argv[2])
+    result.update(dynamo_frames=sum(counters["stats"].values()) + sum(counters["frames"].values()),
+                  outcome=outcome.describe())
+    print(json.dumps(result))
