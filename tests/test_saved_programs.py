@@ -73,15 +73,13 @@ def assert_same(a, b, exact=True):
 
 
 def test_second_process_loads_the_program_without_tracing(tmp_path):
+    # Both compiling processes are fresh: in a process where other programs compiled before (the
+    # suite's), torch's pickle of the program can fail ("Can't pickle _runtime_wrapper"), which
+    # falls back to the ordinary compile - correct results, nothing saved (README "Saved programs").
     cache = str(tmp_path / "cache")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the subprocess: the key holds the thread count
-    try:
-        first = train("relu", "compiled", cache)
-        eager = train("relu", "eager")
-    finally:
-        torch.set_num_threads(threads)
-    assert first["source"] == "saved"
+    first = in_subprocess("relu", cache)
+    eager = train("relu", "eager")
+    assert first["source"] == "saved" and first["dynamo_frames"] > 0, first
     assert [name.endswith(".program") for name in os.listdir(tmp_path / "cache" / "openpop-programs")].count(True) == 1
 
     second = in_subprocess("relu", cache)

@@ -40,10 +40,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 # Calibration (benchmarks/compile_cost.py; README "The `auto` rule"): compile CPU seconds on this
 # machine (about the wall seconds of an idle 2-core machine).
-FIXED_SECONDS = 10.0  # Dynamo, AOTAutograd and Inductor's start, the smallest program
-SECONDS_PER_OP = 0.16  # per computing aten op (views excluded) of the traced forward + backward
-SECONDS_PER_TENSOR = {"SGD": 0.1, "LAMB": 0.5}  # per trained tensor's update, by optimizer class
-OTHER_OPTIMIZER_SECONDS_PER_TENSOR = 0.3  # Adam, AdamW, RMSprop: not measured, between the two
+FIXED_SECONDS = 13.0  # Dynamo, AOTAutograd and Inductor's start, the smallest program (C++ wrapper)
+SECONDS_PER_OP = 0.12  # per computing aten op (views excluded) of the traced forward + backward
+SECONDS_PER_TENSOR = {"SGD": 0.075, "LAMB": 0.375}  # per trained tensor's update, by optimizer class
+OTHER_OPTIMIZER_SECONDS_PER_TENSOR = 0.225  # Adam, AdamW, RMSprop: not measured, between the two
 MICRO_BATCH_LOOP_SECONDS = 3.0  # a step's micro-batches as a while_loop (MLP GA 4, BERT L2 GA 2: +3-4 s)
 WARM_FRACTION = 0.15  # compiled before: Dynamo traces again, Inductor loads (measured 0.03-0.2)
 

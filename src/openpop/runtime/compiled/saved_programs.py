@@ -60,6 +60,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ...log import logger
 from .. import messages
+from .kernel_batch import batched_kernels
 
 DIRECTORY = "openpop-programs"
 SUFFIX = ".program"
@@ -279,7 +280,8 @@ class SavedProgram:
 
         compiled = torch.compile(self._fn.__func__, backend="inductor", fullgraph=True, dynamic=False,
                                  options={**self._options, "guard_filter_fn": keep})
-        aot = compiled.aot_compile(((self._fn.__self__, *args), {}))
+        with batched_kernels():  # as inductor.ProgramCompiler builds the ordinary path's kernels
+            aot = compiled.aot_compile(((self._fn.__self__, *args), {}))
         argnames = list(aot._artifacts.signature.parameters)
         watched = _watched_from(argnames, seen)
         full = (self._fn.__self__, *args)
@@ -307,7 +309,8 @@ class SavedProgram:
         # Unpickling the guards re-creates sources that register guards: they need a tracing context.
         with compile_context(CompileContext(get_compile_id({}))), get_metrics_context(), \
                 tracing(TracingContext(FakeTensorMode())):
-            aot = AOTCompiledFunction.deserialize(payload, f_globals=self._fn.__func__.__globals__)
+            with batched_kernels():  # its kernels: one library, from Inductor's cache when warm
+                aot = AOTCompiledFunction.deserialize(payload, f_globals=self._fn.__func__.__globals__)
         self._use(aot, watched)
 
     def _use(self, aot, watched):
