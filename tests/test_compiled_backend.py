@@ -379,7 +379,7 @@ def test_program_arguments_follow_replaced_parameters_and_submodules():
 def test_looping_cpu_programs_use_the_cpp_wrapper():
     """A device-iteration while_loop runs in Inductor's C++ wrapper, not a Python loop, and so does
     a small program; every while_loop program is marked cacheable."""
-    from openpop.runtime.compiled.backend import _compile_kwargs
+    from openpop.runtime.compiled.program_options import compile_kwargs as _compile_kwargs
     from openpop.runtime.geometry import BatchGeometry
     cpu = torch.device("cpu")
     cacheable = {"unsafe_marked_cacheable_functions": {"torch.ops.higher_order.while_loop": torch.__version__}}

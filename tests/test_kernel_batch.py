@@ -13,7 +13,7 @@ from helpers.oracle import train_loop
 
 
 class Deep(torch.nn.Module):
-    """More aten ops than a small program has (``backend.SMALL_PROGRAM_OPS``: those use the C++ wrapper)."""
+    """More aten ops than a small program has (``program_options.SMALL_PROGRAM_OPS``: those use the C++ wrapper)."""
 
     def __init__(self, depth=8):
         super().__init__()

@@ -7,7 +7,7 @@ Declining in ``auto`` logs one line naming the reason and the executor stays eag
 A model may take part (Lightning's ``StepModule`` does): ``compiled_micro_batch_leaves()``,
 asked after the probe, is how many trailing output leaves the program returns for every
 micro-batch whatever the output mode; ``compiled_host_call_result(result)`` turns the program's
-result into the host call's; ``compiled_forward_contexts()``, ``(factories, stepwise)`` as
+result into the host call's; ``compiledforward_contexts()``, ``(factories, stepwise)`` as
 ``RunPrecision.traced_forward``, adds contexts the program enters around each traced forward.
 
 When torch.compile compiles (the ``Graph compilation`` bar, ``compile_seconds``):
@@ -40,18 +40,21 @@ from ..weights import bump_weights_version
 from . import compile_cost, step_hooks
 from .arguments import ProgramArguments
 from .cache_hit import program_guards
-from .cuda_graphs import compile_options, mark_step_begin
+from .cuda_graphs import mark_step_begin
 from .eligibility import (
     Ineligible,
     anchored_in_program,
     changing_reasons,
     check_static,
+    first_micro_batch,
     probe,
     saved_tensor_hooks_active,
 )
 from .functional_optim import FunctionalOptimizer, signature
+from .generator_states import RngState, generators_kept_on_error
 from .inductor import ProgramCompiler
 from .loss_scaling import ScalingState
+from .program_options import compile_kwargs, forward_contexts
 from .repeat_call import RepeatCall
 from .saved_programs import DIRECTORY, SUFFIX, OpRecorder, SavedProgram, program_key
 from .selection import DECLINED, Selection
@@ -102,7 +105,7 @@ class CompiledBackend:
     def compile_ahead(self, executor, inputs, compiled) -> None:
         """``compile()``: build and compile the program now, changing nothing (module docstring)."""
         if self.selection.wants_compiled():
-            rng = _RngState()
+            rng = RngState()
             try:
                 self._run(executor, inputs, compiled, dry_run=True)
             finally:
@@ -167,7 +170,7 @@ class CompiledBackend:
             except Exception:  # Ineligible, or the model's own error
                 self.selection.set_cost(None)
                 return
-        loops = not _forward_contexts(executor)[1]
+        loops = not forward_contexts(executor)[1]
         self.selection.set_cost(compile_cost.estimate(executor, self._ops, executor._compile_cache, loops))
 
     def _probe(self, executor, inputs, compiled):
@@ -177,7 +180,7 @@ class CompiledBackend:
             raise Ineligible(messages.INELIGIBLE_INPUTS)
         recorder = OpRecorder() if executor._compile_cache is not None else contextlib.nullcontext()
         with compiled.weights.active():
-            (micro_args, micro_kwargs), micro_inputs = _first_micro_batch(executor, inputs)
+            (micro_args, micro_kwargs), micro_inputs = first_micro_batch(executor, inputs)
             with compile_cost.OpCounter() as counter, recorder:
                 probed = probe(executor, micro_args, micro_kwargs, micro_inputs, compiled)
         self._ops = counter.ops
@@ -226,13 +229,13 @@ class CompiledBackend:
         micro_batch_leaves = getattr(model, "compiled_micro_batch_leaves", None)
         layout = Layout(executor, inputs, probed.spec, probed.leaves, micro_batch_leaves() if micro_batch_leaves else 0)
         device = next(iter(model.parameters()), torch.empty(0)).device
-        contexts, stepwise = _forward_contexts(executor)
-        compile_kwargs = _compile_kwargs(device, executor._geometry, probed.draws_random, half_casts=bool(contexts),
-                                         loops=not stepwise, ops=self._ops)
+        contexts, stepwise = forward_contexts(executor)
+        kwargs = compile_kwargs(device, executor._geometry, probed.draws_random, half_casts=bool(contexts),
+                                loops=not stepwise, ops=self._ops)
         scaling = ScalingState(executor._precision.dynamic if executor._training else None,
                                executor._geometry.device_iterations)
         sets = executor._geometry.replication_factor if compiled.replica_buffers.per_replica else 1
-        compiler = ProgramCompiler(compile_kwargs.get("options"))
+        compiler = ProgramCompiler(kwargs.get("options"))
 
         def traced(fn):
             return torch.compile(fn, backend=compiler, fullgraph=True, dynamic=False,
@@ -244,7 +247,7 @@ class CompiledBackend:
         saved = []  # the SavedProgram compile_fn makes (Program wraps it in a CacheHitCall)
 
         def compile_fn(fn):
-            saved.append(SavedProgram(fn, compile_kwargs.get("options", {}), compiler, traced))
+            saved.append(SavedProgram(fn, kwargs.get("options", {}), compiler, traced))
             return saved[-1]
 
         program = Program(model, layout, functional, compiled.loss_index, trained, frozen,
@@ -255,7 +258,7 @@ class CompiledBackend:
                           buffer_names=probed.updated_buffers, buffer_sets=sets, draws_random=probed.draws_random)
         program.compiler = compiler
         if cache is not None:
-            saved_as = program_key(executor, program, self._ops_digest, compile_kwargs.get("options", {}))
+            saved_as = program_key(executor, program, self._ops_digest, kwargs.get("options", {}))
             program.saved = saved[0]
             program.saved.path = os.path.join(cache.path, DIRECTORY, saved_as + SUFFIX)
         program.host_call_result = getattr(model, "compiled_host_call_result", None)
@@ -343,7 +346,7 @@ class CompiledBackend:
                 [b for values in buffers for b in values], state, hyper, scaling)
         try:
             if program.draws_random:
-                with _generators_kept_on_error([*trained, *frozen]):
+                with generators_kept_on_error([*trained, *frozen]):
                     new_params, new_state, new_buffers, outs, scaling, anchored = program.run(*args)
             else:
                 new_params, new_state, new_buffers, outs, scaling, anchored = program.run(*args)
@@ -375,56 +378,6 @@ class CompiledBackend:
         return outs
 
 
-_WHILE_LOOP = "torch.ops.higher_order.while_loop"  # the name torch's caches know it by
-SMALL_PROGRAM_OPS = 32  # (the tiny MLP of benchmarks/host_overhead.py: 13; one BERT layer: 122)
-
-
-def _forward_contexts(executor):
-    """``(factories, stepwise)``: the contexts the traced forward enters (the run's precision, and
-    Lightning's through the model's ``compiled_forward_contexts``), and whether one is a torch
-    function mode, which makes the program stepwise (``program.py``)."""
-    contexts, stepwise = executor._precision.traced_forward(executor._model)
-    own_contexts = getattr(executor._model, "compiled_forward_contexts", None)  # Lightning's precision
-    if own_contexts is not None:
-        factories, function_mode = own_contexts()
-        contexts, stepwise = contexts + list(factories), stepwise or function_mode
-    return contexts, stepwise
-
-
-def _compile_kwargs(device, geometry, draws_random, half_casts=False, loops=True, ops=None):
-    """``torch.compile``'s arguments for a program on ``device``. CUDA: CUDA graphs
-    (``cuda_graphs.py``). CPU, a program that loops over device iterations, or a small one (at
-    most ``SMALL_PROGRAM_OPS`` aten ops per micro-batch, ``ops`` as the probe counted them):
-    Inductor's C++ wrapper. Its default Python wrapper runs ``while_loop`` as a Python loop calling each
-    iteration's kernels from Python (argument asserts, buffer allocations, ATen matmul calls: ~20 µs
-    per step of the tiny MLP); the C++ wrapper runs the same loop in C++ (benchmarks/host_overhead.py:
-    DI=256 34 -> 12 µs per step). A one-step program keeps the Python wrapper, also when it loops
-    over micro-batches, unless it is small: the C++ wrapper saves ~35 µs per micro-batch of the tiny
-    MLP (DI=1 GA=4: 473 -> 331 µs per step) and ~10 µs per host call of its one-step program (whose
-    cold compile it leaves at 19 CPU-s), but its own C++ build is large for a large graph (BERT L2 GA
-    2: first compile 64 -> 156 CPU-s), whose steps take milliseconds; stepwise programs
-    (``loops=False``) keep it too. A program with a
-    ``while_loop`` (``loops`` and DI or GA x R > 1) marks it cacheable: torch's FX-graph and
-    AOTAutograd caches refuse higher-order ops not marked so, and the loop bodies are part of the
-    graph their keys hash (checked: a program differing only in a body misses). A model that draws random
-    numbers: aten's random ops, drawing from torch's generators at run time as eager does
-    (``program.py``); only then, as it changes Inductor's decompositions. ``half_casts`` (programs
-    holding float16/bfloat16 tensors): every half intermediate rounded as eager rounds it
-    (Inductor otherwise keeps fused element-wise chains in float32: half gradients summed over
-    micro-batches, half weights updated would differ from eager's by an ulp)."""
-    options = dict(compile_options(device))
-    small = ops is not None and ops <= SMALL_PROGRAM_OPS
-    if not options and loops and (geometry.device_iterations > 1 or small):
-        options["cpp_wrapper"] = True
-    if loops and (geometry.device_iterations > 1 or geometry.micro_batches_per_step > 1):
-        options["unsafe_marked_cacheable_functions"] = {_WHILE_LOOP: torch.__version__}
-    if draws_random:
-        options["fallback_random"] = True
-    if half_casts:
-        options["emulate_precision_casts"] = True
-    return {"options": options} if options else {}
-
-
 def _buffer_sets(model, program, replica_buffers):
     """The tensors holding the updated buffers' values, per replica set: set 0 is the live
     buffers (``ReplicaBuffers`` keeps replica 0's there between calls), set r its stored copies."""
@@ -441,20 +394,6 @@ def _buffer_sets(model, program, replica_buffers):
 
 
 @contextlib.contextmanager
-def _generators_kept_on_error(tensors):
-    """A program that raises leaves torch's generators as they were (as eager's rollback does)."""
-    devices = sorted({t.device.index or 0 for t in tensors if t.is_cuda})
-    saved = torch.random.get_rng_state(), [torch.cuda.get_rng_state(d) for d in devices]
-    try:
-        yield
-    except BaseException:
-        torch.random.set_rng_state(saved[0])
-        for device, state in zip(devices, saved[1]):
-            torch.cuda.set_rng_state(state, device)
-        raise
-
-
-@contextlib.contextmanager
 def _compiled_modes(changed):
     """The model runs in the train/eval mode it was compiled in (as the eager backend does):
     ``changed``, the modules in the other mode, switch for the call."""
@@ -467,20 +406,6 @@ def _compiled_modes(changed):
             module.training = not module.training
 
 
-class _RngState:
-    """The default generators' states, put back after a dry run (dropout draws from them)."""
-
-    def __init__(self):
-        self._cpu = torch.random.get_rng_state()
-        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-        self._cuda = torch.cuda.get_rng_state_all() if cuda else None
-
-    def restore(self):
-        torch.random.set_rng_state(self._cpu)
-        if self._cuda is not None:
-            torch.cuda.set_rng_state_all(self._cuda)
-
-
 @contextlib.contextmanager
 def _torch_warnings_ignored():
     """Compiling imports and runs parts of torch that warn (deprecations): not the user's
@@ -488,20 +413,6 @@ def _torch_warnings_ignored():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", module=r"torch(\.|$)")
         yield
-
-
-def _first_micro_batch(executor, inputs):
-    """``((args, kwargs), {name: tensor})`` of the call's first micro-batch, as copies: a model
-    that changes its inputs in place must not change the caller's tensors when probed."""
-    names = {id(tensor): name for name, tensor in inputs.named_tensors()}
-    leaves = list(inputs.leaves)
-    copies = {}
-    for pos in inputs.tensor_positions:
-        tensor = leaves[pos]
-        micro = tensor if tensor.dim() == 0 else executor._geometry.split(tensor)[0, 0, 0]
-        with torch.inference_mode(False):  # a normal tensor: its in-place changes are counted
-            leaves[pos] = copies[names.get(id(tensor), f"#{pos}")] = micro.clone()
-    return inputs.rebuild(leaves), copies
 
 
 def _aliased(outs, inputs):

@@ -172,6 +172,20 @@ def probe(executor, micro_args, micro_kwargs, micro_inputs, executable):
                   [name for name, b in model.named_buffers() if id(b) in updated], draws_random)
 
 
+def first_micro_batch(executor, inputs):
+    """``((args, kwargs), {name: tensor})`` of the call's first micro-batch, as copies: a model
+    that changes its inputs in place must not change the caller's tensors when probed."""
+    names = {id(tensor): name for name, tensor in inputs.named_tensors()}
+    leaves = list(inputs.leaves)
+    copies = {}
+    for pos in inputs.tensor_positions:
+        tensor = leaves[pos]
+        micro = tensor if tensor.dim() == 0 else executor._geometry.split(tensor)[0, 0, 0]
+        with torch.inference_mode(False):  # a normal tensor: its in-place changes are counted
+            leaves[pos] = copies[names.get(id(tensor), f"#{pos}")] = micro.clone()
+    return inputs.rebuild(leaves), copies
+
+
 def anchored_in_program(anchors, model, trained_names, training, updated_buffers=()):
     """The anchors whose per-step values the program reports, as ``(anchor, "grad" | "param",
     index in trained_names)``: gradients and (training) the weights the optimizer updates. The
