@@ -365,7 +365,7 @@ class CompiledBackend:
         functional = program.optim
         hooks = step_hooks.of(executor._optimizer) if program.per_step_hyper else None
         if functional is not None:
-            state = functional.state_in()
+            state = functional.state_in(placeholders=dry_run)
             scaling = program.scaling.inputs(functional.loss_scale(), executor._precision.dynamic)
             hyper = functional.hyper() if hooks is None else functional.hyper_steps(
                 hooks.begin_compiled_call(executor._geometry.device_iterations, functional.hyper_values))
