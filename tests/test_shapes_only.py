@@ -8,8 +8,11 @@ import pytest
 import torch
 
 import poptorch
+from openpop.runtime import executable
 from openpop.runtime.args import BoundInputs
+from openpop.runtime.executable import trace_model
 from openpop.runtime.shapes_only import ShapesOnly
+from openpop.runtime.weights import ReplicaBuffers
 
 
 class Stateful(torch.nn.Module):
@@ -122,3 +125,34 @@ def test_a_model_fake_tensors_cannot_run_is_probed_for_real(tmp_path):
     pop, inputs = built(ReadsAValue(), tmp_path)
     assert pop._backend._program_for(pop, inputs, pop._executable).saved.path == program.saved.path
     assert pop._backend.probed_on == "values"
+
+
+@pytest.mark.parametrize("model_class", [Stateful, ReadsAValue])
+def test_the_executors_trace_on_shapes_finds_what_a_real_trace_finds(model_class, monkeypatch):
+    """Two replicas and a buffer the forward changes: per-replica buffers either way; the loss is
+    found among the outputs. A model that reads a value is traced for real."""
+    runs = []
+
+    def trace(*args):
+        runs.append("shapes" if args[-1] is not None else "values")
+        return run_trace(*args)
+
+    run_trace = executable._trace
+    monkeypatch.setattr(executable, "_trace", trace)
+    model = model_class()
+    opts = poptorch.Options().replicationFactor(2).broadcastBuffers(False).showCompilationProgressBar(False)
+    pop = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.01))
+    args = (torch.randn(8, 6), torch.randn(8, 2))
+    pop.compile(*args)
+    inputs = BoundInputs(pop._signature, args, {})
+    state = [b.clone() for b in model.buffers()]
+    traced = [trace_model(model, inputs, pop._settings, pop._precision, pop._executable.weights, shapes_only)
+              for shapes_only in (True, False)]
+    for before, after in zip(state, model.buffers()):
+        assert torch.equal(before, after)
+    shaped, real = traced
+    fell_back = model_class is ReadsAValue  # (its shapes run raised: run again for real)
+    assert runs[-3:] == (["shapes", "values", "values"] if fell_back else ["values", "shapes", "values"])
+    assert (shaped.loss_index, shaped.track_losses) == (real.loss_index, real.track_losses) == (1, False)
+    assert type(shaped.replica_buffers) is type(real.replica_buffers) is ReplicaBuffers
+    assert shaped.plan.blocks == real.plan.blocks
