@@ -46,9 +46,7 @@ from .eligibility import (
     Ineligible,
     anchored_in_program,
     changing_reasons,
-    check_static,
-    first_micro_batch,
-    probe,
+    counted_probe,
     saved_tensor_hooks_active,
 )
 from .functional_optim import FunctionalOptimizer, signature
@@ -57,7 +55,7 @@ from .inductor import ProgramCompiler
 from .loss_scaling import ScalingState
 from .program_options import compile_kwargs, forward_contexts
 from .repeat_call import RepeatCall
-from .saved_programs import DIRECTORY, SUFFIX, OpRecorder, SavedProgram, program_key
+from .saved_programs import DIRECTORY, SUFFIX, SavedProgram, program_key
 from .selection import DECLINED, Selection
 
 _ONE = torch.tensor(1.0)
@@ -176,19 +174,10 @@ class CompiledBackend:
         self.selection.set_cost(compile_cost.estimate(executor, self._ops, executor._compile_cache, loops))
 
     def _probe(self, executor, inputs, compiled, shapes=None):
-        """The checks and the probe micro-batch (``eligibility.py``), its aten ops counted (and,
-        with the executable cache on, hashed); ``shapes``: run on fake tensors (``shapes_only.py``)."""
-        check_static(executor, compiled)
-        if not all(isinstance(leaf, torch.Tensor) for leaf in inputs.leaves):
-            raise Ineligible(messages.INELIGIBLE_INPUTS)
-        counter = compile_cost.OpCounter()
-        recorder = OpRecorder() if executor._compile_cache is not None else None
-        with compiled.weights.active():
-            (micro_args, micro_kwargs), micro_inputs = first_micro_batch(executor, inputs, shapes)
-            probed = probe(executor, micro_args, micro_kwargs, micro_inputs, compiled, shapes,
-                           [counter] if recorder is None else [counter, recorder])
-        self._ops = counter.ops
-        self._ops_digest = recorder.digest if recorder is not None else None
+        """``eligibility.counted_probe``, its ops hashed with the executable cache on; ``shapes``:
+        on fake tensors (``shapes_only.py``)."""
+        probed, self._ops, self._ops_digest = counted_probe(executor, inputs, compiled, shapes,
+                                                            hashed=executor._compile_cache is not None)
         self.probed_on = "values" if shapes is None else "shapes"
         return probed
 

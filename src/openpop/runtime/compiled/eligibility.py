@@ -28,7 +28,9 @@ from ..outputs import flatten_output
 from ..pipeline import CONCURRENCY_ENV
 from ..shapes_only import recorded
 from ..weights import BufferSnapshot, NormStatistics
+from .compile_cost import OpCounter
 from .functional_optim import unsupported_reason
+from .saved_programs import OpRecorder
 
 
 class Ineligible(Exception):
@@ -176,6 +178,22 @@ def probe(executor, micro_args, micro_kwargs, micro_inputs, executable, shapes=N
             raise Ineligible(messages.INELIGIBLE_NO_GRADIENT.format(name=unused[0]))
     return Probed(spec, [(tuple(leaf.shape), leaf.dtype) for leaf in flat],
                   [name for name, b in model.named_buffers() if id(b) in updated], draws_random)
+
+
+def counted_probe(executor, inputs, executable, shapes=None, hashed=False):
+    """``(Probed, ops, digest)``: the checks and ``probe`` of the call's first micro-batch, its
+    aten ops counted (``compile_cost.OpCounter``) and, ``hashed``, hashed (``digest``,
+    ``saved_programs.OpRecorder``; else None). ``shapes``: on fake tensors."""
+    check_static(executor, executable)
+    if not all(isinstance(leaf, torch.Tensor) for leaf in inputs.leaves):
+        raise Ineligible(messages.INELIGIBLE_INPUTS)
+    counter = OpCounter()
+    recorder = OpRecorder() if hashed else None
+    with executable.weights.active():
+        (micro_args, micro_kwargs), micro_inputs = first_micro_batch(executor, inputs, shapes)
+        probed = probe(executor, micro_args, micro_kwargs, micro_inputs, executable, shapes,
+                       [counter] if recorder is None else [counter, recorder])
+    return probed, counter.ops, recorder.digest if recorder is not None else None
 
 
 def first_micro_batch(executor, inputs, shapes=None):
