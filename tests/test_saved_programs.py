@@ -53,7 +53,7 @@ def train(activation, backend, cache=None, calls=3, flip_after=None):
     program = getattr(executor._backend, "_program", None)
     saved = getattr(program, "saved", None)
     return {"losses": losses, "weights": [p.tolist() for p in model.parameters()],
-            "source": getattr(saved, "source", None)}
+            "source": getattr(saved, "source", None), "probed_on": executor._backend.probed_on}
 
 
 def in_subprocess(activation, cache):
@@ -84,6 +84,7 @@ def test_second_process_loads_the_program_without_tracing(tmp_path):
 
     second = in_subprocess("relu", cache)
     assert second["source"] == "loaded" and second["dynamo_frames"] == 0, second
+    assert (first["probed_on"], second["probed_on"]) == ("values", "shapes")  # found by the fake run's key
     assert second["outcome"].startswith("loaded from cache") and "programs: 1 loaded whole" in second["outcome"], second
     assert_same(second, first)
     assert_same(second, eager, exact=False)

@@ -11,13 +11,15 @@ from typing import Optional
 import torch
 
 from .. import errors
-from . import context
+from ..log import logger
+from . import context, messages
 from .anchors import AnchoredTensors
 from .args import BoundInputs, InputSignature
 from .losses import LossTracker
 from .outputs import flatten_output
 from .plan import BlockRecorder, ExecutionPlan, build_plan
 from .session import DeviceLayout
+from .shapes_only import ShapesOnly, recorded
 from .weights import BufferSnapshot, NormStatistics, ReplicaBuffers, SharedBuffers, registered_tensors
 
 
@@ -57,15 +59,27 @@ class Traced:
     track_losses: bool
 
 
-def trace_model(model, inputs: BoundInputs, settings, precision, weights) -> Traced:
-    """Run one micro-batch of ``inputs`` through ``model`` with its ``weights`` active."""
+def trace_model(model, inputs: BoundInputs, settings, precision, weights, shapes_only=False) -> Traced:
+    """Run one micro-batch of ``inputs`` through ``model`` with its ``weights`` active.
+    ``shapes_only``: on fake tensors (``shapes_only.py``: nothing here needs values), for real
+    when the model cannot run on them or has inference-tensor buffers (their changes are found
+    by value)."""
+    if shapes_only and not any(b.is_inference() for b in weights.buffers()):
+        try:
+            return _trace(model, inputs, settings, precision, weights, ShapesOnly())
+        except Exception as exc:  # a value read, an op without a meta kernel: its errors show for real
+            logger.debug(messages.SHAPES_ONLY_FAILED, type(exc).__name__)
+    return _trace(model, inputs, settings, precision, weights, None)
+
+
+def _trace(model, inputs, settings, precision, weights, shapes) -> Traced:
     training = settings.training
     geometry = settings.geometry
     leaves = list(inputs.leaves)
     for pos in inputs.tensor_positions:
         tensor = leaves[pos]
         micro = tensor if tensor.dim() == 0 else geometry.split(tensor)[0, 0, 0]
-        leaves[pos] = micro.clone()
+        leaves[pos] = micro.clone() if shapes is None else shapes.fake(micro)
     args, kwargs = inputs.rebuild(leaves)
     rng = torch.random.get_rng_state()
     with weights.active():
@@ -75,7 +89,8 @@ def trace_model(model, inputs: BoundInputs, settings, precision, weights) -> Tra
         recorder = BlockRecorder(model)
         statistics = NormStatistics()
         try:
-            with context.running(training, tracing=True) as ctx, torch.set_grad_enabled(training), statistics:
+            with context.running(training, tracing=True) as ctx, torch.set_grad_enabled(training), statistics, \
+                    recorded((), shapes):
                 ctx.block_recorder = recorder
                 ctx.checkpoints = recorder.checkpoints
                 with precision.forward(model, tracing=True):

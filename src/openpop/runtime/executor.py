@@ -122,7 +122,9 @@ class PoplarExecutor:
         bar = CompilationProgress() if self._settings.show_compilation_progress_bar else None
         model, settings = self._model, self._settings
         weights = SharedWeights(model) if self._training else CopiedWeights(model, torch.device("cpu"))
-        traced = trace_model(model, inputs, settings, self._precision, weights)
+        # A compiled program from the executable cache needs no values from the trace (shapes_only.py)
+        shapes_only = self._compile_cache is not None and self._backend.selection.wants_compiled()
+        traced = trace_model(model, inputs, settings, self._precision, weights, shapes_only)
         with weights.active():
             anchors = AnchoredTensors(settings.anchored_tensors, model, settings.output_mode,
                                       settings.output_return_period, self._training)

@@ -102,6 +102,7 @@ INTERRUPTED_AFTER_UPDATE = ("interrupted while the host call applied its last op
                             "call completed, its updates are applied")
 
 # Whole programs saved in the executable cache (runtime/compiled/saved_programs.py)
+SHAPES_ONLY_FAILED = "The probe micro-batch does not run on fake tensors (%s): it runs for real"
 SAVED_PROGRAM_LOADED = "Compiled program loaded from %s (no trace)"
 SAVED_PROGRAM_UNUSABLE = "Saved program %s not used (%s): compiling it as usual"
 SAVED_PROGRAM_NOT_SAVED = "Program not saved to %s (%s): compiled as usual"

@@ -13,6 +13,7 @@ become ``[1]`` and leaves are concatenated on dim 0. Returned int64 become int32
 become float32, as PopTorch returns them.
 """
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils import _pytree as pytree
 
 from .. import errors
@@ -115,8 +116,8 @@ def flatten_output(output):
     """``(leaves, spec)`` of a model output, the one walk used for collecting and finding the loss."""
     if isinstance(output, torch.Tensor):
         return [output], None
-    if type(output) is tuple and all(type(o) is torch.Tensor for o in output):
-        return list(output), _TUPLE_OF_TENSORS
+    if type(output) is tuple and all(type(o) is torch.Tensor or type(o) is FakeTensor for o in output):
+        return list(output), _TUPLE_OF_TENSORS  # (fake tensors: a run on shapes only, shapes_only.py)
     return pytree.tree_flatten(output, is_leaf=_is_plain_list)
 
 

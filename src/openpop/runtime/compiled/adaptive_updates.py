@@ -26,9 +26,10 @@ def lamb(p, g, st, h, bias_correction):
     return p - h["lr"] * (update * ratio), {"step": step, "exp_avg": m, "exp_avg_sq": v}
 
 
-def lamb_state(st, p):
-    return {"step": _step_of(st, p), "exp_avg": _or_fill(st.get("exp_avg"), p),
-            "exp_avg_sq": _or_fill(st.get("exp_avg_sq"), p)}
+def lamb_state(st, p, fill=torch.full_like):
+    """``fill(p, value, memory_format=...)`` makes the state not created yet (``state_in``)."""
+    return {"step": _step_of(st, p), "exp_avg": _or_fill(st.get("exp_avg"), p, 0.0, fill),
+            "exp_avg_sq": _or_fill(st.get("exp_avg_sq"), p, 0.0, fill)}
 
 
 def rmsprop(p, g, st, h, momentum_on, centered, tf_variant, maximize):
@@ -53,12 +54,13 @@ def rmsprop(p, g, st, h, momentum_on, centered, tf_variant, maximize):
     return p - h["lr"] * new["momentum_buffer"], new
 
 
-def rmsprop_state(st, p, momentum_on, centered, tf_variant):
-    state = {"step": _step_of(st, p), "square_avg": _or_fill(st.get("square_avg"), p, 1.0 if tf_variant else 0.0)}
+def rmsprop_state(st, p, momentum_on, centered, tf_variant, fill=torch.full_like):
+    state = {"step": _step_of(st, p),
+             "square_avg": _or_fill(st.get("square_avg"), p, 1.0 if tf_variant else 0.0, fill)}
     if centered:  # keys in the order rmsprop() returns them (the program carries them flattened)
-        state["grad_avg"] = _or_fill(st.get("grad_avg"), p)
+        state["grad_avg"] = _or_fill(st.get("grad_avg"), p, 0.0, fill)
     if momentum_on:
-        state["momentum_buffer"] = _or_fill(st.get("momentum_buffer"), p)
+        state["momentum_buffer"] = _or_fill(st.get("momentum_buffer"), p, 0.0, fill)
     return state
 
 
@@ -69,7 +71,7 @@ def _step_of(st, p):
     return torch.as_tensor(step, dtype=torch.float32).to(p.device).reshape(())
 
 
-def _or_fill(tensor, param, fill=0.0):
+def _or_fill(tensor, param, value=0.0, fill=torch.full_like):
     if tensor is None:
-        return torch.full_like(param, fill, memory_format=torch.preserve_format)
+        return fill(param, value, memory_format=torch.preserve_format)
     return tensor.to(torch.float32)

@@ -36,6 +36,7 @@ from .. import context, messages
 from ..compile_cache import compile_cache_for
 from ..perf import UniformCounters
 from ..progress import CompilationProgress
+from ..shapes_only import ShapesOnly
 from ..weights import bump_weights_version
 from . import compile_cost, step_hooks
 from .arguments import ProgramArguments
@@ -45,9 +46,7 @@ from .eligibility import (
     Ineligible,
     anchored_in_program,
     changing_reasons,
-    check_static,
-    first_micro_batch,
-    probe,
+    counted_probe,
     saved_tensor_hooks_active,
 )
 from .functional_optim import FunctionalOptimizer, signature
@@ -56,7 +55,7 @@ from .inductor import ProgramCompiler
 from .loss_scaling import ScalingState
 from .program_options import compile_kwargs, forward_contexts
 from .repeat_call import RepeatCall
-from .saved_programs import DIRECTORY, SUFFIX, OpRecorder, SavedProgram, program_key
+from .saved_programs import DIRECTORY, SUFFIX, SavedProgram, program_key
 from .selection import DECLINED, Selection
 
 _ONE = torch.tensor(1.0)
@@ -78,6 +77,7 @@ class CompiledBackend:
         self.repeat = None  # RepeatCall of _program: the executor's fast path for the next call
         self._ops = None  # aten ops the last probe counted (compile_cost.py)
         self._ops_digest = None  # their hash, with the executable cache on (saved_programs.py)
+        self.probed_on = None  # "values" or "shapes" (fake tensors): how the last probe ran
 
     def record_eager(self, seconds: float) -> None:
         self.selection.record_eager(seconds)
@@ -173,19 +173,21 @@ class CompiledBackend:
         loops = not forward_contexts(executor)[1]
         self.selection.set_cost(compile_cost.estimate(executor, self._ops, executor._compile_cache, loops))
 
-    def _probe(self, executor, inputs, compiled):
-        """The checks and the probe micro-batch (``eligibility.py``), its aten ops counted."""
-        check_static(executor, compiled)
-        if not all(isinstance(leaf, torch.Tensor) for leaf in inputs.leaves):
-            raise Ineligible(messages.INELIGIBLE_INPUTS)
-        recorder = OpRecorder() if executor._compile_cache is not None else contextlib.nullcontext()
-        with compiled.weights.active():
-            (micro_args, micro_kwargs), micro_inputs = first_micro_batch(executor, inputs)
-            with compile_cost.OpCounter() as counter, recorder:
-                probed = probe(executor, micro_args, micro_kwargs, micro_inputs, compiled)
-        self._ops = counter.ops
-        self._ops_digest = recorder.digest if executor._compile_cache is not None else None
+    def _probe(self, executor, inputs, compiled, shapes=None):
+        """``eligibility.counted_probe``, its ops hashed with the executable cache on; ``shapes``:
+        on fake tensors (``shapes_only.py``)."""
+        probed, self._ops, self._ops_digest = counted_probe(executor, inputs, compiled, shapes,
+                                                            hashed=executor._compile_cache is not None)
+        self.probed_on = "values" if shapes is None else "shapes"
         return probed
+
+    def _probe_shapes(self, executor, inputs, compiled):
+        """The probe on fake tensors, or None when the model cannot run on them (``shapes_only.py``)."""
+        try:
+            return self._probe(executor, inputs, compiled, ShapesOnly())
+        except Exception as exc:  # a value read, an op without a meta kernel, Ineligible: run it for real
+            logger.debug(messages.SHAPES_ONLY_FAILED, _first_line(exc))
+            return None
 
     def _compiled(self, executor):
         """A program has compiled: compiling it again (another executor, process) is cheap."""
@@ -207,7 +209,6 @@ class CompiledBackend:
 
     # ------------------------------------------------------------------ building
     def _program_for(self, executor, inputs, compiled):
-        from .program import Layout, Program  # torch's while_loop and Inductor: only when compiling
         optimizer = executor._optimizer
         key = (id(compiled), signature(optimizer) if executor._training else None)
         if self._key == key:
@@ -216,7 +217,32 @@ class CompiledBackend:
                 self._program.optim.bind(optimizer)
             return self._program
         self._hooks_seen = RemovableHandle.next_id
-        probed = self._probe(executor, inputs, compiled)
+        program = None
+        contexts, stepwise = forward_contexts(executor)
+        # Saved whole with the executable cache (saved_programs.py); not stepwise programs, whose
+        # dry run (compile()) needs their steps' placeholder outputs.
+        cache = executor._compile_cache if not (stepwise and executor._geometry.device_iterations > 1) else None
+        shapes_digest = None  # the saved program's key hashes the ops of the probe on fake tensors
+        if cache is not None:
+            shaped = self._probe_shapes(executor, inputs, compiled)
+            if shaped is not None:
+                shapes_digest = self._ops_digest
+                program = self._build(executor, inputs, compiled, shaped, contexts, stepwise, cache)
+                if not program.saved.on_disk():  # compiled here: what it holds comes from a real run
+                    program = None
+        if program is None:
+            probed = self._probe(executor, inputs, compiled)
+            self._ops_digest = shapes_digest or self._ops_digest
+            program = self._build(executor, inputs, compiled, probed, contexts, stepwise, cache)
+        self._program, self._key = program, key
+        self._arguments = ProgramArguments(executor._model, program.trained_names, program.frozen_names,
+                                           executor._geometry)
+        return program
+
+    def _build(self, executor, inputs, compiled, probed, contexts, stepwise, cache):
+        """The program of ``probed`` (``eligibility.Probed``), keyed for the executable ``cache``."""
+        from .program import Layout, Program  # torch's while_loop and Inductor: only when compiling
+        optimizer = executor._optimizer
         model = executor._model
         names = [n for n, _ in model.named_parameters()]
         if executor._training:
@@ -229,7 +255,6 @@ class CompiledBackend:
         micro_batch_leaves = getattr(model, "compiled_micro_batch_leaves", None)
         layout = Layout(executor, inputs, probed.spec, probed.leaves, micro_batch_leaves() if micro_batch_leaves else 0)
         device = next(iter(model.parameters()), torch.empty(0)).device
-        contexts, stepwise = forward_contexts(executor)
         kwargs = compile_kwargs(device, executor._geometry, probed.draws_random, half_casts=bool(contexts),
                                 loops=not stepwise, ops=self._ops)
         scaling = ScalingState(executor._precision.dynamic if executor._training else None,
@@ -241,9 +266,6 @@ class CompiledBackend:
             return torch.compile(fn, backend=compiler, fullgraph=True, dynamic=False,
                                  options={"guard_filter_fn": program_guards})
 
-        # Saved whole with the executable cache (saved_programs.py); not stepwise programs, whose
-        # dry run (compile()) needs their steps' placeholder outputs.
-        cache = executor._compile_cache if not (stepwise and executor._geometry.device_iterations > 1) else None
         saved = []  # the SavedProgram compile_fn makes (Program wraps it in a CacheHitCall)
 
         def compile_fn(fn):
@@ -262,8 +284,6 @@ class CompiledBackend:
             program.saved = saved[0]
             program.saved.path = os.path.join(cache.path, DIRECTORY, saved_as + SUFFIX)
         program.host_call_result = getattr(model, "compiled_host_call_result", None)
-        self._program, self._key = program, key
-        self._arguments = ProgramArguments(model, trained, frozen, executor._geometry)
         return program
 
     def _check_changes(self, executor):
@@ -334,7 +354,7 @@ class CompiledBackend:
         functional = program.optim
         hooks = step_hooks.of(executor._optimizer) if program.per_step_hyper else None
         if functional is not None:
-            state = functional.state_in()
+            state = functional.state_in(placeholders=dry_run)
             scaling = program.scaling.inputs(functional.loss_scale(), executor._precision.dynamic)
             hyper = functional.hyper() if hooks is None else functional.hyper_steps(
                 hooks.begin_compiled_call(executor._geometry.device_iterations, functional.hyper_values))

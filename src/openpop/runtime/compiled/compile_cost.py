@@ -38,6 +38,8 @@ import tempfile
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..shapes_only import is_metadata
+
 # Calibration (benchmarks/compile_cost.py; README "The `auto` rule"): compile CPU seconds on this
 # machine (about the wall seconds of an idle 2-core machine).
 FIXED_SECONDS = 13.0  # Dynamo, AOTAutograd and Inductor's start, the smallest program (C++ wrapper)
@@ -82,6 +84,8 @@ class OpCounter(TorchDispatchMode):
         self.ops = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if is_metadata(func):  # (fake tensors' queries: shapes_only.py)
+            return func(*args, **(kwargs or {}))
         self.all_ops += 1
         if not func.is_view:
             self.ops += 1

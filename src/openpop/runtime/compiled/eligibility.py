@@ -26,8 +26,11 @@ from ..anchors import GRADIENT
 from ..losses import as_scalar
 from ..outputs import flatten_output
 from ..pipeline import CONCURRENCY_ENV
+from ..shapes_only import recorded
 from ..weights import BufferSnapshot, NormStatistics
+from .compile_cost import OpCounter
 from .functional_optim import unsupported_reason
+from .saved_programs import OpRecorder
 
 
 class Ineligible(Exception):
@@ -126,9 +129,11 @@ class Probed:
     draws_random: bool  # the micro-batch advanced a random generator
 
 
-def probe(executor, micro_args, micro_kwargs, micro_inputs, executable):
+def probe(executor, micro_args, micro_kwargs, micro_inputs, executable, shapes=None, modes=()):
     """Run one micro-batch eagerly, leaving no trace (``micro_inputs``, name -> tensor, are the
-    copies in the arguments). Returns ``Probed``; raises ``Ineligible``."""
+    copies in the arguments), under the dispatch ``modes`` (op counters). ``shapes``: a
+    ``shapes_only.ShapesOnly`` whose fake tensors the inputs are - the run computes no values and
+    random draws are told by the ops drawing. Returns ``Probed``; raises ``Ineligible``."""
     model = executor._model
     versions = {name: tensor._version for name, tensor in micro_inputs.items()}
     buffers = list(model.buffers())
@@ -139,7 +144,7 @@ def probe(executor, micro_args, micro_kwargs, micro_inputs, executable):
     statistics = NormStatistics()
     try:
         with context.running(executor._training, tracing=True) as ctx, \
-                torch.set_grad_enabled(executor._training), statistics:
+                torch.set_grad_enabled(executor._training), statistics, recorded(modes, shapes):
             ctx.compiled = True
             with executor._precision.forward(model, tracing=True):
                 output = model(*micro_args, **micro_kwargs)
@@ -149,8 +154,11 @@ def probe(executor, micro_args, micro_kwargs, micro_inputs, executable):
                 grads = torch.autograd.grad(as_scalar(flat[executable.loss_index]), params, allow_unused=True)
             host_io = getattr(ctx, "host_io", None)
         updated = {id(b) for b in snapshot.mutated() + statistics.of(model)}
-        draws_random = not torch.equal(torch.random.get_rng_state(), rng) or any(
-            not torch.equal(torch.cuda.get_rng_state(d), state) for d, state in zip(devices, cuda_rng))
+        if shapes is not None:
+            draws_random = shapes.draws.drew
+        else:
+            draws_random = not torch.equal(torch.random.get_rng_state(), rng) or any(
+                not torch.equal(torch.cuda.get_rng_state(d), state) for d, state in zip(devices, cuda_rng))
     finally:
         snapshot.restore()
         torch.random.set_rng_state(rng)
@@ -172,9 +180,26 @@ def probe(executor, micro_args, micro_kwargs, micro_inputs, executable):
                   [name for name, b in model.named_buffers() if id(b) in updated], draws_random)
 
 
-def first_micro_batch(executor, inputs):
+def counted_probe(executor, inputs, executable, shapes=None, hashed=False):
+    """``(Probed, ops, digest)``: the checks and ``probe`` of the call's first micro-batch, its
+    aten ops counted (``compile_cost.OpCounter``) and, ``hashed``, hashed (``digest``,
+    ``saved_programs.OpRecorder``; else None). ``shapes``: on fake tensors."""
+    check_static(executor, executable)
+    if not all(isinstance(leaf, torch.Tensor) for leaf in inputs.leaves):
+        raise Ineligible(messages.INELIGIBLE_INPUTS)
+    counter = OpCounter()
+    recorder = OpRecorder() if hashed else None
+    with executable.weights.active():
+        (micro_args, micro_kwargs), micro_inputs = first_micro_batch(executor, inputs, shapes)
+        probed = probe(executor, micro_args, micro_kwargs, micro_inputs, executable, shapes,
+                       [counter] if recorder is None else [counter, recorder])
+    return probed, counter.ops, recorder.digest if recorder is not None else None
+
+
+def first_micro_batch(executor, inputs, shapes=None):
     """``((args, kwargs), {name: tensor})`` of the call's first micro-batch, as copies: a model
-    that changes its inputs in place must not change the caller's tensors when probed."""
+    that changes its inputs in place must not change the caller's tensors when probed (``shapes``:
+    as its fake tensors, ``shapes_only.ShapesOnly``)."""
     names = {id(tensor): name for name, tensor in inputs.named_tensors()}
     leaves = list(inputs.leaves)
     copies = {}
@@ -182,7 +207,8 @@ def first_micro_batch(executor, inputs):
         tensor = leaves[pos]
         micro = tensor if tensor.dim() == 0 else executor._geometry.split(tensor)[0, 0, 0]
         with torch.inference_mode(False):  # a normal tensor: its in-place changes are counted
-            leaves[pos] = copies[names.get(id(tensor), f"#{pos}")] = micro.clone()
+            copy = micro.clone() if shapes is None else shapes.fake(micro)
+            leaves[pos] = copies[names.get(id(tensor), f"#{pos}")] = copy
     return inputs.rebuild(leaves), copies
 
 

@@ -250,25 +250,30 @@ class FunctionalOptimizer:
             cached = self._cache["hyper_steps"] = (key, tensors)
         return cached[1]
 
-    def state_in(self):
-        """Per parameter a dict of state tensors (copies: the program's result replaces them)."""
+    def state_in(self, placeholders=False):
+        """Per parameter a dict of state tensors (copies: the program's result replaces them).
+        ``placeholders``: state the optimizer has not created yet is left uninitialised (a dry
+        run, ``compile()``, which does not run the program: zeroing BERT-base's LAMB state costs
+        ~1 s)."""
         if self.stateless:
             return self._no_state
+        fill = _uninitialised if placeholders else torch.full_like
         state = []
         for group, static, params in zip(self.optimizer.param_groups, self.static[2], self.groups):
             for p in params:
                 st = self.optimizer.state.get(p, {})
                 if self.family == "lamb":
-                    state.append(adaptive_updates.lamb_state(st, p))
+                    state.append(adaptive_updates.lamb_state(st, p, fill))
                 elif self.family == "rmsprop":
-                    state.append(adaptive_updates.rmsprop_state(st, p, static[1], static[6], static[7]))
+                    state.append(adaptive_updates.rmsprop_state(st, p, static[1], static[6], static[7], fill))
                 elif self.family == "sgd":
                     if not static[1]:  # momentum 0 (the signature, checked every call, says so)
                         state.append({})
                         continue
                     buf = st.get("momentum_buffer")
                     if buf is None:
-                        state.append({"momentum_buffer": torch.zeros_like(p), "has_buffer": self._flag(False, p)})
+                        state.append({"momentum_buffer": fill(p, 0.0, memory_format=torch.preserve_format),
+                                      "has_buffer": self._flag(False, p)})
                         continue
                     previous = st.get(_VELOCITY_SCALE_KEY, 1.0)
                     scale = self._velocity_scale(group)
@@ -280,8 +285,8 @@ class FunctionalOptimizer:
                     step = torch.zeros((), device=p.device) if step is None else \
                         torch.as_tensor(step, dtype=torch.float32).to(p.device)
                     state.append({"step": step.reshape(()),
-                                  "exp_avg": _or_zeros(st.get("exp_avg"), p),
-                                  "exp_avg_sq": _or_zeros(st.get("exp_avg_sq"), p)})
+                                  "exp_avg": _or_zeros(st.get("exp_avg"), p, fill),
+                                  "exp_avg_sq": _or_zeros(st.get("exp_avg_sq"), p, fill)})
         return [self._stored(st) for st in state]
 
     def _flag(self, value, param):
@@ -392,7 +397,12 @@ def _max_weight_norm(group):
     return MAX_WEIGHT_NORM if value is None else value
 
 
-def _or_zeros(tensor, param):
+def _or_zeros(tensor, param, fill=torch.full_like):
     if tensor is None:
-        return torch.zeros_like(param, dtype=torch.float32, memory_format=torch.preserve_format)
+        return fill(param, 0.0, dtype=torch.float32, memory_format=torch.preserve_format)
     return tensor
+
+
+def _uninitialised(param, value, **kwargs):
+    """``torch.full_like``'s signature, without the fill."""
+    return torch.empty_like(param, **kwargs)

@@ -18,7 +18,8 @@ before every call. What the other guards covered is covered here:
 * the *key* (``program_key``): a hash of what the trace depends on - the probe micro-batch's aten
   op sequence (each op's name, its tensor arguments' shapes and dtypes, its other arguments: one
   op that differs, e.g. ``tanh`` for ``relu``, or a different dropout probability, gives another
-  key), the modules' classes, parameters (names, shapes, dtypes, devices, ``requires_grad``) and
+  key; the model's forward and backward only, run on fake tensors: *The probe* below), the
+  modules' classes, parameters (names, shapes, dtypes, devices, ``requires_grad``) and
   buffers, the program's layout (geometry, output mode, outputs, anchors, loss index, updated
   buffers), the optimizer's class and hyperparameter structure (``functional_optim.signature``),
   precision contexts, loss scaling, Inductor's options, torch / openpop / Python versions and the
@@ -30,6 +31,19 @@ before every call. What the other guards covered is covered here:
   compared again before every call, so a value the model reads that changes between host calls
   (Lightning's ``current_epoch``) sends the program to the ordinary ``torch.compile`` path, which
   re-traces with full guards (and its recompile limit) as without the cache.
+
+*The probe.* With the executable cache on, the backend first runs the probe micro-batch on fake
+tensors (``shapes_only.py``: no values computed, ~10x cheaper than a real run for BERT-base) and
+keys the program with its op sequence and what it found (outputs, updated buffers, random
+draws). When that key's program is on disk it is loaded and the real probe never runs: the
+saving process built the program from a real probe, and the key holds every field of it the
+program depends on, so an equal key is a fake run that found what the real one found. Otherwise
+the real probe runs, the program is built from what it found and keyed with the fake run's op
+sequence (the same ops as a real run: ``tests/test_shapes_only.py``), so that the next process
+finds it. A model fake tensors cannot run (a value read with ``.item()``) is keyed with its real
+run's ops, both ways. A fake run that finds something else than the real one (a draw from a
+private generator, which the real probe does not count) only costs the real probe: its key is
+another, which no program is saved under.
 
 A program whose ``aot_compile`` or save fails, a saved program that fails to load or whose values
 differ, and any call whose checks fail, use the ordinary path (one info line; nothing is lost but
@@ -60,6 +74,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ...log import logger
 from .. import messages
+from ..shapes_only import is_metadata
 from .kernel_batch import batched_kernels
 
 DIRECTORY = "openpop-programs"
@@ -81,7 +96,8 @@ class OpRecorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        self._hash.update(f"{func}{_describe(args)}{_describe(kwargs)};".encode())
+        if not is_metadata(func):
+            self._hash.update(f"{func}{_describe(args)}{_describe(kwargs)};".encode())
         return func(*args, **kwargs)
 
     @property
@@ -219,6 +235,10 @@ class SavedProgram:
         self._call = None
         self._globals = _Globals(fn.__func__.__globals__)
         self.source = None
+
+    def on_disk(self) -> bool:
+        """Whether a call would load the program from ``path`` (rather than compile and save it)."""
+        return self.path is not None and os.path.exists(self.path) and not os.path.exists(self.path + UNSAVED)
 
     def __reduce__(self):  # Dynamo pickles the program object (``self``) with the guards: not this
         return _absent, ()
