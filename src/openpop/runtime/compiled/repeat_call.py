@@ -28,6 +28,7 @@ from ..perf import UniformCounters
 from ..weights import version_cell
 from .eligibility import saved_tensor_hooks_active
 from .functional_optim import signature
+from .optimizer_snapshot import OptimizerSnapshot
 from .selection import DECLINED
 
 
@@ -41,6 +42,8 @@ class RepeatCall:
         self.session = executor._session
         self.optimizer = executor._optimizer
         self.signature = signature(executor._optimizer)
+        self.snapshot = OptimizerSnapshot(executor._optimizer)
+        self.hyper = None  # (hyperparameters, loss scale) as program inputs while the snapshot holds
         self.hooks_seen = backend._hooks_seen
         self.trained = program.optim.params
         self.training_flags = compiled.training_flags
@@ -90,8 +93,10 @@ class RepeatCall:
         for p in self.trained:
             if not p.requires_grad:
                 return DECLINED
-        if signature(optimizer) != self.signature:
-            return DECLINED
+        if not self.snapshot.unchanged():
+            self.hyper = None
+            if signature(optimizer) != self.signature:
+                return DECLINED
         if self.plain:
             try:
                 return self._run_plain(executor, split)
@@ -108,11 +113,13 @@ class RepeatCall:
         started = time.time()
         grad_enabled = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)
+        hyper = self.hyper
+        if hyper is None:
+            hyper = self.hyper = (functional.hyper(), {"scale": functional.loss_scale()})
         try:  # (no run context: the program enters it if Dynamo traces)
             trained, frozen = self.arguments.parameters()
             new_params, new_state, _, outs, _, _ = program.run(
-                split, [p.detach() for p in trained], [p.detach() for p in frozen], (), functional.state_in(),
-                functional.hyper(), {"scale": functional.loss_scale()})
+                split, [p.detach() for p in trained], [p.detach() for p in frozen], (), functional.state_in(), *hyper)
             if program.aliased:
                 outs = [out.clone() if i in program.aliased else out for i, out in enumerate(outs)]
             torch._foreach_copy_(trained, list(new_params))
