@@ -137,14 +137,19 @@ class Program:
                                       lambda: context.running(layout.training))
 
     # ------------------------------------------------------------------ host side
-    def run(self, split_inputs, trained, frozen, buffers, state, hyper, scaling):
-        """Run the program; ``buffers``: the updated buffers' values, replica set after replica set;
-        ``scaling``: ``ScalingState.inputs``. Returns (new_params, new_state, new_buffers, outputs,
-        scaling, anchored: per ``self.anchored`` entry its values ``[DI, ...]``) - nothing committed."""
+    def run(self, inputs, trained, frozen, buffers, state, hyper, scaling):
+        """Run the program; ``inputs``: the call's tensors (``ProgramArguments.tensors``, viewed
+        ``[DI, GA, R_in, micro, ...]`` inside the program: a view made per call costs microseconds);
+        ``buffers``: the updated buffers' values, replica set after replica set; ``scaling``:
+        ``ScalingState.inputs``. Returns (new_params, new_state, new_buffers, outputs, scaling,
+        anchored: per ``self.anchored`` entry its values ``[DI, ...]``) - nothing committed."""
         if self.stepwise:
-            return self._run_stepwise(split_inputs, trained, frozen, buffers, state, hyper, scaling)
-        return self._compiled(tuple(split_inputs), tuple(trained), tuple(frozen), tuple(buffers), state, hyper,
-                              scaling)
+            return self._run_stepwise(self._split(inputs), trained, frozen, buffers, state, hyper, scaling)
+        return self._compiled(tuple(inputs), tuple(trained), tuple(frozen), tuple(buffers), state, hyper, scaling)
+
+    def _split(self, inputs):
+        """The batched inputs viewed ``[DI, GA, R_in, micro, ...]`` (0-d ones as they are)."""
+        return [x if x.dim() == 0 else self.layout.geometry.split(x) for x in inputs]
 
     def _run_stepwise(self, split_inputs, trained, frozen, buffers, state, hyper, scaling):
         steps = self.layout.geometry.device_iterations
@@ -212,7 +217,8 @@ class Program:
         return leaves
 
     # ------------------------------------------------------------------ traced
-    def _program(self, split_inputs, trained, frozen, buffers, state, hyper, scaling):
+    def _program(self, inputs, trained, frozen, buffers, state, hyper, scaling):
+        split_inputs = self._split(inputs)
         layout = self.layout
         steps = layout.geometry.device_iterations
         keep_all = [layout.keeps_all(leaf) for leaf in range(len(layout.output_leaves))]
