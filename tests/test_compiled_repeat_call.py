@@ -204,3 +204,32 @@ def test_repeated_calls_see_every_change_to_the_optimizer(binding_calls):
     step(13)
     assert bound == [0, 12]
     assert pop._backend.repeat.plain
+
+
+def test_repeated_calls_read_parameters_whose_data_was_replaced(binding_calls):
+    """The program takes the parameters themselves (no alias kept between calls): ``p.data = ...``
+    between repeated calls - new memory, or a new memory layout (a guard fails: Dynamo re-traces)
+    - is what the next call reads and updates."""
+    calls, bound = binding_calls
+    torch.manual_seed(0)
+    model = Regressor()
+    reference = copy.deepcopy(model)
+    pop = poptorch.trainingModel(model, options(), torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    oracle = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    generator = torch.Generator().manual_seed(1)
+    for seed in range(6):
+        if seed == 2:
+            new = torch.randn(model.fc1.weight.shape, generator=generator)
+        elif seed == 4:  # the same values, transposed in memory
+            new = model.fc1.weight.detach().t().contiguous().t()
+        if seed in (2, 4):
+            model.fc1.weight.data = new
+            reference.fc1.weight.data = new.clone()
+        x, t = make_data(4, seed=seed)
+        calls.append(pop(x, t))
+        expected = train_loop(reference, oracle, (x, t), regressor_loss, 1, 1, 1)
+        torch.testing.assert_close(calls[-1][1], expected[0], rtol=1e-5, atol=1e-6)
+        for a, b in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert bound == [0] and pop._backend.last == "compiled"
+    assert model.fc1.weight.stride() == (1, 8)
