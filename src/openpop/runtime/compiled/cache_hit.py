@@ -128,5 +128,7 @@ def _graphs_unwrapped(module_globals, code):
         return module_globals
     own = dict(module_globals)
     for name, function in wrapped.items():
-        own[name] = getattr(function, "_torchdynamo_orig_callable", function)
+        while getattr(function, "_torchdynamo_disable", False):  # (nested: each layer wraps the one inside)
+            function = function._torchdynamo_orig_callable
+        own[name] = function
     return own
