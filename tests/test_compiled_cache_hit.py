@@ -6,6 +6,7 @@ import types
 import torch
 
 import poptorch
+from openpop.runtime.compiled import cache_hit
 from openpop.runtime.compiled.cache_hit import program_guards
 
 from helpers.models import make_data
@@ -34,7 +35,7 @@ class Scaled(torch.nn.Module):
         return out, torch.nn.functional.mse_loss(out, target)
 
 
-def test_cache_hits_skip_dynamos_frame_evaluation_and_guards_still_retrace():
+def test_cache_hits_skip_dynamos_frame_evaluation_and_guards_still_retrace(monkeypatch):
     """Calls whose guards pass run the compiled code without Dynamo's per-call machinery
     (compiled/cache_hit.py); a Python value the forward reads that changed fails a guard and goes
     through Dynamo (a recompile), and a changed torch.compile stance is honoured."""
@@ -73,6 +74,14 @@ def test_cache_hits_skip_dynamos_frame_evaluation_and_guards_still_retrace():
     with torch.compiler.set_stance("force_eager"):
         call(6)
     assert through_dynamo == [1, 1, 1]
+    # The entry's code calls its compiled graph without Dynamo's disable wrapper ...
+    code, function = program_call._functions[0]
+    graphs = [function.__globals__[name] for name in code.co_names if name.startswith("__compiled_fn")]
+    assert graphs and not any(getattr(graph, "_torchdynamo_disable", False) for graph in graphs)
+    # ... which only matters under Dynamo's frame callback: then the call goes through Dynamo.
+    monkeypatch.setattr(cache_hit, "_eval_frame_callback", lambda: object())
+    call(7)
+    assert through_dynamo == [1, 1, 1, 1]
     for a, b in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 

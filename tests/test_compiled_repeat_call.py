@@ -155,3 +155,81 @@ def test_a_repeated_call_that_fails_changes_nothing():
     torch.testing.assert_close(loss, expected[0], rtol=1e-5, atol=1e-6)
     for a, b in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_repeated_calls_see_every_change_to_the_optimizer(binding_calls):
+    """Repeated calls reuse their hyperparameter inputs while the optimizer's values are the same
+    objects (``optimizer_snapshot.py``): an LR scheduler's step, a group value written, a tensor
+    ``lr`` changed in place, a new ``max_grad_norm`` and ``loss_scaling`` each reach the program."""
+    calls, bound = binding_calls
+    torch.manual_seed(0)
+    model = Regressor()
+    reference = copy.deepcopy(model)
+    optimizer = poptorch.optim.SGD(model.parameters(), lr=0.1, loss_scaling=2.0)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    pop = poptorch.trainingModel(model, options(), optimizer)
+    oracle = torch.optim.SGD(reference.parameters(), lr=0.1)
+    max_grad_norm = None
+
+    def step(seed):
+        x, t = make_data(4, seed=seed)
+        calls.append(pop(x, t))
+        expected = train_loop(reference, oracle, (x, t), regressor_loss, 1, 1, 1, max_grad_norm=max_grad_norm)
+        torch.testing.assert_close(calls[-1][1], expected[0], rtol=1e-5, atol=1e-6)
+        for a, b in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+    step(0)
+    step(1)
+    for changed in range(4):
+        if changed == 0:
+            scheduler.step()
+            oracle.param_groups[0]["lr"] = optimizer.param_groups[0]["lr"]
+        elif changed == 1:
+            optimizer.param_groups[0]["weight_decay"] = 0.01
+            oracle.param_groups[0]["weight_decay"] = 0.01
+        elif changed == 2:
+            optimizer.loss_scaling = 8.0  # the gradients are unscaled: the same update
+        else:
+            optimizer.param_groups[0]["lr"] = torch.tensor(0.2)
+            oracle.param_groups[0]["lr"] = 0.2
+        step(2 + 2 * changed)
+        step(3 + 2 * changed)
+    optimizer.param_groups[0]["lr"].fill_(0.05)  # in place: the same object
+    oracle.param_groups[0]["lr"] = 0.05
+    step(10)
+    step(11)
+    optimizer.max_grad_norm = max_grad_norm = 0.01  # a static choice: a new program
+    step(12)
+    step(13)
+    assert bound == [0, 12]
+    assert pop._backend.repeat.plain
+
+
+def test_repeated_calls_read_parameters_whose_data_was_replaced(binding_calls):
+    """The program takes the parameters themselves (no alias kept between calls): ``p.data = ...``
+    between repeated calls - new memory, or a new memory layout (a guard fails: Dynamo re-traces)
+    - is what the next call reads and updates."""
+    calls, bound = binding_calls
+    torch.manual_seed(0)
+    model = Regressor()
+    reference = copy.deepcopy(model)
+    pop = poptorch.trainingModel(model, options(), torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    oracle = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    generator = torch.Generator().manual_seed(1)
+    for seed in range(6):
+        if seed == 2:
+            new = torch.randn(model.fc1.weight.shape, generator=generator)
+        elif seed == 4:  # the same values, transposed in memory
+            new = model.fc1.weight.detach().t().contiguous().t()
+        if seed in (2, 4):
+            model.fc1.weight.data = new
+            reference.fc1.weight.data = new.clone()
+        x, t = make_data(4, seed=seed)
+        calls.append(pop(x, t))
+        expected = train_loop(reference, oracle, (x, t), regressor_loss, 1, 1, 1)
+        torch.testing.assert_close(calls[-1][1], expected[0], rtol=1e-5, atol=1e-6)
+        for a, b in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert bound == [0] and pop._backend.last == "compiled"
+    assert model.fc1.weight.stride() == (1, 8)

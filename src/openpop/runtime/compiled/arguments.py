@@ -6,21 +6,19 @@ module tree or recomputing shapes on every call shows (``benchmarks/host_overhea
   name once; later calls check the few dict slots those names go through (``_modules`` and
   ``_parameters`` entries) and resolve again when one holds another object (a parameter or
   submodule replaced), so they see exactly what ``named_parameters()`` would give.
-* ``split(inputs)``: the call's tensor inputs viewed ``[DI, GA, R_in, micro, ...]``.
+* ``tensors(inputs)``: the call's tensor inputs, in the program's order.
 """
 
 
 class ProgramArguments:
     """See the module docstring."""
 
-    def __init__(self, model, trained_names, frozen_names, geometry):
+    def __init__(self, model, trained_names, frozen_names):
         self._model = model
         self._names = list(trained_names) + list(frozen_names)
         self._trained_count = len(trained_names)
-        self._geometry = geometry
         self._tensors = None
         self._slots = None  # (dict, key, object) that must still hold; None: resolve every call
-        self._views = {}    # input shape -> its [DI, GA, R_in, micro, ...] shape
 
     def parameters(self):
         """(trained, frozen): the parameter tensors the model holds now (lists the caller must
@@ -35,20 +33,11 @@ class ProgramArguments:
                     break
         return self._tensors
 
-    def split(self, inputs):
-        """The tensor inputs in ``tensor_positions`` order, batched ones viewed per micro-batch."""
-        views = self._views
-        split = []
-        for pos in inputs.tensor_positions:
-            tensor = inputs.leaves[pos]
-            if tensor.dim() == 0:
-                split.append(tensor)
-                continue
-            shape = views.get(tensor.shape)
-            if shape is None:
-                shape = views[tensor.shape] = tuple(self._geometry.split(tensor).shape)
-            split.append(tensor.view(shape))
-        return split
+    @staticmethod
+    def tensors(inputs):
+        """The call's tensor inputs in ``tensor_positions`` order (the program views them per micro-batch)."""
+        leaves = inputs.leaves
+        return [leaves[pos] for pos in inputs.tensor_positions]
 
     def _resolve(self):
         named = dict(self._model.named_parameters())

@@ -122,7 +122,7 @@ class CompiledBackend:
             only = program.compiler.compiling_only() if dry_run else contextlib.nullcontext()
             if program.ran:  # (compiled and has run once)
                 with only:
-                    result = self.run_split(executor, self._arguments.split(inputs), compiled, program, dry_run)
+                    result = self.run_tensors(executor, self._arguments.tensors(inputs), compiled, program, dry_run)
                 if not dry_run and result is not DECLINED:
                     self._expect_repeats(executor, inputs, compiled, program)
                 return result
@@ -134,7 +134,7 @@ class CompiledBackend:
             started = time.perf_counter()
             try:  # torch.compile compiles now: with the executable cache, if enabled
                 with compile_cache_for(executor._compile_cache), _torch_warnings_ignored(), only:
-                    result = self._execute(executor, self._arguments.split(inputs), compiled, program, dry_run)
+                    result = self._execute(executor, self._arguments.tensors(inputs), compiled, program, dry_run)
             except Exception as exc:  # torch.compile's errors have many types
                 self.reset()
                 if handed and not self.selection.forced:  # the executor's compile itself succeeded
@@ -235,8 +235,7 @@ class CompiledBackend:
             self._ops_digest = shapes_digest or self._ops_digest
             program = self._build(executor, inputs, compiled, probed, contexts, stepwise, cache)
         self._program, self._key = program, key
-        self._arguments = ProgramArguments(executor._model, program.trained_names, program.frozen_names,
-                                           executor._geometry)
+        self._arguments = ProgramArguments(executor._model, program.trained_names, program.frozen_names)
         return program
 
     def _build(self, executor, inputs, compiled, probed, contexts, stepwise, cache):
@@ -296,11 +295,11 @@ class CompiledBackend:
             self._hooks_seen = RemovableHandle.next_id
 
     # ------------------------------------------------------------------ running
-    def run_split(self, executor, split, compiled, program, dry_run=False):
-        """Run a compiled program that has run before on ``split`` (``ProgramArguments.split``):
+    def run_tensors(self, executor, tensors, compiled, program, dry_run=False):
+        """Run a compiled program that has run before on ``tensors`` (``ProgramArguments.tensors``):
         the host call's result, or ``DECLINED`` when torch's recompile limit sends the model eager."""
         try:
-            return self._execute(executor, split, compiled, program, dry_run)
+            return self._execute(executor, tensors, compiled, program, dry_run)
         except Exception as exc:
             return self.past_recompile_limit(exc)
 
@@ -313,17 +312,17 @@ class CompiledBackend:
         self.reset()
         return self._decline(messages.INELIGIBLE_RECOMPILES.format(error=_first_line(exc)), exc)
 
-    def _execute(self, executor, split, compiled, program, dry_run=False):
+    def _execute(self, executor, tensors, compiled, program, dry_run=False):
         started = time.time()
         grad_enabled = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)  # torch.no_grad(), without its object per call
         try:
             with context.running(executor._training):
                 if compiled.weights.shares_host_tensors:
-                    outs = self._run_on_parameters(executor, compiled, program, split, dry_run)
+                    outs = self._run_on_parameters(executor, compiled, program, tensors, dry_run)
                 else:
                     with compiled.weights.active():
-                        outs = self._run_on_parameters(executor, compiled, program, split, dry_run)
+                        outs = self._run_on_parameters(executor, compiled, program, tensors, dry_run)
         finally:
             torch._C._set_grad_enabled(grad_enabled)
         if dry_run:
@@ -339,16 +338,16 @@ class CompiledBackend:
         self.last = "compiled"
         return result
 
-    def _run_on_parameters(self, executor, compiled, program, split, dry_run):
+    def _run_on_parameters(self, executor, compiled, program, tensors, dry_run):
         """``_run_program`` on the parameters the model holds now."""
         trained, frozen = self._arguments.parameters()
         for p in (*trained, *frozen):
             if p.is_cuda:
                 with executor._precision.running(executor._model):  # CUDA matmul partials, as eager
-                    return self._run_program(executor, compiled, program, split, trained, frozen, dry_run)
-        return self._run_program(executor, compiled, program, split, trained, frozen, dry_run)
+                    return self._run_program(executor, compiled, program, tensors, trained, frozen, dry_run)
+        return self._run_program(executor, compiled, program, tensors, trained, frozen, dry_run)
 
-    def _run_program(self, executor, compiled, program, split, trained, frozen, dry_run):
+    def _run_program(self, executor, compiled, program, tensors, trained, frozen, dry_run):
         """Run ``program`` and (unless ``dry_run``) commit its results to the parameters, buffers,
         optimizer, loss scaler and anchors; returns its output leaves."""
         functional = program.optim
@@ -362,7 +361,7 @@ class CompiledBackend:
             state, hyper, scaling = [], [], {"scale": _ONE}
         buffers = _buffer_sets(executor._model, program, compiled.replica_buffers)
         graphed = mark_step_begin(trained)
-        args = (split, [p.detach() for p in trained], [p.detach() for p in frozen],
+        args = (tensors, trained, [p.detach() for p in frozen],
                 [b for values in buffers for b in values], state, hyper, scaling)
         try:
             if program.draws_random:
@@ -379,7 +378,7 @@ class CompiledBackend:
                 hooks.abort_compiled_call()
             return None
         if program.aliased is None:  # where Inductor returns input memory is fixed at compile
-            program.aliased = _aliased(outs, [*split, *trained, *frozen])
+            program.aliased = _aliased(outs, [*tensors, *trained, *frozen])
         if program.aliased:
             outs = [out.clone() if i in program.aliased else out for i, out in enumerate(outs)]
         if graphed:  # the graph's outputs are overwritten by its next replay

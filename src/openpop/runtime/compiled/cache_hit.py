@@ -20,7 +20,10 @@ torch), it calls the ``torch.compile``d function, which traces, recompiles, or f
 recompile limit as usual; an entry Dynamo drops (``torch._dynamo.reset()``, a guarded object
 freed) is gone from the list the next call reads. What is skipped: the wrapper's bookkeeping
 (its callback is only consulted when tracing, and the transformed code calls nothing Dynamo
-would trace), the profiler's "Torch-Compiled Region" marker and the cache entries' reordering.
+would trace), the profiler's "Torch-Compiled Region" marker, the cache entries' reordering, and
+the ``torch._dynamo.disable`` wrapper around the compiled graph the entry's code calls (it clears
+Dynamo's frame callback for the graph's Python wrappers: ``CacheHitCall`` runs entries only when
+no callback is set, and calls through Dynamo otherwise).
 
 ``program_guards``: the guards a program keeps (the ``guard_filter_fn`` every program is compiled
 with; one filter for all uses). A program is rebuilt whenever what openpop reads while tracing
@@ -42,6 +45,7 @@ import torch
 from torch._dynamo import eval_frame
 
 _cache_entries = getattr(torch._C._dynamo.eval_frame, "_debug_get_cache_entry_list", None)
+_eval_frame_callback = getattr(torch._C._dynamo.eval_frame, "get_eval_frame_callback", lambda: True)
 _KEPT_UNDER_SELF = ("self.model", "self.forward_contexts")
 _OWN_PACKAGES = ("torch", "openpop", "poptorch", "popart", "popdist")
 _CALLS = re.compile(r"^([\w.]+\()+")  # a guard name's leading calls: dict(type(self.model)...
@@ -92,7 +96,8 @@ class CacheHitCall:
 
     def __call__(self, *args):
         stance = eval_frame._stance
-        if _cache_entries is not None and stance.stance == "default" and stance.backend is None:
+        if (_cache_entries is not None and stance.stance == "default" and stance.backend is None
+                and _eval_frame_callback() is None):
             entries = _cache_entries(self._code)
             if entries:
                 frame_locals = dict(zip(self._names, (self._self, *args)))
@@ -106,6 +111,24 @@ class CacheHitCall:
         for known, function in self._functions:  # (by identity: hashing a code object costs a µs)
             if known is code:
                 return function
-        function = types.FunctionType(code, self._globals)
+        function = types.FunctionType(code, _graphs_unwrapped(self._globals, code))
         self._functions = [(code, function), *self._functions[:7]]
         return function
+
+
+def _graphs_unwrapped(module_globals, code):
+    """The globals ``code`` (an entry's transformed code) runs with: the module's, except that the
+    compiled graphs it calls (``__compiled_fn_*``, which Dynamo wraps in ``torch._dynamo.disable``
+    so that no frame inside runs under Dynamo's callback) are the graphs themselves. The callback
+    is ``None`` whenever ``CacheHitCall`` runs an entry, so the wrapper's switching of it (a few
+    microseconds per call) changes nothing there."""
+    wrapped = {name: module_globals[name] for name in code.co_names
+               if name.startswith("__compiled_fn") and getattr(module_globals.get(name), "_torchdynamo_disable", False)}
+    if not wrapped:
+        return module_globals
+    own = dict(module_globals)
+    for name, function in wrapped.items():
+        while getattr(function, "_torchdynamo_disable", False):  # (nested: each layer wraps the one inside)
+            function = function._torchdynamo_orig_callable
+        own[name] = function
+    return own

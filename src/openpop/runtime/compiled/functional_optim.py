@@ -3,8 +3,10 @@
 Each ``FunctionalOptimizer`` reads an optimizer (``poptorch.optim``'s SGD / Adam / AdamW / LAMB /
 RMSprop or torch's SGD / Adam / AdamW / RMSprop) and gives:
 
-* ``hyper()``   per group, the hyperparameters a user may change between host calls (``lr``,
-  ``weight_decay``, ...) as 0-d tensors: program inputs, so a new value never recompiles;
+* ``hyper()``   the hyperparameters a user may change between host calls (``lr``,
+  ``weight_decay``, ...), group after group, as one float32 tensor: a program input, so a new
+  value never recompiles (one tensor, not one per value: each input costs the host call its
+  guard and its argument handling); ``unpack`` (traced) makes it per group ``{name: value}``;
 * ``state_in()`` per parameter, the state tensors the update reads (created as the eager
   optimizer would create them on its first step);
 * ``update(params, grads, state, hyper)`` the new parameters and state, numerically what
@@ -17,8 +19,8 @@ RMSprop's centered and TensorFlow variants, per-step hyperparameters) are part o
 ``signature()``: a change of them builds a new program.
 
 With step hooks attached (``step_hooks.py``) the hyperparameters are per step: ``hyper_steps``
-stacks each one over the host call's optimizer steps (``[steps]`` tensors, indexed by the
-program's step counter), and the hooks' gradient clipping (by norm or by value) is part of the
+stacks them over the host call's optimizer steps (one ``[values, steps]`` tensor, indexed by
+the program's step counter), and the hooks' gradient clipping (by norm or by value) is part of the
 update.
 
 Precision follows ``optim/_base.py``: updates are computed in float32 from float32 copies of
@@ -28,6 +30,7 @@ itself using the unrounded value) or else float32. torch's own optimizers comput
 parameters in half: only their float32 parameters are supported.
 """
 import inspect
+import itertools
 import math
 
 import torch
@@ -159,6 +162,8 @@ class FunctionalOptimizer:
         self.family = family_of(optimizer)
         self.bind(optimizer)
         self.static = signature(optimizer)
+        names = [list(values) for values in self.hyper_values()]  # per group, in hyper()'s order
+        self._unpacking = list(zip(itertools.accumulate((len(n) for n in names), initial=0), names))
         self.stateless = self.family == "sgd" and not any(group[1] for group in self.static[2])  # plain SGD
 
     def bind(self, optimizer) -> None:
@@ -227,27 +232,29 @@ class FunctionalOptimizer:
         return values
 
     def hyper(self):
-        """``hyper_values()`` as 0-d tensors."""
-        values = self.hyper_values()
-        key = [tuple(map(float, v.values())) for v in values]
+        """``hyper_values()`` as one float32 tensor (``unpack``)."""
+        key = [float(x) for v in self.hyper_values() for x in v.values()]
         cached = self._cache.get("hyper")
         if cached is None or cached[0] != key:
-            tensors = [{k: self._scalar(x) for k, x in v.items()} for v in values]
-            cached = self._cache["hyper"] = (key, tensors)
+            cached = self._cache["hyper"] = (key, torch.tensor(key, dtype=torch.float32, device=self.device))
         return cached[1]
+
+    def unpack(self, packed):
+        """(Traced) ``hyper()``'s tensor, or a ``[values]`` row or the ``[values, steps]`` tensor of
+        ``hyper_steps()``, as per group ``{name: value}``."""
+        return [{name: packed[start + k] for k, name in enumerate(names)} for start, names in self._unpacking]
 
     def hyper_steps(self, per_step):
         """``per_step`` (one ``hyper_values()`` per optimizer step; the same object for steps
-        that share their values) as ``[steps]`` tensors."""
+        that share their values) as one ``[values, steps]`` tensor (``unpack``)."""
         distinct = list({id(values): values for values in per_step}.values())
         key = [[tuple(float(x) for x in v.values()) for v in values] for values in distinct]
         key.append([id(values) for values in per_step] if len(distinct) > 1 else len(per_step))
         cached = self._cache.get("hyper_steps")
         if cached is None or cached[0] != key:
-            tensors = [{k: torch.tensor([float(values[g][k]) for values in per_step], dtype=torch.float32,
-                                        device=self.device) for k in group}
-                       for g, group in enumerate(per_step[0])]
-            cached = self._cache["hyper_steps"] = (key, tensors)
+            rows = [[float(x) for v in values for x in v.values()] for values in per_step]
+            cached = self._cache["hyper_steps"] = (key, torch.tensor(rows, dtype=torch.float32,
+                                                                     device=self.device).t().contiguous())
         return cached[1]
 
     def state_in(self, placeholders=False):

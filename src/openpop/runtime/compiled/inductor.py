@@ -47,6 +47,8 @@ class ProgramCompiler:
         outputs = [getattr(node, "meta", {}).get("example_value") for node in graph.graph.output_node().args[0]]
         skippable = all(isinstance(v, torch.Tensor) for v in outputs)  # else a dry call runs it
         boxed = getattr(compiled, "_boxed_call", False)  # takes its arguments as one list
+        while getattr(compiled, "_torchdynamo_disable", False):  # run() is called with Dynamo's callback
+            compiled = compiled._torchdynamo_orig_callable     # off already (its caller's disable, cache_hit.py)
 
         def run(*args):
             if self._skip and skippable:

@@ -36,7 +36,8 @@ call's inputs split ``[DI, GA, R_in, micro, ...]`` - compiled by ``torch.compile
   and, on CUDA, dropout itself from a seed it draws: other numbers. CPU dropout is aten's
   ``bernoulli_`` either way. ``torch._functorch.config.functionalize_rng_ops`` is not used: it
   threads a CUDA philox seed and offset through the graph, i.e. its own numbers too.)
-* per-step hyperparameters (``[DI]`` tensors, ``step_hooks.py``) are indexed by the step counter;
+* hyperparameters: one tensor (``FunctionalOptimizer.hyper``), per-step ones (``step_hooks.py``)
+  ``[values, DI]``, indexed by the step counter;
 * *stepwise* programs (a forward under a torch function mode, ``LowPrecisionOps``, which
   ``while_loop``'s body cannot hold) compile one step, with its micro-batches unrolled, and the
   host loops over the steps;
@@ -137,14 +138,19 @@ class Program:
                                       lambda: context.running(layout.training))
 
     # ------------------------------------------------------------------ host side
-    def run(self, split_inputs, trained, frozen, buffers, state, hyper, scaling):
-        """Run the program; ``buffers``: the updated buffers' values, replica set after replica set;
-        ``scaling``: ``ScalingState.inputs``. Returns (new_params, new_state, new_buffers, outputs,
-        scaling, anchored: per ``self.anchored`` entry its values ``[DI, ...]``) - nothing committed."""
+    def run(self, inputs, trained, frozen, buffers, state, hyper, scaling):
+        """Run the program; ``inputs``: the call's tensors (``ProgramArguments.tensors``, viewed
+        ``[DI, GA, R_in, micro, ...]`` inside the program: a view made per call costs microseconds);
+        ``buffers``: the updated buffers' values, replica set after replica set; ``scaling``:
+        ``ScalingState.inputs``. Returns (new_params, new_state, new_buffers, outputs, scaling,
+        anchored: per ``self.anchored`` entry its values ``[DI, ...]``) - nothing committed."""
         if self.stepwise:
-            return self._run_stepwise(split_inputs, trained, frozen, buffers, state, hyper, scaling)
-        return self._compiled(tuple(split_inputs), tuple(trained), tuple(frozen), tuple(buffers), state, hyper,
-                              scaling)
+            return self._run_stepwise(self._split(inputs), trained, frozen, buffers, state, hyper, scaling)
+        return self._compiled(tuple(inputs), tuple(trained), tuple(frozen), tuple(buffers), state, hyper, scaling)
+
+    def _split(self, inputs):
+        """The batched inputs viewed ``[DI, GA, R_in, micro, ...]`` (0-d ones as they are)."""
+        return [x if x.dim() == 0 else self.layout.geometry.split(x) for x in inputs]
 
     def _run_stepwise(self, split_inputs, trained, frozen, buffers, state, hyper, scaling):
         steps = self.layout.geometry.device_iterations
@@ -155,7 +161,7 @@ class Program:
             step_inputs = tuple(x if x.dim() == 0 else x[i] for x in split_inputs)
             index = torch.tensor([i], device=device)  # an input: the same program serves every step
             trained, state, buffers, outs, scaling, values = self._compiled(
-                step_inputs, tuple(trained), tuple(frozen), tuple(buffers), state, self._hyper_at(hyper, i), scaling,
+                step_inputs, tuple(trained), tuple(frozen), tuple(buffers), state, self._hyper_row(hyper, i), scaling,
                 index)
             kept.append(outs)
             anchored.append(values)
@@ -212,7 +218,8 @@ class Program:
         return leaves
 
     # ------------------------------------------------------------------ traced
-    def _program(self, split_inputs, trained, frozen, buffers, state, hyper, scaling):
+    def _program(self, inputs, trained, frozen, buffers, state, hyper, scaling):
+        split_inputs = self._split(inputs)
         layout = self.layout
         steps = layout.geometry.device_iterations
         keep_all = [layout.keeps_all(leaf) for leaf in range(len(layout.output_leaves))]
@@ -277,16 +284,23 @@ class Program:
                 anchored)
 
     def _one_step(self, step_inputs, trained, frozen, buffers, state, hyper, scaling, index):
-        """One device iteration as a program of its own (``stepwise``; ``hyper``: the step's)."""
+        """One device iteration as a program of its own (``stepwise``; ``hyper``: the step's row)."""
+        hyper = hyper if self.optim is None else self.optim.unpack(hyper)
         return self._step(list(step_inputs), list(trained), frozen, list(buffers), state, hyper, scaling, index)
 
-    def _hyper_at(self, hyper, index):
-        """Step ``index``'s hyperparameters (0-d tensors); constant ones are already 0-d."""
+    def _hyper_row(self, hyper, index):
+        """Step ``index``'s hyperparameters as ``FunctionalOptimizer.hyper()`` gives them (per-step
+        ones are a ``[values, steps]`` tensor; inference has none: ``[]``)."""
         if not self.per_step_hyper:
             return hyper
         if isinstance(index, int):
-            return [{k: v[index] for k, v in h.items()} for h in hyper]
-        return [{k: v.index_select(0, index)[0] for k, v in h.items()} for h in hyper]
+            return hyper[:, index]
+        return hyper.index_select(1, index)[:, 0]
+
+    def _hyper_at(self, hyper, index):
+        """Step ``index``'s hyperparameters per group ``{name: 0-d tensor}`` (traced)."""
+        row = self._hyper_row(hyper, index)
+        return row if self.optim is None else self.optim.unpack(row)
 
     def _forward(self, params, buffers, micro_inputs):
         """One micro-batch's output leaves and the values of the updated buffers after it (the

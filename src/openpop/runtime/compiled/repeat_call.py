@@ -9,7 +9,7 @@ checks, in one pass, that it is the same kind of call - as many tensors with the
 shapes, none needing a conversion (requires grad, not contiguous), the same optimizer with the
 same static choices, no parameter frozen and no hook added, the same train/eval modes, no trace
 session watching the executor, no saved-tensor hooks - and then runs the program as the general
-path would (``CompiledBackend.run_split``), or, for a *plain* program (only weights and optimizer
+path would (``CompiledBackend.run_tensors``), or, for a *plain* program (only weights and optimizer
 state to commit: no updated buffers, anchors, random numbers, automatic loss scaling, per-step
 hyperparameters, stepwise loop or CUDA tensors), as ``_run_plain``: the same steps in one
 function. Whenever one check fails it returns ``DECLINED`` having changed nothing, and the
@@ -28,6 +28,7 @@ from ..perf import UniformCounters
 from ..weights import version_cell
 from .eligibility import saved_tensor_hooks_active
 from .functional_optim import signature
+from .optimizer_snapshot import OptimizerSnapshot
 from .selection import DECLINED
 
 
@@ -41,16 +42,15 @@ class RepeatCall:
         self.session = executor._session
         self.optimizer = executor._optimizer
         self.signature = signature(executor._optimizer)
+        self.snapshot = OptimizerSnapshot(executor._optimizer)
+        self.hyper = None  # (hyperparameters, loss scale) as program inputs while the snapshot holds
         self.hooks_seen = backend._hooks_seen
         self.trained = program.optim.params
         self.training_flags = compiled.training_flags
-        geometry = executor._geometry
-        # (dtype, shape, the [DI, GA, R_in, micro, ...] view's shape or None for a 0-d tensor)
-        self.specs = [(t.dtype, t.shape, None if t.dim() == 0 else tuple(geometry.split(t).shape))
-                      for t in inputs.args]
+        self.specs = [(t.dtype, t.shape) for t in inputs.args]
         self.arguments = backend._arguments
         self.weights_version = version_cell(executor._user_model)
-        self.steps = geometry.device_iterations
+        self.steps = executor._geometry.device_iterations
         trained, frozen = self.arguments.parameters()
         # A program with nothing but weights and optimizer state to commit runs in ``_run_plain``.
         self.plain = not (program.stepwise or program.per_step_hyper or program.buffer_names or compiled.anchors
@@ -70,12 +70,10 @@ class RepeatCall:
         """The call's result, or ``DECLINED`` (nothing changed) when it is not a repeat."""
         if len(args) != len(self.specs):
             return DECLINED
-        split = []
-        for tensor, (dtype, shape, view) in zip(args, self.specs):
+        for tensor, (dtype, shape) in zip(args, self.specs):
             if (type(tensor) is not torch.Tensor or tensor.dtype != dtype or tensor.shape != shape
                     or tensor.requires_grad or not tensor.is_contiguous()):
                 return DECLINED
-            split.append(tensor if view is None else tensor.view(view))
         backend = self.backend
         optimizer = executor._optimizer
         if (backend._program is not self.program or backend.progress is not None
@@ -90,16 +88,18 @@ class RepeatCall:
         for p in self.trained:
             if not p.requires_grad:
                 return DECLINED
-        if signature(optimizer) != self.signature:
-            return DECLINED
+        if not self.snapshot.unchanged():
+            self.hyper = None
+            if signature(optimizer) != self.signature:
+                return DECLINED
         if self.plain:
             try:
-                return self._run_plain(executor, split)
+                return self._run_plain(executor, args)
             except Exception as exc:
                 return backend.past_recompile_limit(exc)
-        return backend.run_split(executor, split, self.compiled, self.program)
+        return backend.run_tensors(executor, args, self.compiled, self.program)
 
-    def _run_plain(self, executor, split):
+    def _run_plain(self, executor, tensors):
         """``CompiledBackend._execute`` of a program without buffers, anchors, random numbers,
         automatic loss scaling, per-step hyperparameters or CUDA tensors (what it commits is the
         weights and the optimizer state), in fewer steps."""
@@ -108,11 +108,13 @@ class RepeatCall:
         started = time.time()
         grad_enabled = torch.is_grad_enabled()
         torch._C._set_grad_enabled(False)
+        hyper = self.hyper
+        if hyper is None:
+            hyper = self.hyper = (functional.hyper(), {"scale": functional.loss_scale()})
         try:  # (no run context: the program enters it if Dynamo traces)
             trained, frozen = self.arguments.parameters()
             new_params, new_state, _, outs, _, _ = program.run(
-                split, [p.detach() for p in trained], [p.detach() for p in frozen], (), functional.state_in(),
-                functional.hyper(), {"scale": functional.loss_scale()})
+                tensors, trained, [p.detach() for p in frozen], (), functional.state_in(), *hyper)
             if program.aliased:
                 outs = [out.clone() if i in program.aliased else out for i, out in enumerate(outs)]
             torch._foreach_copy_(trained, list(new_params))

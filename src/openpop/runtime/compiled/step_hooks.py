@@ -17,7 +17,7 @@ others) and asks the object instead:
 * ``abort_compiled_call()``: the program failed: undo what ``begin_compiled_call`` did (the
   eager backend runs the call next, with the hooks).
 
-The program takes those hyperparameters as ``[steps]`` tensors indexed by its step counter.
+The program takes those hyperparameters as one ``[values, steps]`` tensor indexed by its step counter.
 """
 _ATTRIBUTE = "_openpop_step_hooks"
 
