@@ -110,7 +110,7 @@ def test_a_program_compiled_before_is_estimated_warm(fresh, tmp_path, monkeypatc
     assert not first_call(Regressor())._backend.selection.cost.warm
     assert not first_call(Regressor(), ga=2, cache=tmp_path)._backend.selection.cost.warm  # another program
     with monkeypatch.context() as patch:  # another openpop traces another program: a cache miss
-        patch.setattr(compile_cost, "_program_source", lambda: "other openpop")
+        patch.setattr(compile_cost, "program_source", lambda: "other openpop")
         assert not first_call(Regressor(), cache=tmp_path)._backend.selection.cost.warm
     compile_cost.compiled(cold)  # without an executable cache: Inductor's own directory
     compile_cost._compiled_here.clear()

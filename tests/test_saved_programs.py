@@ -53,7 +53,8 @@ def train(activation, backend, cache=None, calls=3, flip_after=None):
     program = getattr(executor._backend, "_program", None)
     saved = getattr(program, "saved", None)
     return {"losses": losses, "weights": [p.tolist() for p in model.parameters()],
-            "source": getattr(saved, "source", None), "probed_on": executor._backend.probed_on}
+            "source": getattr(saved, "source", None), "probed_on": executor._backend.probed_on,
+            "executor": executor}
 
 
 def in_subprocess(activation, cache):
@@ -95,12 +96,23 @@ def test_second_process_loads_the_program_without_tracing(tmp_path):
     assert_same(changed, train("tanh", "eager"), exact=False)
 
 
-def test_a_value_the_trace_read_changing_between_calls_retraces(tmp_path):
+def test_a_value_the_trace_read_changing_between_calls_retraces(tmp_path, monkeypatch):
     """``activation`` is a Python value the trace reads (a constant guard): flipped after the
-    first call, the saved program is not run; the ordinary torch.compile path re-traces."""
+    first call, the saved program is not run; the ordinary torch.compile path re-traces. And the
+    key changes with the compiled backend's code: another openpop's programs (same version
+    number, other code) are not this one's."""
+    from openpop.runtime.compiled import compile_cost
+    from openpop.runtime.compiled.saved_programs import program_key
     compiled = train("relu", "compiled", str(tmp_path / "cache"), calls=2, flip_after=1)
     assert compiled["source"] == "traced"
     assert_same(compiled, train("relu", "eager", calls=2, flip_after=1), exact=False)
+
+    executor = compiled["executor"]
+    program, digest = executor._backend._program, executor._backend._ops_digest
+    key = program_key(executor, program, digest, {})
+    assert program_key(executor, program, digest, {}) == key
+    monkeypatch.setattr(compile_cost, "program_source", lambda: "other openpop")
+    assert program_key(executor, program, digest, {}) != key
 
 
 if __name__ == "__main__":
@@ -112,6 +124,7 @@ if __name__ == "__main__":
     torch.set_num_threads(1)
     with watch_compiles(CompileCache.at(sys.argv[2])) as outcome:
         result = test_saved_programs.train(sys.argv[1], "compiled", sys.argv[2])
+    result.pop("executor")
     result.update(dynamo_frames=sum(counters["stats"].values()) + sum(counters["frames"].values()),
                   outcome=outcome.describe())
     print(json.dumps(result))

@@ -140,7 +140,7 @@ def _marker(cache, fingerprint):
 
 
 @functools.cache
-def _program_source() -> str:
+def program_source() -> str:
     """A hash of the compiled backend's own code: another openpop traces other programs, which
     Inductor's cache misses, so its markers must not make them warm."""
     digest = hashlib.sha1()
@@ -153,7 +153,7 @@ def _program_source() -> str:
 def _fingerprint(executor, ops) -> str:
     """The program's identity as far as a compile cache sees it: what it computes, not its values."""
     model, geometry = executor._model, executor._geometry
-    parts = [type(model).__qualname__, executor._training, ops, torch.__version__, _program_source(),
+    parts = [type(model).__qualname__, executor._training, ops, torch.__version__, program_source(),
              torch.get_num_threads(),
              geometry.device_iterations, geometry.gradient_accumulation, geometry.replication_factor]
     parts += [(name, tuple(t.shape), str(t.dtype), t.requires_grad)

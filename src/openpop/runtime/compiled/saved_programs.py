@@ -22,7 +22,9 @@ before every call. What the other guards covered is covered here:
   modules' classes, parameters (names, shapes, dtypes, devices, ``requires_grad``) and
   buffers, the program's layout (geometry, output mode, outputs, anchors, loss index, updated
   buffers), the optimizer's class and hyperparameter structure (``functional_optim.signature``),
-  precision contexts, loss scaling, Inductor's options, torch / openpop / Python versions and the
+  precision contexts, loss scaling, Inductor's options, torch / openpop / Python versions, a hash
+  of the compiled backend's source (``compile_cost.program_source``: a cache written by other
+  code holds programs of other inputs, which would fail their guards every process) and the
   intra-op thread count;
 * *the Python values the trace read* (every constant-valued guard Dynamo made, e.g.
   ``self.layout.geometry.device_iterations`` or a module's ``training``, and the identity, by
@@ -118,12 +120,13 @@ def _describe(value) -> str:
 def program_key(executor, program, ops_digest, options) -> str:
     """The saved program's file name: a hash of everything the program is a function of (module docstring)."""
     from ... import __version__
+    from .compile_cost import program_source
     from .functional_optim import signature
     model = executor._model
     layout = program.layout
     g = layout.geometry
     parts = [
-        torch.__version__, __version__, sys.version, torch.get_num_threads(), ops_digest,
+        torch.__version__, __version__, program_source(), sys.version, torch.get_num_threads(), ops_digest,
         [f"{type(m).__module__}.{type(m).__qualname__}" for m in model.modules()],
         [(n, tuple(p.shape), p.dtype, p.device.type, p.requires_grad) for n, p in model.named_parameters()],
         [(n, tuple(b.shape), b.dtype, b.device.type) for n, b in model.named_buffers()],
