@@ -38,10 +38,9 @@ from ..perf import UniformCounters
 from ..progress import CompilationProgress
 from ..shapes_only import ShapesOnly
 from ..weights import bump_weights_version
-from . import compile_cost, step_hooks
+from . import compile_cost
 from .arguments import ProgramArguments
 from .cache_hit import program_guards
-from .cuda_graphs import mark_step_begin
 from .eligibility import (
     Ineligible,
     anchored_in_program,
@@ -50,15 +49,14 @@ from .eligibility import (
     saved_tensor_hooks_active,
 )
 from .functional_optim import FunctionalOptimizer, signature
-from .generator_states import RngState, generators_kept_on_error
+from .generator_states import RngState
+from .host_call import run_program
 from .inductor import ProgramCompiler
 from .loss_scaling import ScalingState
 from .program_options import compile_kwargs, forward_contexts
 from .repeat_call import RepeatCall
 from .saved_programs import DIRECTORY, SUFFIX, SavedProgram, program_key
 from .selection import DECLINED, Selection
-
-_ONE = torch.tensor(1.0)
 
 
 class CompiledBackend:
@@ -339,77 +337,13 @@ class CompiledBackend:
         return result
 
     def _run_on_parameters(self, executor, compiled, program, tensors, dry_run):
-        """``_run_program`` on the parameters the model holds now."""
+        """``host_call.run_program`` on the parameters the model holds now."""
         trained, frozen = self._arguments.parameters()
         for p in (*trained, *frozen):
             if p.is_cuda:
                 with executor._precision.running(executor._model):  # CUDA matmul partials, as eager
-                    return self._run_program(executor, compiled, program, tensors, trained, frozen, dry_run)
-        return self._run_program(executor, compiled, program, tensors, trained, frozen, dry_run)
-
-    def _run_program(self, executor, compiled, program, tensors, trained, frozen, dry_run):
-        """Run ``program`` and (unless ``dry_run``) commit its results to the parameters, buffers,
-        optimizer, loss scaler and anchors; returns its output leaves."""
-        functional = program.optim
-        hooks = step_hooks.of(executor._optimizer) if program.per_step_hyper else None
-        if functional is not None:
-            state = functional.state_in(placeholders=dry_run)
-            scaling = program.scaling.inputs(functional.loss_scale(), executor._precision.dynamic)
-            hyper = functional.hyper() if hooks is None else functional.hyper_steps(
-                hooks.begin_compiled_call(executor._geometry.device_iterations, functional.hyper_values))
-        else:
-            state, hyper, scaling = [], [], {"scale": _ONE}
-        buffers = _buffer_sets(executor._model, program, compiled.replica_buffers)
-        graphed = mark_step_begin(trained)
-        args = (tensors, trained, [p.detach() for p in frozen],
-                [b for values in buffers for b in values], state, hyper, scaling)
-        try:
-            if program.draws_random:
-                with generators_kept_on_error([*trained, *frozen]):
-                    new_params, new_state, new_buffers, outs, scaling, anchored = program.run(*args)
-            else:
-                new_params, new_state, new_buffers, outs, scaling, anchored = program.run(*args)
-        except BaseException:
-            if hooks is not None:
-                hooks.abort_compiled_call()
-            raise
-        if dry_run:  # compile(): nothing is committed, per-step state is put back
-            if hooks is not None:
-                hooks.abort_compiled_call()
-            return None
-        if program.aliased is None:  # where Inductor returns input memory is fixed at compile
-            program.aliased = _aliased(outs, [*tensors, *trained, *frozen])
-        if program.aliased:
-            outs = [out.clone() if i in program.aliased else out for i, out in enumerate(outs)]
-        if graphed:  # the graph's outputs are overwritten by its next replay
-            new_state = [{k: v.clone() for k, v in st.items()} for st in new_state]
-        if buffers:
-            torch._foreach_copy_([b for values in buffers for b in values], list(new_buffers))
-        if functional is not None:
-            torch._foreach_copy_(trained, list(new_params))
-            functional.commit(list(new_state))
-            if program.scaling.automatic:
-                program.scaling.commit(executor._precision.loss_scaler(executor._optimizer), scaling)
-            for p in trained:
-                p.grad = None
-        if compiled.anchors:
-            program.record_anchors(compiled.anchors, anchored)
-        return outs
-
-
-def _buffer_sets(model, program, replica_buffers):
-    """The tensors holding the updated buffers' values, per replica set: set 0 is the live
-    buffers (``ReplicaBuffers`` keeps replica 0's there between calls), set r its stored copies."""
-    if not program.buffer_names:
-        return []
-    replica_buffers.switch_to(0)
-    named = dict(model.named_buffers())
-    live = [named[n] for n in program.buffer_names]
-    if program.buffer_sets == 1:
-        return [live]
-    position = {id(b): i for i, b in enumerate(replica_buffers.buffers)}
-    return [live] + [[replica_buffers.values[r][position[id(b)]] for b in live]
-                     for r in range(1, program.buffer_sets)]
+                    return run_program(executor, compiled, program, tensors, trained, frozen, dry_run)
+        return run_program(executor, compiled, program, tensors, trained, frozen, dry_run)
 
 
 @contextlib.contextmanager
@@ -432,14 +366,6 @@ def _torch_warnings_ignored():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", module=r"torch(\.|$)")
         yield
-
-
-def _aliased(outs, inputs):
-    """The indices of the outputs sharing memory with a program input: Inductor may hand back an
-    input's own memory for an output that only copies it (it drops the copy), and a returned
-    tensor must not alias the caller's inputs or the model's weights (such outputs are copied)."""
-    shared = {t.untyped_storage().data_ptr() for t in inputs}
-    return {i for i, out in enumerate(outs) if out.untyped_storage().data_ptr() in shared}
 
 
 def _first_line(exc) -> str:

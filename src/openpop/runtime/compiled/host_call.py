@@ -1,0 +1,84 @@
+"""One run of a compiled program for a host call: its inputs gathered (optimizer state,
+hyperparameters, loss scale, the updated buffers' replica sets), the program run, and its results
+committed - parameters, buffers, optimizer state, loss scaler, anchors - or, for ``compile()``'s
+dry run, nothing committed."""
+import torch
+
+from . import step_hooks
+from .cuda_graphs import mark_step_begin
+from .generator_states import generators_kept_on_error
+
+_ONE = torch.tensor(1.0)
+
+
+def run_program(executor, compiled, program, tensors, trained, frozen, dry_run):
+    """Run ``program`` and (unless ``dry_run``) commit its results to the parameters, buffers,
+    optimizer, loss scaler and anchors; returns its output leaves."""
+    functional = program.optim
+    hooks = step_hooks.of(executor._optimizer) if program.per_step_hyper else None
+    if functional is not None:
+        state = functional.state_in(placeholders=dry_run)
+        scaling = program.scaling.inputs(functional.loss_scale(), executor._precision.dynamic)
+        hyper = functional.hyper() if hooks is None else functional.hyper_steps(
+            hooks.begin_compiled_call(executor._geometry.device_iterations, functional.hyper_values))
+    else:
+        state, hyper, scaling = [], [], {"scale": _ONE}
+    buffers = _buffer_sets(executor._model, program, compiled.replica_buffers)
+    graphed = mark_step_begin(trained)
+    args = (tensors, trained, [p.detach() for p in frozen],
+            [b for values in buffers for b in values], state, hyper, scaling)
+    try:
+        if program.draws_random:
+            with generators_kept_on_error([*trained, *frozen]):
+                new_params, new_state, new_buffers, outs, scaling, anchored = program.run(*args)
+        else:
+            new_params, new_state, new_buffers, outs, scaling, anchored = program.run(*args)
+    except BaseException:
+        if hooks is not None:
+            hooks.abort_compiled_call()
+        raise
+    if dry_run:  # compile(): nothing is committed, per-step state is put back
+        if hooks is not None:
+            hooks.abort_compiled_call()
+        return None
+    if program.aliased is None:  # where Inductor returns input memory is fixed at compile
+        program.aliased = _aliased(outs, [*tensors, *trained, *frozen])
+    if program.aliased:
+        outs = [out.clone() if i in program.aliased else out for i, out in enumerate(outs)]
+    if graphed:  # the graph's outputs are overwritten by its next replay
+        new_state = [{k: v.clone() for k, v in st.items()} for st in new_state]
+    if buffers:
+        torch._foreach_copy_([b for values in buffers for b in values], list(new_buffers))
+    if functional is not None:
+        torch._foreach_copy_(trained, list(new_params))
+        functional.commit(list(new_state))
+        if program.scaling.automatic:
+            program.scaling.commit(executor._precision.loss_scaler(executor._optimizer), scaling)
+        for p in trained:
+            p.grad = None
+    if compiled.anchors:
+        program.record_anchors(compiled.anchors, anchored)
+    return outs
+
+
+def _buffer_sets(model, program, replica_buffers):
+    """The tensors holding the updated buffers' values, per replica set: set 0 is the live
+    buffers (``ReplicaBuffers`` keeps replica 0's there between calls), set r its stored copies."""
+    if not program.buffer_names:
+        return []
+    replica_buffers.switch_to(0)
+    named = dict(model.named_buffers())
+    live = [named[n] for n in program.buffer_names]
+    if program.buffer_sets == 1:
+        return [live]
+    position = {id(b): i for i, b in enumerate(replica_buffers.buffers)}
+    return [live] + [[replica_buffers.values[r][position[id(b)]] for b in live]
+                     for r in range(1, program.buffer_sets)]
+
+
+def _aliased(outs, inputs):
+    """The indices of the outputs sharing memory with a program input: Inductor may hand back an
+    input's own memory for an output that only copies it (it drops the copy), and a returned
+    tensor must not alias the caller's inputs or the model's weights (such outputs are copied)."""
+    shared = {t.untyped_storage().data_ptr() for t in inputs}
+    return {i for i, out in enumerate(outs) if out.untyped_storage().data_ptr() in shared}
