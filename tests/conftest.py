@@ -20,6 +20,9 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 # Options.openpopBackend: "auto" would compile any model whose eager calls pass 30 s, making a
 # test's path depend on the machine's speed. Subprocesses inherit it.
 os.environ.setdefault("OPENPOP_BACKEND", "eager")
+# A developer's executable cache (POPTORCH_CACHE_DIR) would make tests that count compiles or
+# traces depend on what an earlier run left there; tests that want a cache give their own.
+os.environ.pop("POPTORCH_CACHE_DIR", None)
 
 
 @pytest.fixture(autouse=True)
