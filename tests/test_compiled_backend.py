@@ -418,7 +418,7 @@ def test_cuda_graphs_training_matches_eager():
 
 
 def test_optimizers_without_a_functional_update_are_named():
-    from openpop.runtime.compiled.functional_optim import unsupported_reason
+    from openpop.runtime.compiled.optimizer_support import unsupported_reason
     params = list(Regressor().parameters())
 
     class OwnStep(torch.optim.SGD):

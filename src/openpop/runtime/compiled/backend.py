@@ -48,11 +48,12 @@ from .eligibility import (
     counted_probe,
     saved_tensor_hooks_active,
 )
-from .functional_optim import FunctionalOptimizer, signature
+from .functional_optim import FunctionalOptimizer
 from .generator_states import RngState
 from .host_call import run_program
 from .inductor import ProgramCompiler
 from .loss_scaling import ScalingState
+from .optimizer_support import signature
 from .program_options import compile_kwargs, forward_contexts
 from .repeat_call import RepeatCall
 from .saved_programs import DIRECTORY, SUFFIX, SavedProgram, program_key

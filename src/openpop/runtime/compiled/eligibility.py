@@ -29,7 +29,7 @@ from ..pipeline import CONCURRENCY_ENV
 from ..shapes_only import recorded
 from ..weights import BufferSnapshot, NormStatistics
 from .compile_cost import OpCounter
-from .functional_optim import unsupported_reason
+from .optimizer_support import unsupported_reason
 from .saved_programs import OpRecorder
 
 

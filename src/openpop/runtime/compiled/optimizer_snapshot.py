@@ -3,7 +3,7 @@
 A repeated compiled host call (``repeat_call.py``) must notice what the user may have changed on
 the optimizer between calls - an LR scheduler's step or a user writing ``group["lr"]`` (new
 hyperparameter inputs), ``group["momentum"] = 0.9`` or a new ``max_grad_norm`` (a static choice:
-``functional_optim.signature``, a new program) - but reading every hyperparameter and the
+``optimizer_support.signature``, a new program) - but reading every hyperparameter and the
 signature again (``hyper_values``, ``signature``) costs several microseconds per call.
 ``OptimizerSnapshot.unchanged()`` instead compares what the optimizer holds now with what it
 held at the last call: the values of its ``__dict__`` (``loss_scaling``, ``max_grad_norm``,

@@ -27,8 +27,8 @@ from ..devices import HostPlacement
 from ..perf import UniformCounters
 from ..weights import version_cell
 from .eligibility import saved_tensor_hooks_active
-from .functional_optim import signature
 from .optimizer_snapshot import OptimizerSnapshot
+from .optimizer_support import signature
 from .selection import DECLINED
 
 

@@ -21,7 +21,7 @@ before every call. What the other guards covered is covered here:
   key; the model's forward and backward only, run on fake tensors: *The probe* below), the
   modules' classes, parameters (names, shapes, dtypes, devices, ``requires_grad``) and
   buffers, the program's layout (geometry, output mode, outputs, anchors, loss index, updated
-  buffers), the optimizer's class and hyperparameter structure (``functional_optim.signature``),
+  buffers), the optimizer's class and hyperparameter structure (``optimizer_support.signature``),
   precision contexts, loss scaling, Inductor's options, torch / openpop / Python versions, a hash
   of the compiled backend's source (``compile_cost.program_source``: a cache written by other
   code holds programs of other inputs, which would fail their guards every process) and the
@@ -121,7 +121,7 @@ def program_key(executor, program, ops_digest, options) -> str:
     """The saved program's file name: a hash of everything the program is a function of (module docstring)."""
     from ... import __version__
     from .compile_cost import program_source
-    from .functional_optim import signature
+    from .optimizer_support import signature
     model = executor._model
     layout = program.layout
     g = layout.geometry
