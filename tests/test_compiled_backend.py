@@ -377,28 +377,28 @@ def test_program_arguments_follow_replaced_parameters_and_submodules():
 def test_looping_cpu_programs_use_the_cpp_wrapper():
     """A device-iteration while_loop runs in Inductor's C++ wrapper, not a Python loop, and so does
     a small program; every while_loop program is marked cacheable."""
-    from openpop.runtime.compiled.program_options import compile_kwargs as _compile_kwargs
+    from openpop.runtime.compiled.program_options import compile_kwargs
     from openpop.runtime.geometry import BatchGeometry
     cpu = torch.device("cpu")
     cacheable = {"unsafe_marked_cacheable_functions": {"torch.ops.higher_order.while_loop": torch.__version__}}
     looping = BatchGeometry.from_options(poptorch.Options().deviceIterations(4))
-    assert _compile_kwargs(cpu, looping, False) == {"options": {"cpp_wrapper": True, **cacheable}}
+    assert compile_kwargs(cpu, looping, False) == {"options": {"cpp_wrapper": True, **cacheable}}
     accumulating = poptorch.Options()
     accumulating.Training.gradientAccumulation(2)  # a while_loop over the micro-batches, one step
-    assert _compile_kwargs(cpu, BatchGeometry.from_options(accumulating), False) == {"options": cacheable}
-    assert _compile_kwargs(cpu, BatchGeometry.from_options(accumulating), False, loops=False) == {}  # stepwise
-    assert _compile_kwargs(cpu, BatchGeometry.from_options(poptorch.Options()), False) == {}
+    assert compile_kwargs(cpu, BatchGeometry.from_options(accumulating), False) == {"options": cacheable}
+    assert compile_kwargs(cpu, BatchGeometry.from_options(accumulating), False, loops=False) == {}  # stepwise
+    assert compile_kwargs(cpu, BatchGeometry.from_options(poptorch.Options()), False) == {}
     # a small one-step program (aten ops per micro-batch as the probe counts them): C++ too
     one_step = BatchGeometry.from_options(poptorch.Options())
-    assert _compile_kwargs(cpu, one_step, False, ops=13) == {"options": {"cpp_wrapper": True}}
-    assert _compile_kwargs(cpu, one_step, False, ops=122) == {}
-    assert _compile_kwargs(cpu, BatchGeometry.from_options(accumulating), False, ops=13) == {
+    assert compile_kwargs(cpu, one_step, False, ops=13) == {"options": {"cpp_wrapper": True}}
+    assert compile_kwargs(cpu, one_step, False, ops=122) == {}
+    assert compile_kwargs(cpu, BatchGeometry.from_options(accumulating), False, ops=13) == {
         "options": {"cpp_wrapper": True, **cacheable}}
-    assert _compile_kwargs(cpu, BatchGeometry.from_options(accumulating), False, loops=False, ops=13) == {}
-    assert _compile_kwargs(torch.device("cuda", 0), looping, False) == {
+    assert compile_kwargs(cpu, BatchGeometry.from_options(accumulating), False, loops=False, ops=13) == {}
+    assert compile_kwargs(torch.device("cuda", 0), looping, False) == {
         "options": {**torch._inductor.list_mode_options("reduce-overhead"), **cacheable}}
     # A model that draws random numbers keeps aten's random ops (program.py)
-    assert _compile_kwargs(cpu, looping, True) == {"options": {"cpp_wrapper": True, **cacheable,
+    assert compile_kwargs(cpu, looping, True) == {"options": {"cpp_wrapper": True, **cacheable,
                                                                "fallback_random": True}}
 
 

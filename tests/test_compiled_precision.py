@@ -120,15 +120,15 @@ def test_compile_options_for_half_programs():
     Inductor's C++ wrapper; CUDA keeps its graphs."""
     from types import SimpleNamespace
 
-    from openpop.runtime.compiled.program_options import compile_kwargs as _compile_kwargs
+    from openpop.runtime.compiled.program_options import compile_kwargs
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
     loop = SimpleNamespace(device_iterations=4, micro_batches_per_step=1)
     cacheable = {"unsafe_marked_cacheable_functions": {"torch.ops.higher_order.while_loop": torch.__version__}}
-    assert _compile_kwargs(cpu, loop, False, half_casts=True) == {
+    assert compile_kwargs(cpu, loop, False, half_casts=True) == {
         "options": {"cpp_wrapper": True, **cacheable, "emulate_precision_casts": True}}
-    assert _compile_kwargs(cpu, loop, False, half_casts=True, loops=False) == {
+    assert compile_kwargs(cpu, loop, False, half_casts=True, loops=False) == {
         "options": {"emulate_precision_casts": True}}
-    assert _compile_kwargs(cuda, loop, False, half_casts=True) == {
+    assert compile_kwargs(cuda, loop, False, half_casts=True) == {
         "options": {"triton.cudagraphs": True, **cacheable, "emulate_precision_casts": True}}
 
 

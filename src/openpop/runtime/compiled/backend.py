@@ -7,7 +7,7 @@ Declining in ``auto`` logs one line naming the reason and the executor stays eag
 A model may take part (Lightning's ``StepModule`` does): ``compiled_micro_batch_leaves()``,
 asked after the probe, is how many trailing output leaves the program returns for every
 micro-batch whatever the output mode; ``compiled_host_call_result(result)`` turns the program's
-result into the host call's; ``compiledforward_contexts()``, ``(factories, stepwise)`` as
+result into the host call's; ``compiled_forward_contexts()``, ``(factories, stepwise)`` as
 ``RunPrecision.traced_forward``, adds contexts the program enters around each traced forward.
 
 When torch.compile compiles (the ``Graph compilation`` bar, ``compile_seconds``):

@@ -81,20 +81,21 @@ class FunctionalOptimizer:
 
     # ------------------------------------------------------------------ inputs
     def loss_scale(self):
-        """The optimizer's ``loss_scaling`` as a program input."""
-        return self._as_tensors((float(getattr(self.optimizer, "loss_scaling", 1.0)),), "loss_scale")[0]
+        """The optimizer's ``loss_scaling`` as a program input (a 0-d float32 tensor)."""
+        value = float(getattr(self.optimizer, "loss_scaling", 1.0))
+        return self._cached("loss_scale", value, lambda: self._tensor(value))
 
-    def _as_tensors(self, values, slot):
-        """0-d float32 tensors of ``values``, made again only when a value changes (a host call
-        costs microseconds: creating a tensor per hyperparameter per call would show)."""
+    def _cached(self, slot, key, make):
+        """``make()``'s tensor, made again only when ``key`` changes (a host call costs
+        microseconds: creating its input tensors on every call would show)."""
         cached = self._cache.get(slot)
-        if cached is None or cached[0] != values:
-            cached = self._cache[slot] = (values, [self._scalar(v) for v in values])
+        if cached is None or cached[0] != key:
+            cached = self._cache[slot] = (key, make())
         return cached[1]
 
-    def _scalar(self, value):
-        """A 0-d float32 program input on the parameters' device (CUDA graphs take no CPU inputs)."""
-        return torch.tensor(float(value), dtype=torch.float32, device=self.device)
+    def _tensor(self, values):
+        """A float32 program input on the parameters' device (CUDA graphs take no CPU inputs)."""
+        return torch.tensor(values, dtype=torch.float32, device=self.device)
 
     def hyper_values(self):
         """Per group ``{name: float}``: the hyperparameters the update reads now."""
@@ -118,10 +119,7 @@ class FunctionalOptimizer:
     def hyper(self):
         """``hyper_values()`` as one float32 tensor (``unpack``)."""
         key = [float(x) for v in self.hyper_values() for x in v.values()]
-        cached = self._cache.get("hyper")
-        if cached is None or cached[0] != key:
-            cached = self._cache["hyper"] = (key, torch.tensor(key, dtype=torch.float32, device=self.device))
-        return cached[1]
+        return self._cached("hyper", key, lambda: self._tensor(key))
 
     def unpack(self, packed):
         """(Traced) ``hyper()``'s tensor, or a ``[values]`` row or the ``[values, steps]`` tensor of
@@ -134,12 +132,8 @@ class FunctionalOptimizer:
         distinct = list({id(values): values for values in per_step}.values())
         key = [[tuple(float(x) for x in v.values()) for v in values] for values in distinct]
         key.append([id(values) for values in per_step] if len(distinct) > 1 else len(per_step))
-        cached = self._cache.get("hyper_steps")
-        if cached is None or cached[0] != key:
-            rows = [[float(x) for v in values for x in v.values()] for values in per_step]
-            cached = self._cache["hyper_steps"] = (key, torch.tensor(rows, dtype=torch.float32,
-                                                                     device=self.device).t().contiguous())
-        return cached[1]
+        return self._cached("hyper_steps", key, lambda: self._tensor(
+            [[float(x) for v in values for x in v.values()] for values in per_step]).t().contiguous())
 
     def state_in(self, placeholders=False):
         """Per parameter a dict of state tensors (copies: the program's result replaces them).
