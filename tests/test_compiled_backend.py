@@ -400,6 +400,13 @@ def test_looping_cpu_programs_use_the_cpp_wrapper():
     # A model that draws random numbers keeps aten's random ops (program.py)
     assert compile_kwargs(cpu, looping, True) == {"options": {"cpp_wrapper": True, **cacheable,
                                                                "fallback_random": True}}
+    # CPU training programs: short attention's backward as tensor math (attention_backward.py)
+    from openpop.runtime.compiled.attention_backward import ShortAttentionBackward
+    trained = compile_kwargs(cpu, looping, False, training=True)["options"]
+    assert isinstance(trained.pop("post_grad_custom_pre_pass"), ShortAttentionBackward)
+    assert trained == {"cpp_wrapper": True, **cacheable}
+    assert "post_grad_custom_pre_pass" not in compile_kwargs(torch.device("cuda", 0), looping, False,
+                                                             training=True)["options"]
 
 
 @pytest.mark.gpu

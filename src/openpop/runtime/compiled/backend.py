@@ -254,7 +254,7 @@ class CompiledBackend:
         layout = Layout(executor, inputs, probed.spec, probed.leaves, micro_batch_leaves() if micro_batch_leaves else 0)
         device = next(iter(model.parameters()), torch.empty(0)).device
         kwargs = compile_kwargs(device, executor._geometry, probed.draws_random, half_casts=bool(contexts),
-                                loops=not stepwise, ops=self._ops)
+                                loops=not stepwise, ops=self._ops, training=executor._training)
         scaling = ScalingState(executor._precision.dynamic if executor._training else None,
                                executor._geometry.device_iterations)
         sets = executor._geometry.replication_factor if compiled.replica_buffers.per_replica else 1

@@ -2,6 +2,7 @@
 (``compile_kwargs``: the C++ wrapper, cacheable loops, random numbers, half-precision rounding)."""
 import torch
 
+from .attention_backward import ShortAttentionBackward
 from .cuda_graphs import compile_options
 
 _WHILE_LOOP = "torch.ops.higher_order.while_loop"  # the name torch's caches know it by
@@ -20,7 +21,7 @@ def forward_contexts(executor):
     return contexts, stepwise
 
 
-def compile_kwargs(device, geometry, draws_random, half_casts=False, loops=True, ops=None):
+def compile_kwargs(device, geometry, draws_random, half_casts=False, loops=True, ops=None, training=False):
     """``torch.compile``'s arguments for a program on ``device``. CUDA: CUDA graphs
     (``cuda_graphs.py``). CPU, a program that loops over device iterations, or a small one (at
     most ``SMALL_PROGRAM_OPS`` aten ops per micro-batch, ``ops`` as the probe counted them):
@@ -40,7 +41,8 @@ def compile_kwargs(device, geometry, draws_random, half_casts=False, loops=True,
     (``program.py``); only then, as it changes Inductor's decompositions. ``half_casts`` (programs
     holding float16/bfloat16 tensors): every half intermediate rounded as eager rounds it
     (Inductor otherwise keeps fused element-wise chains in float32: half gradients summed over
-    micro-batches, half weights updated would differ from eager's by an ulp)."""
+    micro-batches, half weights updated would differ from eager's by an ulp). A CPU training program:
+    short attention's backward as tensor math (``attention_backward.py``)."""
     options = dict(compile_options(device))
     small = ops is not None and ops <= SMALL_PROGRAM_OPS
     if not options and loops and (geometry.device_iterations > 1 or small):
@@ -51,4 +53,6 @@ def compile_kwargs(device, geometry, draws_random, half_casts=False, loops=True,
         options["fallback_random"] = True
     if half_casts:
         options["emulate_precision_casts"] = True
+    if training and device.type == "cpu":
+        options["post_grad_custom_pre_pass"] = ShortAttentionBackward()
     return {"options": options} if options else {}
