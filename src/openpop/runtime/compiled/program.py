@@ -38,6 +38,8 @@ call's inputs split ``[DI, GA, R_in, micro, ...]`` - compiled by ``torch.compile
   threads a CUDA philox seed and offset through the graph, i.e. its own numbers too.)
 * hyperparameters: one tensor (``FunctionalOptimizer.hyper``), per-step ones (``step_hooks.py``)
   ``[values, DI]``, indexed by the step counter;
+* CPU attention: aten's flash kernels, but for short sequences the backward is Inductor-fused
+  tensor math over the forward's logsumexp (``attention_backward.py``: BERT-base bf16's steps);
 * *stepwise* programs (a forward under a torch function mode, ``LowPrecisionOps``, which
   ``while_loop``'s body cannot hold) compile one step, with its micro-batches unrolled, and the
   host loops over the steps;
