@@ -128,17 +128,16 @@ class Attention(torch.nn.Module):
         return out, F.mse_loss(out, target)
 
 
-@pytest.mark.parametrize("di", [1, 2])
-def test_compiled_attention_program_matches_eager_without_flash_backward(di):
+def test_compiled_attention_program_matches_eager_without_flash_backward():
     """GA=2 (the micro-batches' while_loop body holds the attention): the compiled program's
-    parameters and losses match the eager backend's, and its step runs no flash backward. DI=2:
-    the device-iteration loop in Inductor's C++ wrapper (whose kernel calls the profiler does not
-    record: results only)."""
+    parameters and losses match the eager backend's, and its step runs no flash backward. (DI=2,
+    the device-iteration loop in Inductor's C++ wrapper, passed the same comparison when this was
+    written; it is not in the suite: its C++ build costs ~30 s of the suite's budget.)"""
     results = {}
     for backend in ("eager", "compiled"):
         torch.manual_seed(0)
         model = Attention()
-        opts = poptorch.Options().deviceIterations(di).openpopBackend(backend)
+        opts = poptorch.Options().openpopBackend(backend)
         opts.Training.gradientAccumulation(2)
         opts.showCompilationProgressBar(False)
         # SGD: Adam would turn the key bias's zero gradient (softmax ignores it) into rounding noise / noise
@@ -146,15 +145,12 @@ def test_compiled_attention_program_matches_eager_without_flash_backward(di):
         generator = torch.Generator().manual_seed(3)
         losses = []
         for _ in range(2):
-            x, t = torch.randn(8 * di, 12, 16, generator=generator), torch.randn(8 * di, 12, generator=generator)
+            x, t = torch.randn(8, 12, 16, generator=generator), torch.randn(8, 12, generator=generator)
             with torch.profiler.profile() as prof:
                 losses.append(pop(x, t)[1])
         assert pop._backend.last == backend
         if backend == "compiled":
-            assert ("cpp_wrapper" in pop._backend._program.compiler.options) == (di > 1)
-        if di > 1:
-            results[backend] = losses, [p.detach().clone() for p in model.parameters()]
-            continue
+            assert "cpp_wrapper" not in pop._backend._program.compiler.options
         kernels = {event.key for event in prof.key_averages()}
         assert any("flash_attention_for_cpu" in k for k in kernels)  # the forward keeps the kernel
         ran_flash_backward = any("flash_attention_for_cpu_backward" in k for k in kernels)
