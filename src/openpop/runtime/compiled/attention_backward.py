@@ -37,7 +37,8 @@ def attention_backward(grad_out, query, key, value, out, logsumexp, is_causal=Fa
     scores = (q @ k.transpose(-2, -1)) * scale
     if is_causal:
         length, keys = scores.shape[-2:]
-        hidden = torch.ones(length, keys, dtype=torch.bool, device=scores.device).triu(keys - length + 1)
+        # torch's convention (the kernel's too): query i sees keys 0..i, aligned top-left when L != S
+        hidden = torch.ones(length, keys, dtype=torch.bool, device=scores.device).triu(1)
         scores = scores.masked_fill(hidden, float("-inf"))
     if attn_mask is not None:  # additive, the query's dtype (the kernel's; SDPA turns boolean masks into -inf)
         scores = scores + attn_mask.to(f)
