@@ -110,14 +110,13 @@ class ShortAttentionBackward(CustomGraphPass):
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         root = graph.owning_module
-        modules = [m for m in root.modules() if isinstance(m, torch.fx.GraphModule)] if root is not None else []
         if root is None:
             return
-        for module in modules:
-            if _rewrite(module) and module is not root:
+        for module in [m for m in root.modules() if isinstance(m, torch.fx.GraphModule)]:
+            if _rewrite(module):  # only then: dead code of the unused gradients (Inductor's own pass runs none)
                 module.graph.eliminate_dead_code()
-                module.recompile()
-        graph.eliminate_dead_code()
+                if module is not root:
+                    module.recompile()
 
     def uuid(self):
         return get_hash_for_files((__file__,))
