@@ -8,11 +8,15 @@ import torch.nn.functional as F
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import poptorch
-from openpop.runtime.compiled.attention_backward import MAX_SCORES, ShortAttentionBackward, attention_backward
+from openpop.runtime.compiled.attention_backward import (
+    FLASH_BACKWARD,
+    MAX_SCORES,
+    ShortAttentionBackward,
+    attention_backward,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 FLASH_FORWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
-FLASH_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
 
 
 def qkv(dtype, length=16, keys=16, batch=2, heads=3, size=8, seed=0):
@@ -71,7 +75,7 @@ def traced_gradients(length, keys, dropout=0.0):
     """make_fx (fake tensors, as Inductor's post-grad graphs hold them) of q, k, v's gradients."""
     def gradients(q, k, v, mask):
         q, k, v = (t.requires_grad_() for t in (q, k, v))
-        out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout, attn_mask=mask)[0]
+        out = FLASH_FORWARD(q, k, v, dropout, attn_mask=mask)[0]
         return torch.autograd.grad(out.sum(), (q, k, v))
 
     q, k, v = qkv(torch.float32, length, keys)

@@ -26,6 +26,7 @@ import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
 MAX_SCORES = 128 * 128
+FLASH_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
 
 
 def attention_backward(grad_out, query, key, value, out, logsumexp, is_causal=False, attn_mask=None, scale=None):
@@ -52,12 +53,9 @@ def attention_backward(grad_out, query, key, value, out, logsumexp, is_causal=Fa
     return grad_query.to(query.dtype), grad_key.to(key.dtype), grad_value.to(value.dtype)
 
 
-def _flash_backward():
-    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
-
-
 def _arguments(node):
-    """``(tensors, constants)`` of a flash-backward node, or ``None`` if it is not rewritten."""
+    """``(tensors, their fake values, constants)`` of a flash-backward node, or ``None`` if it is
+    not rewritten."""
     args = list(node.args) + [None] * (8 - len(node.args))
     grad_out, query, key, value, out, logsumexp, dropout_p, is_causal = args[:8]
     mask, scale = node.kwargs.get("attn_mask"), node.kwargs.get("scale")
@@ -77,7 +75,7 @@ def _rewrite(module) -> bool:
     """Rewrite the eligible nodes of ``module``'s graph in place; True if any was."""
     from torch._inductor.pattern_matcher import fwd_only
     graph, changed = module.graph, False
-    for node in list(graph.find_nodes(op="call_function", target=_flash_backward())):
+    for node in list(graph.find_nodes(op="call_function", target=FLASH_BACKWARD)):
         found = _arguments(node)
         if found is None:
             continue
