@@ -522,6 +522,7 @@ class Options(OptionsDict):
             source_location_excludes=["openpop/", "poptorch/", "torch/", "site-packages/"],
             openpop_backend="auto",
             compile_after=30.0,
+            compiled_unit="auto",
         )
         cache_dir = os.environ.get("POPTORCH_CACHE_DIR", "")
         if cache_dir:
@@ -742,19 +743,27 @@ class Options(OptionsDict):
         self.set(show_compilation_progress_bar=show)
         return self
 
-    def openpopBackend(self, backend: str, compile_after: Optional[float] = None) -> "Options":
+    def openpopBackend(self, backend: str, compile_after: Optional[float] = None,
+                       unit: Optional[str] = None) -> "Options":
         """openpop extension: how host calls run. ``"eager"`` (the reference), ``"compiled"``
         (one compiled program per host call, ``runtime/compiled/``; an error naming the construct
         for a model it cannot compile) or ``"auto"`` (default; environment ``OPENPOP_BACKEND``):
         eager until eager host calls have taken ``compile_after`` seconds (default: the program's
         estimated compile time, ``runtime/compiled/compile_cost.py``; environment
-        ``OPENPOP_COMPILE_AFTER``), then compiled where possible. See the README's "Compiled backend"."""
-        from .runtime.compiled.selection import check_backend
+        ``OPENPOP_COMPILE_AFTER``), then compiled where possible. ``unit``: what is compiled,
+        ``"program"`` (the whole host call), ``"regions"`` (the model's blocks one by one, the host
+        call run eagerly) or ``"auto"`` (default; environment ``OPENPOP_COMPILED_UNIT``: regions for models
+        whose ops take milliseconds). See the README's "Compiled backend"."""
+        from .runtime.compiled.selection import check_backend, check_unit
         check_backend(backend)
+        if unit is not None:
+            check_unit(unit)
         if compile_after is not None:
             if not _is_real(compile_after) or compile_after < 0:
                 raise errors.createPoptorchError(errors.COMPILE_AFTER.format(compile_after=compile_after))
             self.set(compile_after=float(compile_after))
+        if unit is not None:
+            self.set(compiled_unit=unit)
         self.set(openpop_backend=backend)
         return self
 

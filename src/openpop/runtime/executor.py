@@ -22,7 +22,7 @@ from . import messages, trace
 from .anchors import AnchoredTensors
 from .args import BoundInputs, InputSignature, prepare_tensors
 from .compile_cache import CompileCache
-from .compiled import DECLINED, CompiledBackend
+from .compiled import DECLINED, REGIONS, CompiledBackend
 from .distributed_reduce import GlobalReplication
 from .executable import Executable, trace_model
 from .gradients import GradientReduction, MeanPolicy, ReplicaSum
@@ -202,17 +202,19 @@ class PoplarExecutor:
         # compiled program has no stages to trace, so traced calls run eagerly (same results).
         result = DECLINED if trace.records_next_call(self) else self._backend.run(self, inputs, self._executable)
         self._backend._finish_progress()  # (a traced first call: the executor's compile is over)
-        if result is not DECLINED:
+        regions = result is REGIONS  # the eager host call with the model's compiled regions (compiled/regions.py)
+        if result is not DECLINED and not regions:
             trace.count_untraced_call(self)
             callers.write_back()
             return result
         started = time.perf_counter()
         host_call = session.host_call(self._optimizer, self._precision) if self._training else contextlib.nullcontext()
         with session.running(self._training, self._precision, host_call), \
-                contextlib.nullcontext() if self._training else torch.no_grad():
+                contextlib.nullcontext() if self._training else torch.no_grad(), \
+                self._backend.regions.installed() if regions else contextlib.nullcontext():
             result = self._run(inputs, self._executable, host_call)
         self._last_run_seconds = time.perf_counter() - started
-        self._backend.record_eager(self._last_run_seconds)
+        self._backend.record_eager(self._last_run_seconds, regions)
         callers.write_back()
         return result
 

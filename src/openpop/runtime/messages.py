@@ -21,13 +21,20 @@ CACHE_LOCK_TIMEOUT = ("Executable cache %s: still locked after %.0f s; compiling
 # --- compiled backend -----------------------------------------------------------
 UNKNOWN_BACKEND = ("Unknown openpop backend {name!r}: use one of {backends} "
                    "(Options.openpopBackend or the {env} environment variable).")
+UNKNOWN_UNIT = ("Unknown compiled unit {name!r}: use one of {units} "
+                "(Options.openpopBackend(..., unit=...) or the {env} environment variable).")
+REGIONS_CONCURRENT = ("the compiled unit 'regions' runs micro-batches one after another, and this model's pipelined "
+                     "stages run concurrently: use unit='program' or 'auto'")
+UNIT_CHOSEN = "openpop compiled backend: unit %r (the probe micro-batch took %.3f ms per aten op)"
 COMPILED_FORCED = ("Options.openpopBackend('compiled') cannot run this model: {reason}. "
                    "Use openpopBackend('auto') or 'eager' to run it eagerly.")
 AUTO_COMPILES = ("openpop auto backend: compiling this model now: its eager host calls took %.1f s, the "
                  "estimated compile time (%.1f s, %s)")
 AUTO_ESTIMATE = "{ops} aten ops per micro-batch x {unrolled} unrolled, {tensors} trained tensors{warm}"
+AUTO_ESTIMATE_REGIONS = "{ops} distinct aten ops per micro-batch in {regions} distinct compiled regions{warm}"
 COMPILED_DECLINED = "openpop runs this model eagerly: the compiled backend does not support %s"
 # Why the compiled backend declines a model (the {reason} above)
+INELIGIBLE_REGIONS = "what torch.compile of its regions rejects: {error}"
 INELIGIBLE_FULLGRAPH = "what torch.compile(fullgraph=True) rejects: {error}"
 INELIGIBLE_RECOMPILES = ("Python values the model reads that change between host calls (torch.compile re-traced "
                          "the program until its recompile limit): {error}")

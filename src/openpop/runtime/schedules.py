@@ -71,6 +71,7 @@ class CallState:
 
 class SerialTraining:
     """Each micro-batch's forward and backward in turn, in the calling thread."""
+    concurrent = False  # (the compiled unit 'regions' needs micro-batches one after another)
 
     def __init__(self, settings, executable, session, precision):
         self.geometry = settings.geometry
@@ -107,6 +108,7 @@ class SerialTraining:
 class ConcurrentStages(SerialTraining):
     """One step's micro-batches with up to ``pipeline_stages`` per replica device set in flight
     (several devices); each micro-batch's gradients join the step's in micro-batch order."""
+    concurrent = True  # (the compiled unit 'regions' needs micro-batches one after another)
 
     def __init__(self, settings, executable, session, precision):
         super().__init__(settings, executable, session, precision)
@@ -151,6 +153,7 @@ class ConcurrentStages(SerialTraining):
 
 class Inference:
     """Each replica's forward in turn; no gradients."""
+    concurrent = False  # (the compiled unit 'regions' needs micro-batches one after another)
 
     def __init__(self, settings, executable, session, precision):
         self.micro_batches = _micro_batches_of_a_step(settings.geometry)

@@ -6,12 +6,13 @@
 * ``functional_optim.py`` optimizer updates as pure tensor functions (SGD, Adam, AdamW)
 * ``adaptive_updates.py`` the LAMB and RMSprop updates it dispatches to
 * ``program.py``         DI x GA x R micro-batches, gradients, update, outputs, compiled
+* ``regions.py``          the other unit: the model's blocks compiled, the host call eager
 * ``cuda_graphs.py``     CUDA graph capture of the program on GPUs
 * ``arguments.py``       the program's parameter and input arguments, resolved once per program
 * ``backend.py``         ``CompiledBackend.run``: what the executor calls
 * ``repeat_call.py``     the executor's fast path for a host call like the last compiled one
 """
 from .backend import CompiledBackend
-from .selection import DECLINED
+from .selection import DECLINED, REGIONS
 
-__all__ = ["DECLINED", "CompiledBackend"]
+__all__ = ["DECLINED", "REGIONS", "CompiledBackend"]

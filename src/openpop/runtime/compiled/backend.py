@@ -55,9 +55,10 @@ from .inductor import ProgramCompiler
 from .loss_scaling import ScalingState
 from .optimizer_support import signature
 from .program_options import compile_kwargs, forward_contexts
+from .regions import REGIONS_SECONDS_PER_OP, CompiledRegions, distinct_share, find_regions
 from .repeat_call import RepeatCall
 from .saved_programs import DIRECTORY, SUFFIX, SavedProgram, program_key
-from .selection import DECLINED, Selection
+from .selection import DECLINED, REGIONS, Selection
 
 
 class CompiledBackend:
@@ -77,8 +78,14 @@ class CompiledBackend:
         self._ops = None  # aten ops the last probe counted (compile_cost.py)
         self._ops_digest = None  # their hash, with the executable cache on (saved_programs.py)
         self.probed_on = None  # "values" or "shapes" (fake tensors): how the last probe ran
+        self.probe_seconds = None  # wall seconds of the last probe on values (the unit's rule)
+        self.regions = None  # CompiledRegions, once the unit "regions" has compiled
 
-    def record_eager(self, seconds: float) -> None:
+    def record_eager(self, seconds: float, regions: bool = False) -> None:
+        """A host call the eager backend ran: on its own, or with the compiled ``regions``."""
+        if regions:
+            self.last = "compiled"
+            return
         self.selection.record_eager(seconds)
         self.last = "eager"
 
@@ -86,6 +93,7 @@ class CompiledBackend:
         """The executor was destroyed: its programs go too."""
         self._program = self._arguments = self.repeat = None
         self._key = None
+        self.regions = None
 
     def run(self, executor, inputs, compiled):
         if self.selection.needs_estimate:
@@ -99,11 +107,16 @@ class CompiledBackend:
                 self._told_saved_tensor_hooks = True
             self._finish_progress()
             return DECLINED
+        if self._unit(executor, inputs, compiled) == "regions":
+            return self._compile_regions(executor, inputs, compiled)
         return self._run(executor, inputs, compiled, dry_run=False)
 
     def compile_ahead(self, executor, inputs, compiled) -> None:
         """``compile()``: build and compile the program now, changing nothing (module docstring)."""
         if self.selection.wants_compiled():
+            if self._unit(executor, inputs, compiled) == "regions":
+                self._compile_regions(executor, inputs, compiled)
+                return
             rng = RngState()
             try:
                 self._run(executor, inputs, compiled, dry_run=True)
@@ -152,6 +165,51 @@ class CompiledBackend:
             self._expect_repeats(executor, inputs, compiled, program)
         return result
 
+    # ------------------------------------------------------------------ the unit
+    def _unit(self, executor, inputs, compiled) -> str:
+        """``"program"`` or ``"regions"`` (``selection.py``), chosen once: ``auto`` from the
+        probe's seconds per aten op (a model the probe rejects gets the program, which declines it)."""
+        unit = self.selection.unit
+        if unit == "auto":
+            if self.probe_seconds is None:
+                try:
+                    self._probe(executor, inputs, compiled)
+                except Exception:  # Ineligible, or the model's own error: the program path says which
+                    return "program"
+            per_op = self.probe_seconds / max(self._ops, 1)
+            unit = "regions" if per_op >= REGIONS_SECONDS_PER_OP and not executor._schedule.concurrent else "program"
+            logger.info(messages.UNIT_CHOSEN, unit, per_op * 1e3)
+            self.selection.unit = unit
+        return unit
+
+    def _compile_regions(self, executor, inputs, compiled):
+        """The unit ``regions``: compiled at the first call (``regions.py``); returns ``REGIONS``, the
+        executor then runs the host call eagerly with the compiled regions installed."""
+        if self.regions is not None:
+            return REGIONS
+        if executor._schedule.concurrent:
+            self._finish_progress()
+            return self._decline(messages.REGIONS_CONCURRENT)
+        progress, self.progress = self.progress, None
+        if progress is None and executor._settings.show_compilation_progress_bar:
+            progress = CompilationProgress()
+        started = time.perf_counter()
+        regions = CompiledRegions(executor._session.replicas.models, executor._training)
+        try:
+            with compile_cache_for(executor._compile_cache), _torch_warnings_ignored():
+                regions.compile(executor, inputs, compiled)
+        except Exception as exc:  # torch.compile's errors have many types
+            if progress is not None:
+                progress.finish()
+            return self._decline(messages.INELIGIBLE_REGIONS.format(error=_first_line(exc)), exc)
+        finally:
+            self.compile_seconds += time.perf_counter() - started
+        self.regions = regions
+        self._compiled(executor)
+        if progress is not None:
+            progress.finish()
+        return REGIONS
+
     def _expect_repeats(self, executor, inputs, compiled, program):
         """After a compiled call on the general path: the next call like it takes the fast path
         (``repeat_call.py``), with what this call found (program, optimizer, hooks seen)."""
@@ -170,13 +228,19 @@ class CompiledBackend:
                 self.selection.set_cost(None)
                 return
         loops = not forward_contexts(executor)[1]
-        self.selection.set_cost(compile_cost.estimate(executor, self._ops, executor._compile_cache, loops))
+        regions = None
+        if self._unit(executor, inputs, compiled) == "regions":
+            regions = distinct_share(executor._model, find_regions(executor._model))
+        self.selection.set_cost(compile_cost.estimate(executor, self._ops, executor._compile_cache, loops, regions))
 
     def _probe(self, executor, inputs, compiled, shapes=None):
         """``eligibility.counted_probe``, its ops hashed with the executable cache on; ``shapes``:
         on fake tensors (``shapes_only.py``)."""
+        started = time.perf_counter()
         probed, self._ops, self._ops_digest = counted_probe(executor, inputs, compiled, shapes,
                                                             hashed=executor._compile_cache is not None)
+        if shapes is None:
+            self.probe_seconds = time.perf_counter() - started
         self.probed_on = "values" if shapes is None else "shapes"
         return probed
 
@@ -191,7 +255,8 @@ class CompiledBackend:
     def _compiled(self, executor):
         """A program has compiled: compiling it again (another executor, process) is cheap."""
         if self._ops is not None:
-            compile_cost.compiled(compile_cost.estimate(executor, self._ops), executor._compile_cache)
+            regions = None if self.regions is None else (self.regions.share, self.regions.graphs)
+            compile_cost.compiled(compile_cost.estimate(executor, self._ops, regions=regions), executor._compile_cache)
 
     def _finish_progress(self):
         """The call that was to compile runs eagerly: the executor's compile has finished."""

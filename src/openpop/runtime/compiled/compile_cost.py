@@ -46,6 +46,7 @@ FIXED_SECONDS = 13.0  # Dynamo, AOTAutograd and Inductor's start, the smallest p
 SECONDS_PER_OP = 0.12  # per computing aten op (views excluded) of the traced forward + backward
 SECONDS_PER_TENSOR = {"SGD": 0.075, "LAMB": 0.375}  # per trained tensor's update, by optimizer class
 OTHER_OPTIMIZER_SECONDS_PER_TENSOR = 0.225  # Adam, AdamW, RMSprop: not measured, between the two
+REGION_SECONDS = 2.0  # the unit "regions": per distinct compiled region beyond the first
 MICRO_BATCH_LOOP_SECONDS = 3.0  # a step's micro-batches as a while_loop (MLP GA 4, BERT L2 GA 2: +3-4 s)
 WARM_FRACTION = 0.15  # compiled before: Dynamo traces again, Inductor loads (measured 0.03-0.2)
 
@@ -64,9 +65,13 @@ class CompileCost:
     fingerprint: str
     optimizer: str = "SGD"  # the optimizer's class name
     micro_batch_loop: bool = False  # the program loops over a step's micro-batches
+    regions: int = 0  # the unit "regions": distinct compiled regions (ops: their share); 0: a program
 
     @property
     def seconds(self) -> float:
+        if self.regions:  # the optimizer runs eagerly: no per-tensor updates to compile
+            cold = FIXED_SECONDS + SECONDS_PER_OP * self.ops + REGION_SECONDS * (self.regions - 1)
+            return cold * WARM_FRACTION if self.warm else cold
         per_tensor = SECONDS_PER_TENSOR.get(self.optimizer, OTHER_OPTIMIZER_SECONDS_PER_TENSOR)
         cold = FIXED_SECONDS + SECONDS_PER_OP * self.ops * self.unrolled + per_tensor * self.tensors
         if self.micro_batch_loop:
@@ -99,13 +104,18 @@ def unrolled_micro_batches(geometry, loops=True) -> int:
     return 1 if loops else geometry.micro_batches_per_step
 
 
-def estimate(executor, ops: int, cache=None, loops=True) -> CompileCost:
+def estimate(executor, ops: int, cache=None, loops=True, regions=None) -> CompileCost:
     """The compile cost of ``executor``'s program, from ``ops`` counted in its probe (``loops``:
-    whether the program loops over micro-batches or unrolls them)."""
+    whether the program loops over micro-batches or unrolls them); ``regions``, for the unit
+    "regions": ``(share, graphs)`` from ``regions.distinct_share`` - the share of the model compiled
+    as distinct code scales ``ops``, each distinct region adds ``REGION_SECONDS``."""
     model = executor._model
-    tensors = sum(1 for p in model.parameters() if p.requires_grad) if executor._training else 0
-    print_ = _fingerprint(executor, ops)
+    print_ = _fingerprint(executor, ops, regions is not None)
     warm = print_ in _compiled_here or os.path.exists(_marker(cache, print_))
+    if regions is not None:
+        share, graphs = regions
+        return CompileCost(round(ops * share), 1, 0, warm, print_, regions=graphs)
+    tensors = sum(1 for p in model.parameters() if p.requires_grad) if executor._training else 0
     optimizer = type(executor._optimizer).__name__ if executor._training else ""
     unrolled = unrolled_micro_batches(executor._geometry, loops)
     loop = loops and executor._geometry.micro_batches_per_step > 1
@@ -150,10 +160,10 @@ def program_source() -> str:
     return digest.hexdigest()[:12]
 
 
-def _fingerprint(executor, ops) -> str:
+def _fingerprint(executor, ops, regions=False) -> str:
     """The program's identity as far as a compile cache sees it: what it computes, not its values."""
     model, geometry = executor._model, executor._geometry
-    parts = [type(model).__qualname__, executor._training, ops, torch.__version__, program_source(),
+    parts = [type(model).__qualname__, executor._training, ops, regions, torch.__version__, program_source(),
              torch.get_num_threads(),
              geometry.device_iterations, geometry.gradient_accumulation, geometry.replication_factor]
     parts += [(name, tuple(t.shape), str(t.dtype), t.requires_grad)

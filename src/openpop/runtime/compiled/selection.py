@@ -8,6 +8,13 @@ more than twice the best choice in hindsight - short runs (tests, notebooks) nev
 compile; long runs pay it once. C is ``compile_after`` when given (``openpopBackend("auto",
 compile_after=...)`` or ``OPENPOP_COMPILE_AFTER``), else ``compile_cost.py``'s estimate for this
 program, made at the first host call (``DEFAULT_COMPILE_AFTER`` when the model cannot be probed).
+
+What the compiled backend compiles is its *unit* (``openpopBackend(..., unit=...)``, else
+``OPENPOP_COMPILED_UNIT``, else ``auto``): ``"program"``, the whole host call as one program
+(``program.py``), or ``"regions"``, the model's blocks compiled one by one (torch's regional
+compilation) in the eager host call (``regions.py``). ``auto`` takes regions when the probe
+micro-batch spends at least ``regions.REGIONS_SECONDS_PER_OP`` per aten op (the host's share of
+a step is then negligible, and the whole program's compile is not), the program otherwise.
 """
 import os
 
@@ -16,9 +23,12 @@ from ...log import logger
 from .. import messages
 
 BACKENDS = ("auto", "eager", "compiled")
+UNITS = ("auto", "program", "regions")
 ENV = "OPENPOP_BACKEND"
+UNIT_ENV = "OPENPOP_COMPILED_UNIT"
 COMPILE_AFTER_ENV = "OPENPOP_COMPILE_AFTER"  # e.g. 0: run a test suite compiled wherever possible
 DECLINED = object()  # the compiled backend's answer to a host call the eager backend runs
+REGIONS = object()  # ... that the eager backend runs with the compiled regions (regions.py)
 DEFAULT_COMPILE_AFTER = 30.0  # seconds: C when there is no estimate
 
 
@@ -26,6 +36,12 @@ def check_backend(name) -> str:
     if name not in BACKENDS:
         raise errors.createPoptorchError(messages.UNKNOWN_BACKEND.format(name=name, backends=", ".join(BACKENDS),
                                                                          env=ENV))
+    return name
+
+
+def check_unit(name) -> str:
+    if name not in UNITS:
+        raise errors.createPoptorchError(messages.UNKNOWN_UNIT.format(name=name, units=", ".join(UNITS), env=UNIT_ENV))
     return name
 
 
@@ -38,8 +54,9 @@ def backend_from_env(default: str = "auto") -> str:
 class Selection:
     """The per-executor decision: eager, compiled, or eager until the rental is paid."""
 
-    def __init__(self, backend: str, compile_after=None):
+    def __init__(self, backend: str, compile_after=None, unit: str = "auto"):
         self.backend = check_backend(backend)
+        self.unit = check_unit(unit)  # "auto" until the backend chooses (backend.py)
         self.compile_after = None if compile_after is None else float(compile_after)  # None: estimate
         self.cost = None  # compile_cost.CompileCost, once estimated
         self.estimated = False
@@ -54,7 +71,8 @@ class Selection:
         compile_after = options.compile_after if options.explicitlySet("compile_after") else None
         if compile_after is None and os.environ.get(COMPILE_AFTER_ENV):
             compile_after = float(os.environ[COMPILE_AFTER_ENV])
-        return cls(backend, compile_after)
+        unit = options.compiled_unit if options.explicitlySet("compiled_unit") else os.environ.get(UNIT_ENV) or "auto"
+        return cls(backend, compile_after, unit)
 
     @property
     def forced(self) -> bool:
@@ -97,8 +115,10 @@ class Selection:
         cost = self.cost
         if cost is None:
             return "default"
-        return messages.AUTO_ESTIMATE.format(ops=cost.ops, unrolled=cost.unrolled, tensors=cost.tensors,
-                                             warm=", warm" if cost.warm else "")
+        warm = ", warm" if cost.warm else ""
+        if cost.regions:
+            return messages.AUTO_ESTIMATE_REGIONS.format(ops=cost.ops, regions=cost.regions, warm=warm)
+        return messages.AUTO_ESTIMATE.format(ops=cost.ops, unrolled=cost.unrolled, tensors=cost.tensors, warm=warm)
 
     def record_eager(self, seconds: float) -> None:
         self.eager_seconds += seconds

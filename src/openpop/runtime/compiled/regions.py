@@ -1,0 +1,182 @@
+"""The compiled backend's second unit, ``"regions"``: the model's blocks compiled one by one (torch's
+regional compilation), each host call run as the eager backend runs it.
+
+The whole-host-call program (``program.py``) takes the host out from between the ops, which is
+what a small model needs (the tiny MLP's steps: 12x faster). A model whose ops each take
+milliseconds (BERT-base, micro-batch 8 x 128 tokens: ~4 ms per aten op) spends next to nothing in
+the host, and the whole program's price stays: a compile that traces and compiles every layer
+(BERT-base: ~3 min on 2 cores) and a functional gradient accumulation that copies what eager
+adds in place. Compiling each *block* instead keeps what
+Inductor's fusions save inside the layers, while identical blocks (the encoder layers) share one
+compiled graph: Dynamo traces a ``forward`` code object once and the blocks' parameters are its
+inputs, so the compile costs what one layer's does. The host call, its micro-batch loop,
+autograd's in-place accumulation, gradient reduction, loss scaling and the optimizer step are the
+eager backend's (the reference), so the semantics are eager's by construction.
+
+Regions (``find_regions``): walking down from the model, a child with parameters is a region
+unless it holds repeated blocks - two children of one module with the same class and parameter
+shapes that are themselves made of modules (an encoder layer; not the three Linear projections of
+an attention) - or has no ``forward`` (``ModuleList``), in which case its children are visited
+instead. A region whose ``forward`` the model does not call (BERT's ``BertModel`` when the
+pretraining model calls its embeddings and layers itself; a ``LightningModule`` whose
+``training_step`` calls its layers) is found when the first micro-batch compiles the regions, and
+the regions under it take its place. The model itself is never a
+region: its forward (the loss, Lightning's step) and every module's hooks run eagerly; only the
+regions' ``forward`` methods are compiled, installed on the modules for the host call and removed
+after it. Random numbers come from aten's ops (Inductor's ``fallback_random``) in eager's order, so
+dropout masks equal eager's bit for bit.
+"""
+import contextlib
+
+import torch
+
+from ..schedules import LossForward
+from ..weights import BufferSnapshot
+from .attention_backward import ShortAttentionBackward
+from .eligibility import first_micro_batch
+from .generator_states import RngState
+
+# A model whose probe micro-batch takes at least this long per aten op runs as regions under
+# ``unit="auto"`` (selection.py): BERT-base's ~4 ms per op against the tiny MLP's ~0.03 ms.
+REGIONS_SECONDS_PER_OP = 1e-3
+
+
+def _signature(module):
+    return type(module), tuple((name, tuple(p.shape), p.dtype) for name, p in module.named_parameters())
+
+
+def _holds_repeats(module) -> bool:
+    """Whether ``module`` or a module under it has two children that are the same block."""
+    for parent in module.modules():
+        seen = set()
+        for child in parent.children():
+            if next(child.children(), None) is None:  # a leaf (Linear, LayerNorm) is not a block
+                continue
+            signature = _signature(child)
+            if signature in seen:
+                return True
+            seen.add(signature)
+    return False
+
+
+def find_regions(model: torch.nn.Module) -> list:
+    """The modules whose ``forward`` is compiled (module docstring), in module order."""
+    regions, seen = [], set()
+
+    def visit(module):
+        for child in module.children():
+            if id(child) in seen or next(child.parameters(), None) is None:
+                continue
+            seen.add(id(child))
+            if _holds_repeats(child) or type(child).forward is torch.nn.Module.forward:  # (ModuleList, ModuleDict)
+                visit(child)
+            else:
+                regions.append(child)
+
+    visit(model)
+    return regions
+
+
+def distinct_share(model: torch.nn.Module, regions) -> tuple:
+    """``(share, graphs)``: the share of the model's modules that are compiled or run as distinct
+    code (a repeated block counts once), and how many distinct regions there are - what the compile
+    cost estimate scales by (``compile_cost.py``)."""
+    total = sum(1 for _ in model.modules())
+    seen, repeated = set(), 0
+    for region in regions:
+        signature = tuple(_signature(m) for m in region.modules())
+        if signature in seen:
+            repeated += sum(1 for _ in region.modules())
+        seen.add(signature)
+    return (total - repeated) / total, len(seen)
+
+
+def compile_options(device, training: bool) -> dict:
+    """Inductor's options for a region: aten's random ops (eager's masks); on CPU in training,
+    short attention's backward as tensor math (``attention_backward.py``)."""
+    options = {"fallback_random": True}
+    if training and device.type == "cpu":
+        options["post_grad_custom_pre_pass"] = ShortAttentionBackward()
+    return options
+
+
+class CompiledRegions:
+    """The compiled ``forward`` of every region of the executor's models (each replica's own,
+    the same regions by position)."""
+
+    def __init__(self, models, training: bool):
+        self._models = list(models)
+        device = next(iter(self._models[0].parameters()), torch.empty(0)).device
+        self._options = compile_options(device, training)
+        self._forwards = []  # per model: [(region, its compiled forward)]
+        self._set_regions([find_regions(model) for model in self._models])
+
+    def _set_regions(self, regions_per_model):
+        self._forwards = [[(region, torch.compile(region.forward, dynamic=False, options=self._options))
+                           for region in regions] for regions in regions_per_model]
+        self.regions = regions_per_model[0]
+        self.share, self.graphs = distinct_share(self._models[0], self.regions)
+
+    @contextlib.contextmanager
+    def installed(self, calls=None):
+        """The compiled forwards in place of the regions' own for a host call (``calls``, a set:
+        records which regions of the first model ran)."""
+        pairs = [pair for forwards in self._forwards for pair in forwards]
+        previous = [module.__dict__.get("forward") for module, _ in pairs]
+        for index, (module, forward) in enumerate(pairs):
+            module.__dict__["forward"] = forward if calls is None or index >= len(self.regions) \
+                else _recording(forward, calls, index)
+        try:
+            yield
+        finally:
+            for (module, _), before in zip(pairs, previous):
+                if before is None:
+                    del module.__dict__["forward"]
+                else:
+                    module.__dict__["forward"] = before
+
+    def compile(self, executor, inputs, executable) -> None:
+        """Compile the regions now by running the call's first micro-batch through them. A region
+        whose ``forward`` did not run (the model calls its children directly) is replaced by the
+        regions under it, and the micro-batch runs again until every region ran."""
+        while True:
+            calls = set()
+            self._run_first_micro_batch(executor, inputs, executable, calls)
+            if len(calls) == len(self.regions):
+                return
+            finer = [[] for _ in self._models]
+            for index in range(len(self.regions)):
+                for model_regions, forwards in zip(finer, self._forwards):
+                    region = forwards[index][0]
+                    model_regions.extend([region] if index in calls else find_regions(region))
+            self._set_regions(finer)
+
+    def _run_first_micro_batch(self, executor, inputs, executable, calls) -> None:
+        """Forward and (training) backward of the first micro-batch with the compiled regions,
+        leaving no trace: gradients are returned, not accumulated; buffers and torch's
+        generators are put back."""
+        model = executor._model
+        snapshot = BufferSnapshot(list(model.buffers()))
+        rng = RngState()
+        try:
+            with executor._session.running(executor._training, executor._precision), self.installed(calls), \
+                    torch.set_grad_enabled(executor._training):
+                (args, kwargs), _ = first_micro_batch(executor, inputs)
+                if not executor._training:
+                    with executor._precision.forward(model):
+                        model(*args, **kwargs)
+                    return
+                _, loss = LossForward(executable, executor._precision)(model, args, kwargs)
+                trained = [p for p in executable.trainable if p.requires_grad]
+                if loss.requires_grad and trained:
+                    torch.autograd.grad(loss.sum(), trained, allow_unused=True)
+        finally:
+            snapshot.restore()
+            rng.restore()
+
+
+def _recording(forward, calls, index):
+    def recorded(*args, **kwargs):
+        calls.add(index)
+        return forward(*args, **kwargs)
+    return recorded

@@ -1,0 +1,244 @@
+"""The compiled backend's unit "regions" (runtime/compiled/regions.py): the model's blocks
+compiled one by one, the host call run by the eager backend. Which modules are regions, training
+and inference against the eager backend and a hand-written loop, one compiled graph for identical
+blocks, the user's model left as it was, compile() leaving no trace, the auto rule and bad input."""
+import copy
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._dynamo.utils import counters
+
+import poptorch
+from openpop.runtime.compiled import backend as compiled_backend
+from openpop.runtime.compiled import compile_cost
+from openpop.runtime.compiled.regions import distinct_share, find_regions
+
+from helpers.logs import logged
+from helpers.models import FourBlocks
+from helpers.oracle import train_loop
+
+DI, GA = 2, 2
+
+
+class Layer(torch.nn.Module):
+    """An encoder-like block: three equal projections (not blocks themselves), norm, dropout."""
+
+    def __init__(self, width=16, dropout=0.0):
+        super().__init__()
+        self.q, self.k, self.v = (torch.nn.Linear(width, width) for _ in range(3))
+        self.norm = torch.nn.LayerNorm(width)
+        self.dropout = dropout
+
+    def forward(self, x):
+        scores = torch.softmax(self.q(x) @ self.k(x).transpose(-2, -1), dim=-1)
+        mixed = F.dropout(scores @ self.v(x), self.dropout, self.training)
+        return self.norm(x + torch.tanh(mixed))
+
+
+class Stack(torch.nn.Module):
+    def __init__(self, layers=3, dropout=0.0):
+        super().__init__()
+        self.embed = torch.nn.Linear(8, 16)
+        self.encoder = torch.nn.Sequential()  # (a container holding the repeats: visited)
+        self.encoder.layers = torch.nn.ModuleList(Layer(dropout=dropout) for _ in range(layers))
+        self.act = torch.nn.GELU()  # no parameters: never a region
+        self.head = torch.nn.Linear(16, 1)
+
+    def forward(self, x, target=None):
+        h = self.act(self.embed(x))
+        for layer in self.encoder.layers:
+            h = layer(h)
+        out = self.head(h).squeeze(-1)
+        return out if target is None else F.mse_loss(out, target)
+
+
+def stack_loss(model, x, target):
+    return model(x, target)
+
+
+def data(steps=DI, ga=GA, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(steps * ga * 2, 4, 8, generator=generator), torch.randn(steps * ga * 2, 4, generator=generator)
+
+
+def training(model, unit="regions", backend="compiled", ga=GA, optimizer=None):
+    opts = poptorch.Options().deviceIterations(DI).openpopBackend(backend, unit=unit)
+    opts.Training.gradientAccumulation(ga)
+    optimizer = optimizer or poptorch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    return poptorch.trainingModel(model, opts, optimizer)
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# ---------------------------------------------------------------------------- which regions
+def test_regions_are_the_repeated_blocks_and_the_rest_of_the_model():
+    model = Stack()
+    regions = find_regions(model)
+    assert regions == [model.embed, *model.encoder.layers, model.head]
+    share, graphs = distinct_share(model, regions)
+    assert graphs == 3  # embed, one layer, head
+    total = len(list(model.modules()))
+    assert share == pytest.approx((total - 2 * len(list(model.encoder.layers[0].modules()))) / total)
+
+
+def test_regions_without_repeats_are_the_children_and_containers_are_visited():
+    model = FourBlocks()  # four Linear leaves in a ModuleList: no blocks repeat, the list has no forward
+    assert find_regions(model) == list(model.layers)
+    layer = Layer()
+    assert find_regions(layer) == [layer.q, layer.k, layer.v, layer.norm]  # the model itself is never one
+
+
+# ---------------------------------------------------------------------------- training
+class Bypassed(torch.nn.Module):
+    """Its ``forward`` is never called: the model calls ``body`` itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+    def forward(self, x):
+        raise AssertionError("not called")
+
+
+class CallsInside(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.wrapper = Bypassed()
+
+    def forward(self, x, target):
+        return F.mse_loss(self.wrapper.body(x).squeeze(-1), target)
+
+
+def test_a_region_the_model_does_not_call_gives_way_to_the_regions_under_it():
+    model = CallsInside()
+    assert find_regions(model) == [model.wrapper]
+    pop = training(model)
+    x, t = torch.randn(DI * GA * 2, 8), torch.randn(DI * GA * 2)
+    pop.compile(x, t)
+    assert pop._backend.regions.regions == [model.wrapper.body]
+    graphs = counters["stats"]["unique_graphs"]
+    pop(x, t)
+    assert counters["stats"]["unique_graphs"] == graphs and pop._backend.last == "compiled"  # compiled by compile()
+
+
+def test_training_matches_the_eager_backend_and_a_hand_written_loop():
+    torch.manual_seed(0)
+    model = Stack()
+    eager_model, hand_model = copy.deepcopy(model), copy.deepcopy(model)
+    compiled, eager = training(model), training(eager_model, backend="eager")
+    hand_optimizer = torch.optim.SGD(hand_model.parameters(), lr=0.05, momentum=0.9)
+    graphs = counters["stats"]["unique_graphs"]
+    for seed in range(3):
+        x, t = data(seed=seed)
+        compiled_loss, eager_loss = compiled(x, t), eager(x, t)
+        hand_losses = train_loop(hand_model, hand_optimizer, (x, t), stack_loss, DI, GA, 1)
+        torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-5, atol=1e-6)
+        assert torch.isfinite(hand_losses).all()
+    assert compiled._backend.last == "compiled" and compiled._backend.selection.unit == "regions"
+    # embed, one graph for the three identical layers, head: forward and backward compiled once each
+    assert counters["stats"]["unique_graphs"] - graphs == 3
+    for ours, theirs in zip(model.parameters(), hand_model.parameters()):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+    assert all("forward" not in m.__dict__ for m in model.modules())  # the user's model is as it was
+
+
+def test_dropout_masks_equal_eager_and_compile_leaves_no_trace():
+    torch.manual_seed(0)
+    model = Stack(dropout=0.5)
+    eager_model = copy.deepcopy(model)
+    compiled, eager = training(model), training(eager_model, backend="eager")
+    x, t = data()
+    poptorch_state = copy.deepcopy(model.state_dict())
+    rng = torch.random.get_rng_state()
+    compiled.compile(x, t)
+    assert compiled.compileSeconds() > 0
+    assert torch.equal(torch.random.get_rng_state(), rng)
+    assert all(p.grad is None for p in model.parameters())
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, poptorch_state[key])
+    graphs = counters["stats"]["unique_graphs"]
+    for seed in range(2):
+        torch.manual_seed(seed)
+        compiled_loss = compiled(x, t)
+        torch.manual_seed(seed)
+        eager_loss = eager(x, t)
+        torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-5, atol=1e-6)  # same masks
+    assert counters["stats"]["unique_graphs"] == graphs  # compile() compiled everything
+    for ours, theirs in zip(model.parameters(), eager_model.parameters()):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_inference_matches_eager_and_keeps_a_forward_the_user_set():
+    torch.manual_seed(0)
+    model = Stack().eval()
+    own = model.head.forward = torch.nn.Linear.forward.__get__(model.head)  # a forward of the user's own
+    opts = poptorch.Options().deviceIterations(DI).openpopBackend("compiled", unit="regions")
+    inference = poptorch.inferenceModel(model, opts)
+    x, _ = data()
+    with torch.no_grad():
+        expected = model(x)
+    torch.testing.assert_close(inference(x), expected, rtol=1e-5, atol=1e-6)
+    assert inference._backend.last == "compiled"
+    assert model.head.__dict__["forward"] is own
+    assert all("forward" not in m.__dict__ for m in model.modules() if m is not model.head)
+
+
+# ---------------------------------------------------------------------------- choosing the unit
+@pytest.mark.parametrize("per_op, unit", [(0.0, "regions"), (float("inf"), "program"), (None, "program")])
+def test_auto_unit_follows_the_probes_seconds_per_op(monkeypatch, per_op, unit):
+    if per_op is not None:
+        monkeypatch.setattr(compiled_backend, "REGIONS_SECONDS_PER_OP", per_op)
+    model = Stack(layers=2)  # (None: the real rule; a tiny model spends microseconds per op)
+    pop = training(model, unit="auto", backend="auto")  # no compile_after: auto estimates the compile
+    x, t = data()
+    with logged(logging.INFO) as messages:
+        pop(x, t)  # eager: the probe chose the unit and estimated the compile
+    assert pop._backend.last == "eager"
+    assert pop._backend.selection.unit == unit
+    assert any(f"unit {unit!r}" in m for m in messages())
+    cost = pop._backend.selection.cost
+    assert bool(cost.regions) == (unit == "regions")
+    if unit == "regions":
+        share, graphs = distinct_share(model, find_regions(model))
+        assert (cost.ops, cost.regions) == (round(pop._backend._ops * share), graphs)
+        assert cost.seconds == pytest.approx(compile_cost.FIXED_SECONDS + compile_cost.SECONDS_PER_OP * cost.ops
+                                             + compile_cost.REGION_SECONDS * (graphs - 1))
+
+
+# ---------------------------------------------------------------------------- bad input
+def test_unknown_unit_is_an_error_naming_the_choices_before_anything_changes():
+    opts = poptorch.Options()
+    with pytest.raises(poptorch.Error, match="Unknown compiled unit 'layers': use one of auto, program, regions"):
+        opts.openpopBackend("compiled", compile_after=5.0, unit="layers")
+    assert not opts.explicitlySet("openpop_backend") and not opts.explicitlySet("compile_after")
+
+
+def test_unknown_unit_from_the_environment_is_an_error(monkeypatch):
+    monkeypatch.setenv("OPENPOP_COMPILED_UNIT", "whole")
+    model = Stack(layers=2)
+    opts = poptorch.Options().openpopBackend("compiled")
+    with pytest.raises(poptorch.Error, match="OPENPOP_COMPILED_UNIT environment variable"):
+        poptorch.trainingModel(model, opts, poptorch.optim.SGD(model.parameters(), lr=0.1))(*data(steps=1, ga=1))
+
+
+def test_concurrent_stages_cannot_run_as_regions(monkeypatch):
+    monkeypatch.setenv("OPENPOP_CONCURRENT_STAGES", "on")
+    opts = poptorch.Options().deviceIterations(2).outputMode(poptorch.OutputMode.All)
+    opts.openpopBackend("compiled", unit="regions")
+    opts.Training.gradientAccumulation(7)
+    opts.setExecutionStrategy(poptorch.PipelinedExecution())
+    model = FourBlocks("begin_block")
+    state = copy.deepcopy(model.state_dict())
+    pop = poptorch.trainingModel(model, opts)
+    with pytest.raises(poptorch.Error, match="use unit='program' or 'auto'"):
+        pop(torch.randn(2 * 7 * 2, 8), torch.randn(2 * 7 * 2, 8))
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, state[key])
