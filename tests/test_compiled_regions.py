@@ -129,6 +129,71 @@ def test_a_region_the_model_does_not_call_gives_way_to_the_regions_under_it():
     assert counters["stats"]["unique_graphs"] == graphs and pop._backend.last == "compiled"  # compiled by compile()
 
 
+class SharedInside(torch.nn.Module):
+    """``lin`` belongs to the model and to ``wrapper``, whose own forward is never called."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+        self.wrapper = torch.nn.Module()
+        self.wrapper.lin, self.wrapper.other = self.lin, torch.nn.Linear(8, 1)
+
+    def forward(self, x, target):
+        return F.mse_loss(self.wrapper.other(self.lin(x)).squeeze(-1), target)
+
+
+def test_a_module_found_twice_is_one_region_and_the_model_is_left_as_it_was():
+    model = SharedInside()
+    pop = training(model)
+    x, t = torch.randn(DI * GA * 2, 8), torch.randn(DI * GA * 2)
+    pop(x, t)
+    assert pop._backend.regions.regions == [model.lin, model.wrapper.other]
+    assert all("forward" not in m.__dict__ for m in model.modules())
+
+
+class Bare(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(8))
+
+    def forward(self, x, target):
+        return F.mse_loss(x @ self.weight, target)
+
+
+def test_a_model_without_regions_is_an_error_when_forced():
+    pop = training(Bare())
+    with pytest.raises(poptorch.Error, match="without regions to compile.*use unit='program'"):
+        pop(torch.randn(DI * GA * 2, 8), torch.randn(DI * GA * 2))
+
+
+def test_recomputation_wraps_the_compiled_forwards(monkeypatch):
+    checkpoints = []
+    checkpoint = torch.utils.checkpoint.checkpoint
+
+    def counted(function, *args, **kwargs):
+        checkpoints.append(function)
+        return checkpoint(function, *args, **kwargs)
+
+    monkeypatch.setattr(torch.utils.checkpoint, "checkpoint", counted)
+    x, t = torch.randn(DI * 7 * 2, 8), torch.randn(DI * 7 * 2, 8)
+    losses = {}
+    for backend in ("eager", "compiled"):
+        torch.manual_seed(0)
+        model = FourBlocks("begin_block")  # four pipelined stages: PopTorch recomputes them
+        opts = poptorch.Options().deviceIterations(DI).openpopBackend(backend, unit="regions")
+        opts.Training.gradientAccumulation(7)
+        opts.setExecutionStrategy(poptorch.PipelinedExecution())
+        pop = poptorch.trainingModel(model, opts, poptorch.optim.SGD(model.parameters(), lr=0.1))
+        pop.compile(x, t)  # (the regions' compile runs a micro-batch through them)
+        checkpoints.clear()
+        losses[backend] = pop(x, t)
+        losses[backend + " checkpoints"] = len(checkpoints)
+        assert all("forward" not in m.__dict__ for m in model.modules())
+    assert pop._backend.regions.regions == list(model.layers)
+    assert losses["compiled checkpoints"] == losses["eager checkpoints"] > 0
+    torch.testing.assert_close(losses["compiled"], losses["eager"], rtol=1e-5, atol=1e-6)
+
+
 def test_training_matches_the_eager_backend_and_a_hand_written_loop():
     torch.manual_seed(0)
     model = Stack()
@@ -192,11 +257,10 @@ def test_inference_matches_eager_and_keeps_a_forward_the_user_set():
 
 
 # ---------------------------------------------------------------------------- choosing the unit
-@pytest.mark.parametrize("per_op, unit", [(0.0, "regions"), (float("inf"), "program"), (None, "program")])
+@pytest.mark.parametrize("per_op, unit", [(0.0, "regions"), (float("inf"), "program")])
 def test_auto_unit_follows_the_probes_seconds_per_op(monkeypatch, per_op, unit):
-    if per_op is not None:
-        monkeypatch.setattr(compiled_backend, "REGIONS_SECONDS_PER_OP", per_op)
-    model = Stack(layers=2)  # (None: the real rule; a tiny model spends microseconds per op)
+    monkeypatch.setattr(compiled_backend, "REGIONS_SECONDS_PER_OP", per_op)
+    model = Stack(layers=2)
     pop = training(model, unit="auto", backend="auto")  # no compile_after: auto estimates the compile
     x, t = data()
     with logged(logging.INFO) as messages:
@@ -238,7 +302,7 @@ def test_concurrent_stages_cannot_run_as_regions(monkeypatch):
     model = FourBlocks("begin_block")
     state = copy.deepcopy(model.state_dict())
     pop = poptorch.trainingModel(model, opts)
-    with pytest.raises(poptorch.Error, match="use unit='program' or 'auto'"):
+    with pytest.raises(poptorch.Error, match="run concurrently with the compiled unit 'regions'"):
         pop(torch.randn(2 * 7 * 2, 8), torch.randn(2 * 7 * 2, 8))
     for key, value in model.state_dict().items():
         assert torch.equal(value, state[key])

@@ -23,8 +23,8 @@ UNKNOWN_BACKEND = ("Unknown openpop backend {name!r}: use one of {backends} "
                    "(Options.openpopBackend or the {env} environment variable).")
 UNKNOWN_UNIT = ("Unknown compiled unit {name!r}: use one of {units} "
                 "(Options.openpopBackend(..., unit=...) or the {env} environment variable).")
-REGIONS_CONCURRENT = ("the compiled unit 'regions' runs micro-batches one after another, and this model's pipelined "
-                     "stages run concurrently: use unit='program' or 'auto'")
+REGIONS_CONCURRENT = ("pipelined stages that run concurrently with the compiled unit 'regions', which runs "
+                      "micro-batches one after another (use unit='program' or 'auto')")
 UNIT_CHOSEN = "openpop compiled backend: unit %r (the probe micro-batch took %.3f ms per aten op)"
 COMPILED_FORCED = ("Options.openpopBackend('compiled') cannot run this model: {reason}. "
                    "Use openpopBackend('auto') or 'eager' to run it eagerly.")
@@ -34,6 +34,8 @@ AUTO_ESTIMATE = "{ops} aten ops per micro-batch x {unrolled} unrolled, {tensors}
 AUTO_ESTIMATE_REGIONS = "{ops} distinct aten ops per micro-batch in {regions} distinct compiled regions{warm}"
 COMPILED_DECLINED = "openpop runs this model eagerly: the compiled backend does not support %s"
 # Why the compiled backend declines a model (the {reason} above)
+REGIONS_NONE = ("a model without regions to compile: no module with parameters whose forward the model calls "
+                "(use unit='program')")
 INELIGIBLE_REGIONS = "what torch.compile of its regions rejects: {error}"
 INELIGIBLE_FULLGRAPH = "what torch.compile(fullgraph=True) rejects: {error}"
 INELIGIBLE_RECOMPILES = ("Python values the model reads that change between host calls (torch.compile re-traced "

@@ -160,6 +160,11 @@ def _checkpointed_under_lock(forward, locks, *args, **kwargs):
                                                  use_reentrant=False, preserve_rng_state=False, **kwargs)
 
 
+# The wrappers Recomputation sets as a module's forward, its original forward their first argument
+# (compiled/regions.py puts a compiled forward in its place).
+RECOMPUTED = (_checkpointed, _checkpointed_on_other_threads, _checkpointed_under_lock)
+
+
 def _rng_state(device: torch.device) -> torch.Tensor:
     return torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
 

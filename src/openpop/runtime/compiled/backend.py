@@ -175,6 +175,7 @@ class CompiledBackend:
                 try:
                     self._probe(executor, inputs, compiled)
                 except Exception:  # Ineligible, or the model's own error: the program path says which
+                    self.selection.unit = "program"
                     return "program"
             per_op = self.probe_seconds / max(self._ops, 1)
             unit = "regions" if per_op >= REGIONS_SECONDS_PER_OP and not executor._schedule.concurrent else "program"
@@ -204,6 +205,10 @@ class CompiledBackend:
             return self._decline(messages.INELIGIBLE_REGIONS.format(error=_first_line(exc)), exc)
         finally:
             self.compile_seconds += time.perf_counter() - started
+        if not regions.regions:
+            if progress is not None:
+                progress.finish()
+            return self._decline(messages.REGIONS_NONE)
         self.regions = regions
         self._compiled(executor)
         if progress is not None:
@@ -240,6 +245,8 @@ class CompiledBackend:
         probed, self._ops, self._ops_digest = counted_probe(executor, inputs, compiled, shapes,
                                                             hashed=executor._compile_cache is not None)
         if shapes is None:
+            if torch.cuda.is_available() and torch.cuda.is_initialized():
+                torch.cuda.synchronize()  # (the probe's kernels, not only their launches)
             self.probe_seconds = time.perf_counter() - started
         self.probed_on = "values" if shapes is None else "shapes"
         return probed

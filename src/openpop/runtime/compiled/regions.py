@@ -27,9 +27,12 @@ after it. Random numbers come from aten's ops (Inductor's ``fallback_random``) i
 dropout masks equal eager's bit for bit.
 """
 import contextlib
+import functools
 
 import torch
 
+from .. import context
+from ..pipeline import RECOMPUTED
 from ..schedules import LossForward
 from ..weights import BufferSnapshot
 from .attention_backward import ShortAttentionBackward
@@ -112,26 +115,33 @@ class CompiledRegions:
         self._set_regions([find_regions(model) for model in self._models])
 
     def _set_regions(self, regions_per_model):
-        self._forwards = [[(region, torch.compile(region.forward, dynamic=False, options=self._options))
-                           for region in regions] for regions in regions_per_model]
-        self.regions = regions_per_model[0]
+        keep = _outermost(regions_per_model[0])  # (replicas are copies: the same positions)
+        self._forwards = [[(regions[i], torch.compile(regions[i].forward, dynamic=False, options=self._options))
+                           for i in keep] for regions in regions_per_model]
+        self.regions = [regions_per_model[0][i] for i in keep]
         self.share, self.graphs = distinct_share(self._models[0], self.regions)
 
     @contextlib.contextmanager
     def installed(self, calls=None):
         """The compiled forwards in place of the regions' own for a host call (``calls``, a set:
-        records which regions of the first model ran)."""
+        records which regions of the first model ran). A forward wrapped for recomputation
+        (``pipeline.Recomputation``, entered before) stays wrapped, around the compiled one."""
         pairs = [pair for forwards in self._forwards for pair in forwards]
-        previous = [module.__dict__.get("forward") for module, _ in pairs]
-        for index, (module, forward) in enumerate(pairs):
-            module.__dict__["forward"] = forward if calls is None or index >= len(self.regions) \
-                else _recording(forward, calls, index)
+        previous = []
         try:
+            for index, (module, forward) in enumerate(pairs):
+                if calls is not None and index < len(self.regions):
+                    forward = _recording(forward, calls, index)
+                before = module.__dict__.get("forward")
+                previous.append((module, before))
+                if isinstance(before, functools.partial) and before.func in RECOMPUTED:
+                    forward = functools.partial(before.func, forward, *before.args[1:], **before.keywords)
+                module.__dict__["forward"] = forward
             yield
         finally:
-            for (module, _), before in zip(pairs, previous):
+            for module, before in reversed(previous):
                 if before is None:
-                    del module.__dict__["forward"]
+                    module.__dict__.pop("forward", None)
                 else:
                     module.__dict__["forward"] = before
 
@@ -139,7 +149,7 @@ class CompiledRegions:
         """Compile the regions now by running the call's first micro-batch through them. A region
         whose ``forward`` did not run (the model calls its children directly) is replaced by the
         regions under it, and the micro-batch runs again until every region ran."""
-        while True:
+        while self.regions:
             calls = set()
             self._run_first_micro_batch(executor, inputs, executable, calls)
             if len(calls) == len(self.regions):
@@ -153,26 +163,42 @@ class CompiledRegions:
 
     def _run_first_micro_batch(self, executor, inputs, executable, calls) -> None:
         """Forward and (training) backward of the first micro-batch with the compiled regions,
-        leaving no trace: gradients are returned, not accumulated; buffers and torch's
-        generators are put back."""
+        leaving no trace: gradients are returned, not accumulated; the buffers the call runs on
+        and torch's generators are put back; it runs as a trace (nothing logged, printed or
+        counted as a micro-batch, ``context.RunContext.tracing``)."""
         model = executor._model
-        snapshot = BufferSnapshot(list(model.buffers()))
         rng = RngState()
-        try:
-            with executor._session.running(executor._training, executor._precision), self.installed(calls), \
-                    torch.set_grad_enabled(executor._training):
-                (args, kwargs), _ = first_micro_batch(executor, inputs)
-                if not executor._training:
-                    with executor._precision.forward(model):
-                        model(*args, **kwargs)
-                    return
-                _, loss = LossForward(executable, executor._precision)(model, args, kwargs)
-                trained = [p for p in executable.trainable if p.requires_grad]
-                if loss.requires_grad and trained:
-                    torch.autograd.grad(loss.sum(), trained, allow_unused=True)
-        finally:
-            snapshot.restore()
-            rng.restore()
+        with executor._session.running(executor._training, executor._precision), \
+                torch.set_grad_enabled(executor._training):
+            context.current().tracing = True
+            snapshot = BufferSnapshot(list(model.buffers()))  # (the device's, inside running())
+            try:
+                with self.installed(calls):
+                    (args, kwargs), _ = first_micro_batch(executor, inputs)
+                    if not executor._training:
+                        with executor._precision.forward(model):
+                            model(*args, **kwargs)
+                        return
+                    _, loss = LossForward(executable, executor._precision)(model, args, kwargs)
+                    trained = [p for p in executable.trainable if p.requires_grad]
+                    if loss.requires_grad and trained:
+                        torch.autograd.grad(loss.sum(), trained, allow_unused=True)
+            finally:
+                snapshot.restore()
+                rng.restore()
+
+
+def _outermost(regions) -> list:
+    """Positions of the regions that are neither repeated nor inside another one (a module
+    shared between parents is found twice when the regions are refined)."""
+    inner = {id(m) for region in regions for m in region.modules() if m is not region}
+    seen, keep = set(), []
+    for index, region in enumerate(regions):
+        if id(region) in seen or id(region) in inner:
+            continue
+        seen.add(id(region))
+        keep.append(index)
+    return keep
 
 
 def _recording(forward, calls, index):
