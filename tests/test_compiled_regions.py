@@ -12,7 +12,8 @@ from torch._dynamo.utils import counters
 
 import poptorch
 from openpop.runtime.compiled import backend as compiled_backend
-from openpop.runtime.compiled import compile_cost
+from openpop.runtime.compiled import compile_cost, fused_updates
+from openpop.runtime.compiled.fused_updates import FusedLamb
 from openpop.runtime.compiled.regions import distinct_share, find_regions
 
 from helpers.logs import logged
@@ -27,7 +28,9 @@ class Layer(torch.nn.Module):
 
     def __init__(self, width=16, dropout=0.0):
         super().__init__()
-        self.q, self.k, self.v = (torch.nn.Linear(width, width) for _ in range(3))
+        # (k without a bias: its gradient is rounding noise - softmax ignores a shift of a row's
+        # scores - which LAMB's normalised update would amplify into different weights)
+        self.q, self.k, self.v = (torch.nn.Linear(width, width, bias=name != "k") for name in "qkv")
         self.norm = torch.nn.LayerNorm(width)
         self.dropout = dropout
 
@@ -306,3 +309,70 @@ def test_concurrent_stages_cannot_run_as_regions(monkeypatch):
         pop(torch.randn(2 * 7 * 2, 8), torch.randn(2 * 7 * 2, 8))
     for key, value in model.state_dict().items():
         assert torch.equal(value, state[key])
+
+
+# ---------------------------------------------------------------------------- the fused LAMB update
+def lamb_groups(params, max_weight_norm):
+    return [{"params": params[:3], "weight_decay": 0.01},
+            {"params": params[3:], "weight_decay": 0.0, "max_weight_norm": max_weight_norm}]
+
+
+@pytest.mark.parametrize("bias_correction, max_weight_norm, transposed", [
+    (False, None, False), (True, 0.5, False), (False, 0.0, False), (True, None, True)])
+def test_fused_lamb_updates_as_the_optimizer_does(bias_correction, max_weight_norm, transposed):
+    shapes = [(16, 8), (8,), (1,), (2,), (2, 3), (30, 7)]
+    ours = [torch.nn.Parameter(torch.randn(shape)) for shape in shapes]
+    if transposed:  # a non-contiguous parameter: its bucket runs the optimizer's own update
+        ours[0] = torch.nn.Parameter(torch.randn(8, 16).t())
+    theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
+    fused_optimizer = poptorch.optim.LAMB(lamb_groups(ours, max_weight_norm), lr=0.01, bias_correction=bias_correction)
+    optimizer = poptorch.optim.LAMB(lamb_groups(theirs, max_weight_norm), lr=0.01, bias_correction=bias_correction)
+    assert FusedLamb.supports(fused_optimizer)
+    fused = FusedLamb(fused_optimizer)
+    for _ in range(3):
+        for p, q in zip(ours, theirs):
+            p.grad = torch.randn_like(p)
+            q.grad = p.grad.clone()
+        with fused.installed():
+            fused_optimizer.step()
+        optimizer.step()
+        assert "_update" not in vars(fused_optimizer)
+    for p, q in zip(ours, theirs):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+        for key in ("step", "exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(fused_optimizer.state[p][key], optimizer.state[q][key], rtol=1e-5, atol=1e-6)
+
+
+def test_fused_lamb_is_only_for_lamb_with_float32_moments():
+    params = [torch.nn.Parameter(torch.randn(4))]
+    assert not FusedLamb.supports(poptorch.optim.LAMB(params, first_order_momentum_accum_type=torch.float16))
+    assert not FusedLamb.supports(poptorch.optim.Adam(params))
+    assert not FusedLamb.supports(torch.optim.SGD(params, lr=0.1))
+
+
+def test_regions_train_with_the_fused_lamb_as_eager(monkeypatch):
+    kernel_calls = []
+    compiled = fused_updates._compiled
+
+    def counted():
+        kernel = compiled()
+
+        def run(*args):
+            kernel_calls.append(args[0].numel())
+            return kernel(*args)
+        return run
+
+    monkeypatch.setattr(fused_updates, "_compiled", counted)
+    torch.manual_seed(0)
+    model = Stack(layers=2)
+    eager_model = copy.deepcopy(model)
+    pops = [training(m, backend=backend, optimizer=poptorch.optim.LAMB(m.parameters(), lr=0.01, weight_decay=0.01))
+            for m, backend in ((model, "compiled"), (eager_model, "eager"))]
+    for seed in range(2):
+        x, t = data(seed=seed)
+        torch.testing.assert_close(pops[0](x, t), pops[1](x, t), rtol=1e-5, atol=1e-6)
+    # compile()'s warm-up on scratch tensors, then every parameter at every step
+    assert len(kernel_calls) == 1 + 2 * DI * len(list(model.parameters()))
+    for ours, theirs in zip(model.parameters(), eager_model.parameters()):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)
+    assert "_update" not in vars(pops[0]._optimizer)

@@ -211,7 +211,7 @@ class PoplarExecutor:
         host_call = session.host_call(self._optimizer, self._precision) if self._training else contextlib.nullcontext()
         with session.running(self._training, self._precision, host_call), \
                 contextlib.nullcontext() if self._training else torch.no_grad(), \
-                self._backend.regions.installed() if regions else contextlib.nullcontext():
+                self._backend.regions.installed(self._optimizer) if regions else contextlib.nullcontext():
             result = self._run(inputs, self._executable, host_call)
         self._last_run_seconds = time.perf_counter() - started
         self._backend.record_eager(self._last_run_seconds, regions)

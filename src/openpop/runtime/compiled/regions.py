@@ -35,8 +35,10 @@ from .. import context
 from ..pipeline import RECOMPUTED
 from ..schedules import LossForward
 from ..weights import BufferSnapshot
+from . import fused_updates
 from .attention_backward import ShortAttentionBackward
 from .eligibility import first_micro_batch
+from .fused_updates import FusedLamb
 from .generator_states import RngState
 
 # A model whose probe micro-batch takes at least this long per aten op runs as regions under
@@ -109,8 +111,10 @@ class CompiledRegions:
 
     def __init__(self, models, training: bool):
         self._models = list(models)
-        device = next(iter(self._models[0].parameters()), torch.empty(0)).device
-        self._options = compile_options(device, training)
+        self._device = next(iter(self._models[0].parameters()), torch.empty(0)).device
+        self._options = compile_options(self._device, training)
+        self._training = training
+        self._fused = (None, None)  # (optimizer, its FusedLamb or None)
         self._forwards = []  # per model: [(region, its compiled forward)]
         self._set_regions([find_regions(model) for model in self._models])
 
@@ -121,13 +125,24 @@ class CompiledRegions:
         self.regions = [regions_per_model[0][i] for i in keep]
         self.share, self.graphs = distinct_share(self._models[0], self.regions)
 
+    def fused_update(self, optimizer):
+        """The ``FusedLamb`` of a training host call's ``optimizer`` (``fused_updates.py``), or
+        None: the optimizer's own update runs."""
+        if optimizer is None or not self._training:
+            return None
+        if self._fused[0] is not optimizer:  # (setOptimizer)
+            self._fused = (optimizer, FusedLamb(optimizer) if FusedLamb.supports(optimizer) else None)
+        return self._fused[1]
+
     @contextlib.contextmanager
-    def installed(self, calls=None):
-        """The compiled forwards in place of the regions' own for a host call (``calls``, a set:
-        records which regions of the first model ran). A forward wrapped for recomputation
-        (``pipeline.Recomputation``, entered before) stays wrapped, around the compiled one."""
+    def installed(self, optimizer=None, calls=None):
+        """The compiled forwards in place of the regions' own for a host call, and the
+        optimizer's fused update (``calls``, a set: records which regions of the first model
+        ran). A forward wrapped for recomputation (``pipeline.Recomputation``, entered before)
+        stays wrapped, around the compiled one."""
         pairs = [pair for forwards in self._forwards for pair in forwards]
         previous = []
+        fused = self.fused_update(optimizer)
         try:
             for index, (module, forward) in enumerate(pairs):
                 if calls is not None and index < len(self.regions):
@@ -137,7 +152,8 @@ class CompiledRegions:
                 if isinstance(before, functools.partial) and before.func in RECOMPUTED:
                     forward = functools.partial(before.func, forward, *before.args[1:], **before.keywords)
                 module.__dict__["forward"] = forward
-            yield
+            with fused.installed() if fused is not None else contextlib.nullcontext():
+                yield
         finally:
             for module, before in reversed(previous):
                 if before is None:
@@ -149,6 +165,8 @@ class CompiledRegions:
         """Compile the regions now by running the call's first micro-batch through them. A region
         whose ``forward`` did not run (the model calls its children directly) is replaced by the
         regions under it, and the micro-batch runs again until every region ran."""
+        if self.fused_update(executor._optimizer if executor._training else None) is not None:
+            fused_updates.warm_up(executor._optimizer, self._device)
         while self.regions:
             calls = set()
             self._run_first_micro_batch(executor, inputs, executable, calls)
@@ -173,7 +191,7 @@ class CompiledRegions:
             context.current().tracing = True
             snapshot = BufferSnapshot(list(model.buffers()))  # (the device's, inside running())
             try:
-                with self.installed(calls):
+                with self.installed(calls=calls):
                     (args, kwargs), _ = first_micro_batch(executor, inputs)
                     if not executor._training:
                         with executor._precision.forward(model):
