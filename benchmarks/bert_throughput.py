@@ -17,7 +17,8 @@ counts as this machine's peak).
 MFU = samples/s x model FLOPs per sample / measured matmul rate of the same precision, with
 model FLOPs = 3 x forward FLOPs (openpop.bert.metrics.training_flops_per_sample).
 
-``--compiled`` adds the compiled backend (``openpopBackend("compiled")``) per precision: its own
+``--compiled`` adds the compiled backend (``openpopBackend("compiled", unit=--unit)``; ``auto``
+picks regions for BERT-base) per precision: its own
 copy of the model (same initial weights) and optimizer, compiled in ``compile()``, timed in the
 same rounds; the ratio is compiled / openpop eager. ``--compile-times`` runs two fresh processes
 that build the compiled trainingModel of the same config and call ``compile()`` with one new
@@ -123,8 +124,8 @@ class HandWritten:
 class OpenPop:
     """openpop-bert's own setup: poptorch.trainingModel with the app's options, compiled once."""
 
-    def __init__(self, model, optimizer, config, precision, batch, backend="eager"):
-        options = get_options(config.replace(precision=precision)).openpopBackend(backend)
+    def __init__(self, model, optimizer, config, precision, batch, backend="eager", unit=None):
+        options = get_options(config.replace(precision=precision)).openpopBackend(backend, unit=unit)
         self.executor = poptorch.trainingModel(model, options, optimizer)
         self.executor.compile(*batch)
 
@@ -141,6 +142,8 @@ def main():
     parser.add_argument("--layers", type=int, default=12, help="encoder layers (12 = BERT-base)")
     parser.add_argument("--dropout", type=float, default=None, help="hidden dropout (default: the config's, 0.1)")
     parser.add_argument("--compiled", action="store_true", help="add the compiled backend's rows")
+    parser.add_argument("--unit", default="auto", choices=["auto", "program", "regions"],
+                        help="the compiled backend's unit (auto: regions for BERT-base)")
     parser.add_argument("--compile-times", action="store_true",
                         help="only measure first and cached compile() times of the compiled backend")
     args = parser.parse_args()
@@ -166,9 +169,11 @@ def main():
             torch.manual_seed(0)
             model = PipelinedBertForPretraining(config).parallelize(lambda line: None).train()
             started = time.perf_counter()
-            variants.append(("compiled", OpenPop(model, get_optimizer(config, model), config, precision, batches[0],
-                                                 backend="compiled")))
-            print(f"compiled {precision}: compile() took {time.perf_counter() - started:.1f} s", flush=True)
+            compiled = OpenPop(model, get_optimizer(config, model), config, precision, batches[0], backend="compiled",
+                               unit=args.unit)
+            variants.append(("compiled", compiled))
+            print(f"compiled {precision}: compile() took {time.perf_counter() - started:.1f} s "
+                  f"(unit {compiled.executor._backend.selection.unit})", flush=True)
         pairs.append((precision, variants))
     seconds = {f"{kind}_{p}": [] for p, variants in pairs for kind, _ in variants}
     rates = {"fp32": [], "bf16": []}
@@ -276,7 +281,7 @@ def compile_worker(args, precision, cache_dir):
     config = make_bench_config(args)
     torch.manual_seed(0)
     model = PipelinedBertForPretraining(config).parallelize(lambda line: None).train()
-    options = get_options(config.replace(precision=precision)).openpopBackend("compiled")
+    options = get_options(config.replace(precision=precision)).openpopBackend("compiled", unit=args.unit)
     options.enableExecutableCaching(cache_dir)
     executor = poptorch.trainingModel(model, options, get_optimizer(config, model))
     batch = make_batches(config, 1)[0]
@@ -305,7 +310,7 @@ def compile_times(args):
             for run in ("first", "cached"):
                 command = [sys.executable, os.path.abspath(__file__), "--compile-worker", precision, cache_dir,
                            "--layers", str(args.layers), "--micro-batch", str(args.micro_batch),
-                           "--gradient-accumulation", str(args.gradient_accumulation)]
+                           "--gradient-accumulation", str(args.gradient_accumulation), "--unit", args.unit]
                 if args.dropout is not None:
                     command += ["--dropout", str(args.dropout)]
                 env = dict(os.environ)
@@ -317,7 +322,8 @@ def compile_times(args):
                 result = json.loads(done.stdout.strip().splitlines()[-1])
                 result["process_seconds"] = time.perf_counter() - started
                 results[f"{run}_{precision}"] = result
-                print(f"{run} compile ({precision}, L{args.layers}): {result['compile_seconds']:.1f} s "
+                print(f"{run} compile ({precision}, L{args.layers}, unit {args.unit}): "
+                      f"{result['compile_seconds']:.1f} s "
                       f"(Dynamo's trace {result['dynamo_seconds']:.1f} s, "
                       f"AOTAutograd/Inductor {result['backend_seconds']:.1f} s;"
                       f" {result['cpu_seconds']:.0f} CPU-s; load {os.getloadavg()[0]:.1f}) - {result['outcome']}",
@@ -338,6 +344,7 @@ if __name__ == "__main__":
         for flag, kind in (("--layers", int), ("--micro-batch", int), ("--gradient-accumulation", int),
                            ("--dropout", float)):
             worker_parser.add_argument(flag, type=kind, default=None)
+        worker_parser.add_argument("--unit", default="auto")
         worker_args = worker_parser.parse_args(sys.argv[4:])
         compile_worker(worker_args, precision, cache_dir)
     else:

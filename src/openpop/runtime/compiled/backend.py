@@ -49,6 +49,7 @@ from .eligibility import (
     saved_tensor_hooks_active,
 )
 from .functional_optim import FunctionalOptimizer
+from .fused_updates import FusedLamb
 from .generator_states import RngState
 from .host_call import run_program
 from .inductor import ProgramCompiler
@@ -235,7 +236,9 @@ class CompiledBackend:
         loops = not forward_contexts(executor)[1]
         regions = None
         if self._unit(executor, inputs, compiled) == "regions":
-            regions = distinct_share(executor._model, find_regions(executor._model))
+            share, graphs = distinct_share(executor._model, find_regions(executor._model))
+            fused = executor._training and FusedLamb.supports(executor._optimizer)  # (its kernel: one more)
+            regions = (share, graphs + fused)
         self.selection.set_cost(compile_cost.estimate(executor, self._ops, executor._compile_cache, loops, regions))
 
     def _probe(self, executor, inputs, compiled, shapes=None):
