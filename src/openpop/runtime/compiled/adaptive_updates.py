@@ -12,11 +12,17 @@ def lamb(p, g, st, h, bias_correction):
     """LAMB (PopART's Lamb / LambNoBias): Adam's direction plus weight decay, scaled by the
     trust ratio ``min(||w||, max_weight_norm) / ||u||`` (1 when either norm is 0)."""
     step = st["step"] + 1.0
-    m = torch.lerp(st["exp_avg"], g, 1.0 - h["beta1"])
-    v = st["exp_avg_sq"] * h["beta2"] + g * g * (1.0 - h["beta2"])
+    # ``h`` may hold 1 - beta and (bias correction) 1 - beta ** step computed on the host in double
+    # precision, as optim/lamb.py computes them (fused_updates.py); else float32 here
+    m = torch.lerp(st["exp_avg"], g, h["one_minus_beta1"] if "one_minus_beta1" in h else 1.0 - h["beta1"])
+    v = st["exp_avg_sq"] * h["beta2"] + g * g * (h["one_minus_beta2"] if "one_minus_beta2" in h else 1.0 - h["beta2"])
     if bias_correction:
-        denom = torch.sqrt(v) / torch.sqrt(1.0 - torch.pow(h["beta2"], step)) + h["eps"]
-        update = m / (1.0 - torch.pow(h["beta1"], step)) / denom
+        if "correction1" in h:
+            correction1, correction2 = h["correction1"], h["correction2"]
+        else:
+            correction1, correction2 = 1.0 - torch.pow(h["beta1"], step), 1.0 - torch.pow(h["beta2"], step)
+        denom = torch.sqrt(v) / torch.sqrt(correction2) + h["eps"]
+        update = m / correction1 / denom
     else:
         update = m / (torch.sqrt(v) + h["eps"])
     update = update + h["weight_decay"] * p

@@ -166,7 +166,7 @@ class CompiledRegions:
         whose ``forward`` did not run (the model calls its children directly) is replaced by the
         regions under it, and the micro-batch runs again until every region ran."""
         if self.fused_update(executor._optimizer if executor._training else None) is not None:
-            fused_updates.warm_up(executor._optimizer, self._device)
+            fused_updates.warm_up(executor._optimizer)
         while self.regions:
             calls = set()
             self._run_first_micro_batch(executor, inputs, executable, calls)
