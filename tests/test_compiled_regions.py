@@ -13,7 +13,7 @@ from torch._dynamo.utils import counters
 import poptorch
 from openpop.runtime.compiled import backend as compiled_backend
 from openpop.runtime.compiled import compile_cost, fused_updates
-from openpop.runtime.compiled.fused_updates import FusedLamb
+from openpop.runtime.compiled.fused_updates import FusedUpdate
 from openpop.runtime.compiled.regions import distinct_share, find_regions
 
 from helpers.logs import logged
@@ -311,25 +311,42 @@ def test_concurrent_stages_cannot_run_as_regions(monkeypatch):
         assert torch.equal(value, state[key])
 
 
-# ---------------------------------------------------------------------------- the fused LAMB update
-def lamb_groups(params, max_weight_norm):
+# ---------------------------------------------------------------------------- the fused update
+def lamb_groups(params, max_weight_norm=None):
     return [{"params": params[:3], "weight_decay": 0.01},
             {"params": params[3:], "weight_decay": 0.0, "max_weight_norm": max_weight_norm}]
 
 
-@pytest.mark.parametrize("bias_correction, max_weight_norm, transposed, beta2", [
-    (False, None, False, 0.999), (True, 0.5, False, 0.999), (False, 0.0, False, 0.999), (True, None, True, 0.999),
-    (True, None, False, 0.99999)])  # (1 - beta2 in float32 would be 0.14 % off)
-def test_fused_lamb_updates_as_the_optimizer_does(bias_correction, max_weight_norm, transposed, beta2):
+def adam_groups(params, **second):
+    return [{"params": params[:3], "weight_decay": 0.01}, {"params": params[3:], "weight_decay": 0.0, **second}]
+
+
+OPTIMIZERS = {  # name: (make(params), transposed first parameter)
+    "lamb": (lambda ps: poptorch.optim.LAMB(lamb_groups(ps), lr=0.01, bias_correction=False), False),
+    "lamb_bias_max_norm": (lambda ps: poptorch.optim.LAMB(lamb_groups(ps, 0.5), lr=0.01), False),
+    "lamb_max_norm_0": (lambda ps: poptorch.optim.LAMB(lamb_groups(ps, 0.0), lr=0.01, bias_correction=False), False),
+    "lamb_transposed": (lambda ps: poptorch.optim.LAMB(lamb_groups(ps), lr=0.01), True),
+    # (1 - beta2 in float32 would be 0.14 % off)
+    "lamb_beta2_0.99999": (lambda ps: poptorch.optim.LAMB(lamb_groups(ps), lr=0.01, betas=(0.9, 0.99999)), False),
+    "adam_l2": (lambda ps: poptorch.optim.Adam(adam_groups(ps), lr=0.01), False),
+    "adam_maximize_decoupled": (lambda ps: poptorch.optim.Adam(adam_groups(ps, maximize=True), lr=0.01,
+                                                               decoupled_weight_decay=True), False),
+    "adamw": (lambda ps: poptorch.optim.AdamW(adam_groups(ps), lr=0.01, betas=(0.9, 0.99999)), True),
+    "adamw_no_bias": (lambda ps: poptorch.optim.AdamW(adam_groups(ps), lr=0.01, bias_correction=False), False),
+}
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_fused_update_is_the_optimizers(name):
+    make, transposed = OPTIMIZERS[name]
     shapes = [(16, 8), (8,), (1,), (2,), (2, 3), (30, 7)]
     ours = [torch.nn.Parameter(torch.randn(shape)) for shape in shapes]
-    if transposed:  # a non-contiguous parameter: its bucket runs the optimizer's own update
+    if transposed:  # a non-contiguous parameter: the optimizer's own update takes it
         ours[0] = torch.nn.Parameter(torch.randn(8, 16).t())
     theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
-    fused_optimizer, optimizer = (poptorch.optim.LAMB(lamb_groups(params, max_weight_norm), lr=0.01, betas=(0.9, beta2),
-                                                      bias_correction=bias_correction) for params in (ours, theirs))
-    assert FusedLamb.supports(fused_optimizer)
-    fused = FusedLamb(fused_optimizer)
+    fused_optimizer, optimizer = make(ours), make(theirs)
+    assert FusedUpdate.supports(fused_optimizer)
+    fused = FusedUpdate(fused_optimizer)
     for _ in range(3):
         for p, q in zip(ours, theirs):
             p.grad = torch.randn_like(p)
@@ -346,14 +363,21 @@ def test_fused_lamb_updates_as_the_optimizer_does(bias_correction, max_weight_no
         torch.testing.assert_close(ours_state["exp_avg_sq"], theirs_state["exp_avg_sq"], rtol=1e-6, atol=1e-12)
 
 
-def test_fused_lamb_is_only_for_lamb_with_float32_moments():
+def test_fused_update_is_for_openpops_lamb_adam_and_adamw_with_float32_moments():
     params = [torch.nn.Parameter(torch.randn(4))]
-    assert not FusedLamb.supports(poptorch.optim.LAMB(params, first_order_momentum_accum_type=torch.float16))
-    assert not FusedLamb.supports(poptorch.optim.Adam(params))
-    assert not FusedLamb.supports(torch.optim.SGD(params, lr=0.1))
+    assert not FusedUpdate.supports(poptorch.optim.LAMB(params, first_order_momentum_accum_type=torch.float16))
+    assert not FusedUpdate.supports(poptorch.optim.AdamW(params, second_order_momentum_accum_type=torch.float16))
+    assert not FusedUpdate.supports(poptorch.optim.SGD(params, lr=0.1))
+    assert not FusedUpdate.supports(torch.optim.Adam(params))
+
+    class Own(poptorch.optim.Adam):
+        def _update(self, group, params, grads):
+            return super()._update(group, params, grads)
+
+    assert not FusedUpdate.supports(Own(params))
 
 
-def test_regions_train_with_the_fused_lamb_as_eager(monkeypatch):
+def test_regions_train_with_the_fused_update_as_eager(monkeypatch):
     kernel_calls = []
     compiled = fused_updates._compiled
 

@@ -1,6 +1,11 @@
-"""LAMB and RMSprop updates of one parameter as pure tensor functions (``functional_optim.py``
-dispatches to them), numerically what ``optim/lamb.py`` and ``optim/rmsprop.py`` (and torch's
+"""Adam/AdamW, LAMB and RMSprop updates of one parameter as pure tensor functions
+(``functional_optim.py`` and ``fused_updates.py`` dispatch to them), numerically what
+``optim/adam.py``, ``optim/lamb.py`` and ``optim/rmsprop.py`` (and torch's Adam, AdamW and
 RMSprop) compute in ``step()``.
+
+``h`` may hold ``one_minus_beta1``/``one_minus_beta2``, ``correction1``/``correction2`` (1 - beta
+** step) and ``decay`` (1 - lr * weight_decay) computed on the host in double precision, as the
+eager optimizers compute them (``fused_updates.py``); else they are computed here in float32.
 
 Hyperparameters arrive as 0-d tensors (``h``); static choices (bias correction, momentum on,
 centered, TensorFlow's variant, maximize) as Python values, part of the program's signature.
@@ -8,19 +13,44 @@ centered, TensorFlow's variant, maximize) as Python values, part of the program'
 import torch
 
 
+def _moments(g, st, h):
+    """``(step, m, v)``: the step counter and both moments after this gradient."""
+    c1 = h["one_minus_beta1"] if "one_minus_beta1" in h else 1.0 - h["beta1"]
+    c2 = h["one_minus_beta2"] if "one_minus_beta2" in h else 1.0 - h["beta2"]
+    return st["step"] + 1.0, torch.lerp(st["exp_avg"], g, c1), st["exp_avg_sq"] * h["beta2"] + g * g * c2
+
+
+def _corrections(h, step):
+    if "correction1" in h:
+        return h["correction1"], h["correction2"]
+    return 1.0 - torch.pow(h["beta1"], step), 1.0 - torch.pow(h["beta2"], step)
+
+
+def adam(p, g, st, h, maximize, decoupled, bias_correction):
+    """Adam (weight decay added to the gradient) or, ``decoupled``, AdamW (the weights decayed
+    first), torch's algorithm without amsgrad."""
+    if decoupled:
+        p = p * (h["decay"] if "decay" in h else 1.0 - h["lr"] * h["weight_decay"])
+    if maximize:
+        g = -g
+    if not decoupled:
+        g = g + h["weight_decay"] * p
+    step, m, v = _moments(g, st, h)
+    if bias_correction:
+        correction1, correction2 = _corrections(h, step)
+        denom = torch.sqrt(v) / torch.sqrt(correction2) + h["eps"]
+        p = p - (h["lr"] / correction1) * m / denom
+    else:
+        p = p - h["lr"] * m / (torch.sqrt(v) + h["eps"])
+    return p, {"step": step, "exp_avg": m, "exp_avg_sq": v}
+
+
 def lamb(p, g, st, h, bias_correction):
     """LAMB (PopART's Lamb / LambNoBias): Adam's direction plus weight decay, scaled by the
     trust ratio ``min(||w||, max_weight_norm) / ||u||`` (1 when either norm is 0)."""
-    step = st["step"] + 1.0
-    # ``h`` may hold 1 - beta and (bias correction) 1 - beta ** step computed on the host in double
-    # precision, as optim/lamb.py computes them (fused_updates.py); else float32 here
-    m = torch.lerp(st["exp_avg"], g, h["one_minus_beta1"] if "one_minus_beta1" in h else 1.0 - h["beta1"])
-    v = st["exp_avg_sq"] * h["beta2"] + g * g * (h["one_minus_beta2"] if "one_minus_beta2" in h else 1.0 - h["beta2"])
+    step, m, v = _moments(g, st, h)
     if bias_correction:
-        if "correction1" in h:
-            correction1, correction2 = h["correction1"], h["correction2"]
-        else:
-            correction1, correction2 = 1.0 - torch.pow(h["beta1"], step), 1.0 - torch.pow(h["beta2"], step)
+        correction1, correction2 = _corrections(h, step)
         denom = torch.sqrt(v) / torch.sqrt(correction2) + h["eps"]
         update = m / correction1 / denom
     else:

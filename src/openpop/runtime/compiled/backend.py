@@ -49,7 +49,7 @@ from .eligibility import (
     saved_tensor_hooks_active,
 )
 from .functional_optim import FunctionalOptimizer
-from .fused_updates import FusedLamb
+from .fused_updates import FusedUpdate
 from .generator_states import RngState
 from .host_call import run_program
 from .inductor import ProgramCompiler
@@ -237,7 +237,7 @@ class CompiledBackend:
         regions = None
         if self._unit(executor, inputs, compiled) == "regions":
             share, graphs = distinct_share(executor._model, find_regions(executor._model))
-            fused = executor._training and FusedLamb.supports(executor._optimizer)  # (its kernel: one more)
+            fused = executor._training and FusedUpdate.supports(executor._optimizer)  # (its kernel: one more)
             regions = (share, graphs + fused)
         self.selection.set_cost(compile_cost.estimate(executor, self._ops, executor._compile_cache, loops, regions))
 

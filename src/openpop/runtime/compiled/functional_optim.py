@@ -227,22 +227,7 @@ class FunctionalOptimizer:
 
     def _adam(self, group, p, g, st, h):
         maximize, decoupled, bias_correction = group[3:6]
-        lr, beta1, beta2 = h["lr"], h["beta1"], h["beta2"]
-        if decoupled:
-            p = p * (1.0 - lr * h["weight_decay"])
-        if maximize:
-            g = -g
-        if not decoupled:
-            g = g + h["weight_decay"] * p
-        step = st["step"] + 1.0
-        m = torch.lerp(st["exp_avg"], g, 1.0 - beta1)
-        v = st["exp_avg_sq"] * beta2 + g * g * (1.0 - beta2)
-        if bias_correction:
-            denom = torch.sqrt(v) / torch.sqrt(1.0 - torch.pow(beta2, step)) + h["eps"]
-            p = p - (lr / (1.0 - torch.pow(beta1, step))) * m / denom
-        else:
-            p = p - lr * m / (torch.sqrt(v) + h["eps"])
-        return p, {"step": step, "exp_avg": m, "exp_avg_sq": v}
+        return adaptive_updates.adam(p, g, st, h, maximize, decoupled, bias_correction)
 
     def _lamb(self, group, p, g, st, h):
         return adaptive_updates.lamb(p, g, st, h, bias_correction=group[5])

@@ -35,10 +35,9 @@ from .. import context
 from ..pipeline import RECOMPUTED
 from ..schedules import LossForward
 from ..weights import BufferSnapshot
-from . import fused_updates
 from .attention_backward import ShortAttentionBackward
 from .eligibility import first_micro_batch
-from .fused_updates import FusedLamb
+from .fused_updates import FusedUpdate
 from .generator_states import RngState
 
 # A model whose probe micro-batch takes at least this long per aten op runs as regions under
@@ -114,7 +113,7 @@ class CompiledRegions:
         self._device = next(iter(self._models[0].parameters()), torch.empty(0)).device
         self._options = compile_options(self._device, training)
         self._training = training
-        self._fused = (None, None)  # (optimizer, its FusedLamb or None)
+        self._fused = (None, None)  # (optimizer, its FusedUpdate or None)
         self._forwards = []  # per model: [(region, its compiled forward)]
         self._set_regions([find_regions(model) for model in self._models])
 
@@ -126,12 +125,12 @@ class CompiledRegions:
         self.share, self.graphs = distinct_share(self._models[0], self.regions)
 
     def fused_update(self, optimizer):
-        """The ``FusedLamb`` of a training host call's ``optimizer`` (``fused_updates.py``), or
+        """The ``FusedUpdate`` of a training host call's ``optimizer`` (``fused_updates.py``), or
         None: the optimizer's own update runs."""
         if optimizer is None or not self._training:
             return None
         if self._fused[0] is not optimizer:  # (setOptimizer)
-            self._fused = (optimizer, FusedLamb(optimizer) if FusedLamb.supports(optimizer) else None)
+            self._fused = (optimizer, FusedUpdate(optimizer) if FusedUpdate.supports(optimizer) else None)
         return self._fused[1]
 
     @contextlib.contextmanager
@@ -165,8 +164,9 @@ class CompiledRegions:
         """Compile the regions now by running the call's first micro-batch through them. A region
         whose ``forward`` did not run (the model calls its children directly) is replaced by the
         regions under it, and the micro-batch runs again until every region ran."""
-        if self.fused_update(executor._optimizer if executor._training else None) is not None:
-            fused_updates.warm_up(executor._optimizer)
+        fused = self.fused_update(executor._optimizer if executor._training else None)
+        if fused is not None:
+            fused.warm_up()
         while self.regions:
             calls = set()
             self._run_first_micro_batch(executor, inputs, executable, calls)
