@@ -3,15 +3,16 @@ regional compilation), each host call run as the eager backend runs it.
 
 The whole-host-call program (``program.py``) takes the host out from between the ops, which is
 what a small model needs (the tiny MLP's steps: 12x faster). A model whose ops each take
-milliseconds (BERT-base, micro-batch 8 x 128 tokens: ~4 ms per aten op) spends next to nothing in
-the host, and the whole program's price stays: a compile that traces and compiles every layer
+milliseconds (BERT-base, micro-batch 8 x 128 tokens: ~3.4 ms per aten op) spends next to nothing
+in the host, and the whole program's price stays: a compile that traces and compiles every layer
 (BERT-base: ~3 min on 2 cores) and a functional gradient accumulation that copies what eager
-adds in place. Compiling each *block* instead keeps what
-Inductor's fusions save inside the layers, while identical blocks (the encoder layers) share one
-compiled graph: Dynamo traces a ``forward`` code object once and the blocks' parameters are its
-inputs, so the compile costs what one layer's does. The host call, its micro-batch loop,
-autograd's in-place accumulation, gradient reduction, loss scaling and the optimizer step are the
-eager backend's (the reference), so the semantics are eager's by construction.
+adds in place. Compiling each *block* instead keeps what Inductor's fusions save inside the
+layers, while identical blocks (the encoder layers) share one compiled graph: Dynamo traces a
+``forward`` code object once and the blocks' parameters are its inputs, so the compile costs
+what one layer's does. The host call, its micro-batch loop, autograd's in-place accumulation,
+gradient reduction, loss scaling and the optimizer's ``step()`` are the eager backend's (the
+reference), so the semantics are eager's by construction; the optimizer's update itself runs
+fused when it is openpop's LAMB, Adam or AdamW (``fused_updates.py``).
 
 Regions (``find_regions``): walking down from the model, a child with parameters is a region
 unless it holds repeated blocks - two children of one module with the same class and parameter
@@ -20,11 +21,11 @@ an attention) - or has no ``forward`` (``ModuleList``), in which case its childr
 instead. A region whose ``forward`` the model does not call (BERT's ``BertModel`` when the
 pretraining model calls its embeddings and layers itself; a ``LightningModule`` whose
 ``training_step`` calls its layers) is found when the first micro-batch compiles the regions, and
-the regions under it take its place. The model itself is never a
-region: its forward (the loss, Lightning's step) and every module's hooks run eagerly; only the
-regions' ``forward`` methods are compiled, installed on the modules for the host call and removed
-after it. Random numbers come from aten's ops (Inductor's ``fallback_random``) in eager's order, so
-dropout masks equal eager's bit for bit.
+the regions under it take its place. The model itself is never a region: its forward (the loss,
+Lightning's step) and every module's hooks run eagerly; only the regions' ``forward`` methods are
+compiled, installed on the modules for the host call and removed after it. Random numbers come
+from aten's ops (Inductor's ``fallback_random``) in eager's order, so dropout masks equal eager's
+bit for bit.
 """
 import contextlib
 import functools
@@ -41,7 +42,7 @@ from .fused_updates import FusedUpdate
 from .generator_states import RngState
 
 # A model whose probe micro-batch takes at least this long per aten op runs as regions under
-# ``unit="auto"`` (selection.py): BERT-base's ~4 ms per op against the tiny MLP's ~0.03 ms.
+# ``unit="auto"`` (selection.py): BERT-base's ~3.4 ms per op against the tiny MLP's ~0.03 ms.
 REGIONS_SECONDS_PER_OP = 1e-3
 
 
