@@ -280,6 +280,23 @@ def test_auto_unit_follows_the_probes_seconds_per_op(monkeypatch, per_op, unit):
                                              + compile_cost.REGION_SECONDS * (graphs - 1))
 
 
+def test_the_executable_cache_remembers_the_unit(monkeypatch, tmp_path):
+    x, t = data()
+    chosen = []
+    for per_op in (0.0, float("inf")):  # (the second rule would choose the program)
+        monkeypatch.setattr(compiled_backend, "REGIONS_SECONDS_PER_OP", per_op)
+        model = Stack(layers=2)
+        opts = poptorch.Options().deviceIterations(DI).openpopBackend("auto")  # (estimates, runs eagerly)
+        opts.Training.gradientAccumulation(GA)
+        opts.enableExecutableCaching(str(tmp_path))
+        pop = poptorch.trainingModel(model, opts, poptorch.optim.SGD(model.parameters(), lr=0.05))
+        with logged(logging.INFO) as messages:
+            pop(x, t)
+        chosen.append(pop._backend.selection.unit)
+    assert chosen == ["regions", "regions"]
+    assert any("chosen before for this model" in m for m in messages())
+
+
 # ---------------------------------------------------------------------------- bad input
 def test_unknown_unit_is_an_error_naming_the_choices_before_anything_changes():
     opts = poptorch.Options()

@@ -25,6 +25,7 @@ UNKNOWN_UNIT = ("Unknown compiled unit {name!r}: use one of {units} "
                 "(Options.openpopBackend(..., unit=...) or the {env} environment variable).")
 REGIONS_CONCURRENT = ("pipelined stages that run concurrently with the compiled unit 'regions', which runs "
                       "micro-batches one after another (use unit='program' or 'auto')")
+UNIT_REMEMBERED = "openpop compiled backend: unit %r (chosen before for this model, executable cache %s)"
 UNIT_CHOSEN = "openpop compiled backend: unit %r (the probe micro-batch took %.3f ms per aten op)"
 COMPILED_FORCED = ("Options.openpopBackend('compiled') cannot run this model: {reason}. "
                    "Use openpopBackend('auto') or 'eager' to run it eagerly.")

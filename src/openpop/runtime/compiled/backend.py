@@ -171,7 +171,13 @@ class CompiledBackend:
         """``"program"`` or ``"regions"`` (``selection.py``), chosen once: ``auto`` from the
         probe's seconds per aten op (a model the probe rejects gets the program, which declines it)."""
         unit = self.selection.unit
-        if unit == "auto":
+        if unit != "auto":
+            return unit
+        cache = executor._compile_cache  # (the executable cache remembers the choice: no probe then)
+        unit = compile_cost.remembered_unit(executor, inputs, cache) if cache is not None else None
+        if unit is not None:
+            logger.info(messages.UNIT_REMEMBERED, unit, cache.path)
+        else:
             if self.probe_seconds is None:
                 try:
                     self._probe(executor, inputs, compiled)
@@ -181,7 +187,9 @@ class CompiledBackend:
             per_op = self.probe_seconds / max(self._ops, 1)
             unit = "regions" if per_op >= REGIONS_SECONDS_PER_OP and not executor._schedule.concurrent else "program"
             logger.info(messages.UNIT_CHOSEN, unit, per_op * 1e3)
-            self.selection.unit = unit
+            if cache is not None:
+                compile_cost.remember_unit(executor, inputs, cache, unit)
+        self.selection.unit = unit
         return unit
 
     def _compile_regions(self, executor, inputs, compiled):

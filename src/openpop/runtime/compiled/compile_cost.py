@@ -160,6 +160,36 @@ def program_source() -> str:
     return digest.hexdigest()[:12]
 
 
+def remembered_unit(executor, inputs, cache):
+    """The unit ``auto`` chose for this model and these inputs when it compiled into the executable
+    ``cache`` before (``remember_unit``), or None."""
+    try:
+        with open(_unit_marker(executor, inputs, cache)) as marker:
+            unit = marker.read().strip()
+    except OSError:
+        return None
+    return unit if unit in ("program", "regions") else None
+
+
+def remember_unit(executor, inputs, cache, unit) -> None:
+    marker = _unit_marker(executor, inputs, cache)
+    try:
+        os.makedirs(os.path.dirname(marker), exist_ok=True)
+        with open(marker, "w") as out:
+            out.write(unit)
+    except OSError:  # a read-only cache only loses the hint
+        pass
+
+
+def _unit_marker(executor, inputs, cache):
+    """What the unit's rule saw, without running the model: its structure, the inputs' shapes,
+    the geometry, the optimizer, this openpop and torch (the machine is the cache's)."""
+    shapes = [(tuple(t.shape), str(t.dtype)) for t in inputs.leaves if isinstance(t, torch.Tensor)]
+    key = repr([_fingerprint(executor, None), shapes, str(getattr(executor._precision, "autocast_dtype", None)),
+                executor._precision.autocast_enabled])
+    return os.path.join(cache.path, PROGRAMS_DIR, "unit-" + hashlib.sha1(key.encode()).hexdigest()[:20])
+
+
 def _fingerprint(executor, ops, regions=False) -> str:
     """The program's identity as far as a compile cache sees it: what it computes, not its values."""
     model, geometry = executor._model, executor._geometry
