@@ -175,6 +175,8 @@ class CompiledBackend:
             return unit
         cache = executor._compile_cache  # (the executable cache remembers the choice: no probe then)
         unit = compile_cost.remembered_unit(executor, inputs, cache) if cache is not None else None
+        if unit == "regions" and executor._schedule.concurrent:  # (not in the marker's key)
+            unit = None
         if unit is not None:
             logger.info(messages.UNIT_REMEMBERED, unit, cache.path)
         else:
