@@ -211,19 +211,15 @@ class CompiledBackend:
             with compile_cache_for(executor._compile_cache), _torch_warnings_ignored():
                 regions.compile(executor, inputs, compiled)
         except Exception as exc:  # torch.compile's errors have many types
-            if progress is not None:
-                progress.finish()
             return self._decline(messages.INELIGIBLE_REGIONS.format(error=_first_line(exc)), exc)
         finally:
             self.compile_seconds += time.perf_counter() - started
-        if not regions.regions:
             if progress is not None:
                 progress.finish()
+        if not regions.regions:
             return self._decline(messages.REGIONS_NONE)
         self.regions = regions
         self._compiled(executor)
-        if progress is not None:
-            progress.finish()
         return REGIONS
 
     def _expect_repeats(self, executor, inputs, compiled, program):

@@ -185,8 +185,8 @@ def _unit_marker(executor, inputs, cache):
     """What the unit's rule saw, without running the model: its structure, the inputs' shapes,
     the geometry, the optimizer, this openpop and torch (the machine is the cache's)."""
     shapes = [(tuple(t.shape), str(t.dtype)) for t in inputs.leaves if isinstance(t, torch.Tensor)]
-    key = repr([_fingerprint(executor, None), shapes, str(getattr(executor._precision, "autocast_dtype", None)),
-                executor._precision.autocast_enabled])
+    precision = executor._precision
+    key = repr([_fingerprint(executor, None), shapes, str(precision.autocast_dtype), precision.autocast_enabled])
     return os.path.join(cache.path, PROGRAMS_DIR, "unit-" + hashlib.sha1(key.encode()).hexdigest()[:20])
 
 

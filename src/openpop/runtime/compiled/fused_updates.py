@@ -146,11 +146,12 @@ class FusedUpdate:
             for p in group["params"]:
                 n = p.numel()
                 classes.setdefault((p.dim(), min(n, 2), n > 4096, choices), (group, p, choices))
+        if _base.scalar_dtype() != torch.float32:  # (float64 step counters: the optimizer's own update)
+            return
         with torch.no_grad(), torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
             for group, p, choices in classes.values():
-                step = torch.tensor(0.0, dtype=_base.scalar_dtype())
-                if not _fusable(p) or step.dtype != torch.float32:
+                if not _fusable(p):
                     continue
                 scratch = [torch.zeros_like(p).view(-1) for _ in range(4)]
-                _compiled()(scratch[0], scratch[1], step, scratch[2], scratch[3],
+                _compiled()(scratch[0], scratch[1], torch.tensor(0.0), scratch[2], scratch[3],
                             _hyper(group, 1, choices[-1], p.device), choices)
