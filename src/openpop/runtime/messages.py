@@ -87,6 +87,10 @@ ENGINE_OPTION_COUNT = "{key} must be a non-negative integer, got {value!r}"
 # --- half compute ---------------------------------------------------------------
 HALF_COMPUTE_ENV = "{env}={value!r} is not valid: set it to auto, native or float32 (or unset it for auto)."
 HALF_COMPUTE_SETTING = "half compute setting must be one of {settings}, not {setting!r}"
+HOST_MEMORY_ENV = "{env}={value!r} is not valid: set it to retain or release (or unset it for retain)."
+HOST_MEMORY_RETAINED = ("host memory: freed memory stays in the process (glibc {version}: mallopt M_MMAP_MAX 0, "
+                        "M_TRIM_THRESHOLD max); {env}=release keeps glibc's defaults")
+HOST_MEMORY_SYSTEM = "host memory: the C library's defaults ({reason})"
 
 # --- floating point exceptions --------------------------------------------------
 FP_EXCEPTION_FORWARD = ("Floating point exception in the forward pass: {where} {problem}. "

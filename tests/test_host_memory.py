@@ -1,0 +1,82 @@
+"""Freed host memory stays in the process once an executor is built (``runtime/host_memory.py``):
+a step that allocates and frees the same tensors again touches no new pages."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import poptorch
+from openpop.runtime import host_memory
+
+# Builds a trainingModel, then runs a "step" of big temporaries (above glibc's 32 MB mmap
+# ceiling) a few times and prints the minor page faults of the last steps and the pages touched.
+STEPS = r"""
+import resource, torch, poptorch
+from openpop.runtime import host_memory
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 1)
+    def forward(self, x, y):
+        return torch.nn.functional.mse_loss(self.linear(x), y)
+
+model = Model()
+poptorch.trainingModel(model, poptorch.Options(), torch.optim.SGD(model.parameters(), lr=0.1))
+SIZES = (16 << 20, 4 << 20, 12 << 20, 1 << 20)  # float32 elements: 64, 16, 48 and 4 MB
+
+def step():
+    tensors = [torch.empty(n).fill_(1.0) for n in SIZES]
+    del tensors
+
+step(); step()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(3):
+    step()
+faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+print(host_memory.retain_freed_memory(), faults, 3 * sum(SIZES) * 4 // resource.getpagesize())
+"""
+
+glibc = pytest.mark.skipif(host_memory._glibc() is None, reason="mallopt is glibc's")
+
+
+def _run_steps(setting):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop(host_memory.SETTING_ENV, None)
+    if setting is not None:
+        env[host_memory.SETTING_ENV] = setting
+    done = subprocess.run([sys.executable, "-c", STEPS], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    retained, faults, pages = done.stdout.split()
+    return retained == "True", int(faults), int(pages)
+
+
+@glibc
+def test_an_executor_keeps_freed_memory_for_the_next_step():
+    retained, faults, pages = _run_steps(None)
+    assert retained
+    assert faults < pages // 50, (faults, pages)
+
+
+@glibc
+def test_release_keeps_the_c_librarys_defaults():
+    retained, faults, pages = _run_steps("release")
+    assert not retained
+    assert faults > pages // 2, (faults, pages)  # every step touches its big blocks afresh
+
+
+def test_a_bad_setting_is_an_error_naming_the_fix_before_the_model_is_wrapped(monkeypatch):
+    monkeypatch.setenv(host_memory.SETTING_ENV, "keep")
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match=r"OPENPOP_HOST_MEMORY='keep' is not valid: set it to retain or release"):
+        poptorch.trainingModel(model, poptorch.Options(), torch.optim.SGD(model.parameters(), lr=0.1))
+    assert type(model) is torch.nn.Linear  # not wrapped
+
+
+def test_other_c_libraries_are_left_alone(monkeypatch):
+    monkeypatch.delenv(host_memory.SETTING_ENV, raising=False)
+    monkeypatch.setattr(host_memory, "_retaining", None)
+    monkeypatch.setattr(host_memory, "_glibc", lambda: None)
+    assert host_memory.retain_freed_memory() is False
