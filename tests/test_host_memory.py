@@ -1,5 +1,6 @@
-"""Freed host memory stays in the process once an executor is built (``runtime/host_memory.py``):
-a step that allocates and frees the same tensors again touches no new pages."""
+"""Freed host memory stays in the process once a training executor is built
+(``runtime/host_memory.py``): a step that allocates and frees the same tensors again touches no
+new pages."""
 import os
 import subprocess
 import sys
@@ -10,11 +11,14 @@ import torch
 import poptorch
 from openpop.runtime import host_memory
 
-# Builds a trainingModel, then runs a "step" of big temporaries (above glibc's 32 MB mmap
-# ceiling) a few times and prints the minor page faults of the last steps and the pages touched.
+# Builds a trainingModel (or, with "inference", an inferenceModel), then runs a "step" of big
+# temporaries (above glibc's 32 MB mmap ceiling) a few times and prints the minor page faults of
+# the last steps and the pages touched. Transparent huge pages are turned off for the process
+# (prctl PR_SET_THP_DISABLE): where they apply, one fault maps 512 pages.
 STEPS = r"""
-import resource, torch, poptorch
+import ctypes, resource, sys, torch, poptorch
 from openpop.runtime import host_memory
+ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)
 
 class Model(torch.nn.Module):
     def __init__(self):
@@ -24,7 +28,10 @@ class Model(torch.nn.Module):
         return torch.nn.functional.mse_loss(self.linear(x), y)
 
 model = Model()
-poptorch.trainingModel(model, poptorch.Options(), torch.optim.SGD(model.parameters(), lr=0.1))
+if sys.argv[1] == "inference":
+    poptorch.inferenceModel(model, poptorch.Options())
+else:
+    poptorch.trainingModel(model, poptorch.Options(), torch.optim.SGD(model.parameters(), lr=0.1))
 SIZES = (16 << 20, 4 << 20, 12 << 20, 1 << 20)  # float32 elements: 64, 16, 48 and 4 MB
 
 def step():
@@ -36,43 +43,57 @@ before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(3):
     step()
 faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-print(host_memory.retain_freed_memory(), faults, 3 * sum(SIZES) * 4 // resource.getpagesize())
+print(host_memory._retaining, faults, 3 * sum(SIZES) * 4 // resource.getpagesize())
 """
 
 glibc = pytest.mark.skipif(host_memory._glibc() is None, reason="mallopt is glibc's")
 
 
-def _run_steps(setting):
+def _run_steps(setting, model="training"):
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    env.pop(host_memory.SETTING_ENV, None)
+    for name in (host_memory.SETTING_ENV, "THP_MEM_ALLOC_ENABLE"):
+        env.pop(name, None)
     if setting is not None:
         env[host_memory.SETTING_ENV] = setting
-    done = subprocess.run([sys.executable, "-c", STEPS], env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-c", STEPS, model], env=env, capture_output=True, text=True,
+                          timeout=120)
     assert done.returncode == 0, done.stderr
     retained, faults, pages = done.stdout.split()
-    return retained == "True", int(faults), int(pages)
+    return retained, int(faults), int(pages)
 
 
 @glibc
-def test_an_executor_keeps_freed_memory_for_the_next_step():
+def test_a_training_executor_keeps_freed_memory_for_the_next_step():
     retained, faults, pages = _run_steps(None)
-    assert retained
+    assert retained == "True"
     assert faults < pages // 50, (faults, pages)
 
 
 @glibc
-def test_release_keeps_the_c_librarys_defaults():
-    retained, faults, pages = _run_steps("release")
-    assert not retained
+@pytest.mark.parametrize("setting, model", [("release", "training"), (None, "inference")])
+def test_release_and_inference_keep_the_c_librarys_defaults(setting, model):
+    retained, faults, pages = _run_steps(setting, model)
+    assert retained == ("False" if setting == "release" else "None")
     assert faults > pages // 2, (faults, pages)  # every step touches its big blocks afresh
 
 
-def test_a_bad_setting_is_an_error_naming_the_fix_before_the_model_is_wrapped(monkeypatch):
+def test_a_bad_setting_is_an_error_naming_the_fix_before_anything_changes(monkeypatch):
     monkeypatch.setenv(host_memory.SETTING_ENV, "keep")
     model = torch.nn.Linear(2, 2)
+    options = poptorch.Options()
     with pytest.raises(ValueError, match=r"OPENPOP_HOST_MEMORY='keep' is not valid: set it to retain or release"):
-        poptorch.trainingModel(model, poptorch.Options(), torch.optim.SGD(model.parameters(), lr=0.1))
+        poptorch.trainingModel(model, options, torch.optim.SGD(model.parameters(), lr=0.1))
     assert type(model) is torch.nn.Linear  # not wrapped
+    options.deviceIterations(2)  # not frozen
+
+
+def test_release_after_retain_is_logged_as_too_late(monkeypatch, caplog):
+    monkeypatch.setattr(host_memory, "_retaining", True)
+    monkeypatch.setenv(host_memory.SETTING_ENV, "release")
+    monkeypatch.setattr(host_memory.logger, "propagate", True)
+    with caplog.at_level("WARNING", logger=host_memory.logger.name):
+        assert host_memory.retain_freed_memory() is True
+    assert "OPENPOP_HOST_MEMORY=release comes too late" in caplog.text
 
 
 def test_other_c_libraries_are_left_alone(monkeypatch):

@@ -26,7 +26,7 @@ from .compiled import DECLINED, REGIONS, CompiledBackend
 from .distributed_reduce import GlobalReplication
 from .executable import Executable, trace_model
 from .gradients import GradientReduction, MeanPolicy, ReplicaSum
-from .host_memory import retain_freed_memory
+from .host_memory import retain_freed_memory, setting_from_env
 from .outputs import OutputCollector
 from .perf import PerfRecorder, as_counters, empty_counters, latency
 from .precision import RunPrecision
@@ -49,8 +49,10 @@ class PoplarExecutor:
 
     def __init__(self, model, options, training: bool, poptorch_version: str, optimizer=None,
                  user_model=None):
+        host_memory = setting_from_env()  # (OPENPOP_HOST_MEMORY: a bad value fails before the options freeze)
         run_options, optimizer = executor_options(options, training, model, optimizer)
-        retain_freed_memory()
+        if training:
+            retain_freed_memory(host_memory)
         compile_cache = CompileCache.from_options(run_options)  # an unusable cache dir fails here, early
         self._user_model = user_model if user_model is not None else model
         self._model = model

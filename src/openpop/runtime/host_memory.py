@@ -1,4 +1,4 @@
-"""Host memory that stays with the process from one step to the next.
+"""Host memory that stays with the process from one training step to the next.
 
 A training step allocates and frees the same tensors every time: activations, gradients, the
 optimizer's temporaries. With glibc's defaults a block above the mmap threshold (which rises
@@ -9,16 +9,24 @@ BERT-base fp32 step (micro-batch 8 x GA 2), each a kernel entry and a page zeroe
 (``benchmarks/host_memory.py`` measures it). An IPU has none of this (its memory is planned
 when the program compiles), nor has a GPU under PyTorch's caching allocator.
 
-So when the first executor is built, openpop tells glibc's ``malloc`` (``mallopt``) to take
-every block from the heap (``M_MMAP_MAX`` 0) and never to give the heap's free top back
-(``M_TRIM_THRESHOLD`` at its maximum): freed memory is reused by the next step, as PyTorch's
-CPU tuning guide gets with jemalloc or tcmalloc preloaded. The process's peak memory is what it
-was; what changes is that the process keeps its peak after the step. It is process-wide and
-not undone: ``OPENPOP_HOST_MEMORY=release`` keeps glibc's defaults. Other C libraries (musl,
-macOS) are left alone.
+So when the first training executor is built, openpop tells glibc's ``malloc`` (``mallopt``) to
+take blocks from the heap (``M_MMAP_MAX`` 0) and never to give the heap's free top back
+(``M_TRIM_THRESHOLD`` at its maximum): the next step reuses the memory the last one freed. This
+is what preloading jemalloc or tcmalloc does for PyTorch on CPUs, without their giving memory
+back over time. What it costs: the process keeps the most memory it has used since (a one-off
+peak, say loading a checkpoint, stays resident), fragmentation can add to that when tensor
+sizes keep changing, and forked children (data-loader workers) inherit the setting.
+``ctypes.CDLL("libc.so.6").malloc_trim(0)`` gives the free memory back at any time. Threads
+other than the main one keep two glibc exceptions: a block larger than a thread heap (64 MB)
+is still mapped on its own, and an empty thread heap is still unmapped. It is process-wide and
+not undone; ``OPENPOP_HOST_MEMORY=release`` keeps glibc's defaults. Inference executors do not
+apply it (a server's changing input sizes are where fragmentation grows), nor is it applied off
+Linux or with another C library.
 """
 import ctypes
 import os
+import sys
+from typing import Optional
 
 from ..log import logger
 from . import messages
@@ -43,30 +51,37 @@ def setting_from_env() -> str:
 
 
 def _glibc():
+    if not sys.platform.startswith("linux"):
+        return None
     try:
         libc = ctypes.CDLL(None)
         version = libc.gnu_get_libc_version
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):
         return None
     version.restype = ctypes.c_char_p
     return libc, version().decode()
 
 
-def retain_freed_memory() -> bool:
-    """True when freed host memory stays in the process. The setting is checked on every call
-    (a bad value is an error) and applied by the first (later calls return its answer)."""
+def retain_freed_memory(setting: Optional[str] = None) -> bool:
+    """Apply ``setting`` (``setting_from_env()`` when None) once per process; True when freed
+    host memory stays in the process. Later calls return the first answer (a later ``release``
+    cannot undo a ``retain`` and is logged as such)."""
     global _retaining
-    setting = setting_from_env()
+    setting = setting_from_env() if setting is None else setting
     if _retaining is not None:
+        if _retaining and setting == "release":
+            logger.warning(messages.HOST_MEMORY_TOO_LATE.format(env=SETTING_ENV))
         return _retaining
     found = _glibc() if setting == "retain" else None
     if found is None:
         _retaining = False
         logger.debug(messages.HOST_MEMORY_SYSTEM.format(reason=f"{SETTING_ENV}=release" if setting == "release"
-                                                      else "the C library is not glibc"))
+                                                      else "not Linux with glibc"))
         return _retaining
     libc, version = found
     _retaining = bool(libc.mallopt(_M_MMAP_MAX, 0)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, _NEVER))
-    logger.debug(messages.HOST_MEMORY_RETAINED.format(version=version, env=SETTING_ENV) if _retaining
-                 else messages.HOST_MEMORY_SYSTEM.format(reason=f"glibc {version} refused mallopt"))
+    if _retaining:
+        logger.info(messages.HOST_MEMORY_RETAINED.format(version=version, env=SETTING_ENV))
+    else:
+        logger.debug(messages.HOST_MEMORY_SYSTEM.format(reason=f"glibc {version} refused mallopt"))
     return _retaining

@@ -91,6 +91,8 @@ HOST_MEMORY_ENV = "{env}={value!r} is not valid: set it to retain or release (or
 HOST_MEMORY_RETAINED = ("host memory: freed memory stays in the process (glibc {version}: mallopt M_MMAP_MAX 0, "
                         "M_TRIM_THRESHOLD max); {env}=release keeps glibc's defaults")
 HOST_MEMORY_SYSTEM = "host memory: the C library's defaults ({reason})"
+HOST_MEMORY_TOO_LATE = ("{env}=release comes too late: an earlier training model in this process already kept "
+                        "freed host memory (set it before the first one)")
 
 # --- floating point exceptions --------------------------------------------------
 FP_EXCEPTION_FORWARD = ("Floating point exception in the forward pass: {where} {problem}. "
