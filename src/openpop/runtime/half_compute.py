@@ -53,6 +53,7 @@ from typing import Optional
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import _disable_current_modes
 
 from ..log import logger
 from . import messages
@@ -179,8 +180,11 @@ class CpuHalfSpeeds:
         return half >= NATIVE_MIN_SPEEDUP * full
 
     def _measure_all(self):
-        # Outside the user's modes, autocast and autograd; the user's RNG is not drawn from.
-        with torch._C.DisableTorchFunction(), torch.autocast("cpu", enabled=False), torch.no_grad():
+        # On real tensors, outside the user's modes, autocast and autograd (the first need can come
+        # inside a trace on fake tensors: the executable cache's shapes-only trace, where every op
+        # takes no time and the comparison would be a coin toss); the user's RNG is not drawn from.
+        with _disable_current_modes(), torch._C.DisableTorchFunction(), torch.autocast("cpu", enabled=False), \
+                torch.no_grad():
             rates = {(dtype, family): self._measure(dtype, family)
                      for dtype in LOW_PRECISION for family in (MATMUL, CONVOLUTION)}
         parts = []
