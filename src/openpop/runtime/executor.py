@@ -51,8 +51,6 @@ class PoplarExecutor:
                  user_model=None):
         host_memory = setting_from_env()  # (OPENPOP_HOST_MEMORY: a bad value fails before the options freeze)
         run_options, optimizer = executor_options(options, training, model, optimizer)
-        if training:
-            retain_freed_memory(host_memory)
         compile_cache = CompileCache.from_options(run_options)  # an unusable cache dir fails here, early
         self._user_model = user_model if user_model is not None else model
         self._model = model
@@ -77,6 +75,7 @@ class PoplarExecutor:
         self._compile_cache = compile_cache  # for compile_cache_for() around torch.compile
         if training:
             wrap(self._user_model, self)
+            retain_freed_memory(host_memory)  # (process-wide: once the executor is sure to exist)
 
     # ------------------------------------------------------------------ properties
     @property
