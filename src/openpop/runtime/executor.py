@@ -75,7 +75,7 @@ class PoplarExecutor:
         self._compile_cache = compile_cache  # for compile_cache_for() around torch.compile
         if training:
             wrap(self._user_model, self)
-            retain_freed_memory(host_memory)  # (process-wide: once the executor is sure to exist)
+        retain_freed_memory(host_memory, training)  # (process-wide: once the executor is sure to exist)
 
     # ------------------------------------------------------------------ properties
     @property

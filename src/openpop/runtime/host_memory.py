@@ -19,9 +19,10 @@ sizes keep changing, and forked children (data-loader workers) inherit the setti
 ``ctypes.CDLL("libc.so.6").malloc_trim(0)`` gives the free memory back at any time. Threads
 other than the main one keep two glibc exceptions: a block larger than a thread heap (64 MB)
 is still mapped on its own, and an empty thread heap is still unmapped. It is process-wide and
-not undone; ``OPENPOP_HOST_MEMORY=release`` keeps glibc's defaults. Inference executors do not
-apply it (a server's changing input sizes are where fragmentation grows), nor is it applied off
-Linux or with another C library.
+not undone. ``OPENPOP_HOST_MEMORY``: ``auto`` (default) applies it for training executors only (an
+inference server's changing input sizes are where fragmentation grows), ``retain`` for inference
+executors too, ``release`` never (glibc's defaults). It is not applied off Linux or with another
+C library.
 """
 import ctypes
 import os
@@ -32,7 +33,7 @@ from ..log import logger
 from . import messages
 
 SETTING_ENV = "OPENPOP_HOST_MEMORY"
-SETTINGS = ("retain", "release")
+SETTINGS = ("auto", "retain", "release")  # auto: training executors retain
 # mallopt's parameter numbers (glibc's malloc.h).
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_MAX = -4
@@ -43,8 +44,8 @@ _retaining = None  # None: not decided yet; then True or False for the process
 
 
 def setting_from_env() -> str:
-    """``OPENPOP_HOST_MEMORY`` (default ``retain``); a bad value raises ``ValueError`` naming the fix."""
-    value = os.environ.get(SETTING_ENV, "retain").strip().lower() or "retain"
+    """``OPENPOP_HOST_MEMORY`` (default ``auto``); a bad value raises ``ValueError`` naming the fix."""
+    value = os.environ.get(SETTING_ENV, "auto").strip().lower() or "auto"
     if value not in SETTINGS:
         raise ValueError(messages.HOST_MEMORY_ENV.format(env=SETTING_ENV, value=os.environ.get(SETTING_ENV)))
     return value
@@ -62,21 +63,28 @@ def _glibc():
     return libc, version().decode()
 
 
-def retain_freed_memory(setting: Optional[str] = None) -> bool:
-    """Apply ``setting`` (``setting_from_env()`` when None) once per process; True when freed
-    host memory stays in the process. Later calls return the first answer (a later ``release``
-    cannot undo a ``retain`` and is logged as such)."""
+def applies(setting: str, training: bool) -> bool:
+    """Whether an executor (``training`` or inference) applies ``setting``: ``auto`` retains for
+    training executors only, ``retain`` for every executor, ``release`` for none."""
+    return setting == "retain" or (setting == "auto" and training)
+
+
+def retain_freed_memory(setting: Optional[str] = None, training: bool = True) -> bool:
+    """Apply ``setting`` (``setting_from_env()`` when None) for an executor (``training`` or
+    inference), once per process; True when freed host memory stays in the process. Later calls
+    return the first answer (a later ``release`` cannot undo a ``retain`` and is logged as such)."""
     global _retaining
     setting = setting_from_env() if setting is None else setting
-    if _retaining is not None:
-        if _retaining and setting == "release":
+    if not applies(setting, training):
+        if setting == "release" and _retaining:
             logger.warning(messages.HOST_MEMORY_TOO_LATE.format(env=SETTING_ENV))
+        return bool(_retaining)
+    if _retaining is not None:
         return _retaining
-    found = _glibc() if setting == "retain" else None
+    found = _glibc()
     if found is None:
         _retaining = False
-        logger.debug(messages.HOST_MEMORY_SYSTEM.format(reason=f"{SETTING_ENV}=release" if setting == "release"
-                                                      else "not Linux with glibc"))
+        logger.debug(messages.HOST_MEMORY_SYSTEM.format(reason="not Linux with glibc"))
         return _retaining
     libc, version = found
     _retaining = bool(libc.mallopt(_M_MMAP_MAX, 0)) and bool(libc.mallopt(_M_TRIM_THRESHOLD, _NEVER))

@@ -87,11 +87,11 @@ ENGINE_OPTION_COUNT = "{key} must be a non-negative integer, got {value!r}"
 # --- half compute ---------------------------------------------------------------
 HALF_COMPUTE_ENV = "{env}={value!r} is not valid: set it to auto, native or float32 (or unset it for auto)."
 HALF_COMPUTE_SETTING = "half compute setting must be one of {settings}, not {setting!r}"
-HOST_MEMORY_ENV = "{env}={value!r} is not valid: set it to retain or release (or unset it for retain)."
+HOST_MEMORY_ENV = "{env}={value!r} is not valid: set it to auto, retain or release (or unset it for auto)."
 HOST_MEMORY_RETAINED = ("host memory: freed memory stays in the process (glibc {version}: mallopt M_MMAP_MAX 0, "
                         "M_TRIM_THRESHOLD max); {env}=release keeps glibc's defaults")
 HOST_MEMORY_SYSTEM = "host memory: the C library's defaults ({reason})"
-HOST_MEMORY_TOO_LATE = ("{env}=release comes too late: an earlier training model in this process already kept "
+HOST_MEMORY_TOO_LATE = ("{env}=release comes too late: an earlier model in this process already kept "
                         "freed host memory (set it before the first one)")
 
 # --- floating point exceptions --------------------------------------------------
