@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-SETTING_ENV = "OPENPOP_HOST_MEMORY"
+from openpop.runtime.host_memory import SETTING_ENV
 
 
 def worker(args):

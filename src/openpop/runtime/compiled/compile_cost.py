@@ -38,6 +38,7 @@ import tempfile
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ...atomic_file import atomic_write
 from ..shapes_only import is_metadata
 
 # Calibration (benchmarks/compile_cost.py; README "The `auto` rule"): compile CPU seconds on this
@@ -175,8 +176,7 @@ def remember_unit(executor, inputs, cache, unit) -> None:
     marker = _unit_marker(executor, inputs, cache)
     try:
         os.makedirs(os.path.dirname(marker), exist_ok=True)
-        with open(marker, "w") as out:
-            out.write(unit)
+        atomic_write(marker, lambda stream: stream.write(unit.encode()))  # (processes share the cache)
     except OSError:  # a read-only cache only loses the hint
         pass
 

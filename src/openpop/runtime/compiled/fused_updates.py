@@ -120,7 +120,7 @@ class FusedUpdate:
         states = [optimizer.state[p] for p in params]
         steps = _base.step_counters(states)
         kernel = _compiled()
-        shared = None if bias_correction else _hyper(group, 0, False, params[0].device)
+        hypers = {}  # per step count (bias correction; parameters of a group usually share one)
         rest = []  # (param, grad) the optimizer's own update takes
         with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
             for param, grad, state, step in zip(params, grads, states, steps):
@@ -132,7 +132,10 @@ class FusedUpdate:
                 if not _fusable(exp_avg, exp_avg_sq):
                     rest.append((param, grad))
                     continue
-                hyper = shared if shared is not None else _hyper(group, step.item() + 1, True, param.device)
+                count = step.item() + 1 if bias_correction else 0
+                if (count, param.device) not in hypers:
+                    hypers[count, param.device] = _hyper(group, count, bias_correction, param.device)
+                hyper = hypers[count, param.device]
                 kernel(param.view(-1), grad.view(-1), step, exp_avg.view(-1), exp_avg_sq.view(-1), hyper, choices)
         if rest:
             self._own(group, [p for p, _ in rest], [g for _, g in rest])
@@ -140,14 +143,14 @@ class FusedUpdate:
     def warm_up(self) -> None:
         """Compile the kernel now (``compile()``): on a zeroed copy of one parameter of each
         shape class and group choice, as ``step()`` calls it (no gradients recorded)."""
+        if _base.scalar_dtype() != torch.float32:  # (float64 step counters: the optimizer's own update)
+            return
         classes = {}
         for group in self.optimizer.param_groups:
             choices = self._choices(group)
             for p in group["params"]:
                 n = p.numel()
                 classes.setdefault((p.dim(), min(n, 2), n > 4096, choices), (group, p, choices))
-        if _base.scalar_dtype() != torch.float32:  # (float64 step counters: the optimizer's own update)
-            return
         with torch.no_grad(), torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
             for group, p, choices in classes.values():
                 if not _fusable(p):

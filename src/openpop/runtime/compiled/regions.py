@@ -111,8 +111,8 @@ class CompiledRegions:
 
     def __init__(self, models, training: bool):
         self._models = list(models)
-        self._device = next(iter(self._models[0].parameters()), torch.empty(0)).device
-        self._options = compile_options(self._device, training)
+        device = next(iter(self._models[0].parameters()), torch.empty(0)).device
+        self._options = compile_options(device, training)
         self._training = training
         self._fused = (None, None)  # (optimizer, its FusedUpdate or None)
         self._forwards = []  # per model: [(region, its compiled forward)]
