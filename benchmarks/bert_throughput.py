@@ -12,7 +12,8 @@ and one optimizer update. Variants run interleaved, one timed step each per roun
 warm-up round (the order of the two loops alternates), so machine load hits them alike; the
 best round gives the throughput, the median of per-round time ratios the openpop/hand ratio. The fp32 and bf16
 matmul rates are measured at the start of every round on BERT-base's GEMM shapes (the best
-counts as this machine's peak).
+counts as this machine's peak; float32 both aten's, MKL, and oneDNN's, which compiled regions use
+where it is faster, e.g. on AMD CPUs: the faster one is the peak).
 
 MFU = samples/s x model FLOPs per sample / measured matmul rate of the same precision, with
 model FLOPs = 3 x forward FLOPs (openpop.bert.metrics.training_flops_per_sample).
@@ -31,6 +32,7 @@ bf16 autocast >= 2.5x fp32 throughput; compiled >= 1.1x openpop eager; BERT-base
 <= 60 s and cached compile <= 10 s on this 2-core machine.
 """
 import argparse
+import functools
 import json
 import os
 import platform
@@ -48,6 +50,7 @@ from openpop.bert.metrics import training_flops_per_sample
 from openpop.bert.model import PipelinedBertForPretraining
 from openpop.bert.optimization import get_optimizer
 from openpop.bert.train import get_options
+from openpop.runtime.compiled.onednn_matmuls import onednn_linear
 
 from _machine import cpu_name
 
@@ -60,18 +63,22 @@ def machine_info():
             "python": platform.python_version()}
 
 
-def matmul_rate(dtype, tokens, hidden, intermediate, repeats=3):
-    """Best GFLOP/s of torch.mm over BERT's training GEMM shapes (forward, data-grad, weight-grad)."""
+def matmul_rate(dtype, tokens, hidden, intermediate, repeats=3, library="aten"):
+    """Best GFLOP/s over BERT's training GEMM shapes (forward, data-grad, weight-grad) of
+    ``torch.mm`` (library "aten": MKL for float32 in the PyPI wheels, oneDNN for bfloat16) or of
+    oneDNN's float32 GEMM (library "onednn", what the compiled backend's regions use where it is
+    faster: runtime/compiled/onednn_matmuls.py)."""
     best = 0.0
     shapes = [(tokens, hidden, intermediate), (tokens, intermediate, hidden), (hidden, tokens, intermediate),
               (tokens, hidden, 3 * hidden)]
     for m, k, n in shapes:
         a = torch.randn(m, k).to(dtype)
         b = torch.randn(k, n).to(dtype)
-        torch.mm(a, b)
+        product = functools.partial(torch.mm, a, b) if library == "aten" else functools.partial(onednn_linear, a, b.t())
+        product()
         for _ in range(repeats):
             start = time.perf_counter()
-            torch.mm(a, b)
+            product()
             seconds = time.perf_counter() - start
             best = max(best, 2.0 * m * k * n / seconds / 1e9)
     return best
@@ -176,14 +183,17 @@ def main():
                   f"(unit {compiled.executor._backend.selection.unit})", flush=True)
         pairs.append((precision, variants))
     seconds = {f"{kind}_{p}": [] for p, variants in pairs for kind, _ in variants}
-    rates = {"fp32": [], "bf16": []}
+    rates = {"fp32_aten": [], "fp32_onednn": [], "bf16": []}
     print(f"BERT-base L{config.num_hidden_layers} H{config.hidden_size} seq {config.sequence_length}: micro-batch "
           f"{config.micro_batch_size} x accumulation {config.gradient_accumulation} = {samples_per_step} samples/step, "
           f"{flops / 1e9:.1f} GFLOP/sample, {torch.get_num_threads()} threads", flush=True)
     for round_index in range(args.rounds + 1):
         warmup = round_index == 0
-        for dtype, key in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
-            rates[key].append(matmul_rate(dtype, tokens, config.hidden_size, config.intermediate_size))
+        for dtype, key, library in ((torch.float32, "fp32_aten", "aten"), (torch.float32, "fp32_onednn", "onednn"),
+                                    (torch.bfloat16, "bf16", "aten")):
+            if library == "onednn" and not torch.backends.mkldnn.is_available():
+                continue
+            rates[key].append(matmul_rate(dtype, tokens, config.hidden_size, config.intermediate_size, library=library))
         batch = batches[round_index % len(batches)]
         for precision, variants in pairs:
             order = list(variants)
@@ -199,12 +209,15 @@ def main():
                 print(f"  round {round_index}{' (warm-up)' if warmup else ''}: {name:<13} {elapsed:6.2f} s/step  "
                       f"{samples_per_step / elapsed:5.2f} samples/s  (load {os.getloadavg()[0]:.1f})", flush=True)
 
-    peak = {k: max(v) for k, v in rates.items()}
+    libraries = {k: max(v) for k, v in rates.items() if v}
+    # This machine's float32 peak: the faster library's (MFU of eager, which runs aten's, is
+    # against it too: what the machine can do, not what one library does)
+    peak = {"fp32": max(libraries["fp32_aten"], libraries.get("fp32_onednn", 0.0)), "bf16": libraries["bf16"]}
     throughput = {name: samples_per_step / min(v) for name, v in seconds.items()}
     result = {"benchmark": "bert_throughput", "machine": machine_info(), "model": "BERT-base seq 128",
               "micro_batch": config.micro_batch_size, "gradient_accumulation": config.gradient_accumulation,
               "samples_per_step": samples_per_step, "gflop_per_sample": round(flops / 1e9, 2),
-              "matmul_gflops": {k: round(v, 1) for k, v in peak.items()},
+              "matmul_gflops": {k: round(v, 1) for k, v in {**peak, **libraries}.items()},
               "samples_per_sec": {k: round(v, 3) for k, v in throughput.items()}}
     ratios, mfu = {}, {}
     for precision in args.precisions:
@@ -247,7 +260,9 @@ def main():
     for name, value in throughput.items():
         precision = name.split("_")[1]
         print(f"{name:<16}{value:>10.2f}{value * flops / 1e9:>9.1f}{value * flops / 1e9 / peak[precision]:>7.1%}")
-    print(f"measured matmul peak: fp32 {peak['fp32']:.0f} GFLOP/s, bf16 {peak['bf16']:.0f} GFLOP/s")
+    onednn = f", oneDNN {libraries['fp32_onednn']:.0f}" if "fp32_onednn" in libraries else ""
+    print(f"measured matmul peak: fp32 {peak['fp32']:.0f} GFLOP/s (aten {libraries['fp32_aten']:.0f}{onednn}), "
+          f"bf16 {peak['bf16']:.0f} GFLOP/s")
     for precision, ratio in ratios.items():
         print(f"openpop / hand-written ({precision}, median of per-round ratios): {ratio:.3f}x")
     for precision, ratio in result.get("compiled_vs_openpop_eager", {}).items():

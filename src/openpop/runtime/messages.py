@@ -87,6 +87,9 @@ ENGINE_OPTION_COUNT = "{key} must be a non-negative integer, got {value!r}"
 # --- half compute ---------------------------------------------------------------
 HALF_COMPUTE_ENV = "{env}={value!r} is not valid: set it to auto, native or float32 (or unset it for auto)."
 HALF_COMPUTE_SETTING = "half compute setting must be one of {settings}, not {setting!r}"
+CPU_GEMM_ENV = "{env}={value!r} is not valid: set it to auto, onednn or aten (or unset it for auto)."
+CPU_GEMM_CHOICE = ("compiled float32 GEMMs on this CPU: aten {aten:.0f} vs oneDNN {onednn:.0f} GFLOP/s -> {choice} "
+                   "({env}=onednn|aten overrides)")
 HOST_MEMORY_ENV = "{env}={value!r} is not valid: set it to auto, retain or release (or unset it for auto)."
 HOST_MEMORY_RETAINED = ("host memory: freed memory stays in the process (glibc {version}: mallopt M_MMAP_MAX 0, "
                         "M_TRIM_THRESHOLD max); {env}=release keeps glibc's defaults")

@@ -25,7 +25,8 @@ the regions under it take its place. The model itself is never a region: its for
 Lightning's step) and every module's hooks run eagerly; only the regions' ``forward`` methods are
 compiled, installed on the modules for the host call and removed after it. Random numbers come
 from aten's ops (Inductor's ``fallback_random``) in eager's order, so dropout masks equal eager's
-bit for bit.
+bit for bit (drawn by a vectorised kernel of the same stream where that equals aten's:
+``dropout_masks.py``).
 """
 import contextlib
 import functools
@@ -37,9 +38,12 @@ from ..pipeline import RECOMPUTED
 from ..schedules import LossForward
 from ..weights import BufferSnapshot
 from .attention_backward import ShortAttentionBackward
+from .dropout_masks import FastDropoutMasks, draws_like_aten
 from .eligibility import first_micro_batch
 from .fused_updates import FusedUpdate
 from .generator_states import RngState
+from .onednn_matmuls import OneDnnMatmuls, gemm_choice
+from .post_grad_passes import PostGradPasses
 
 # A model whose probe micro-batch takes at least this long per aten op runs as regions under
 # ``unit="auto"`` (selection.py): BERT-base's ~3.4 ms per op against the tiny MLP's ~0.03 ms.
@@ -97,11 +101,22 @@ def distinct_share(model: torch.nn.Module, regions) -> tuple:
 
 
 def compile_options(device, training: bool) -> dict:
-    """Inductor's options for a region: aten's random ops (eager's masks); on CPU in training,
-    short attention's backward as tensor math (``attention_backward.py``)."""
+    """Inductor's options for a region: aten's random ops (eager's masks); on CPU, large float32
+    matrix products on oneDNN where this CPU runs them faster (``onednn_matmuls.py``) and, in
+    training, short attention's backward as tensor math (``attention_backward.py``) and dropout
+    masks from a vectorised kernel where its draws equal aten's (``dropout_masks.py``)."""
     options = {"fallback_random": True}
-    if training and device.type == "cpu":
+    if device.type != "cpu":
+        return options
+    passes = []
+    if training:
         options["post_grad_custom_pre_pass"] = ShortAttentionBackward()
+        if draws_like_aten():
+            passes.append(FastDropoutMasks())
+    if gemm_choice() == "onednn":
+        passes.append(OneDnnMatmuls())
+    if passes:
+        options["post_grad_custom_post_pass"] = PostGradPasses(*passes)
     return options
 
 

@@ -1,0 +1,151 @@
+"""float32 matrix products of compiled CPU regions on oneDNN, where this CPU runs them faster.
+
+aten's float32 ``mm`` and ``addmm`` call the BLAS torch was built with: MKL in the PyPI wheels.
+On AMD CPUs MKL runs AVX2 code. On an AMD EPYC with AVX-512 (Zen 5, 2 cores), its sgemm gives
+~110 GFLOP/s per core and oneDNN's (``mkldnn._linear_pointwise``, the kernel Inductor uses for
+frozen linear layers) ~250: BERT-base's GEMM shapes ran 1.8-2.5x faster in every direction
+(forward, input gradient, weight gradient), and below ~128^3 multiply-adds oneDNN's per-call cost
+makes it slower. Inductor's own lowering of ``_linear_pointwise`` takes only frozen (constant)
+weights, so here it is the custom op ``onednn_linear``, which Inductor calls as an opaque kernel.
+
+``OneDnnMatmuls`` is an Inductor post-grad pass: each float32 CPU ``mm``, and ``addmm`` with a
+1-D bias and unit scales, of at least ``MIN_MACS`` multiply-adds becomes ``onednn_linear``. Its
+results differ from aten's by the rounding of another summation order (~1e-6 relative), as
+Inductor's fusions' do. ``gemm_choice()`` decides once per process: ``OPENPOP_CPU_GEMM=auto``
+(default) measures both on one GEMM and takes oneDNN where it is at least ``MIN_SPEEDUP`` times
+aten's rate (one log line); ``onednn`` and ``aten`` force either. The eager backend, the reference,
+always runs aten's.
+"""
+import functools
+import logging
+import os
+import time
+
+import torch
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+
+from .. import messages
+
+logger = logging.getLogger(__name__)
+
+SETTING_ENV = "OPENPOP_CPU_GEMM"
+SETTINGS = ("auto", "onednn", "aten")
+MIN_MACS = 1 << 22  # (128 x 128 x 256)
+MIN_SPEEDUP = 1.25  # a margin the measurement's noise does not cross (Zen 5: ~2.2x; an AVX-512 Xeon's MKL: ~1x)
+_PROBE_SHAPE = (256, 1024, 1024)  # (m, k, n): ~1 ms in aten's on 2 cores of the EPYC
+
+
+@torch.library.custom_op("openpop::onednn_linear", mutates_args=(), device_types="cpu")
+def onednn_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``input @ weight.T + bias`` by oneDNN (any strides)."""
+    return torch.ops.mkldnn._linear_pointwise(input, weight, bias, "none", [], "")
+
+
+@onednn_linear.register_fake
+def _(input, weight, bias=None):
+    return input.new_empty((*input.shape[:-1], weight.shape[0]))
+
+
+def setting_from_env() -> str:
+    value = os.environ.get(SETTING_ENV, "auto").strip().lower() or "auto"
+    if value not in SETTINGS:
+        raise ValueError(messages.CPU_GEMM_ENV.format(env=SETTING_ENV, value=os.environ.get(SETTING_ENV)))
+    return value
+
+
+def _best_seconds(fn, repeats=5) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def measure_rates() -> tuple:
+    """``(aten, onednn)`` float32 GFLOP/s on ``_PROBE_SHAPE``, on real tensors outside any mode
+    (the first need can come inside a trace on fake tensors)."""
+    from torch.utils._python_dispatch import _disable_current_modes
+    m, k, n = _PROBE_SHAPE
+    with _disable_current_modes(), torch._C.DisableTorchFunction(), torch.autocast("cpu", enabled=False), \
+            torch.no_grad():
+        generator = torch.Generator().manual_seed(0)  # (not the user's)
+        a, weight = torch.rand(m, k, generator=generator), torch.rand(n, k, generator=generator)
+        aten = _best_seconds(lambda: torch.mm(a, weight.t()))
+        onednn = _best_seconds(lambda: onednn_linear(a, weight))
+    flops = 2.0 * m * k * n / 1e9
+    return flops / aten, flops / onednn
+
+
+@functools.cache
+def gemm_choice() -> str:
+    """``"onednn"`` or ``"aten"`` for this process's compiled CPU float32 GEMMs (module docstring)."""
+    setting = setting_from_env()
+    if setting != "auto":
+        return setting
+    if not torch.backends.mkldnn.is_available():
+        return "aten"
+    try:
+        aten, onednn = measure_rates()
+    except RuntimeError as error:  # (a oneDNN without this op)
+        logger.debug("oneDNN's float32 GEMM is not available: %s", error)
+        return "aten"
+    choice = "onednn" if onednn >= MIN_SPEEDUP * aten else "aten"
+    logger.info(messages.CPU_GEMM_CHOICE.format(aten=aten, onednn=onednn, choice=choice, env=SETTING_ENV))
+    return choice
+
+
+def _operands(node):
+    """``(input, weight-side operand, bias)`` of a rewritable ``mm``/``addmm`` node, or None."""
+    aten = torch.ops.aten
+    if node.target is aten.mm.default and not node.kwargs:
+        (a, b), bias = node.args, None
+    elif node.target is aten.addmm.default and not node.kwargs and len(node.args) == 3:
+        bias, a, b = node.args
+    else:
+        return None
+    values = [getattr(t, "meta", {}).get("val") for t in (a, b) + ((bias,) if bias is not None else ())]
+    if any(not isinstance(v, torch.Tensor) or v.dtype != torch.float32 or v.device.type != "cpu" for v in values):
+        return None
+    if bias is not None and values[2].dim() != 1:
+        return None
+    (m, k), n = values[0].shape, values[1].shape[1]
+    if m * k * n < MIN_MACS:
+        return None
+    return a, b, bias
+
+
+def _rewrite(graph: torch.fx.Graph) -> None:
+    for node in list(graph.find_nodes(op="call_function", target=torch.ops.aten.mm.default)) + \
+            list(graph.find_nodes(op="call_function", target=torch.ops.aten.addmm.default)):
+        found = _operands(node)
+        if found is None:
+            continue
+        a, b, bias = found
+        value = node.meta["val"]
+        with graph.inserting_before(node), value.fake_mode:
+            weight = graph.call_function(torch.ops.aten.permute.default, (b, [1, 0]))
+            weight.meta["val"] = b.meta["val"].permute(1, 0)
+            product = graph.call_function(torch.ops.openpop.onednn_linear.default, (a, weight, bias))
+            product.meta["val"] = torch.ops.openpop.onednn_linear.default(
+                a.meta["val"], weight.meta["val"], None if bias is None else bias.meta["val"])
+        node.replace_all_uses_with(product)
+        graph.erase_node(node)
+
+
+class OneDnnMatmuls(CustomGraphPass):
+    """Inductor post-grad pass: large float32 CPU ``mm``/``addmm`` as ``onednn_linear`` (module
+    docstring). Its ``uuid`` (this file's hash) enters the keys of torch's compile caches."""
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        _rewrite(graph)
+
+    def uuid(self):
+        return get_hash_for_files((__file__,))
+
+    def __reduce__(self):
+        return (OneDnnMatmuls, ())
+
+    def __repr__(self):
+        return "OneDnnMatmuls()"
