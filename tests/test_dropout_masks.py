@@ -67,7 +67,7 @@ def test_probe_follows_aten_and_refuses_a_different_stream(monkeypatch):
 
 def post_grad_passes(training):
     passes = compile_options(torch.device("cpu"), training).get("post_grad_custom_post_pass")
-    return [type(p) for p in passes.passes] if passes is not None else []
+    return [type(p) for p in passes] if passes is not None else []
 
 
 class TwoDropouts(torch.nn.Module):
@@ -124,3 +124,20 @@ def test_pass_keeps_eager_masks_outputs_gradients_and_generator(monkeypatch, dty
             assert (ours - theirs).abs().max() <= 2 * (with_aten - theirs).abs().max() + 1e-2 * theirs.abs().max()
     forward = graphs[0]  # (Inductor wraps the second draw in control_deps, after the first)
     assert not forward.find_nodes(op="call_function", target=torch.ops.aten.native_dropout.default)
+
+
+@pytest.mark.skipif(not draws_like_aten(), reason="aten does not draw the serial stream on this CPU")
+@pytest.mark.parametrize("dtype, transposed", [(torch.float32, False), (torch.bfloat16, False),
+                                               (torch.float16, False), (torch.float64, False), (torch.float32, True)])
+def test_dropout_alone_equals_eager_bit_for_bit(dtype, transposed):
+    torch._dynamo.reset()
+    x = torch.randn(64, 48).to(dtype)
+    x = x.t() if transposed else x  # (aten's mask is laid out as the input and drawn in memory order)
+    dropout = torch.compile(lambda t: F.dropout(t, 0.1, True),
+                            options={"fallback_random": True, "post_grad_custom_post_pass": FastDropoutMasks()})
+    outputs = []
+    for run in (dropout, lambda t: F.dropout(t, 0.1, True)):
+        torch.manual_seed(11)
+        outputs.append((run(x), torch.random.get_rng_state()))
+    (out, state), (eager, eager_state) = outputs
+    assert torch.equal(out, eager) and torch.equal(state, eager_state)  # (half: the scale rounded as aten's)

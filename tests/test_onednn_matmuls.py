@@ -44,9 +44,11 @@ def test_the_environment_forces_a_choice_without_measuring(fresh_choice, setting
 def test_a_bad_setting_fails_when_the_executor_is_built(fresh_choice):
     fresh_choice.setenv("OPENPOP_CPU_GEMM", "mkl")
     model = torch.nn.Linear(4, 1)
+    options = poptorch.Options()
     with pytest.raises(ValueError, match="OPENPOP_CPU_GEMM='mkl' is not valid: set it to auto, onednn or aten"):
-        poptorch.trainingModel(model, poptorch.Options(), torch.optim.SGD(model.parameters(), lr=0.1))
+        poptorch.trainingModel(model, options, torch.optim.SGD(model.parameters(), lr=0.1))
     assert not hasattr(model, "_poptorch_executor") and type(model) is torch.nn.Linear
+    options.deviceIterations(2)  # (raised before the options froze)
 
 
 def test_measured_rates_are_real_and_leave_the_generator_alone():
@@ -56,12 +58,16 @@ def test_measured_rates_are_real_and_leave_the_generator_alone():
     assert torch.equal(torch.random.get_rng_state(), state)
 
 
-def test_onednn_linear_takes_any_strides_and_a_bias():
+def test_onednn_linear_takes_any_strides_and_any_bias():
     generator = torch.Generator().manual_seed(0)
     a, b, bias = (torch.randn(*shape, generator=generator) for shape in ((64, 48), (40, 48), (40,)))
     torch.testing.assert_close(onednn_linear(a, b, bias), F.linear(a, b, bias))
     g = torch.randn(40, 64, generator=generator)  # a weight gradient's operands: both transposed
     torch.testing.assert_close(onednn_linear(g, a.t()), g @ a)
+    # (oneDNN reads a bias as n contiguous values: a column, a broadcast scalar, a [1] bias)
+    for odd in (torch.randn(40, 3, generator=generator)[:, 1], torch.randn(1, generator=generator).expand(40),
+                torch.randn(1, generator=generator)):
+        torch.testing.assert_close(onednn_linear(a, b, odd), F.linear(a, b, odd))
 
 
 class Mlp(torch.nn.Module):
@@ -111,6 +117,16 @@ def test_pass_rewrites_large_float32_products_only():
         torch.compile(model, options={"post_grad_custom_post_pass": Recorded()})(x)
     assert count(graphs[0], onednn) == 0
 
+    def odd_biases(a, b, column, one):  # a strided and a [1] bias: left to aten's addmm
+        return torch.addmm(column, a, b) + torch.addmm(one, a, b)
+
+    torch._dynamo.reset()
+    graphs.clear()
+    operands = torch.randn(256, 256), torch.randn(256, 256), torch.randn(256, 2)[:, 0], torch.randn(1)
+    result = torch.compile(odd_biases, options={"post_grad_custom_post_pass": Recorded()})(*operands)
+    torch.testing.assert_close(result, odd_biases(*operands))
+    assert (count(graphs[0], onednn), count(graphs[0], addmm)) == (0, 2)
+
 
 def test_regions_install_the_pass_by_the_choice(monkeypatch):
     cpu = torch.device("cpu")
@@ -118,7 +134,7 @@ def test_regions_install_the_pass_by_the_choice(monkeypatch):
         monkeypatch.setattr(regions, "gemm_choice", lambda choice=choice: choice)
         for training in (True, False):
             passes = regions.compile_options(cpu, training).get("post_grad_custom_post_pass")
-            assert (passes is not None and OneDnnMatmuls in [type(p) for p in passes.passes]) == installed
+            assert (passes is not None and OneDnnMatmuls in [type(p) for p in passes]) == installed
     assert "post_grad_custom_post_pass" not in regions.compile_options(torch.device("meta"), True)
 
 

@@ -23,6 +23,7 @@ from .anchors import AnchoredTensors
 from .args import BoundInputs, InputSignature, prepare_tensors
 from .compile_cache import CompileCache
 from .compiled import DECLINED, REGIONS, CompiledBackend
+from .compiled.onednn_matmuls import setting_from_env as gemm_setting_from_env
 from .distributed_reduce import GlobalReplication
 from .executable import Executable, trace_model
 from .gradients import GradientReduction, MeanPolicy, ReplicaSum
@@ -50,6 +51,7 @@ class PoplarExecutor:
     def __init__(self, model, options, training: bool, poptorch_version: str, optimizer=None,
                  user_model=None):
         host_memory = setting_from_env()  # (OPENPOP_HOST_MEMORY: a bad value fails before the options freeze)
+        gemm_setting_from_env()  # (OPENPOP_CPU_GEMM, the compiled backend's: likewise)
         run_options, optimizer = executor_options(options, training, model, optimizer)
         compile_cache = CompileCache.from_options(run_options)  # an unusable cache dir fails here, early
         self._user_model = user_model if user_model is not None else model

@@ -17,9 +17,12 @@ regions, ``regions.compile_options``): each CPU ``native_dropout`` in training b
 ``bernoulli_mask`` and ``input * mask * scale``, which Inductor fuses with its neighbours. It is
 installed only where ``draws_like_aten()`` found, on this machine, that the kernel's masks and
 the generator's end state equal aten's ``bernoulli_``; elsewhere aten's kernel stays. The op is
-tagged ``nondeterministic_seeded``: AOTAutograd's partitioner saves its masks rather than drawing
-them again in backward, and Inductor orders such ops by control dependencies, so the draws keep
-the graph's order.
+tagged ``nondeterministic_seeded``, so Inductor never merges two draws and orders them by control
+dependencies: the draws keep the graph's order. (The mask is saved for backward because
+``native_dropout``'s mask already is a forward output when the pass runs.) Reading and writing the
+generator's state is not atomic, as aten's kernel under the generator's lock is: another thread
+drawing from torch's default CPU generator during a mask's draw would draw the same numbers
+(openpop runs regions on one thread).
 The whole-call program (``program.py``) keeps aten's kernel: it is for small models, and its loop
 bodies run under Inductor's C++ wrapper.
 """
@@ -101,6 +104,9 @@ extern "C" void openpop_bernoulli_mask(void* state, uint8_t* out, int64_t n, dou
 """
 
 
+_STATE_BYTES = 24 + 624 * 8  # (GeneratorState in _SOURCE)
+
+
 @functools.cache
 def _kernel():
     """The compiled ``openpop_bernoulli_mask``, built and cached by Inductor's C++ code cache
@@ -117,6 +123,8 @@ def draw_mask(mask: torch.Tensor, p: float, generator: torch.Generator) -> torch
     """Fill the boolean, dense ``mask`` in memory order with Bernoulli(``p``) draws from the CPU
     ``generator``, advancing it as aten's serial ``bernoulli_`` does."""
     state = generator.get_state()
+    if state.numel() < _STATE_BYTES:  # (another layout than the kernel's: not written past its end)
+        raise RuntimeError(f"a CPU generator state of {state.numel()} bytes, not at least {_STATE_BYTES}")
     _kernel()(state.data_ptr(), mask.data_ptr(), mask.numel(), p)
     generator.set_state(state)
     return mask
@@ -164,14 +172,18 @@ def draws_like_aten() -> bool:
 
 def _rewrite(graph: torch.fx.Graph) -> None:
     for node in list(graph.find_nodes(op="call_function", target=torch.ops.aten.native_dropout.default)):
-        x, p, train = (list(node.args) + [None])[:3]
+        x, p, train = (list(node.args) + [node.kwargs.get("train")])[:3]
         value = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
         if train is False or not isinstance(value, torch.Tensor) or value.device.type != "cpu":
             continue
+        if not isinstance(p, float) or not 0.0 <= p <= 1.0:
+            continue  # (aten's kernel checks p)
         if any(user.op != "call_function" or user.target is not operator.getitem for user in node.users):
             continue  # used whole (not expected from AOTAutograd): aten's kernel stays
         kept = 1.0 - p
         scale = 0.0 if kept == 0 else 1.0 / kept
+        if value.dtype in (torch.bfloat16, torch.float16):  # aten multiplies by the scale rounded to them
+            scale = float(torch.tensor(scale, dtype=value.dtype))
         with graph.inserting_before(node), value.fake_mode:
             mask = graph.call_function(torch.ops.openpop.bernoulli_mask.default, (x, kept))
             mask.meta["val"] = torch.ops.openpop.bernoulli_mask.default(value, kept)

@@ -13,8 +13,10 @@ weights, so here it is the custom op ``onednn_linear``, which Inductor calls as 
 results differ from aten's by the rounding of another summation order (~1e-6 relative), as
 Inductor's fusions' do. ``gemm_choice()`` decides once per process: ``OPENPOP_CPU_GEMM=auto``
 (default) measures both on one GEMM and takes oneDNN where it is at least ``MIN_SPEEDUP`` times
-aten's rate (one log line); ``onednn`` and ``aten`` force either. The eager backend, the reference,
-always runs aten's.
+aten's rate (one log line); ``onednn`` and ``aten`` force either (a torch without oneDNN runs
+aten's, with a warning). The margin keeps a noisy measurement from choosing differently in two
+processes, which would miss the executable cache's graphs; a CPU near it can still: set the
+variable there. The eager backend, the reference, always runs aten's.
 """
 import functools
 import logging
@@ -37,7 +39,10 @@ _PROBE_SHAPE = (256, 1024, 1024)  # (m, k, n): ~1 ms in aten's on 2 cores of the
 
 @torch.library.custom_op("openpop::onednn_linear", mutates_args=(), device_types="cpu")
 def onednn_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``input @ weight.T + bias`` by oneDNN (any strides)."""
+    """``input @ weight.T + bias`` by oneDNN (any strides of ``input`` and ``weight``; oneDNN reads
+    the bias as ``weight.shape[0]`` contiguous values, so any other bias is made one)."""
+    if bias is not None and (bias.shape != weight.shape[:1] or bias.stride() != (1,)):
+        bias = bias.expand(weight.shape[:1]).contiguous()
     return torch.ops.mkldnn._linear_pointwise(input, weight, bias, "none", [], "")
 
 
@@ -82,10 +87,12 @@ def measure_rates() -> tuple:
 def gemm_choice() -> str:
     """``"onednn"`` or ``"aten"`` for this process's compiled CPU float32 GEMMs (module docstring)."""
     setting = setting_from_env()
+    if not torch.backends.mkldnn.is_available():
+        if setting == "onednn":
+            logger.warning(messages.CPU_GEMM_NO_ONEDNN.format(env=SETTING_ENV))
+        return "aten"
     if setting != "auto":
         return setting
-    if not torch.backends.mkldnn.is_available():
-        return "aten"
     try:
         aten, onednn = measure_rates()
     except RuntimeError as error:  # (a oneDNN without this op)
@@ -108,9 +115,9 @@ def _operands(node):
     values = [getattr(t, "meta", {}).get("val") for t in (a, b) + ((bias,) if bias is not None else ())]
     if any(not isinstance(v, torch.Tensor) or v.dtype != torch.float32 or v.device.type != "cpu" for v in values):
         return None
-    if bias is not None and values[2].dim() != 1:
-        return None
     (m, k), n = values[0].shape, values[1].shape[1]
+    if bias is not None and (tuple(values[2].shape) != (n,) or values[2].stride() != (1,)):
+        return None  # (a broadcast or strided bias: aten's addmm)
     if m * k * n < MIN_MACS:
         return None
     return a, b, bias

@@ -43,7 +43,6 @@ from .eligibility import first_micro_batch
 from .fused_updates import FusedUpdate
 from .generator_states import RngState
 from .onednn_matmuls import OneDnnMatmuls, gemm_choice
-from .post_grad_passes import PostGradPasses
 
 # A model whose probe micro-batch takes at least this long per aten op runs as regions under
 # ``unit="auto"`` (selection.py): BERT-base's ~3.4 ms per op against the tiny MLP's ~0.03 ms.
@@ -116,7 +115,7 @@ def compile_options(device, training: bool) -> dict:
     if gemm_choice() == "onednn":
         passes.append(OneDnnMatmuls())
     if passes:
-        options["post_grad_custom_post_pass"] = PostGradPasses(*passes)
+        options["post_grad_custom_post_pass"] = passes  # (Inductor runs a list in order; their uuids key its caches)
     return options
 
 

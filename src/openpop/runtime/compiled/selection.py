@@ -21,7 +21,6 @@ import os
 from ... import errors
 from ...log import logger
 from .. import messages
-from .onednn_matmuls import setting_from_env as gemm_setting_from_env
 
 BACKENDS = ("auto", "eager", "compiled")
 UNITS = ("auto", "program", "regions")
@@ -73,7 +72,6 @@ class Selection:
         if compile_after is None and os.environ.get(COMPILE_AFTER_ENV):
             compile_after = float(os.environ[COMPILE_AFTER_ENV])
         unit = options.compiled_unit if options.explicitlySet("compiled_unit") else os.environ.get(UNIT_ENV) or "auto"
-        gemm_setting_from_env()  # (OPENPOP_CPU_GEMM: a bad value fails when the executor is built)
         return cls(backend, compile_after, unit)
 
     @property
