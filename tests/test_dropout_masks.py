@@ -3,7 +3,6 @@ aten's serial Bernoulli stream (checked against Python's own MT19937), the probe
 where aten draws that stream, and the graph pass keeps masks, outputs and the generator's end state
 equal to eager's."""
 import random
-import uuid
 
 import pytest
 import torch
@@ -12,6 +11,8 @@ import torch.nn.functional as F
 from openpop.runtime.compiled import dropout_masks
 from openpop.runtime.compiled.dropout_masks import FastDropoutMasks, draw_mask, draws_like_aten
 from openpop.runtime.compiled.regions import compile_options
+
+from helpers.graph_passes import recorded
 
 
 def reference_mask(generator, elements, p):
@@ -85,20 +86,12 @@ def test_pass_keeps_eager_masks_outputs_gradients_and_generator(monkeypatch, dty
     torch._dynamo.reset()
     graphs = []
 
-    class Recorded(FastDropoutMasks):
-        def __call__(self, graph):
-            super().__call__(graph)
-            graphs.append(graph)
-
-        def uuid(self):  # a cache miss: the pass runs
-            return f"recorded-{uuid.uuid4()}"
-
     drawn = []
     monkeypatch.setattr(dropout_masks, "draw_mask", lambda m, p, g, draw=draw_mask: drawn.append(p) or draw(m, p, g))
     torch.manual_seed(0)
     model = TwoDropouts()
-    with_pass = torch.compile(model.forward,
-                              options={"fallback_random": True, "post_grad_custom_post_pass": Recorded()})
+    options = {"fallback_random": True, "post_grad_custom_post_pass": recorded(FastDropoutMasks, graphs)}
+    with_pass = torch.compile(model.forward, options=options)
     with_aten = torch.compile(model.forward, options={"fallback_random": True})  # aten's native_dropout
     x = torch.randn(16, 32)
     results = []

@@ -2,7 +2,6 @@
 forced, a bad setting), the graph pass (large float32 CPU mm/addmm only), and a training run whose
 regions use it against the eager backend and a hand-written loop."""
 import copy
-import uuid
 
 import pytest
 import torch
@@ -12,6 +11,7 @@ import poptorch
 from openpop.runtime.compiled import onednn_matmuls, regions
 from openpop.runtime.compiled.onednn_matmuls import OneDnnMatmuls, gemm_choice, onednn_linear
 
+from helpers.graph_passes import recorded
 from helpers.oracle import train_loop
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch without oneDNN")
@@ -83,20 +83,12 @@ class Mlp(torch.nn.Module):
 def test_pass_rewrites_large_float32_products_only():
     graphs = []
 
-    class Recorded(OneDnnMatmuls):
-        def __call__(self, graph):
-            super().__call__(graph)
-            graphs.append(graph)
-
-        def uuid(self):  # a cache miss: the pass runs
-            return f"recorded-{uuid.uuid4()}"
-
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = Mlp()
     reference = copy.deepcopy(model)
     x = torch.randn(64, 256)
-    compiled = torch.compile(model, options={"post_grad_custom_post_pass": Recorded()})
+    compiled = torch.compile(model, options={"post_grad_custom_post_pass": recorded(OneDnnMatmuls, graphs)})
     for run in (compiled, reference):
         run(x).square().mean().backward()
     torch.testing.assert_close(compiled(x), reference(x))
@@ -114,7 +106,7 @@ def test_pass_rewrites_large_float32_products_only():
     with torch.autocast("cpu", dtype=torch.bfloat16):  # half products: not float32
         torch._dynamo.reset()
         graphs.clear()
-        torch.compile(model, options={"post_grad_custom_post_pass": Recorded()})(x)
+        torch.compile(model, options={"post_grad_custom_post_pass": recorded(OneDnnMatmuls, graphs)})(x)
     assert count(graphs[0], onednn) == 0
 
     def odd_biases(a, b, column, one):  # a strided and a [1] bias: left to aten's addmm
@@ -123,7 +115,8 @@ def test_pass_rewrites_large_float32_products_only():
     torch._dynamo.reset()
     graphs.clear()
     operands = torch.randn(256, 256), torch.randn(256, 256), torch.randn(256, 2)[:, 0], torch.randn(1)
-    result = torch.compile(odd_biases, options={"post_grad_custom_post_pass": Recorded()})(*operands)
+    options = {"post_grad_custom_post_pass": recorded(OneDnnMatmuls, graphs)}
+    result = torch.compile(odd_biases, options=options)(*operands)
     torch.testing.assert_close(result, odd_biases(*operands))
     assert (count(graphs[0], onednn), count(graphs[0], addmm)) == (0, 2)
 

@@ -108,7 +108,8 @@ def setting_from_env() -> str:
     return value
 
 
-def _timed(fn, repeats: int) -> float:
+def best_seconds(fn, repeats: int) -> float:
+    """The fastest of ``repeats`` timed calls of ``fn``."""
     best = float("inf")
     for _ in range(repeats):
         start = time.perf_counter()
@@ -148,12 +149,12 @@ def measure_cpu_rates(dtype: torch.dtype, family: str) -> tuple[float, float]:
     torch.set_num_threads(1)
     try:
         full_run()
-        full = _timed(full_run, 5)
+        full = best_seconds(full_run, 5)
         low_run()
-        half = _timed(low_run, 1)
+        half = best_seconds(low_run, 1)
         if half < 4 * full:  # close: measure both again
-            half = min(half, _timed(low_run, 3))
-            full = min(full, _timed(full_run, 3))
+            half = min(half, best_seconds(low_run, 3))
+            full = min(full, best_seconds(full_run, 3))
     finally:
         torch.set_num_threads(threads)
     return flops / half / 1e9, flops / full / 1e9

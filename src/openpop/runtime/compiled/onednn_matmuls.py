@@ -21,12 +21,12 @@ variable there. The eager backend, the reference, always runs aten's.
 import functools
 import logging
 import os
-import time
 
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
 from .. import messages
+from ..half_compute import best_seconds
 
 logger = logging.getLogger(__name__)
 
@@ -58,16 +58,6 @@ def setting_from_env() -> str:
     return value
 
 
-def _best_seconds(fn, repeats=5) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
 def measure_rates() -> tuple:
     """``(aten, onednn)`` float32 GFLOP/s on ``_PROBE_SHAPE``, on real tensors outside any mode
     (the first need can come inside a trace on fake tensors)."""
@@ -77,8 +67,10 @@ def measure_rates() -> tuple:
             torch.no_grad():
         generator = torch.Generator().manual_seed(0)  # (not the user's)
         a, weight = torch.rand(m, k, generator=generator), torch.rand(n, k, generator=generator)
-        aten = _best_seconds(lambda: torch.mm(a, weight.t()))
-        onednn = _best_seconds(lambda: onednn_linear(a, weight))
+        products = {"aten": lambda: torch.mm(a, weight.t()), "onednn": lambda: onednn_linear(a, weight)}
+        for product in products.values():
+            product()  # (oneDNN creates its primitive at the first call)
+        aten, onednn = (best_seconds(product, 5) for product in products.values())
     flops = 2.0 * m * k * n / 1e9
     return flops / aten, flops / onednn
 
