@@ -134,3 +134,12 @@ def test_dropout_alone_equals_eager_bit_for_bit(dtype, transposed):
         outputs.append((run(x), torch.random.get_rng_state()))
     (out, state), (eager, eager_state) = outputs
     assert torch.equal(out, eager) and torch.equal(state, eager_state)  # (half: the scale rounded as aten's)
+
+
+def test_a_generator_state_of_another_layout_is_refused_before_the_kernel_writes():
+    class Shorter:
+        def get_state(self):
+            return torch.zeros(100, dtype=torch.uint8)
+
+    with pytest.raises(RuntimeError, match="a CPU generator state of 100 bytes, not at least 5016"):
+        draw_mask(torch.empty(4, dtype=torch.bool), 0.5, Shorter())

@@ -90,6 +90,8 @@ HALF_COMPUTE_SETTING = "half compute setting must be one of {settings}, not {set
 CPU_GEMM_ENV = "{env}={value!r} is not valid: set it to auto, onednn or aten (or unset it for auto)."
 CPU_GEMM_CHOICE = ("compiled float32 GEMMs on this CPU: aten {aten:.0f} vs oneDNN {onednn:.0f} GFLOP/s -> {choice} "
                    "({env}=onednn|aten overrides)")
+GENERATOR_STATE_BYTES = ("a CPU generator state of {size} bytes, not at least {expected}: not the layout the dropout "
+                         "mask kernel reads (aten's bernoulli_ stays)")
 CPU_GEMM_NO_ONEDNN = "{env}=onednn: this torch has no oneDNN (torch.backends.mkldnn); compiled GEMMs stay aten's"
 HOST_MEMORY_ENV = "{env}={value!r} is not valid: set it to auto, retain or release (or unset it for auto)."
 HOST_MEMORY_RETAINED = ("host memory: freed memory stays in the process (glibc {version}: mallopt M_MMAP_MAX 0, "

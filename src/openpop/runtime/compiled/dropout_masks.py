@@ -34,6 +34,8 @@ import operator
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
+from .. import messages
+
 logger = logging.getLogger(__name__)
 
 _SOURCE = r"""
@@ -124,7 +126,7 @@ def draw_mask(mask: torch.Tensor, p: float, generator: torch.Generator) -> torch
     ``generator``, advancing it as aten's serial ``bernoulli_`` does."""
     state = generator.get_state()
     if state.numel() < _STATE_BYTES:  # (another layout than the kernel's: not written past its end)
-        raise RuntimeError(f"a CPU generator state of {state.numel()} bytes, not at least {_STATE_BYTES}")
+        raise RuntimeError(messages.GENERATOR_STATE_BYTES.format(size=state.numel(), expected=_STATE_BYTES))
     _kernel()(state.data_ptr(), mask.data_ptr(), mask.numel(), p)
     generator.set_state(state)
     return mask
