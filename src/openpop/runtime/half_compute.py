@@ -43,7 +43,6 @@ is logged once per process (INFO).
 """
 import contextlib
 import functools
-import os
 import re
 import threading
 import time
@@ -57,6 +56,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from ..log import logger
 from . import messages
+from .env_choice import choice_from_env
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 SETTING_ENV = "OPENPOP_HALF_COMPUTE"
@@ -102,10 +102,7 @@ _OPS = _op_table()
 # ---------------------------------------------------------------------- policy
 def setting_from_env() -> str:
     """``OPENPOP_HALF_COMPUTE`` (default ``auto``); a bad value raises ``ValueError`` naming the fix."""
-    value = os.environ.get(SETTING_ENV, "auto").strip().lower() or "auto"
-    if value not in SETTINGS:
-        raise ValueError(messages.HALF_COMPUTE_ENV.format(env=SETTING_ENV, value=os.environ.get(SETTING_ENV)))
-    return value
+    return choice_from_env(SETTING_ENV, SETTINGS, messages.HALF_COMPUTE_ENV)
 
 
 def best_seconds(fn, repeats: int) -> float:

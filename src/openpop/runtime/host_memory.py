@@ -25,12 +25,12 @@ executors too, ``release`` never (glibc's defaults). It is not applied off Linux
 C library.
 """
 import ctypes
-import os
 import sys
 from typing import Optional
 
 from ..log import logger
 from . import messages
+from .env_choice import choice_from_env
 
 SETTING_ENV = "OPENPOP_HOST_MEMORY"
 SETTINGS = ("auto", "retain", "release")  # auto: training executors retain
@@ -45,10 +45,7 @@ _retaining = None  # None: not decided yet; then True or False for the process
 
 def setting_from_env() -> str:
     """``OPENPOP_HOST_MEMORY`` (default ``auto``); a bad value raises ``ValueError`` naming the fix."""
-    value = os.environ.get(SETTING_ENV, "auto").strip().lower() or "auto"
-    if value not in SETTINGS:
-        raise ValueError(messages.HOST_MEMORY_ENV.format(env=SETTING_ENV, value=os.environ.get(SETTING_ENV)))
-    return value
+    return choice_from_env(SETTING_ENV, SETTINGS, messages.HOST_MEMORY_ENV)
 
 
 def _glibc():

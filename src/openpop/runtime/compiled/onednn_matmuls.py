@@ -20,12 +20,12 @@ variable there. The eager backend, the reference, always runs aten's.
 """
 import functools
 import logging
-import os
 
 import torch
 from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
 from .. import messages
+from ..env_choice import choice_from_env
 from ..half_compute import best_seconds
 
 logger = logging.getLogger(__name__)
@@ -52,10 +52,7 @@ def _(input, weight, bias=None):
 
 
 def setting_from_env() -> str:
-    value = os.environ.get(SETTING_ENV, "auto").strip().lower() or "auto"
-    if value not in SETTINGS:
-        raise ValueError(messages.CPU_GEMM_ENV.format(env=SETTING_ENV, value=os.environ.get(SETTING_ENV)))
-    return value
+    return choice_from_env(SETTING_ENV, SETTINGS, messages.CPU_GEMM_ENV)
 
 
 def measure_rates() -> tuple:
