@@ -23,7 +23,8 @@ own), grouped-query attention, longer sequences.
 import operator
 
 import torch
-from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+
+from .graph_pass import SourceKeyedPass
 
 MAX_SCORES = 128 * 128
 FLASH_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
@@ -102,7 +103,7 @@ def _rewrite(module) -> bool:
     return changed
 
 
-class ShortAttentionBackward(CustomGraphPass):
+class ShortAttentionBackward(SourceKeyedPass):
     """Inductor post-grad pass: the flash backward of short CPU attention as tensor math (module
     docstring), in the graph and its subgraphs (``while_loop`` bodies)."""
 
@@ -115,12 +116,3 @@ class ShortAttentionBackward(CustomGraphPass):
                 module.graph.eliminate_dead_code()
                 if module is not root:
                     module.recompile()
-
-    def uuid(self):
-        return get_hash_for_files((__file__,))
-
-    def __reduce__(self):  # saved programs pickle Inductor's options
-        return (ShortAttentionBackward, ())
-
-    def __repr__(self):  # saved_programs.program_key hashes the options' text
-        return "ShortAttentionBackward()"

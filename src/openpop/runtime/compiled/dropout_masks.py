@@ -32,9 +32,9 @@ import logging
 import operator
 
 import torch
-from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
 from .. import messages
+from .graph_pass import SourceKeyedPass
 
 logger = logging.getLogger(__name__)
 
@@ -199,19 +199,10 @@ def _rewrite(graph: torch.fx.Graph) -> None:
         graph.erase_node(node)
 
 
-class FastDropoutMasks(CustomGraphPass):
+class FastDropoutMasks(SourceKeyedPass):
     """Inductor post-grad pass: CPU ``native_dropout`` in training as ``bernoulli_mask`` times the
     input and the scale (module docstring). Its ``uuid`` (this file's hash) enters the keys of
     torch's compile caches."""
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         _rewrite(graph)
-
-    def uuid(self):
-        return get_hash_for_files((__file__,))
-
-    def __reduce__(self):
-        return (FastDropoutMasks, ())
-
-    def __repr__(self):
-        return "FastDropoutMasks()"

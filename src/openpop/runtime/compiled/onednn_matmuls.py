@@ -22,11 +22,11 @@ import functools
 import logging
 
 import torch
-from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
 from .. import messages
 from ..env_choice import choice_from_env
 from ..half_compute import best_seconds
+from .graph_pass import SourceKeyedPass
 
 logger = logging.getLogger(__name__)
 
@@ -130,18 +130,9 @@ def _rewrite(graph: torch.fx.Graph) -> None:
         graph.erase_node(node)
 
 
-class OneDnnMatmuls(CustomGraphPass):
+class OneDnnMatmuls(SourceKeyedPass):
     """Inductor post-grad pass: large float32 CPU ``mm``/``addmm`` as ``onednn_linear`` (module
     docstring). Its ``uuid`` (this file's hash) enters the keys of torch's compile caches."""
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         _rewrite(graph)
-
-    def uuid(self):
-        return get_hash_for_files((__file__,))
-
-    def __reduce__(self):
-        return (OneDnnMatmuls, ())
-
-    def __repr__(self):
-        return "OneDnnMatmuls()"
