@@ -105,6 +105,16 @@ def setting_from_env() -> str:
     return choice_from_env(SETTING_ENV, SETTINGS, messages.HALF_COMPUTE_ENV)
 
 
+@contextlib.contextmanager
+def measuring():
+    """Where this CPU's rates are measured: on real tensors, outside the user's modes, autocast and
+    autograd. (The first need can come inside a trace on fake tensors - the executable cache's
+    shapes-only trace - where every op takes no time and a comparison would be a coin toss.)"""
+    with _disable_current_modes(), torch._C.DisableTorchFunction(), torch.autocast("cpu", enabled=False), \
+            torch.no_grad():
+        yield
+
+
 def best_seconds(fn, repeats: int) -> float:
     """The fastest of ``repeats`` timed calls of ``fn``."""
     best = float("inf")
@@ -178,11 +188,7 @@ class CpuHalfSpeeds:
         return half >= NATIVE_MIN_SPEEDUP * full
 
     def _measure_all(self):
-        # On real tensors, outside the user's modes, autocast and autograd (the first need can come
-        # inside a trace on fake tensors: the executable cache's shapes-only trace, where every op
-        # takes no time and the comparison would be a coin toss); the user's RNG is not drawn from.
-        with _disable_current_modes(), torch._C.DisableTorchFunction(), torch.autocast("cpu", enabled=False), \
-                torch.no_grad():
+        with measuring():  # (the user's RNG is not drawn from)
             rates = {(dtype, family): self._measure(dtype, family)
                      for dtype in LOW_PRECISION for family in (MATMUL, CONVOLUTION)}
         parts = []

@@ -25,7 +25,7 @@ import torch
 
 from .. import messages
 from ..env_choice import choice_from_env
-from ..half_compute import best_seconds
+from ..half_compute import best_seconds, measuring
 from .graph_pass import SourceKeyedPass
 
 logger = logging.getLogger(__name__)
@@ -56,12 +56,9 @@ def setting_from_env() -> str:
 
 
 def measure_rates() -> tuple:
-    """``(aten, onednn)`` float32 GFLOP/s on ``_PROBE_SHAPE``, on real tensors outside any mode
-    (the first need can come inside a trace on fake tensors)."""
-    from torch.utils._python_dispatch import _disable_current_modes
+    """``(aten, onednn)`` float32 GFLOP/s on ``_PROBE_SHAPE`` (``half_compute.measuring``)."""
     m, k, n = _PROBE_SHAPE
-    with _disable_current_modes(), torch._C.DisableTorchFunction(), torch.autocast("cpu", enabled=False), \
-            torch.no_grad():
+    with measuring():
         generator = torch.Generator().manual_seed(0)  # (not the user's)
         a, weight = torch.rand(m, k, generator=generator), torch.rand(n, k, generator=generator)
         products = {"aten": lambda: torch.mm(a, weight.t()), "onednn": lambda: onednn_linear(a, weight)}
