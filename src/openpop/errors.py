@@ -328,3 +328,7 @@ ATTACH_OFFLINE = "Trying to attach to an offline device (ConnectionType.Never)"
 NO_ANCHORED_TENSOR = "No tensor with name {name} found."
 UNSUPPORTED_REDUCTION = "Unsupported reduction type!"
 RESERVING_IPUS = "Reserving %d IPUs when the model specifices the use of only %d. %d will be reserved but not used."
+INTERNAL_CAST_TYPE = ("torch.ops.poptorch.internal_cast: unknown type '{dtype}'. openpop: name one of PopART's "
+                      "types: {known}.")
+IDENTITY_LOSS_REDUCTION_CODE = ("torch.ops.poptorch.identity_loss: reduction {reduction} is not one of 0 (sum), "
+                                "1 (mean) or 2 (none). openpop: or call poptorch.identity_loss(x, reduction='mean').")

@@ -11,6 +11,7 @@ from openpop import (
                      createPoptorchError,
                      logger,
 )
+from openpop import torch_ops as _torch_ops  # registers torch.ops.poptorch.*
 
 from . import enums, optim, poptorch_core, profiling, testing
 

@@ -16,8 +16,12 @@ from .options import (
     AccumulateOuterFragmentSettings,
     AutomaticLossScalingSettings,
     BatchSerializationSettings,
+    CommGroup,
     ExecutionPhaseSettings,
+    ExperimentalSettings,
+    NumIOTiles,
     SessionOptions,
+    TensorLocation,
     TensorLocationSettings,
 )
 from .patterns import Patterns

@@ -23,8 +23,8 @@ class RecomputationType(enum.IntEnum):
     NoRecompute = 0
     Standard = 1
     NormOnly = 2
-    RecomputeAll = 3
-    Pipeline = 4
+    Pipeline = 3
+    RecomputeAll = 4
 
 
 class RecomputeType(enum.IntEnum):
@@ -99,8 +99,8 @@ class InitType(enum.IntEnum):
 
 
 class ReplicatedStreamMode(enum.IntEnum):
-    Replicate = 0
-    Broadcast = 1
+    Broadcast = 0
+    Replicate = 1
 
 
 class ExecutionPhaseSchedule(enum.IntEnum):
@@ -167,3 +167,115 @@ class MatMulSerialisationMode(str, enum.Enum):
     InputChannels = "input_channels"
     ReducingDim = "reducing_dim"
     OutputChannels = "output_channels"
+
+
+class TensorRemapType(enum.IntEnum):
+    """Which passes a tensor remap applies to (IPU tile layout)."""
+    FwdBwdReverse = 0
+    FwdBwd = 1
+    Fwd = 2
+
+
+class ScatterReduction(enum.IntEnum):
+    """The reduction of ``scatterreduce``."""
+    Sum = 0
+    Max = 1
+    Min = 2
+    Mul = 3
+    NoReduction = 4
+
+
+class GradientTensorTrackingMethod(enum.IntEnum):
+    """Which gradients automatic loss scaling tracks."""
+    AllNonViewChangingGradientTensors = 0
+    ConvAndMatmulGradients = 1
+    GradientsOfUserSpecifiedTensors = 2
+
+
+class BatchSerializationTransformContext(enum.IntEnum):
+    """Which pass batch serialisation applies to (``Fwd``/``Bwd`` are aliases)."""
+    Forward = 0
+    Fwd = 0
+    Backward = 1
+    Bwd = 1
+
+
+class BatchSerializationMethod(enum.IntEnum):
+    """How batch serialisation is unrolled. Accepted; no effect on CPUs/GPUs."""
+    UnrollDynamic = 0
+    UnrollStatic = 1
+    Loop = 2
+
+
+class BatchSerializationBatchSchedule(enum.IntEnum):
+    """The schedule of batch-serialised parts. Accepted; no effect on CPUs/GPUs."""
+    Scheduler = 0
+    Isomorphic = 1
+    OverlapOnIo = 2
+    OverlapOnCompute = 3
+
+
+class AutodiffStitchStrategy(enum.IntEnum):
+    """How autodiff stitches forward values into backward graphs (PopART IR)."""
+    RecomputeMinimal = 0
+    RecomputeAllNonInputs = 1
+    AddFwdOutputs = 2
+    SafeAddFwdOutputs = 3
+
+
+class SubgraphCopyingStrategy(enum.IntEnum):
+    """When PopART copies subgraph inputs and outputs. Accepted; no effect on CPUs/GPUs."""
+    OnEnterAndExit = 0
+    JustInTime = 1
+
+
+class TensorStorage(enum.IntEnum):
+    """Where a tensor lives on an IPU system (on chip or streaming memory). Accepted; no effect on CPUs/GPUs."""
+    OnChip = 0
+    OffChip = 1
+
+
+class ReplicatedTensorSharding(enum.IntEnum):
+    """Whether a tensor is sharded over replicas (IPU memory saving). Accepted; no effect on CPUs/GPUs."""
+    Off = 0
+    On = 1
+
+
+class ExecutionPhaseIOSchedule(enum.IntEnum):
+    """When phased execution loads tensors. Accepted; no effect on CPUs/GPUs."""
+    Preload = 0
+    OnDemand = 1
+
+
+class AccumulateOuterFragmentSchedule(enum.IntEnum):
+    """How the optimizer step after gradient accumulation is scheduled over IPUs. Accepted; no effect on CPUs/GPUs."""
+    Scheduler = 0
+    Serial = 1
+    OverlapCycleOptimized = 2
+    OverlapMemoryOptimized = 3
+
+
+class IrSerializationFormat(enum.IntEnum):
+    """The format of ``Session.getSerializedGraph``-style IR dumps."""
+    JSON = 0
+
+
+class Instrumentation(enum.IntEnum):
+    """Cycle-count instrumentation points. Accepted; no effect on CPUs/GPUs."""
+    Outer = 0
+    Inner = 1
+
+
+class VariableRetrievalMode(enum.IntEnum):
+    """How grouped variables are read back from replicas."""
+    OnePerGroup = 0
+    AllReduceReplicas = 1
+    AllReplicas = 2
+
+
+class RecoveryAction(enum.IntEnum):
+    """Poplar's recovery actions after a device error. IPU hardware only."""
+    IPU_RESET = 0
+    LINK_RESET = 1
+    PARTITION_RESET = 2
+    FULL_RESET = 3

@@ -6,11 +6,15 @@ settings, outlining, patterns, caching hints...). The README lists them.
 """
 from . import messages
 from .enums import (
+    CommGroupType,
     MeanReductionStrategy,
     MergeVarUpdateType,
     RecomputationType,
     ReductionType,
+    ReplicatedTensorSharding,
     SyntheticDataMode,
+    TensorStorage,
+    TileSet,
     VirtualGraphMode,
 )
 from .errors import popart_exception
@@ -54,6 +58,42 @@ class AutomaticLossScalingSettings(_Settings):
         super().__init__(enabled=enabled, binEdgeLocation=binEdgeLocation,
                          thresholdUpperCountProportion=thresholdUpperCountProportion, updatePeriod=updatePeriod,
                          toTrackTensors=toTrackTensors, gradientTensorTrackingMethod=gradientTensorTrackingMethod)
+
+
+class CommGroup(_Settings):
+    """A group of replicas a collective or a sharded tensor spans (PopART's ``CommGroup``)."""
+
+    def __init__(self, type=CommGroupType.All, replicaGroupSize=0):
+        super().__init__(type=CommGroupType(type), replicaGroupSize=int(replicaGroupSize))
+
+
+class TensorLocation(_Settings):
+    """Where a tensor is stored on an IPU system: ``TensorLocation(storage)``,
+    ``TensorLocation(storage, replicatedTensorSharding[, shardingDomain])`` or
+    ``TensorLocation(storage, loadTileSet, storageTileSet, replicatedTensorSharding[, shardingDomain])``,
+    as in PopART. Memory placement: accepted and kept, no effect on CPUs/GPUs."""
+
+    def __init__(self, storage=TensorStorage.OnChip, *args, **kwargs):
+        names = (("replicatedTensorSharding", "shardingDomain") if len(args) <= 2 and
+                 not (args and isinstance(args[0], TileSet)) else
+                 ("loadTileSet", "storageTileSet", "replicatedTensorSharding", "shardingDomain"))
+        fields = dict(storage=TensorStorage(storage), loadTileSet=TileSet.Compute,
+                      storageTileSet=TileSet.Compute, replicatedTensorSharding=ReplicatedTensorSharding.Off,
+                      shardingDomain=CommGroup())
+        fields.update(zip(names, args))
+        fields.update(kwargs)
+        super().__init__(**fields)
+
+
+class ExperimentalSettings(_Settings):
+    """PopART's experimental settings. Accepted and kept; no effect on CPUs/GPUs."""
+
+    def __init__(self):
+        super().__init__(createHostTransferableTensorWithOffset=False, _customTransformApplierSettings={})
+
+
+class NumIOTiles(int):
+    """A number of IO tiles (``NumIOTiles(n)``): IPU tile layout, no effect on CPUs/GPUs."""
 
 
 class TensorLocationSettings(_Settings):
@@ -168,7 +208,25 @@ def _defaults():
         "updatableNamedBuffers": [],
         "enableMergeExchange": True,
         "enableDistributedReplicatedGraphsOnly": False,
+        "bufferingDepthMap": {},
+        "defaultBufferingDepth": 1,
+        "dotOpNames": False,
+        "enableConstantFoldingOfMultipleConsumers": True,
+        "enableEfficientOverlapIOTopoCons": False,
+        "experimentalSettings": ExperimentalSettings(),
+        "groupNormStridedChannelGrouping": False,
+        "serializedPoprithmsAnnealGraphsDir": "",
+        "enableRngStateManagement": False,
+        "saveInitializersToFile": "",  # PopTorch passes it to PopART as a string option
     }
+
+
+# PopART's bindings name these fields with a leading underscore; openpop keeps one value for both.
+_UNDERSCORED = {"_engineOptions": "engineOptions", "_reportOptions": "reportOptions",
+                "_convolutionOptions": "convolutionOptions", "_lstmOptions": "lstmOptions",
+                "_matmulOptions": "matmulOptions", "_gclOptions": "gclOptions",
+                "_tensorLocationSettingsOverride": "tensorLocationSettingsOverride",
+                "_enableRngStateManagement": "enableRngStateManagement"}
 
 
 EFFECTIVE = ("enablePipelining", "virtualGraphMode", "virtualGraphSplitRatios", "enableReplicatedGraphs",
@@ -187,12 +245,14 @@ class SessionOptions:
 
     def __getattr__(self, name):
         values = object.__getattribute__(self, "_values")
+        name = _UNDERSCORED.get(name, name)
         if name in values:
             return values[name]
         raise AttributeError(messages.SESSION_OPTIONS_NO_ATTRIBUTE.format(name=name))
 
     def __setattr__(self, name, value):
         values = object.__getattribute__(self, "_values")
+        name = _UNDERSCORED.get(name, name)
         if name not in values:
             raise AttributeError(messages.SESSION_OPTIONS_NO_ATTRIBUTE.format(name=name))
         values[name] = value
