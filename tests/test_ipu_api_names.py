@@ -211,3 +211,16 @@ def test_census_finds_names_options_and_keys_and_flags_what_is_missing(tmp_path)
     assert ("Options method", "get") not in found
     assert ("name", "popart.Missing") not in found  # other frameworks' folders are skipped
     assert unresolved == 3
+
+
+def test_horovod_resolves_to_the_compatibility_layer_in_one_process_once_poptorch_is_imported():
+    """Graphcore's BERT imports ``horovod.torch`` at the top of a module it uses without poprun."""
+    import subprocess
+    code = ("import importlib.util, sys\n"
+            "real = importlib.util.find_spec('horovod') is not None\n"
+            "import poptorch\n"
+            "import horovod.torch as hvd\n"
+            "hvd.init()\n"
+            "print(real or (hvd.rank(), hvd.size()) == (0, 1))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "True", out.stderr

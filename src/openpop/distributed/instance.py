@@ -116,6 +116,15 @@ def _horovod_alias_path(env: dict):
     return os.path.join(os.path.dirname(os.path.abspath(__file__)), "horovod_alias")
 
 
+def expose_horovod_alias() -> None:
+    """Let ``import horovod.torch`` find openpop's compatibility layer in this process, after
+    everything else on the path (a real horovod wins). Graphcore's applications import horovod at
+    the top of modules they also use in one process; there the layer is a job of one process."""
+    alias = _horovod_alias_path(os.environ)
+    if alias is not None and alias not in sys.path:
+        sys.path.append(alias)
+
+
 def main(argv) -> None:
     if not argv:
         sys.stderr.write("usage: python instance.py PROGRAM [ARGS...]\n")
