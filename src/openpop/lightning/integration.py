@@ -16,9 +16,12 @@
    its ``_AcceleratorConnector`` are wrapped; each defers to Lightning for anything not IPU:
 
    * flags: ``strategy=IPUStrategy(...)`` / ``"ipu_strategy"`` implies ``accelerator="ipu"``
-     (an explicit other accelerator is an error); ``accelerator="ipu"`` with a strategy that is
-     not an ``IPUStrategy`` is an error; an ``IPUStrategy`` passed in ``plugins`` (Lightning 1.x
-     style) is taken as the strategy.
+     (an explicit other accelerator is an error); an ``IPUStrategy`` that carries its own
+     ``IPUAccelerator`` (lightning-graphcore's ``IPUStrategy(accelerator=IPUAccelerator())``)
+     leaves the flag alone, so that Lightning takes the strategy's accelerator as it does for
+     any strategy (setting the flag too is what Lightning calls "set through both");
+     ``accelerator="ipu"`` with a strategy that is not an ``IPUStrategy`` is an error; an
+     ``IPUStrategy`` passed in ``plugins`` (Lightning 1.x style) is taken as the strategy.
    * strategy: ``accelerator="ipu"`` with ``strategy="auto"`` -> ``IPUStrategy()``.
    * precision: an ``IPUStrategy`` gets ``IPUPrecision(precision)``; unsupported precisions and
      other precision plugins are errors.
@@ -31,6 +34,9 @@ from .strategy import IPUStrategy
 STRATEGY_WITH_OTHER_ACCELERATOR = (
     "`IPUStrategy` runs on openpop's virtual IPUs and needs `accelerator='ipu'` (or no accelerator), but "
     "`accelerator={accelerator!r}` was given. Remove `accelerator=` or set `accelerator='ipu'`.")
+STRATEGY_CARRIES_OTHER_ACCELERATOR = (
+    "`IPUStrategy` runs on openpop's virtual IPUs, but it was given `accelerator={accelerator}`. Pass "
+    "`IPUStrategy(accelerator=IPUAccelerator())` or leave `accelerator` out.")
 ACCELERATOR_WITH_OTHER_STRATEGY = (
     "`Trainer(accelerator='ipu')` runs with `IPUStrategy` only, but `strategy={strategy!r}` was given. Remove "
     "`strategy=` or pass `strategy=IPUStrategy(...)`.")
@@ -70,7 +76,13 @@ def _patch_connector() -> None:
                 listed = [p for p in listed if p is not lifted[0]]
                 plugins = listed or None
         if _is_ipu_strategy(strategy):
-            if accelerator in ("auto", None):
+            carried = getattr(strategy, "_accelerator", None)
+            if carried is not None:  # lightning-graphcore's `IPUStrategy(accelerator=IPUAccelerator())`
+                if not isinstance(carried, IPUAccelerator):
+                    raise ValueError(STRATEGY_CARRIES_OTHER_ACCELERATOR.format(accelerator=_describe(carried)))
+                # Lightning takes the strategy's accelerator itself (with an `accelerator=` flag as well,
+                # it raises its own "set through both strategy class and accelerator flag").
+            elif accelerator in ("auto", None):
                 accelerator = "ipu"
             elif not _is_ipu_accelerator(accelerator):
                 raise ValueError(STRATEGY_WITH_OTHER_ACCELERATOR.format(accelerator=_describe(accelerator)))

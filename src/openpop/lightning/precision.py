@@ -76,8 +76,7 @@ class IPUPrecision(pl.plugins.precision.Precision):
 
     def adapt_to_module(self, module_: torch.nn.Module) -> None:
         """Decide pure float16 for ``"16-mixed"`` from the parameters ``module_`` holds."""
-        self.half_model = self.precision == "16-mixed" and any(p.dtype == torch.float16
-                                                               for p in module_.parameters())
+        self.half_model = self.precision == "16-mixed" and _holds_half(module_)
 
     @property
     def casts_inputs(self) -> bool:
@@ -104,6 +103,19 @@ class IPUPrecision(pl.plugins.precision.Precision):
     def convert_input(self, data: Any) -> Any:
         if not self.casts_inputs:
             return data
+        return self._cast_floats(data)
+
+    def convert_batch(self, data: Any, module_: Optional[torch.nn.Module]) -> Any:
+        """``IPUStrategy.batch_to_device``'s cast: floating-point tensors (float64 included) to
+        this precision's dtype, others untouched, when the run computes in it (``convert_input``).
+        ``"16-mixed"`` casts also before the plugin has seen the module (no module yet, or one
+        holding float16 parameters, as after ``model.half()``): Lightning 2.0's IPU strategy cast
+        every ``"16-mixed"`` batch, since its pure-half mode was the user's ``model.half()``."""
+        if self.casts_inputs or (self.precision == "16-mixed" and (module_ is None or _holds_half(module_))):
+            return self._cast_floats(data)
+        return data
+
+    def _cast_floats(self, data: Any) -> Any:
         return apply_to_collection(data, torch.Tensor,
                                    lambda t: t.to(self.dtype) if torch.is_floating_point(t) else t)
 
@@ -172,6 +184,10 @@ class IPUPrecision(pl.plugins.precision.Precision):
         # each preceded by Lightning's on_before_optimizer_step hooks and gradient clipping
         # (see optimizer_steps.py). Nothing is left to do afterwards.
         return closure()
+
+
+def _holds_half(module_: torch.nn.Module) -> bool:
+    return any(p.dtype == torch.float16 for p in module_.parameters())
 
 
 def _overrides(model, name: str) -> bool:

@@ -283,6 +283,17 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
             runner.loader_micro_size = micro_batch_size(converted) or getattr(dataloader, "batch_size", None)
         return converted
 
+    @override
+    def batch_to_device(self, batch: Any, device: Optional[torch.device] = None, dataloader_idx: int = 0) -> Any:
+        """Float tensors cast to float16 under ``"16-mixed"`` with a ``model.half()`` model (and to
+        the dtype of ``"16-true"`` / ``"bf16-true"``), integer ones untouched, as Lightning 2.0's
+        IPU strategy did (``IPUPrecision.convert_batch``); then the module's batch transfer hooks,
+        onto ``root_device`` (the host: the executor places micro-batches on the virtual IPUs)."""
+        plugin = self.precision_plugin
+        if isinstance(plugin, IPUPrecision):
+            batch = plugin.convert_batch(batch, self.lightning_module)
+        return super().batch_to_device(batch, device, dataloader_idx)
+
     # ------------------------------------------------------------------ stage hooks
     @override
     def on_train_start(self) -> None:
