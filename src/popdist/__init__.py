@@ -2,8 +2,9 @@
 
 Graphcore's PopDist API on openpop. The getters read the ``POPDIST_*`` variables ``poprun`` sets
 for every instance and return PopDist's documented defaults outside poprun (one instance, one
-replica, one IPU per replica, offsets 0). ``init()`` joins the instances' torch.distributed
-process group (gloo on CPUs, NCCL for GPUs); outside poprun it does nothing.
+replica, one IPU per replica, offsets 0); there ``checkNumIpusPerReplica`` accepts any number.
+``init()`` joins the instances' torch.distributed process group (gloo on CPUs, NCCL for GPUs);
+outside poprun it does nothing.
 """
 import os
 
@@ -65,7 +66,12 @@ def getInstanceIndex() -> int:
 
 
 def checkNumIpusPerReplica(ipus_per_replica: int) -> bool:
-    """Whether ``ipus_per_replica`` is what poprun was given (``--ipus-per-replica``)."""
+    """Whether ``ipus_per_replica`` is what poprun was given (``--ipus-per-replica``). Only a
+    process poprun launched is held to it: alone, a process has whatever IPUs it asks for (so
+    ``popdist.poptorch.Options(ipus_per_replica=2)`` works in a plain ``python`` run, as in
+    PopTorch's own tests), while ``getNumIpusPerReplica()`` keeps its documented default, 1."""
+    if not isPopdistEnvSet():
+        return True
     return int(ipus_per_replica) == getNumIpusPerReplica()
 
 

@@ -3,7 +3,10 @@
 Its replication factor is the instance's local replicas, ``Distributed`` holds the instance index
 and count, and the calls that would contradict poprun (``useIpuId``, ``replicationFactor``,
 ``Distributed.disable``, ``Distributed.setEnvVarNames``, ``Distributed.configureProcessId``) raise
-PopTorch's ``RuntimeError``. Outside poprun it is a one-instance, one-replica ``Options``.
+PopTorch's ``RuntimeError``: under poprun the replica count is poprun's ``--num-replicas``, never
+the script's. (A plain ``poptorch.Options`` whose replicas do not add up to it is refused when its
+model compiles: ``openpop.runtime.distributed_reduce.check_job_replicas``.) Outside poprun it is a
+one-instance, one-replica ``Options`` and ``ipus_per_replica`` may be any number.
 """
 from typing import Optional
 

@@ -8,6 +8,8 @@ Commands:
   stuck-collective         instance 1 never joins the all-reduce instance 0 waits in
   mismatch                 instance 1 builds a wider model than instance 0
   lightning OUTDIR         Trainer(accelerator="ipu") in every instance, with a checkpoint callback
+  replicas N|popdist       one training call with plain Options().replicationFactor(N), or with
+                           popdist.poptorch.Options() after trying replicationFactor(1) on it
 """
 import os
 import sys
@@ -188,6 +190,36 @@ def mismatch():
         print(f"instance {rank}: weights unchanged", flush=True)
 
 
+def replicas(how):
+    """A script whose replication factor may not add up to poprun's --num-replicas."""
+    import popdist
+    import popdist.poptorch
+    import poptorch
+    rank = popdist.getInstanceIndex()
+
+    class Summed(torch.nn.Linear):
+        def forward(self, x):
+            return poptorch.identity_loss(super().forward(x).sum(), reduction="sum")
+
+    if how == "popdist":
+        options = popdist.poptorch.Options()
+        try:
+            options.replicationFactor(1)
+        except RuntimeError as error:
+            print(f"instance {rank}: {error}", flush=True)
+    else:
+        options = poptorch.Options().replicationFactor(int(how))
+    model = Summed(4, 1)
+    training = poptorch.trainingModel(model, options, poptorch.optim.SGD(model.parameters(), lr=0.1))
+    before = [p.detach().clone() for p in model.parameters()]
+    try:
+        training(torch.ones(2 * options.replication_factor, 4))
+    finally:
+        unchanged = all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+        print(f"instance {rank}: {options.replication_factor} replicas, weights "
+              f"{'unchanged' if unchanged else 'trained'}", flush=True)
+
+
 LIGHTNING_SAMPLES, LIGHTNING_BATCH, LIGHTNING_STEPS = 32, 4, 3
 
 
@@ -250,5 +282,7 @@ if __name__ == "__main__":
         mismatch()
     elif command == "lightning":
         lightning(arguments[0])
+    elif command == "replicas":
+        replicas(arguments[0])
     else:
         raise SystemExit(f"unknown command {command}")

@@ -64,3 +64,9 @@ IPUS_PER_REPLICA_MISMATCH = (
     "{where} asks for {asked} IPUs per replica but poprun was started with --ipus-per-replica {started}: "
     "pass the same number to both")
 FORBIDDEN_WITH_POPDIST_OPTIONS = "Cannot call `{name}` with popdist.poptorch.Options"
+REPLICAS_DO_NOT_ADD_UP = (
+    "poprun was started with --num-replicas {total} over {instances} instance(s), {local} replica(s) each, but "
+    "this model's options give replicationFactor({replicas}) in each of Options.Distributed.numProcesses="
+    "{processes} process(es): {asked} replicas. Use popdist.poptorch.Options(), which takes the replication "
+    "factor from poprun (with Lightning: Trainer(devices={local})), set replicationFactor({local}), or start "
+    "poprun with --num-replicas {asked}.")

@@ -40,6 +40,7 @@ from typing import Optional
 import torch
 
 from .. import errors
+from ..distributed import messages as distributed_messages
 from ..enums import ReductionType
 from . import messages, trace
 
@@ -77,6 +78,29 @@ def buckets_of(tensors: list[torch.Tensor], cap_bytes: int) -> list[list[int]]:
         if current:
             buckets.append(current)
     return buckets
+
+
+def check_job_replicas(options) -> None:
+    """Under poprun, a model whose options join the job (``Distributed.numProcesses`` = the
+    instances, as ``popdist.poptorch.Options`` and a plain ``Options`` reading poprun's
+    ``OMPI_COMM_WORLD_*`` have) must run poprun's replicas: ``replicationFactor`` x instances =
+    ``--num-replicas``. In PopTorch the replication factor of ``popdist.poptorch.Options`` comes
+    from poprun and cannot be changed, and a model that does not fit the instance's IPUs fails
+    to acquire them; here a script whose replicas do not add up fails before its first call
+    instead of training a different number of replicas. A process that left the job
+    (``Distributed.disable()``) is not checked."""
+    from ..distributed import instance
+    local, total = os.environ.get(instance.LOCAL_REPLICAS), os.environ.get(instance.TOTAL_REPLICAS)
+    if not local or not total or os.environ.get(instance.UNIFORM_REPLICAS, "1") != "1":
+        return
+    local, total = int(local), int(total)
+    instances = max(total // max(local, 1), 1)
+    processes = options.Distributed.numProcesses
+    if processes != instances or options.replication_factor == local:
+        return
+    raise errors.createPoptorchError(distributed_messages.REPLICAS_DO_NOT_ADD_UP.format(
+        total=total, instances=instances, local=local, replicas=options.replication_factor, processes=processes,
+        asked=options.replication_factor * processes))
 
 
 class SingleProcess:

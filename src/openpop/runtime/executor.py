@@ -24,7 +24,7 @@ from .args import BoundInputs, InputSignature, prepare_tensors
 from .compile_cache import CompileCache
 from .compiled import DECLINED, REGIONS, CompiledBackend
 from .compiled.onednn_matmuls import setting_from_env as gemm_setting_from_env
-from .distributed_reduce import GlobalReplication
+from .distributed_reduce import GlobalReplication, check_job_replicas
 from .executable import Executable, trace_model
 from .gradients import GradientReduction, MeanPolicy, ReplicaSum
 from .host_memory import retain_freed_memory, setting_from_env
@@ -120,6 +120,7 @@ class PoplarExecutor:
         that call compiles it and finishes the progress bar (``compiled/backend.py``)."""
         from ..compile_hooks import run_post_compile_hooks, run_pre_compile_hooks
         self._check_batch_dims(inputs)
+        check_job_replicas(self._options)  # under poprun: replicas add up to --num-replicas
         if self._training:
             self._claim_model()
         started = time.perf_counter()
