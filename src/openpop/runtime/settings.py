@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from .. import errors
 from ..enums import ConnectionType, MeanReductionStrategy, OutputMode, ReductionType
+from ..ipu_only_settings import log_ipu_only_settings
 from .geometry import BatchGeometry
 
 
@@ -124,4 +125,5 @@ def executor_options(options, training: bool, model, optimizer):
             raise errors.createPoptorchError(message)
     options._freeze()
     run_options._freeze()
+    log_ipu_only_settings(run_options)
     return run_options, optimizer
