@@ -163,6 +163,24 @@ class BlockContextModule(BeginBlockModule):
             x = self.softmax(x)
         return x
 
+    def training_step(self, batch, batch_idx):
+        # "or any of the step functions": every op belongs to a block, the loss too (PopTorch's
+        # "No active Block, all the ops must belong to a Block" otherwise).
+        x, y = batch
+        probabilities = self(x)
+        with poptorch.Block(ipu_id=3):
+            loss = torch.nn.functional.nll_loss(torch.log(probabilities + 1e-6), y)
+        self.log("train_loss", loss, on_epoch=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        probabilities = self(x)
+        with poptorch.Block(ipu_id=3):
+            accuracy = torch.sum(torch.eq(torch.argmax(probabilities, -1), y).to(torch.float32)) / len(y)
+        self.log("val_acc", accuracy)
+        return accuracy
+
 
 @pytest.mark.parametrize("module", [BeginBlockModule, BlockContextModule])
 def test_advanced_guide_model_parallelism_falls_back_to_sharded(module):

@@ -134,9 +134,27 @@ def test_plan_refused(name):
 def test_ops_outside_every_block_after_one_ended_are_refused():
     model = Layers()
     recorder = BlockRecorder(model)
+    x = torch.zeros(1)
+    with recorder.checking_ops():
+        x = x + 1  # before the first block: stage 0
+        recorder.begin_block("x", 0)
+        model.a(x * 2)
+        recorder.end_block()
+        model.b(x)  # an Identity computes nothing: no op outside the blocks yet
+        with pytest.raises(poptorch.Error, match=errors.NO_ACTIVE_BLOCK):
+            x * 2
+        x.detach()  # aliases compute nothing
+    recorder.close()
+
+
+def test_a_module_entered_between_blocks_joins_the_next_block():
+    model = Layers()
+    recorder = BlockRecorder(model)
     recorder.begin_block("x", 0)
     model.a(torch.zeros(1))
     recorder.end_block()
-    with pytest.raises(poptorch.Error, match=errors.NO_ACTIVE_BLOCK):
-        model.b(torch.zeros(1))
+    model.b(torch.zeros(1))  # (a container whose own first block starts inside it)
+    recorder.begin_block("y", 1)
+    model.c(torch.zeros(1))
     recorder.close()
+    assert [(b.user_id, b.modules) for b in recorder.used_blocks()] == [("x", ["a"]), ("y", ["b", "c"])]

@@ -12,13 +12,15 @@ While an executor runs a model, it may place a *block recorder* on the run conte
 
 Annotations report to it in the order the forward pass meets them. Ops that run after a
 ``with Block`` closed and before the next block starts are an error in PopTorch ("No active
-Block"); openpop sees modules, not individual ops, so the engine's block recorder
-(``runtime/plan.py``) raises that error when a module runs while no block is active.
-``assert_active_block()`` is the same check for code that observes single ops itself.
+Block"); the engine's block recorder (``runtime/plan.py``) watches the ops of the compile
+trace and raises that error for any op run while no block is active (a module entered then
+joins the block that starts next). ``assert_active_block()`` is the same check for code that
+observes single ops itself.
 
 Blocks without a ``user_id`` get automatic ids "0", "1", ... in the order they start in each
 run; ``Block.useAutoId()`` restarts the count.
 """
+import contextlib
 import functools
 import weakref
 from typing import Callable, Optional
@@ -38,6 +40,7 @@ __all__ = [
     "assert_active_block",
     "block_annotation",
     "current_block",
+    "openpop_ops",
     "removeBlocks",
 ]
 
@@ -82,6 +85,8 @@ def _begin_block(user_id: Optional[str], ipu_id: Optional[int]) -> None:
     state = _state_of(ctx)
     if user_id is None:
         user_id = state.take_auto_id()
+    elif not isinstance(user_id, str):
+        user_id = str(user_id)  # (PopTorch's tests name blocks 1, 2, ...: the plan's ids are strings)
     state.active = (user_id, ipu_id)
     state.closed = False
     ctx.block_recorder.begin_block(user_id, ipu_id)
@@ -117,6 +122,20 @@ def assert_active_block() -> None:
         raise Error(NO_ACTIVE_BLOCK)
 
 
+@contextlib.contextmanager
+def openpop_ops():
+    """Context for ops openpop itself runs inside a model's forward (a front-end wrapping the
+    user's loss, say): they belong to no user block, and the "No active Block" check of the
+    recording run (if it has one) lets them pass."""
+    ctx = _recording_run()
+    allowing = getattr(ctx.block_recorder, "allowing_ops", None) if ctx is not None else None
+    if allowing is None:
+        yield
+        return
+    with allowing():
+        yield
+
+
 class _BlockHook:
     """Forward-pre-hook that starts a block each time its module runs.
 
@@ -144,7 +163,9 @@ def block_annotation(module: torch.nn.Module) -> Optional[_BlockHook]:
 
 
 class LegacyBeginBlockFn(torch.nn.Module):
-    """``BeginBlock`` applied to a plain callable: a module that starts the block, then calls it."""
+    """``BeginBlock`` applied to a plain callable (PopTorch's legacy form): a module that starts
+    the block, then calls it. Pickles with its callable (a module-level function does; a lambda
+    does not); ``removeBlocks`` leaves it calling the function outside any block."""
 
     def __init__(self, layer_to_call: Callable, user_id: Optional[str] = None,
                  ipu_id: Optional[int] = None):
@@ -152,8 +173,22 @@ class LegacyBeginBlockFn(torch.nn.Module):
         self._layer_to_call = layer_to_call
         self.register_forward_pre_hook(_BlockHook(user_id, ipu_id))
 
+    @property
+    def _user_id(self):
+        hook = block_annotation(self)
+        return None if hook is None else hook.user_id
+
+    @property
+    def _ipu_id(self):
+        hook = block_annotation(self)
+        return None if hook is None else hook.ipu_id
+
     def forward(self, *args, **kwargs):
         return self._layer_to_call(*args, **kwargs)
+
+    def extra_repr(self):
+        call = self._layer_to_call
+        return getattr(call, "__qualname__", None) or type(call).__name__
 
 
 def BeginBlock(layer_to_call, user_id: Optional[str] = None,

@@ -29,6 +29,22 @@ POLL_SECONDS = 0.1  # how often a waiting process checks that its peer is still 
 NUDGE = -1  # wakes a waiting worker; not a slot number
 
 
+def _reduce_generator(generator: torch.Generator):
+    """A ``torch.Generator`` (a loader's ``generator=``, a shuffled distributed shard's) crosses
+    to the worker as its device and state bytes: torch's own reduction shares a temporary state
+    tensor whose memory is gone by the time the worker maps it ("unable to resize file")."""
+    return _rebuild_generator, (str(generator.device), generator.get_state().numpy().tobytes())
+
+
+def _rebuild_generator(device: str, state: bytes) -> torch.Generator:
+    generator = torch.Generator(device)
+    generator.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
+    return generator
+
+
+ForkingPickler.register(torch.Generator, _reduce_generator)
+
+
 @dataclass
 class Channels:
     data: Any  # worker -> parent: pickled messages (see the module docs)

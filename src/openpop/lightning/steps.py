@@ -38,6 +38,7 @@ from typing import Optional
 import torch
 from torch.utils import _pytree as pytree
 
+from openpop.annotations import openpop_ops
 from openpop.enums import OutputMode
 from openpop.runtime import context
 from openpop.runtime.compiled.eligibility import Ineligible
@@ -219,7 +220,8 @@ class StepModule(torch.nn.Module):
             tracker = getattr(tracing_ctx, "loss_tracker", None)
             if tracker is not None:
                 tracker.losses.clear()
-            loss = identity_loss(loss, reduction="none")
+            with openpop_ops():  # (the executor's loss, not one of the user's ops)
+                loss = identity_loss(loss, reduction="none")
         return loss, extra, kind
 
 

@@ -96,10 +96,11 @@ def _trace(model, inputs, settings, precision, weights, shapes) -> Traced:
                 with precision.forward(model, tracing=True):
                     if training:
                         ctx.loss_tracker = tracker
-                        with tracker:
+                        with tracker, recorder.checking_ops():
                             output = model(*args, **kwargs)
                     else:
-                        output = model(*args, **kwargs)
+                        with recorder.checking_ops():
+                            output = model(*args, **kwargs)
             params_after, buffers_after = registered_tensors(model)
             # Normalisation kernels do not bump their statistics' versions: the record tells.
             norm_statistics = {id(b) for b in statistics.of(model)}

@@ -120,6 +120,7 @@ class PoplarExecutor:
         that call compiles it and finishes the progress bar (``compiled/backend.py``)."""
         from ..compile_hooks import run_post_compile_hooks, run_pre_compile_hooks
         self._check_batch_dims(inputs)
+        self._check_updatable_buffers()
         check_job_replicas(self._options)  # under poprun: replicas add up to --num-replicas
         if self._training:
             self._claim_model()
@@ -178,6 +179,18 @@ class PoplarExecutor:
             wrap(self._user_model, self)
         elif wrapper is not self:
             raise RuntimeError(errors.ALREADY_WRAPPED)
+
+    def _check_updatable_buffers(self) -> None:
+        """``Options.updatableNamedBuffers`` names buffers of the model (at compile, before any
+        state changes; PopTorch found out only at ``copyNamedBuffersToDevice``)."""
+        names = self._settings.updatable_named_buffers
+        if not names:
+            return
+        buffers = dict(self._model.named_buffers(remove_duplicate=False))
+        unknown = [name for name in names if name not in buffers]
+        if unknown:
+            raise errors.createPoptorchError(errors.UNKNOWN_UPDATABLE_BUFFERS.format(
+                unknown=", ".join(unknown), buffers=", ".join(buffers) or "none"))
 
     def _check_batch_dims(self, inputs: BoundInputs) -> None:
         for path, tensor in inputs.named_tensors():
@@ -288,11 +301,7 @@ class PoplarExecutor:
         if not names:
             raise errors.createPoptorchError(errors.NO_UPDATABLE_BUFFERS)
         self._require_compiled()
-        buffers = dict(self._model.named_buffers(remove_duplicate=False))
-        unknown = [name for name in names if name not in buffers]
-        if unknown:
-            raise errors.createPoptorchError(errors.UNKNOWN_UPDATABLE_BUFFERS.format(
-                unknown=", ".join(unknown), buffers=", ".join(buffers) or "none"))
+        self._check_updatable_buffers()  # (a buffer deleted since the compile)
         self._session.upload_buffers(names)
 
     def load_state_dict(self, state_dict, strict: bool = True):

@@ -9,10 +9,12 @@ naming it, else ``AutoStage.SameAsIpu`` -> its ``ipu_id``, ``AutoIncrement`` -> 
 its IPU is ``Stage.ipu()`` if set, else the block's ``ipu_id``, else the stage id. Ops before
 the first block run on IPU 0. Consecutive blocks on the same IPU form one pipeline stage.
 """
+import contextlib
 from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import errors
 from ..enums import AutoStage
@@ -50,6 +52,8 @@ class BlockRecorder:
         self.blocks: list[RecordedBlock] = [RecordedBlock(IMPLICIT_BLOCK, None)]
         self._by_id: dict[str, RecordedBlock] = {}
         self._current: Optional[RecordedBlock] = self.blocks[0]
+        self._waiting: list[str] = []  # modules entered while no block was active
+        self._own_ops = 0  # > 0 while openpop itself computes inside the forward (allowing_ops)
         self._names = {m: name for name, m in model.named_modules(remove_duplicate=False)}
         self._handles = []
         # recomputationCheckpoint() appends the tensors it marks here (the run context's
@@ -68,15 +72,38 @@ class BlockRecorder:
             self._by_id[user_id] = block
             self.blocks.append(block)
         self._current = block
+        block.modules.extend(self._waiting)
+        self._waiting = []
 
     def end_block(self) -> None:
         self._current = None
 
+    def checking_ops(self) -> "OpsOutsideBlocks":
+        """Context for the forward pass: an op run while no block is active raises PopTorch's
+        "No active Block" error (``OpsOutsideBlocks``)."""
+        return OpsOutsideBlocks(self)
+
+    @contextlib.contextmanager
+    def allowing_ops(self):
+        """openpop's own ops inside a traced forward (a front-end wrapping the user's loss) are
+        in no user block: ``checking_ops`` lets them pass."""
+        self._own_ops += 1
+        try:
+            yield
+        finally:
+            self._own_ops -= 1
+
+    @property
+    def block_active(self) -> bool:
+        """Whether an op now belongs to a block (or is openpop's own, see ``allowing_ops``)."""
+        return self._current is not None or self._own_ops > 0
+
     def _module_entered(self, module, inputs):
         name = self._names[module]
         block = self._current
-        if block is None:
-            raise errors.Error(errors.NO_ACTIVE_BLOCK)
+        if block is None:  # its ops, if any, raise; a block it starts itself gets the module
+            self._waiting.append(name)
+            return
         block.modules.append(name)
 
     def _module_exited(self, module, inputs, output):
@@ -102,6 +129,23 @@ class BlockRecorder:
     def used_blocks(self) -> list[RecordedBlock]:
         blocks = [b for b in self.blocks if b.user_id != IMPLICIT_BLOCK or b.modules]
         return blocks
+
+
+class OpsOutsideBlocks(TorchDispatchMode):
+    """While entered, every op (aten call) run after a ``with Block`` ended and before the next
+    block started raises ``Error(NO_ACTIVE_BLOCK)``, as PopTorch's compiler does. Ops before
+    the first block belong to stage 0; aliases and detaches compute nothing and are let pass."""
+
+    _NOT_OPS = frozenset({torch.ops.aten.detach, torch.ops.aten.alias, torch.ops.aten.lift_fresh})
+
+    def __init__(self, recorder: BlockRecorder):
+        super().__init__()
+        self._recorder = recorder
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if not self._recorder.block_active and func.overloadpacket not in self._NOT_OPS:
+            raise errors.Error(errors.NO_ACTIVE_BLOCK)
+        return func(*args, **(kwargs or {}))
 
 
 @dataclass
