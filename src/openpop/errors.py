@@ -6,8 +6,8 @@ The rule for messages (checked by tests/test_error_messages.py):
   API (the modules directly under ``openpop/``, ``runtime/``, ``poptorch/``) keeps its texts
   here, except the runtime's openpop-specific ones (devices, backends, caches, poprun instances,
   reports), which are in ``runtime/messages.py``; each other package keeps its own in its
-  ``messages.py`` (``data``, ``optim``, ``bert``, ``distributed``, ``k8s``, ``lightning``,
-  ``popart``). A raise or warning site may fill a text in with ``.format(...)`` or ``%`` but
+  ``messages.py`` (``data``, ``optim``, ``bert``, ``custom_ops``, ``distributed``, ``k8s``,
+  ``lightning``, ``popart``). A raise or warning site may fill a text in with ``.format(...)`` or ``%`` but
   never spells prose itself (info and debug log lines may).
 * Where PopTorch (or PopART, popdist, Lightning) had a text, the constant holds its exact words.
 * User input is checked with explicit raises, never ``assert``: ``python -O`` changes nothing.
@@ -200,11 +200,6 @@ OVERLAP_NOT_TENSOR = "You may only set overlap for torch.tensor {what}."
 SLICE_INPUT_NOT_TENSOR = "{op} must take a torch.tensor input."
 SLICE_START_NOT_TENSOR = "Slice start argument to {op} must be a torch.tensor."
 DYNAMIC_UPDATE_SRC_NOT_TENSOR = "Src argument to dynamic_update must be a torch.tensor."
-CUSTOM_OP_UNAVAILABLE = (
-    "poptorch.custom_op('{name}', domain '{domain}'): PopART custom ops are IPU binaries (Poplar/PopART "
-    "C++ codelets) and cannot run in openpop. Implement the op in PyTorch (for example as a "
-    "torch.autograd.Function, or with torch.library for a custom kernel) and call it in place of "
-    "poptorch.custom_op.")
 UNSUPPORTED_VALUE_TYPE = "{message} {value_type} is not supported."
 AVAILABLE_MEMORY_PROPORTION = (
     "available_memory_proportion must be a number between 0 and 1, got {value!r}")

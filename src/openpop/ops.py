@@ -13,6 +13,7 @@ import torch
 from . import enums, errors
 from .arg_parsers import ICustomArgParser, registerCustomArgParser
 from .compile_hooks import registerPostCompileHook, registerPreCompileHook
+from .custom_ops import call_custom_op, register_custom_op
 from .errors import COND_TRAINING, FOR_LOOP_TRAINING, Error, createPoptorchError
 from .printing import module_repr, print  # pylint: disable=redefined-builtin
 from .runtime import context
@@ -40,6 +41,7 @@ __all__ = [
     "registerCustomArgParser",
     "registerPostCompileHook",
     "registerPreCompileHook",
+    "register_custom_op",
     "serializedMatMul",
     "set_available_memory",
     "set_overlap_for_input",
@@ -474,7 +476,21 @@ class Attribute:
 
 
 def custom_op(inputs, name: str, domain: str, domain_version: int, example_outputs,
-              attributes: Optional[dict] = None):
-    """PopART custom ops are compiled IPU code: they cannot run here."""
-    raise createPoptorchError(
-        errors.CUSTOM_OP_UNAVAILABLE.format(name=name, domain=domain))
+              attributes: Optional[dict] = None) -> list[torch.Tensor]:
+    """Applies the PopART custom op ``domain::name`` to ``inputs``: runs the PyTorch
+    implementation registered for it (``register_custom_op``; Graphcore's applications' ops
+    come registered) as ``fn(*inputs, **attributes)``.
+
+    Args:
+        inputs (list or tuple): The op's inputs, for example ``[x, y]``.
+        name (str): The op's name.
+        domain (str): The op's domain.
+        domain_version (int): The domain's version (any version runs the same implementation).
+        example_outputs (iterable): Tensors with the shapes and dtypes of the op's outputs.
+        attributes (dict): The op's attributes: string keys; float, int or string values, or
+            lists/tuples of one of those types (PopTorch's rules).
+
+    Returns:
+        The op's outputs, a list of tensors shaped and typed like ``example_outputs``.
+    """
+    return call_custom_op(inputs, name, domain, example_outputs, attributes)

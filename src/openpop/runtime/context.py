@@ -6,6 +6,7 @@ enters ``running(...)`` around every trace and every host call.
 import threading
 
 _local = threading.local()
+_steps = 0  # steps begun by executors in this process (begin_step)
 
 
 class RunContext:
@@ -59,3 +60,15 @@ class _Entered:
 def resumed(ctx) -> "_Entered":
     """Make ``ctx`` current on this thread too (autograd's threads recomputing a forward)."""
     return _Entered(ctx)
+
+
+def begin_step() -> None:
+    """An executor starts a step (an optimizer step, or an inference step): ops whose effect is
+    once per step (``custom_ops``' ExpMovAvg) apply it once per value of ``step_number()``."""
+    global _steps
+    _steps += 1
+
+
+def step_number() -> int:
+    """How many steps executors of this process have begun (0 before the first)."""
+    return _steps

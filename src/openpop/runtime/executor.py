@@ -18,7 +18,7 @@ import torch
 from .. import errors
 from ..enums import ConnectionType, MeanReductionStrategy
 from ..log import logger
-from . import messages, trace
+from . import context, messages, trace
 from .anchors import AnchoredTensors
 from .args import BoundInputs, InputSignature, prepare_tensors
 from .compile_cache import CompileCache
@@ -248,6 +248,7 @@ class PoplarExecutor:
         executable.anchors.start_call()
         for step in range(geometry.device_iterations):
             perf.start()
+            context.begin_step()
             schedule.start_step(call)
             schedule.step(call, step)
             if schedule.finish_step(call):
