@@ -15,6 +15,7 @@ from ..log import logger
 from . import context, messages
 from .anchors import AnchoredTensors
 from .args import BoundInputs, InputSignature
+from .buffer_state import has_history
 from .losses import LossTracker
 from .outputs import flatten_output
 from .plan import BlockRecorder, ExecutionPlan, build_plan
@@ -42,6 +43,9 @@ class Executable:
     training_flags: tuple
     #: Parameters that receive gradients.
     trainable: tuple
+    #: The forward writes buffers with autograd history or reassigns them: each micro-batch ends
+    #: with ``buffer_state.BufferState.settle`` (values kept, history dropped).
+    stateful_buffers: bool = False
 
     @property
     def concurrent(self) -> bool:
@@ -57,6 +61,7 @@ class Traced:
     replica_buffers: object
     loss_index: Optional[int]
     track_losses: bool
+    stateful_buffers: bool = False
 
 
 def trace_model(model, inputs: BoundInputs, settings, precision, weights, shapes_only=False) -> Traced:
@@ -83,7 +88,7 @@ def _trace(model, inputs, settings, precision, weights, shapes) -> Traced:
     args, kwargs = inputs.rebuild(leaves)
     rng = torch.random.get_rng_state()
     with weights.active():
-        snapshot = BufferSnapshot(weights.buffers())
+        snapshot = BufferSnapshot(weights.buffers(), model)
         params_before, buffers_before = registered_tensors(model)
         tracker = LossTracker()
         recorder = BlockRecorder(model)
@@ -104,15 +109,19 @@ def _trace(model, inputs, settings, precision, weights, shapes) -> Traced:
             params_after, buffers_after = registered_tensors(model)
             # Normalisation kernels do not bump their statistics' versions: the record tells.
             norm_statistics = {id(b) for b in statistics.of(model)}
-            other_buffers_mutated = any(id(b) not in norm_statistics for b in snapshot.mutated())
+            reassigned = snapshot.reassigned()
+            other_buffers_mutated = bool(reassigned) or any(id(b) not in norm_statistics for b in snapshot.mutated())
+            # Buffers as device state between micro-batches (buffer_state.py): written with
+            # autograd history, or reassigned.
+            stateful_buffers = bool(reassigned) or any(has_history(b) for b in buffers_after.values())
         finally:
             recorder.close()
             snapshot.restore()
             torch.random.set_rng_state(rng)
     plan = build_plan(recorder, settings)
-    _check_registered_unchanged(params_before, params_after, "Parameter")
-    _check_registered_unchanged(buffers_before, buffers_after, "Buffer")
-    layout = DeviceLayout.of(plan, settings)
+    _check_parameters_unchanged(params_before, params_after)
+    _check_buffers_kept(buffers_before, buffers_after)
+    layout = DeviceLayout.of(plan, settings, serial=stateful_buffers)
     replica_buffers = SharedBuffers()
     if (norm_statistics or other_buffers_mutated) and geometry.replication_factor > 1:
         # Normalisation statistics may always differ between replicas, as on PopTorch.
@@ -125,14 +134,26 @@ def _trace(model, inputs, settings, precision, weights, shapes) -> Traced:
         loss = tracker.final_loss()
         flat, _ = flatten_output(output)
         loss_index = next((i for i, leaf in enumerate(flat) if leaf is loss), None)
-    return Traced(plan, layout, replica_buffers, loss_index, training and loss_index is None)
+    return Traced(plan, layout, replica_buffers, loss_index, training and loss_index is None, stateful_buffers)
 
 
-def _check_registered_unchanged(before, after, kind):
+def _check_buffers_kept(before, after):
+    """A forward may write its buffers and reassign them (``self.buf = new``: its value is the
+    buffer's from then on, ``buffer_state.py``), keeping their shape and dtype; not remove them."""
     for name, tensor in before.items():
         if name not in after:
-            text = errors.BUFFER_REMOVED if kind == "Buffer" else errors.PARAMETER_REMOVED
-            raise errors.createPoptorchError(text.format(name=name))
+            raise errors.createPoptorchError(errors.BUFFER_REMOVED.format(name=name))
+        new = after[name]
+        if new is not tensor and (new.shape != tensor.shape or new.dtype != tensor.dtype):
+            raise errors.createPoptorchError(messages.BUFFER_RESHAPED.format(
+                name=name, shape=list(new.shape), dtype=new.dtype, old_shape=list(tensor.shape),
+                old_dtype=tensor.dtype))
+
+
+def _check_parameters_unchanged(before, after):
+    """Parameters are neither removed nor replaced by the forward."""
+    for name, tensor in before.items():
+        if name not in after:
+            raise errors.createPoptorchError(errors.PARAMETER_REMOVED.format(name=name))
         if after[name] is not tensor:
-            text = errors.BUFFER_REASSIGNED if kind == "Buffer" else errors.PARAMETER_REASSIGNED
-            raise errors.createPoptorchError(text.format(name=name))
+            raise errors.createPoptorchError(errors.PARAMETER_REASSIGNED.format(name=name))

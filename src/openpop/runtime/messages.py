@@ -123,6 +123,13 @@ NOT_A_PROFILE = "{directory!r} is not an openpop profile directory: {path} not f
 INTERRUPTED_AFTER_UPDATE = ("interrupted while the host call applied its last optimizer update: the "
                             "call completed, its updates are applied")
 
+# --- buffers as device state (buffer_state.py) ------------------------------------
+BUFFER_RESHAPED = (
+    "Buffer {name} is reassigned within the model when calling the forward method with a tensor of shape "
+    "{shape} and dtype {dtype}; it was {old_shape}, {old_dtype}. A buffer is device state that keeps its shape "
+    "and dtype between micro-batches: assign a tensor of the same shape and dtype (or use "
+    "self.{name}.copy_(src)), or register a new buffer of the new shape in __init__.")
+
 # Whole programs saved in the executable cache (runtime/compiled/saved_programs.py)
 SHAPES_ONLY_FAILED = "The probe micro-batch does not run on fake tensors (%s): it runs for real"
 SAVED_PROGRAM_LOADED = "Compiled program loaded from %s (no trace)"

@@ -17,6 +17,10 @@ order, with activations hopping devices at block boundaries.
   marked with ``recomputationCheckpoint`` (their inputs — the previous checkpoints — are what
   is stashed), and every ``BeginBlock`` module that contains no such unit. Turn it off with
   ``opts._Popart.set("autoRecomputation", 0)`` (PopART's ``RecomputationType.NoRecompute``).
+  A recomputation computes activations, nothing else: a unit's buffers (BatchNorm's running
+  statistics, a memory the forward writes) are swapped for copies of their values when the
+  forward started, so it reads what the forward read and its writes land in the copies - the
+  statistics are updated once per micro-batch, as without recomputation.
 * Concurrent micro-batches share each device's random generator, and a recomputed unit must
   draw exactly the numbers its forward drew. ``DeviceLocks`` therefore gives every device a
   lock that a micro-batch thread holds while it runs forward code on that device (taken and
@@ -68,9 +72,10 @@ def Recomputation(model: torch.nn.Module, units=(), locks=None, gpu=False):
             continue
         original = module.forward
         if locks is None:
-            module.forward = functools.partial(_checkpointed_on_other_threads if gpu else _checkpointed, original)
+            module.forward = functools.partial(_checkpointed_on_other_threads if gpu else _checkpointed, original,
+                                               openpop_unit=module)
         else:
-            module.forward = functools.partial(_checkpointed_under_lock, original, locks)
+            module.forward = functools.partial(_checkpointed_under_lock, original, locks, openpop_unit=module)
         wrapped.append(module)
     try:
         yield
@@ -79,20 +84,48 @@ def Recomputation(model: torch.nn.Module, units=(), locks=None, gpu=False):
             del module.forward
 
 
-def _checkpointed(forward, *args, **kwargs):
+def _checkpointed(forward, *args, openpop_unit=None, **kwargs):
     if not torch.is_grad_enabled():
         return forward(*args, **kwargs)
+    forward = _buffers_as_in_forward(forward, openpop_unit)
     if any(isinstance(mode, LowPrecisionOps) for mode in _function_modes()):
         # Backward recomputes after the forward's precision mode has exited.
         forward = _recomputed_inside(forward, _forward_state())
     return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
-def _checkpointed_on_other_threads(forward, *args, **kwargs):
+def _checkpointed_on_other_threads(forward, *args, openpop_unit=None, **kwargs):
     if not torch.is_grad_enabled():
         return forward(*args, **kwargs)
-    run = _recomputed_inside(forward, _forward_state())
+    run = _recomputed_inside(_buffers_as_in_forward(forward, openpop_unit), _forward_state())
     return torch.utils.checkpoint.checkpoint(run, *args, use_reentrant=False, **kwargs)
+
+
+def _buffers_as_in_forward(forward, unit):
+    """``forward`` (of the recomputation unit ``unit``) for ``torch.utils.checkpoint``: its first
+    call is the forward pass and remembers the values of the unit's buffers; a later one (the
+    recomputation, in backward) runs with copies of those values in the buffers' slots, so it
+    reads what the forward read and its writes (running statistics, a memory) change nothing."""
+    slots = [] if unit is None else [(module._buffers, name) for module in unit.modules()
+                                     for name, t in module._buffers.items() if t is not None]
+    if not slots:
+        return forward
+    at_forward = []
+
+    def run(*args, **kwargs):
+        if not at_forward:
+            at_forward.append([table[name].detach().clone() for table, name in slots])
+            return forward(*args, **kwargs)
+        held = [table.get(name) for table, name in slots]
+        for (table, name), value in zip(slots, at_forward[0]):
+            table[name] = value
+        try:
+            return forward(*args, **kwargs)
+        finally:
+            for (table, name), tensor in zip(slots, held):
+                table[name] = tensor
+
+    return run
 
 
 def _recomputed_inside(forward, recomputation_context):
@@ -135,9 +168,10 @@ def _function_modes():
     return torch.overrides._get_current_function_mode_stack()
 
 
-def _checkpointed_under_lock(forward, locks, *args, **kwargs):
+def _checkpointed_under_lock(forward, locks, *args, openpop_unit=None, **kwargs):
     if not torch.is_grad_enabled():
         return forward(*args, **kwargs)
+    forward = _buffers_as_in_forward(forward, openpop_unit)
     # The unit runs on the device whose lock this thread holds: its own block boundary took it,
     # or its parent's (same device). Asked per call: one module object may serve several
     # replicas (replicas.py shares parameterless modules).

@@ -9,12 +9,18 @@ the schedule once, at compile:
 * ``SerialTraining``: forward and backward of each micro-batch in order, in the calling thread;
 * ``ConcurrentStages``: on several devices, up to ``pipeline_stages`` micro-batches per replica
   device set in flight, one thread each (``pipeline.py``); gradients added in micro-batch order.
+
+A model whose forward writes buffers with autograd history or reassigns them
+(``Executable.stateful_buffers``) gets a ``buffer_state.BufferState``: each micro-batch ends with
+its ``settle()`` (after the backward; inference: the forward), so the next one reads the buffers
+as plain values, as on an IPU. Such a model's layout is serial (``DeviceLayout.of``).
 """
 import contextlib
 from dataclasses import dataclass
 
 from . import context, trace
 from .args import BoundInputs
+from .buffer_state import BufferState
 from .devices import SameDeviceOps, reset_boundary_frames
 from .gradients import GradientReduction
 from .losses import LossTracker
@@ -81,12 +87,16 @@ class SerialTraining:
         self.forward = LossForward(executable, precision)
         # The sum across processes may start during the step's last backward.
         self.overlaps_reduction = not self.replicas.own_weights
+        self.buffer_state = _buffer_state(executable, session)
 
     def start_step(self, call: CallState) -> None:
         call.gradients.start_step(self.overlaps_reduction)
         self.replicas.start_step()
+        if self.buffer_state is not None:
+            self.buffer_state.start_step()
 
     def step(self, call: CallState, step: int) -> None:
+        state = self.buffer_state
         for micro in self.micro_batches:
             self.replica_buffers.switch_to(micro.replica)
             args, kwargs = call.inputs.of(step, micro)
@@ -94,6 +104,8 @@ class SerialTraining:
                 output, loss = self.forward(self.replicas.model(micro.replica), args, kwargs)
             with trace.span("backward"):
                 call.gradients.backward(loss)
+            if state is not None:
+                state.settle()
             if call.collector.wants(step, micro.accumulation):
                 call.collector.add(micro.replica, output)
 
@@ -160,18 +172,23 @@ class Inference:
         self.replica_buffers = executable.replica_buffers
         self.replicas = session.replicas
         self.precision = precision
+        self.buffer_state = _buffer_state(executable, session)
 
     def start_step(self, call: CallState) -> None:
-        pass
+        if self.buffer_state is not None:
+            self.buffer_state.start_step()
 
     def step(self, call: CallState, step: int) -> None:
         keep = call.collector.wants(step, 0)
+        state = self.buffer_state
         for micro in self.micro_batches:
             self.replica_buffers.switch_to(micro.replica)
             args, kwargs = call.inputs.of(step, micro)
             model = self.replicas.model(micro.replica)
             with self.precision.forward(model), trace.span("forward"):
                 output = model(*args, **kwargs)
+            if state is not None:
+                state.settle()
             if keep:
                 call.collector.add(micro.replica, output)
 
@@ -180,6 +197,11 @@ class Inference:
 
     def finish_call(self, call: CallState) -> None:
         pass
+
+
+def _buffer_state(executable, session):
+    """The ``BufferState`` of a model whose buffers carry state between micro-batches, else None."""
+    return BufferState(session.replicas.models) if executable.stateful_buffers else None
 
 
 def _micro_batches_of_a_step(geometry):

@@ -38,9 +38,10 @@ class DeviceLayout:
     recompute: bool
 
     @classmethod
-    def of(cls, plan, settings) -> "DeviceLayout":
+    def of(cls, plan, settings, serial: bool = False) -> "DeviceLayout":
         """Map the plan's virtual IPUs to devices (recorded in ``plan.device_map``) and log the
-        allocation."""
+        allocation. ``serial``: micro-batches run one after another whatever the devices (a model
+        whose buffers carry state from one micro-batch to the next, ``buffer_state.py``)."""
         replicas = settings.geometry.replication_factor
         device_map = resolve_device_map(plan.ipus_per_replica, replicas, settings.device_map)
         plan.device_map = device_map
@@ -50,7 +51,8 @@ class DeviceLayout:
         return cls(
             device_map=device_map,
             replicas_apart=replicas_apart,
-            concurrent=(plan.pipelined or replicas_apart) and concurrency_wanted(len(device_map.all_devices())),
+            concurrent=(plan.pipelined or replicas_apart) and not serial
+            and concurrency_wanted(len(device_map.all_devices())),
             multi_device=any(len(device_map.distinct_devices(r)) > 1 for r in range(replicas)),
             recompute=settings.training and plan.pipelined and settings.recompute,
         )

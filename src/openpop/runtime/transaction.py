@@ -48,6 +48,7 @@ import torch
 
 from ..log import logger
 from . import messages
+from .buffer_state import has_history
 from .weights import SharedBuffers
 
 try:  # the C functions: signal.py's wrappers convert to and from enums, which costs more
@@ -78,9 +79,13 @@ class HostCallRollback:
         self.loss_scaler = loss_scaler
         self.generators = generators if generators is not None else {}
         self.cuda_devices = sorted({torch.device(d) for d in devices if torch.device(d).type == "cuda"}, key=str)
-        # Modules keep their buffer objects (placement moves them with .data): listed once.
-        self.buffers = _unique(b for model in models for b in model.buffers())
-        self.buffers += [b for values in replica_buffers.values for b in values]
+        # Modules keep their buffer objects (placement moves them with .data): listed once, and
+        # again when the host has assigned new ones between calls (``_save_buffers``).
+        self._slots = [(module._buffers, name) for model in models for module in model.modules()
+                       for name, t in module._buffers.items() if t is not None]
+        self._listed = [table[name] for table, name in self._slots]
+        self._replica_values = [b for values in self.replica_buffers.values for b in values]
+        self.buffers = _unique(self._listed) + self._replica_values
         self._buffer_copies = []   # reused tensors for the buffers
         self._copies = []          # reused tensors for parameters and optimizer state
 
@@ -91,6 +96,10 @@ class HostCallRollback:
         """Copies of every buffer. All of them, every call: PyTorch does not bump the version
         counter of BatchNorm's running statistics, so which ones a forward mutates cannot be
         told cheaply; buffers are small next to the parameters."""
+        held = [table.get(name) for table, name in self._slots]
+        if any(now is not listed for now, listed in zip(held, self._listed)):
+            self._listed = held
+            self.buffers = _unique(b for b in held if b is not None) + self._replica_values
         buffers = self.buffers
         if buffers:
             self._buffer_copies = _reserve(self._buffer_copies, buffers)
@@ -99,6 +108,9 @@ class HostCallRollback:
 
     def _restore_buffers(self):
         if self.buffers:
+            for buffer in self.buffers:  # a failed micro-batch may have written values with history
+                if has_history(buffer) and not buffer._is_view():
+                    buffer.detach_()
             with torch.no_grad():
                 torch._foreach_copy_(self.buffers, self._buffer_copies)
         self.replica_buffers.current = 0  # the live buffers hold replica 0's values again

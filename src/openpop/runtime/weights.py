@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from .buffer_state import detach_in_place, has_history
+
 _versions = weakref.WeakKeyDictionary()  # model -> [version]
 
 
@@ -66,21 +68,30 @@ class SharedWeights:
 
 
 class CopiedWeights:
+    """The executor's own copies of the model's parameters and buffers, one per registered slot
+    (tied slots share one). The host's tensors are looked up in their slots whenever they are
+    needed: a host that assigned a new tensor to a slot between calls (a module that swaps its
+    buffers when it enters ``eval()``) uploads and downloads that one, and keeps it."""
+
     shares_host_tensors = False
 
     def __init__(self, model: torch.nn.Module, device: torch.device):
         self.model = model
         self.device = torch.device(device)
-        self._param_slots = list(_slots(model, "_parameters"))
-        self._buffer_slots = list(_slots(model, "_buffers"))
         copies = {}
+        self._slots = []  # (table, name, copy): table is a module's ``_parameters`` or ``_buffers``
+        buffer_copies = []
         # Normal tensors even when compiled under torch.inference_mode() (Lightning's evaluation
         # loops): inference tensors have no version counter and cannot be updated outside it.
         with torch.inference_mode(False):
-            for _, _, tensor in self._param_slots + self._buffer_slots:
-                if id(tensor) not in copies:
-                    copies[id(tensor)] = self._copy_of(tensor)
-        self._copies = copies
+            for which in ("_parameters", "_buffers"):
+                for module, name, tensor in _slots(model, which):
+                    if id(tensor) not in copies:
+                        copies[id(tensor)] = self._copy_of(tensor)
+                    self._slots.append((getattr(module, which), name, copies[id(tensor)]))
+                    if which == "_buffers":
+                        buffer_copies.append(copies[id(tensor)])
+        self._buffer_copies = buffer_copies
 
     def _copy_of(self, tensor):
         data = tensor.detach().to(self.device, copy=True)
@@ -88,49 +99,65 @@ class CopiedWeights:
             return torch.nn.Parameter(data, requires_grad=tensor.requires_grad)
         return data
 
+    def _host_pairs(self):
+        """``(host tensor, copy)`` per slot, the host's as its slot holds it now (once per copy)."""
+        seen, pairs = set(), []
+        for table, name, copy in self._slots:
+            host = table.get(name)
+            if host is None or host is copy or id(copy) in seen:
+                continue
+            seen.add(id(copy))
+            pairs.append((host, copy))
+        return pairs
+
     def upload(self) -> None:
         with torch.inference_mode(False), torch.no_grad():
-            for _, _, tensor in self._param_slots + self._buffer_slots:
-                self._copies[id(tensor)].copy_(tensor)
+            for host, copy in self._host_pairs():
+                copy.copy_(host)
 
     def download(self) -> None:
         with torch.no_grad():
-            for _, _, tensor in self._param_slots + self._buffer_slots:
-                tensor.copy_(self._copies[id(tensor)])
+            for host, copy in self._host_pairs():
+                host.copy_(copy)
 
     def upload_buffers(self, names) -> None:
         wanted = set(names)
+        copies = {id(host): copy for host, copy in self._host_pairs()}
         with torch.no_grad():
             for name, buf in self.model.named_buffers():
                 if name in wanted:
-                    self._copies[id(buf)].copy_(buf)
+                    copies[id(buf)].copy_(buf)
 
     @contextlib.contextmanager
     def active(self):
-        """Run the user's module with the device copies in place of the host tensors."""
+        """Run the user's module with the device copies in place of the host tensors (the slots
+        hold the host's again afterwards, whichever tensors they held before)."""
         swapped = []
         try:
-            for module, name, tensor in self._param_slots:
-                module._parameters[name] = self._copies[id(tensor)]
-                swapped.append((module._parameters, name, tensor))
-            for module, name, tensor in self._buffer_slots:
-                module._buffers[name] = self._copies[id(tensor)]
-                swapped.append((module._buffers, name, tensor))
+            for table, name, copy in self._slots:
+                swapped.append((table, name, table.get(name)))
+                table[name] = copy
             yield
         finally:
-            for table, name, tensor in swapped:
+            for table, name, tensor in reversed(swapped):
                 table[name] = tensor
 
     def buffers(self):
-        return [self._copies[id(t)] for _, _, t in self._buffer_slots]
+        return list(self._buffer_copies)
 
 
 class BufferSnapshot:
-    """Values of every buffer, to undo a pass that must leave no trace (the compile pass)."""
+    """Values of every buffer, to undo a pass that must leave no trace (the compile pass, the
+    compiled backend's probe). With ``model``, also which tensor each of its modules' buffer
+    slots holds: a forward that reassigns a buffer (``self.buf = new``) is told by
+    ``reassigned()`` and put back by ``restore()``."""
 
-    def __init__(self, buffers):
+    def __init__(self, buffers, model=None):
         self._saved = [(b, b.detach().clone()) for b in buffers]
         self._versions = [None if b.is_inference() else b._version for b in buffers]
+        self._tables = [] if model is None else [
+            (module._buffers, name, t) for module in model.modules() for name, t in module._buffers.items()
+            if t is not None]
 
     def mutated(self) -> list:
         """The buffers that changed (by version counter; by value for inference tensors)."""
@@ -140,10 +167,25 @@ class BufferSnapshot:
                 changed.append(buffer)
         return changed
 
+    def reassigned(self) -> list:
+        """``(table, name, registered tensor, the tensor the slot holds now)`` for every buffer slot
+        of the model that holds another tensor than when the snapshot was taken."""
+        return [(table, name, tensor, table.get(name)) for table, name, tensor in self._tables
+                if table.get(name) is not tensor]
+
     def restore(self) -> None:
+        """Every buffer as it was: the slots hold their tensors again, with their values and no
+        autograd history (a pass under autograd may have written values that require grad)."""
+        for table, name, tensor in self._tables:
+            table[name] = tensor
         with torch.no_grad():
             for buf, value in self._saved:
+                if has_history(buf) and not buf._is_view():
+                    buf.detach_()
                 buf.copy_(value)
+        for table, name, tensor in self._tables:
+            if has_history(tensor):
+                detach_in_place(table, name, tensor)
 
 
 class NormStatistics(TorchFunctionMode):

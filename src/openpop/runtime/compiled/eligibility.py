@@ -5,8 +5,8 @@ micro-batch eagerly (as the compile pass does: no trace left - buffers and RNG r
 printed) to find what only running shows: host I/O such as ``ipu_print_tensor``, inputs
 changed in place, parameters that get no gradient (eager skips their update; a functional update
 would not), outputs that are not tensors - and what the program must carry: the buffers the forward updates in place
-(by version counter, and normalisation statistics, whose kernels do not bump it) and whether
-it draws random numbers. Data-dependent Python control flow and
+(by version counter, and normalisation statistics, whose kernels do not bump it) or reassigns,
+and whether it draws random numbers. Data-dependent Python control flow and
 unsupported ops are found by ``torch.compile(fullgraph=True)`` itself (``backend.py``).
 
 Block annotations and execution strategies (pipelined, sharded, phased) do not decline a model:
@@ -137,7 +137,7 @@ def probe(executor, micro_args, micro_kwargs, micro_inputs, executable, shapes=N
     model = executor._model
     versions = {name: tensor._version for name, tensor in micro_inputs.items()}
     buffers = list(model.buffers())
-    snapshot = BufferSnapshot(buffers)
+    snapshot = BufferSnapshot(buffers, model)
     rng = torch.random.get_rng_state()
     devices = sorted({t.device.index or 0 for t in buffers + list(model.parameters()) if t.is_cuda})
     cuda_rng = [torch.cuda.get_rng_state(d) for d in devices]
@@ -153,7 +153,9 @@ def probe(executor, micro_args, micro_kwargs, micro_inputs, executable, shapes=N
                 params = [p for g in executor._optimizer.param_groups for p in g["params"]]
                 grads = torch.autograd.grad(as_scalar(flat[executable.loss_index]), params, allow_unused=True)
             host_io = getattr(ctx, "host_io", None)
+        # (a buffer reassigned in forward is updated too: its registered tensor gets the new value)
         updated = {id(b) for b in snapshot.mutated() + statistics.of(model)}
+        updated.update(id(registered) for _, _, registered, _ in snapshot.reassigned())
         if shapes is not None:
             draws_random = shapes.draws.drew
         else:

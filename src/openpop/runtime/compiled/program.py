@@ -19,12 +19,13 @@ call's inputs split ``[DI, GA, R_in, micro, ...]`` - compiled by ``torch.compile
   last step's, carried), assembled per output mode as ``outputs.py`` assembles them; the last
   ``micro_batch_leaves`` leaves (a model's ``compiled_micro_batch_leaves()``) are returned for
   every micro-batch whatever the mode, stacked ``[DI*GA*R, ...]`` (Lightning's ``self.log``);
-* buffers the forward updates in place (BatchNorm running statistics and ``num_batches_tracked``,
-  any buffer a forward changes): state of the program. Each micro-batch, in eager's order
-  ``[DI, GA, R]``, gets a clone of the current values through ``functional_call``, its updates
-  become the next micro-batch's values, carried across device iterations; with per-replica
-  buffers (``weights.ReplicaBuffers``) each replica carries its own set. A model in ``eval()``
-  updates nothing (the probe then finds no updated buffer).
+* buffers the forward updates in place or reassigns (BatchNorm running statistics and
+  ``num_batches_tracked``, any buffer a forward changes): state of the program. Each micro-batch,
+  in eager's order ``[DI, GA, R]``, gets a clone of the current values through
+  ``functional_call``, its updates become the next micro-batch's values - as plain values, detached
+  from the micro-batch's gradient (``buffer_state.py``: as on an IPU) - carried across device
+  iterations; with per-replica buffers (``weights.ReplicaBuffers``) each replica carries its own
+  set. A model in ``eval()`` updates nothing (the probe then finds no updated buffer).
 * random numbers: Inductor's ``fallback_random`` (``backend.py`` sets it when the probe saw the
   model draw) keeps aten's random ops, which draw from torch's global generator at run time -
   inside ``torch.func.grad`` and ``while_loop`` bodies as well - in the program's order, which
@@ -311,10 +312,11 @@ class Program:
         for pos, value in zip(self.layout.inputs.tensor_positions, micro_inputs):
             leaves[pos] = value
         args, kwargs = self.layout.inputs.rebuild(leaves)
-        own = [b.clone() for b in buffers]
-        output = _within(self.forward_contexts, functional_call, self.model,
-                         {**params, **dict(zip(self.buffer_names, own))}, args, kwargs)
-        return flatten_output(output)[0], own
+        tensors = {**params, **dict(zip(self.buffer_names, (b.clone() for b in buffers)))}
+        output = _within(self.forward_contexts, functional_call, self.model, tensors, args, kwargs)
+        # functional_call writes back what the module's slots hold after the call: a buffer the
+        # forward reassigned (``self.buf = new``) is its new tensor there
+        return flatten_output(output)[0], [tensors[name] for name in self.buffer_names]
 
     def micro_batch(self, params, buffers, micro_inputs, loss_scale):
         """One micro-batch: (its scaled gradients, ``None`` in inference; its output leaves; the

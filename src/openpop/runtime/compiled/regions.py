@@ -204,7 +204,7 @@ class CompiledRegions:
         with executor._session.running(executor._training, executor._precision), \
                 torch.set_grad_enabled(executor._training):
             context.current().tracing = True
-            snapshot = BufferSnapshot(list(model.buffers()))  # (the device's, inside running())
+            snapshot = BufferSnapshot(list(model.buffers()), model)  # (the device's, inside running())
             try:
                 with self.installed(calls=calls):
                     (args, kwargs), _ = first_micro_batch(executor, inputs)
