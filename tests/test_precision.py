@@ -470,6 +470,35 @@ def test_floating_point_exceptions_catch_inplace_ops():
         poptorch.inferenceModel(InPlace(), opts)(torch.ones(1, 3))
 
 
+def test_floating_point_exceptions_with_pipelined_recomputation_train_like_oracle():
+    """The checker's finiteness tests must not enter autograd: a recomputed block (pipelined
+    training recomputes by default, without the checker) has to save what its forward saved.
+    Found by Graphcore's frozen_in_time, whose configs enable both."""
+    class Piped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = poptorch.BeginBlock(torch.nn.Linear(16, 32), ipu_id=0)
+            self.b = poptorch.BeginBlock(torch.nn.Linear(32, 4), ipu_id=1)
+
+        def forward(self, x, y):
+            return poptorch.identity_loss(F.cross_entropy(self.b(F.gelu(self.a(x))), y), "mean")
+
+    torch.manual_seed(0)
+    model = Piped()
+    ref = copy.deepcopy(model)
+    opts = options(ga=4, mode=poptorch.OutputMode.All)
+    opts.setExecutionStrategy(poptorch.PipelinedExecution(poptorch.AutoStage.SameAsIpu))
+    opts.Precision.enableFloatingPointExceptions(True)
+    pop = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+    x, y = make_data(16)
+    losses = pop(x, y)
+    expected = train_loop(ref, torch.optim.SGD(ref.parameters(), lr=0.1), (x, y),
+                          lambda m, a, b: m(a, b), di=1, ga=4, r=1)
+    torch.testing.assert_close(losses.reshape(-1), expected)
+    pop.copyWeightsToHost()
+    assert_params_close(model, ref)
+
+
 # ------------------------------------------------------------------ partials
 def test_half_partials_on_cpu_keep_fp32_accumulation():
     base = Net().half().eval()

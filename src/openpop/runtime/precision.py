@@ -216,6 +216,11 @@ _ORDERED_COMPARISONS = frozenset(["lt", "le", "gt", "ge", "less", "less_equal", 
                                   "__lt__", "__le__", "__gt__", "__ge__"])
 
 
+# The checks read values detached: ``isfinite``/``isinf`` decompose into ops autograd records
+# (``abs`` saves its input), and a checkpointed block's recomputation, which runs without the
+# checker, must save exactly the tensors its forward saved.
+
+
 def _flags(values):
     """(has NaN, has +-inf) over the floating tensors and Python floats in ``values``."""
     nan = inf = False
@@ -223,6 +228,7 @@ def _flags(values):
         if isinstance(value, torch.Tensor):
             if not (value.is_floating_point() or value.is_complex()) or value.numel() == 0:
                 continue
+            value = value.detach()
             if value.is_complex():
                 value = torch.view_as_real(value)
             nan = nan or bool(torch.isnan(value).any())
@@ -236,7 +242,7 @@ def _flags(values):
 def _all_finite(values) -> bool:
     for value in values:
         if isinstance(value, torch.Tensor) and (value.is_floating_point() or value.is_complex()):
-            if value.numel() and not bool(torch.isfinite(value).all()):
+            if value.numel() and not bool(torch.isfinite(value.detach()).all()):
                 return False
     return True
 
