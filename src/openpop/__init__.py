@@ -9,6 +9,7 @@ from ._version import openpop_version
 from ._version import poptorch_version as __version__
 from .annotations import BeginBlock, Block, BlockFunction, removeBlocks
 from .data import AsynchronousDataAccessor, DataLoader
+from .distributed.instance import expose_horovod_alias as _expose_horovod_alias
 from .enums import *  # noqa: F403
 from .enums import OutputMode as _OutputMode
 from .errors import ConfigFileError, Error, RecoverableError, UnrecoverableError, createPoptorchError
@@ -26,6 +27,10 @@ from .strategies import (
     ShardedExecution,
     Stage,
 )
+
+# Any IPU-stack import (popdist, popart, poptorch: all import openpop) lets a later
+# `import horovod.torch` find openpop's compatibility layer when horovod is not installed.
+_expose_horovod_alias()
 
 
 def __getattr__(name):
