@@ -12,10 +12,7 @@ from openpop import (
                      logger,
 )
 from openpop import torch_ops as _torch_ops  # registers torch.ops.poptorch.*
-from openpop.distributed.instance import expose_horovod_alias as _expose_horovod_alias
 
 from . import enums, optim, poptorch_core, profiling, testing
-
-_expose_horovod_alias()
 
 __all__ = [name for name in dir(_openpop) if not name.startswith("_")]
