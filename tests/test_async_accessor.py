@@ -129,6 +129,20 @@ def test_async_loader_matches_sync_loader_over_epochs(strategy):
     loader.terminate()
 
 
+def test_sharing_strategy_by_name_or_number():
+    """YAML configs name the strategy (Graphcore's conformer: sharing_strategy: "SharedMemory");
+    anything else is refused before a worker starts, naming the choices."""
+    dataset = indexed_dataset(6)
+    expected = epoch(DataLoader(make_options(), dataset, batch_size=2))
+    for strategy in ("SharedMemory", int(SharingStrategy.Fork)):
+        loader = DataLoader(make_options(), dataset, batch_size=2, mode=DataLoaderMode.Async,
+                            async_options={"sharing_strategy": strategy})
+        assert_same_batches(epoch(loader), expected)
+        loader.terminate()
+    with pytest.raises(ValueError, match="'shared' is not a poptorch.SharingStrategy.*SharedMemory, FileSystem"):
+        AsynchronousDataAccessor(dataset, sharing_strategy="shared")
+
+
 @pytest.mark.parametrize("n,worker_size,drop_last", [(37, 3, True), (37, 3, False), (10, 3, True),
                                                       (40, None, False), (23, 8, False)])
 def test_async_rebatched_matches_sync_loader(n, worker_size, drop_last):

@@ -300,8 +300,21 @@ def _close_writing_end(channel) -> None:
         writer.close()
 
 
+def _sharing_strategy(value) -> SharingStrategy:
+    """``value`` as a ``SharingStrategy``: a member, its number, or its name - configs written in
+    YAML pass ``sharing_strategy: "SharedMemory"`` (Graphcore's conformer); PopTorch compared the
+    value with the members and treated what matched none as SharedMemory."""
+    if isinstance(value, str) and value in SharingStrategy.__members__:
+        return SharingStrategy[value]
+    try:
+        return SharingStrategy(value)
+    except ValueError:
+        raise ValueError(messages.SHARING_STRATEGY_UNKNOWN.format(
+            value=value, names=", ".join(SharingStrategy.__members__))) from None
+
+
 def _context(sharing_strategy: SharingStrategy):
-    method = _START_METHODS[SharingStrategy(sharing_strategy)]
+    method = _START_METHODS[_sharing_strategy(sharing_strategy)]
     context = multiprocessing.get_context(method)
     if method == "forkserver":
         _preload_in_forkserver(context)

@@ -39,6 +39,8 @@ REBATCHED_SIZE_TOO_SMALL = "rebatched_size must be None or greater than 1 (got {
 BUFFER_SIZE_TOO_SMALL = "buffer_size must be at least 1 (got {size})"
 WORKER_FAILED_TO_START = "AsynchronousDataAccessor worker thread failed to start (Check above for details)"
 DATASET_EMPTY = "The Dataset is empty"
+SHARING_STRATEGY_UNKNOWN = ("sharing_strategy {value!r} is not a poptorch.SharingStrategy: "
+                            "pass one of its members or their names ({names})")
 WORKER_DIED = ("The AsynchronousDataAccessor worker process exited unexpectedly (exit code {code}) while "
                "loading data")
 WORKER_FAILED = "The AsynchronousDataAccessor worker process stopped after an error: {error}"
