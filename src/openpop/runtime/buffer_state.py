@@ -37,6 +37,18 @@ replica 0's, as on PopTorch with ``broadcastBuffers(False)``, which such a repli
 import torch
 
 
+def buffer_slots(*models) -> list:
+    """``(module._buffers, name)`` for every registered buffer of ``models``' modules (each module
+    once, tied buffers in every slot): where a buffer lives, whichever tensor the slot holds."""
+    seen, slots = set(), []
+    for model in models:
+        for module in model.modules():
+            if id(module) not in seen:
+                seen.add(id(module))
+                slots.extend((module._buffers, name) for name, t in module._buffers.items() if t is not None)
+    return slots
+
+
 def has_history(tensor) -> bool:
     """Whether ``tensor`` carries autograd history (written, or made, from values requiring grad)."""
     return tensor.requires_grad and tensor.grad_fn is not None
@@ -57,15 +69,8 @@ class BufferState:
     of its own) and what ends each micro-batch (module docstring)."""
 
     def __init__(self, models):
-        seen, slots = set(), []
-        for model in models:
-            for module in model.modules():
-                if id(module) in seen:
-                    continue
-                seen.add(id(module))
-                slots.extend((module._buffers, name) for name, t in module._buffers.items() if t is not None)
-        self.slots = slots
-        self.registered = [table.get(name) for table, name in slots]
+        self.slots = buffer_slots(*models)
+        self.registered = [table.get(name) for table, name in self.slots]
 
     def start_step(self) -> None:
         """The tensors the modules hold now are the buffers (the host may have assigned new ones

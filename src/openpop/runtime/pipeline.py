@@ -46,6 +46,7 @@ import torch.utils.checkpoint
 
 from ..annotations import block_annotation
 from . import context
+from .buffer_state import buffer_slots
 from .devices import SameDeviceOps
 from .half_compute import LowPrecisionOps
 
@@ -106,8 +107,7 @@ def _buffers_as_in_forward(forward, unit):
     call is the forward pass and remembers the values of the unit's buffers; a later one (the
     recomputation, in backward) runs with copies of those values in the buffers' slots, so it
     reads what the forward read and its writes (running statistics, a memory) change nothing."""
-    slots = [] if unit is None else [(module._buffers, name) for module in unit.modules()
-                                     for name, t in module._buffers.items() if t is not None]
+    slots = [] if unit is None else buffer_slots(unit)
     if not slots:
         return forward
     at_forward = []

@@ -48,7 +48,7 @@ import torch
 
 from ..log import logger
 from . import messages
-from .buffer_state import has_history
+from .buffer_state import buffer_slots, has_history
 from .weights import SharedBuffers
 
 try:  # the C functions: signal.py's wrappers convert to and from enums, which costs more
@@ -81,8 +81,7 @@ class HostCallRollback:
         self.cuda_devices = sorted({torch.device(d) for d in devices if torch.device(d).type == "cuda"}, key=str)
         # Modules keep their buffer objects (placement moves them with .data): listed once, and
         # again when the host has assigned new ones between calls (``_save_buffers``).
-        self._slots = [(module._buffers, name) for model in models for module in model.modules()
-                       for name, t in module._buffers.items() if t is not None]
+        self._slots = buffer_slots(*models)
         self._listed = [table[name] for table, name in self._slots]
         self._replica_values = [b for values in self.replica_buffers.values for b in values]
         self.buffers = _unique(self._listed) + self._replica_values
