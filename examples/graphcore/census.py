@@ -67,7 +67,7 @@ def _dotted(node: ast.AST) -> str | None:
     if isinstance(node, ast.Name):
         parts.append(node.id)
         return ".".join(reversed(parts))
-    if isinstance(node, ast.Attribute) is False and isinstance(node, ast.Call):
+    if isinstance(node, ast.Call):
         inner = _dotted(node.func)
         if inner is not None:
             parts.append(inner + "()")

@@ -9,6 +9,8 @@ built with a given set of such settings logs one INFO line naming them.
 Which ``_Popart`` keys openpop reads is listed here (``POPART_KEYS_READ``); every other key a
 script sets is IPU-only.
 """
+import logging
+
 from .log import logger
 
 #: ``_Popart`` keys openpop acts on (recomputation, cycle counter, profiling through engine
@@ -36,9 +38,8 @@ _logged: set = set()
 
 def ipu_only_settings(options) -> list[str]:
     """The IPU-only settings ``options`` were given, as a script would name them."""
-    names = [setter for key, setter in IPU_ONLY_OPTION_VALUES.items() if _was_set(options, key)]
-    names += [setter for key, setter in IPU_ONLY_OPTION_VALUES.items()
-              if _was_set(options.TensorLocations, key) and setter not in names]
+    names = [setter for group in (options, options.TensorLocations)
+             for key, setter in IPU_ONLY_OPTION_VALUES.items() if _was_set(group, key)]
     popart = options._Popart.options
     defaults = type(options)()._Popart.options  # what PopTorch itself sets, not the script
     for key in sorted(popart):
@@ -71,6 +72,8 @@ def _same(a, b) -> bool:
 
 def log_ipu_only_settings(options) -> None:
     """Log, once per process for each distinct list, the IPU-only settings ``options`` hold."""
+    if not logger.isEnabledFor(logging.INFO):
+        return  # (listing them builds a default Options: not worth it for a line nobody sees)
     names = tuple(ipu_only_settings(options))
     if names and names not in _logged:
         _logged.add(names)

@@ -87,10 +87,6 @@ def _identity_loss(x: torch.Tensor, reduction: int) -> torch.Tensor:
     return identity_loss(x, _LOSS_REDUCTIONS[reduction])
 
 
-def _checkpoint(tensor: torch.Tensor) -> torch.Tensor:
-    return recomputationCheckpoint(tensor)
-
-
 #: schema -> implementation, as PopTorch declared the schemas.
 OPERATORS = {
     "push_name_scope(str name) -> ()": _push_name_scope,
@@ -108,7 +104,7 @@ OPERATORS = {
     "set_matmul_serialization(Tensor matmul, str mode, int factor, bool keep_precision) -> Tensor": _identity,
     "set_overlap_for_input(Tensor t, str mode) -> Tensor": _identity,
     "set_overlap_for_output(Tensor t, str mode) -> Tensor": _identity,
-    "recomputation_checkpoint(Tensor self) -> Tensor": _checkpoint,
+    "recomputation_checkpoint(Tensor self) -> Tensor": recomputationCheckpoint,
     "set_available_memory(Tensor t, float mem) -> Tensor": set_available_memory,
     "dynamic_slice(Tensor self, int dim, Tensor start, int size, int step) -> Tensor": dynamic_slice,
     "dynamic_update(Tensor self, Tensor src, int dim, Tensor start, int size) -> Tensor": dynamic_update,

@@ -74,9 +74,9 @@ class TensorLocation(_Settings):
     as in PopART. Memory placement: accepted and kept, no effect on CPUs/GPUs."""
 
     def __init__(self, storage=TensorStorage.OnChip, *args, **kwargs):
-        names = (("replicatedTensorSharding", "shardingDomain") if len(args) <= 2 and
-                 not (args and isinstance(args[0], TileSet)) else
-                 ("loadTileSet", "storageTileSet", "replicatedTensorSharding", "shardingDomain"))
+        with_tile_sets = len(args) > 2 or (bool(args) and isinstance(args[0], TileSet))
+        names = (("loadTileSet", "storageTileSet", "replicatedTensorSharding", "shardingDomain") if with_tile_sets
+                 else ("replicatedTensorSharding", "shardingDomain"))
         fields = dict(storage=TensorStorage(storage), loadTileSet=TileSet.Compute,
                       storageTileSet=TileSet.Compute, replicatedTensorSharding=ReplicatedTensorSharding.Off,
                       shardingDomain=CommGroup())
