@@ -72,11 +72,12 @@ def Recomputation(model: torch.nn.Module, units=(), locks=None, gpu=False):
         if "forward" in module.__dict__:
             continue
         original = module.forward
+        slots = tuple(buffer_slots(module))  # listed once, not per micro-batch
         if locks is None:
             module.forward = functools.partial(_checkpointed_on_other_threads if gpu else _checkpointed, original,
-                                               openpop_unit=module)
+                                               openpop_buffer_slots=slots)
         else:
-            module.forward = functools.partial(_checkpointed_under_lock, original, locks, openpop_unit=module)
+            module.forward = functools.partial(_checkpointed_under_lock, original, locks, openpop_buffer_slots=slots)
         wrapped.append(module)
     try:
         yield
@@ -85,29 +86,29 @@ def Recomputation(model: torch.nn.Module, units=(), locks=None, gpu=False):
             del module.forward
 
 
-def _checkpointed(forward, *args, openpop_unit=None, **kwargs):
+def _checkpointed(forward, *args, openpop_buffer_slots=(), **kwargs):
     if not torch.is_grad_enabled():
         return forward(*args, **kwargs)
-    forward = _buffers_as_in_forward(forward, openpop_unit)
+    forward = _buffers_as_in_forward(forward, openpop_buffer_slots)
     if any(isinstance(mode, LowPrecisionOps) for mode in _function_modes()):
         # Backward recomputes after the forward's precision mode has exited.
         forward = _recomputed_inside(forward, _forward_state())
     return torch.utils.checkpoint.checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
-def _checkpointed_on_other_threads(forward, *args, openpop_unit=None, **kwargs):
+def _checkpointed_on_other_threads(forward, *args, openpop_buffer_slots=(), **kwargs):
     if not torch.is_grad_enabled():
         return forward(*args, **kwargs)
-    run = _recomputed_inside(_buffers_as_in_forward(forward, openpop_unit), _forward_state())
+    run = _recomputed_inside(_buffers_as_in_forward(forward, openpop_buffer_slots), _forward_state())
     return torch.utils.checkpoint.checkpoint(run, *args, use_reentrant=False, **kwargs)
 
 
-def _buffers_as_in_forward(forward, unit):
-    """``forward`` (of the recomputation unit ``unit``) for ``torch.utils.checkpoint``: its first
-    call is the forward pass and remembers the values of the unit's buffers; a later one (the
-    recomputation, in backward) runs with copies of those values in the buffers' slots, so it
-    reads what the forward read and its writes (running statistics, a memory) change nothing."""
-    slots = [] if unit is None else buffer_slots(unit)
+def _buffers_as_in_forward(forward, slots):
+    """``forward`` (of a recomputation unit whose buffers live in ``slots``) for
+    ``torch.utils.checkpoint``: its first call is the forward pass and remembers the values of the
+    unit's buffers; a later one (the recomputation, in backward) runs with copies of those values
+    in the slots, so it reads what the forward read and its writes (running statistics, a memory)
+    change nothing."""
     if not slots:
         return forward
     at_forward = []
@@ -168,10 +169,10 @@ def _function_modes():
     return torch.overrides._get_current_function_mode_stack()
 
 
-def _checkpointed_under_lock(forward, locks, *args, openpop_unit=None, **kwargs):
+def _checkpointed_under_lock(forward, locks, *args, openpop_buffer_slots=(), **kwargs):
     if not torch.is_grad_enabled():
         return forward(*args, **kwargs)
-    forward = _buffers_as_in_forward(forward, openpop_unit)
+    forward = _buffers_as_in_forward(forward, openpop_buffer_slots)
     # The unit runs on the device whose lock this thread holds: its own block boundary took it,
     # or its parent's (same device). Asked per call: one module object may serve several
     # replicas (replicas.py shares parameterless modules).
