@@ -22,3 +22,4 @@ COMPILED_STEP_FAILED = ("{method} called with `self` as the compiled backend's l
                         "({error})")
 COMPILED_STEP_STATE = ("`self.{name}` read inside a step (it changes between the optimizer steps of one host call; "
                        "the compiled program would see one value: read it in a hook)")
+PROFILE_WRITE_FAILED = "openpop could not write the {stage} profile report (the run's result stands): {reason}"

@@ -450,6 +450,10 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
         if runner is None:
             return
         optimizer = self.optimizers[0] if runner.training and self.optimizers else None
-        path = runner.write_profile(self._step_module or self.lightning_module, optimizer)
+        try:
+            path = runner.write_profile(self._step_module or self.lightning_module, optimizer)
+        except Exception as exc:  # a failed report is a warning: the run's result stands
+            _rank_zero.rank_zero_warn(messages.PROFILE_WRITE_FAILED.format(stage=runner.name, reason=exc))
+            return
         if path is not None:
             _rank_zero.rank_zero_info(f"openpop profile report written to {path}")

@@ -117,6 +117,13 @@ SAVED_KIND = "{filename} holds a {kind} model: load it into a matching poptorch 
 REPORT_NOT_WRITABLE = ("The profile report directory {directory!r} is not writable ({reason}): "
                        "choose another autoReport.directory.")
 REPORT_WRITE_FAILED = "openpop could not write the profile report to %s: %s"
+TRACE_WINDOW_HANDED_OVER = ("openpop profile: %s ends its window early (it writes what it recorded): %s needs "
+                            "torch.profiler, and torch runs one profiler per process")
+TRACE_WITHOUT_OPERATORS = "openpop profile: %s has host-call timings but no operator events: %s"
+TRACE_FOREIGN_PROFILER = ("a torch.profiler that openpop did not start was already running; stop it before the "
+                          "recorded host calls, or profile with openpop's report alone")
+TRACE_TAKEN_OVER = ("another torch.profiler started while openpop's ran and took its events; torch runs one "
+                    "profiler per process")
 NOT_A_PROFILE = "{directory!r} is not an openpop profile directory: {path} not found"
 
 # --- interrupts -----------------------------------------------------------------

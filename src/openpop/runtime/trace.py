@@ -236,6 +236,8 @@ class TraceSession:
         self.activation_peaks = {}  # virtual IPU -> peak activation bytes over the recorded calls
         self.device_peaks = {}      # virtual IPU -> its CUDA device's peak allocated bytes
         self.written = False
+        self.untraced = None      # why the trace has no operator events, if it has none
+        self.notes = []           # what the report's reader should know (trace.json's "openpop")
         self._last_call = max(calls) if len(calls) else -1
         if activate:
             self.activate()
@@ -271,10 +273,9 @@ class TraceSession:
         self.call_counts[executor] = index + 1
         if index not in self.calls or self.written:
             return run(executor, inputs, compiled, *rest)
-        global _recording, _profiling
-        if self.profiler is None:
-            self.profiler = _start_profiler()
-            _profiling = self
+        global _recording
+        if self.profiler is None and not self.untraced:
+            self._start_profiler()
         self.plan = compiled.plan
         self.options = _options_dict(executor.options)
         geometry = executor._geometry
@@ -307,35 +308,90 @@ class TraceSession:
             self.close()
         return result
 
+    def _start_profiler(self):
+        """Start this session's ``torch.profiler``. torch runs one profiler per process: a
+        second one started while another runs takes its events, and exporting the first then
+        crashes the process. So a session of openpop's that is still open hands over (its window
+        ends early and it writes what it recorded), and where a profiler openpop did not start
+        runs (the user's own), this session records host calls without operator events."""
+        global _profiling
+        if _profiling is not None and _profiling is not self:
+            logger.info(messages.TRACE_WINDOW_HANDED_OVER, _profiling.directory, self.directory)
+            _profiling.notes.append(messages.TRACE_WINDOW_HANDED_OVER % (_profiling.directory, self.directory))
+            _profiling.close()
+        if _profiler_running():
+            self.untraced = messages.TRACE_FOREIGN_PROFILER
+            logger.warning(messages.TRACE_WITHOUT_OPERATORS, self.directory, self.untraced)
+            return
+        self.profiler = _start_profiler()
+        _profiling = self
+
     def close(self):
         if self in _active:
             _active.remove(self)
-        if self.profiler is None or self.written:
+        if self.written or (self.profiler is None and not self.host_calls):
             return
         global _profiling
         if _profiling is self:
             _profiling = None
-        self.profiler.stop()
         self.written = True
         try:
+            if self.profiler is not None and _profiler_running():
+                self.profiler.stop()
+            elif self.profiler is not None:  # another profiler ran and stopped: ours is gone
+                self.untraced = messages.TRACE_TAKEN_OVER
             self._write()
         except Exception as exc:  # a failed report never fails training
             logger.warning(messages.REPORT_WRITE_FAILED, self.directory, exc)
 
-    def _write(self):
-        from .. import report
-        os.makedirs(self.directory, exist_ok=True)
+    def _operator_trace(self) -> dict:
+        """The profiler's Chrome trace, or an empty one where it has no events to give."""
+        if self.profiler is not None and not self.untraced and not _has_results(self.profiler):
+            self.untraced = messages.TRACE_TAKEN_OVER
+        if self.untraced:
+            if self.profiler is not None:  # the foreign profiler was warned about when met
+                logger.warning(messages.TRACE_WITHOUT_OPERATORS, self.directory, self.untraced)
+            self.notes.append(messages.TRACE_WITHOUT_OPERATORS % (self.directory, self.untraced))
+            return {"traceEvents": []}
         raw = os.path.join(self.directory, "trace.raw.json")
         self.profiler.export_chrome_trace(raw)
         with open(raw) as stream:
             trace = json.load(stream)
         os.remove(raw)
-        trace = tracks_per_ipu(trace, self.plan)
+        return trace
+
+    def _write(self):
+        from .. import report
+        os.makedirs(self.directory, exist_ok=True)
+        trace = tracks_per_ipu(self._operator_trace(), self.plan)
+        if self.notes:
+            trace["openpop"] = {"notes": self.notes}
         path = os.path.join(self.directory, TRACE_FILE)
         with open(path, "w") as stream:
             json.dump(trace, stream)
         report.write_report(self.directory, trace, self.plan, self.host_calls, self.options, self.memory)
         logger.info("openpop profile: %s", path)
+
+
+def _profiler_running() -> bool:
+    """Whether a ``torch.profiler`` (or ``torch.autograd.profiler``) session runs in this
+    process. (Where a user's profiler starts inside openpop's window and still runs when the
+    window closes, closing stops the user's session: torch does not say whose session runs.)
+    torch's Python flag covers every profiler started from Python; the C++ one misses sessions
+    that record all threads, which openpop's do."""
+    return bool(torch.autograd.profiler._is_profiler_enabled) or torch._C._autograd._profiler_enabled()
+
+
+def _has_results(profiler) -> bool:
+    """Whether a stopped profiler kept its events: one whose session another profiler took
+    over has an empty result whose export crashes the process (torch 2.x)."""
+    results = getattr(profiler.profiler, "kineto_results", None)
+    if results is None:
+        return True  # not kineto: torch exports the function events itself
+    try:
+        return results.trace_start_ns() != 0
+    except (AttributeError, RuntimeError):
+        return True
 
 
 def _start_profiler():
