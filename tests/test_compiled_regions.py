@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from torch._dynamo.utils import counters
 
 import poptorch
-from openpop.runtime.compiled import backend as compiled_backend
 from openpop.runtime.compiled import compile_cost, fused_updates
+from openpop.runtime.compiled import regions as regions_module
 from openpop.runtime.compiled.fused_updates import FusedUpdate
 from openpop.runtime.compiled.regions import distinct_share, find_regions
 
@@ -262,8 +262,8 @@ def test_inference_matches_eager_and_keeps_a_forward_the_user_set():
 
 # ---------------------------------------------------------------------------- choosing the unit
 @pytest.mark.parametrize("per_op, unit", [(0.0, "regions"), (float("inf"), "program")])
-def test_auto_unit_follows_the_probes_seconds_per_op(monkeypatch, per_op, unit):
-    monkeypatch.setattr(compiled_backend, "REGIONS_SECONDS_PER_OP", per_op)
+def test_auto_unit_follows_the_probes_flops_per_op(monkeypatch, per_op, unit):
+    monkeypatch.setitem(regions_module.REGIONS_FLOPS_PER_OP, "cpu", per_op)
     model = Stack(layers=2)
     pop = training(model, unit="auto", backend="auto")  # no compile_after: auto estimates the compile
     x, t = data()
@@ -285,7 +285,7 @@ def test_the_executable_cache_remembers_the_unit(monkeypatch, tmp_path):
     x, t = data()
     chosen = []
     for per_op in (0.0, float("inf")):  # (the second rule would choose the program)
-        monkeypatch.setattr(compiled_backend, "REGIONS_SECONDS_PER_OP", per_op)
+        monkeypatch.setitem(regions_module.REGIONS_FLOPS_PER_OP, "cpu", per_op)
         model = Stack(layers=2)
         opts = poptorch.Options().deviceIterations(DI).openpopBackend("auto")  # (estimates, runs eagerly)
         opts.Training.gradientAccumulation(GA)

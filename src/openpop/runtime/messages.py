@@ -26,7 +26,7 @@ UNKNOWN_UNIT = ("Unknown compiled unit {name!r}: use one of {units} "
 REGIONS_CONCURRENT = ("pipelined stages that run concurrently with the compiled unit 'regions', which runs "
                       "micro-batches one after another (use unit='program' or 'auto')")
 UNIT_REMEMBERED = "openpop compiled backend: unit %r (chosen before for this model, executable cache %s)"
-UNIT_CHOSEN = "openpop compiled backend: unit %r (the probe micro-batch took %.3f ms per aten op)"
+UNIT_CHOSEN = "openpop compiled backend: unit %r (the probe micro-batch does %.3g FLOPs per aten op)"
 COMPILED_FORCED = ("Options.openpopBackend('compiled') cannot run this model: {reason}. "
                    "Use openpopBackend('auto') or 'eager' to run it eagerly.")
 AUTO_COMPILES = ("openpop auto backend: compiling this model now: its eager host calls took %.1f s, the "

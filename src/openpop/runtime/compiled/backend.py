@@ -56,7 +56,7 @@ from .inductor import ProgramCompiler
 from .loss_scaling import ScalingState
 from .optimizer_support import signature
 from .program_options import compile_kwargs, forward_contexts
-from .regions import REGIONS_SECONDS_PER_OP, CompiledRegions, distinct_share, find_regions
+from .regions import CompiledRegions, distinct_share, find_regions, regions_pay
 from .repeat_call import RepeatCall
 from .saved_programs import DIRECTORY, SUFFIX, SavedProgram, program_key
 from .selection import DECLINED, REGIONS, Selection
@@ -79,7 +79,8 @@ class CompiledBackend:
         self._ops = None  # aten ops the last probe counted (compile_cost.py)
         self._ops_digest = None  # their hash, with the executable cache on (saved_programs.py)
         self.probed_on = None  # "values" or "shapes" (fake tensors): how the last probe ran
-        self.probe_seconds = None  # wall seconds of the last probe on values (the unit's rule)
+        self._flops = None  # their floating-point operations (the unit's rule)
+        self._eager_call_seconds = None  # a host call's cost estimated from the probe (the ski rental)
         self.regions = None  # CompiledRegions, once the unit "regions" has compiled
 
     def record_eager(self, seconds: float, regions: bool = False) -> None:
@@ -87,7 +88,9 @@ class CompiledBackend:
         if regions:
             self.last = "compiled"
             return
-        self.selection.record_eager(seconds)
+        # counted, not timed: the same call counts the same on a busy machine (compile_cost.py)
+        estimate = self._eager_call_seconds
+        self.selection.record_eager(compile_cost.UNPROBED_CALL_SECONDS if estimate is None else estimate)
         self.last = "eager"
 
     def reset(self) -> None:
@@ -169,7 +172,8 @@ class CompiledBackend:
     # ------------------------------------------------------------------ the unit
     def _unit(self, executor, inputs, compiled) -> str:
         """``"program"`` or ``"regions"`` (``selection.py``), chosen once: ``auto`` from the
-        probe's seconds per aten op (a model the probe rejects gets the program, which declines it)."""
+        probe's FLOPs per aten op, counted, not timed (a model the probe rejects, or one without
+        regions to compile, gets the program, which declines the first)."""
         unit = self.selection.unit
         if unit != "auto":
             return unit
@@ -180,15 +184,16 @@ class CompiledBackend:
         if unit is not None:
             logger.info(messages.UNIT_REMEMBERED, unit, cache.path)
         else:
-            if self.probe_seconds is None:
+            if self._flops is None:
                 try:
                     self._probe(executor, inputs, compiled)
                 except Exception:  # Ineligible, or the model's own error: the program path says which
                     self.selection.unit = "program"
                     return "program"
-            per_op = self.probe_seconds / max(self._ops, 1)
-            unit = "regions" if per_op >= REGIONS_SECONDS_PER_OP and not executor._schedule.concurrent else "program"
-            logger.info(messages.UNIT_CHOSEN, unit, per_op * 1e3)
+            per_op = self._flops / max(self._ops, 1)
+            unit = "regions" if regions_pay(per_op, _device_type(executor)) and not executor._schedule.concurrent \
+                and find_regions(executor._model) else "program"
+            logger.info(messages.UNIT_CHOSEN, unit, per_op)
             if cache is not None:
                 compile_cost.remember_unit(executor, inputs, cache, unit)
         self.selection.unit = unit
@@ -250,13 +255,11 @@ class CompiledBackend:
     def _probe(self, executor, inputs, compiled, shapes=None):
         """``eligibility.counted_probe``, its ops hashed with the executable cache on; ``shapes``:
         on fake tensors (``shapes_only.py``)."""
-        started = time.perf_counter()
-        probed, self._ops, self._ops_digest = counted_probe(executor, inputs, compiled, shapes,
-                                                            hashed=executor._compile_cache is not None)
-        if shapes is None:
-            if torch.cuda.is_available() and torch.cuda.is_initialized():
-                torch.cuda.synchronize()  # (the probe's kernels, not only their launches)
-            self.probe_seconds = time.perf_counter() - started
+        probed, counter, self._ops_digest = counted_probe(executor, inputs, compiled, shapes,
+                                                          hashed=executor._compile_cache is not None)
+        self._ops, self._flops = counter.ops, counter.flops
+        self._eager_call_seconds = compile_cost.eager_call_seconds(
+            counter.ops, counter.flops, executor._geometry.batches_per_call, _device_type(executor))
         self.probed_on = "values" if shapes is None else "shapes"
         return probed
 
@@ -455,3 +458,9 @@ def _first_line(exc) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     text = " ".join(lines[:2])
     return f"{type(exc).__name__}: {text[:300]}"
+
+
+def _device_type(executor) -> str:
+    """The device type the executor's model computes on (its first parameter's; else the CPU)."""
+    parameter = next(executor._model.parameters(), None)
+    return parameter.device.type if parameter is not None else "cpu"

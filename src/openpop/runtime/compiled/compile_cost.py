@@ -15,8 +15,9 @@ micro-batches); the trained tensors
 each get a functional optimizer update, whose cost depends on the optimizer (LAMB's norms and
 trust ratio: five times SGD's). The constants below come from ``benchmarks/compile_cost.py``
 (the README's calibration table) and are the only place to recalibrate. They are CPU seconds,
-which hardly depend on the machine's load; the eager seconds they are compared with are wall
-seconds, which load stretches about as much as it stretches a compile.
+which hardly depend on the machine's load; the eager seconds they are compared with are estimated
+from the probe's counts too (``eager_call_seconds``: aten ops and FLOPs per micro-batch), so a run
+switches to the compiled backend at the same host call however busy the machine is.
 
 A program already compiled - in this process, or by any process into the directory Inductor
 caches it in (the executable cache, ``enableExecutableCaching``, else torch's default
@@ -37,6 +38,7 @@ import tempfile
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import flop_registry
 
 from ...atomic_file import atomic_write
 from ..shapes_only import is_metadata
@@ -50,6 +52,12 @@ OTHER_OPTIMIZER_SECONDS_PER_TENSOR = 0.225  # Adam, AdamW, RMSprop: not measured
 REGION_SECONDS = 2.0  # the unit "regions": per distinct compiled region beyond the first
 MICRO_BATCH_LOOP_SECONDS = 3.0  # a step's micro-batches as a while_loop (MLP GA 4, BERT L2 GA 2: +3-4 s)
 WARM_FRACTION = 0.15  # compiled before: Dynamo traces again, Inductor loads (measured 0.03-0.2)
+# The eager side, estimated from counts (eager_call_seconds): a host-side cost per aten op
+# (dispatch, hooks: 0.02-0.06 ms measured for the tests' MLPs on a 2-core EPYC) and the device's
+# nominal rate (BERT-base's micro-batch of 8 x 128 ran at ~125 GFLOP/s there, 2 threads).
+EAGER_SECONDS_PER_OP = 4e-5
+FLOPS_PER_SECOND = {"cpu": 1e11, "cuda": 3e13}
+UNPROBED_CALL_SECONDS = 0.1  # a call of a model the probe could not count
 
 PROGRAMS_DIR = "openpop-programs"  # in the executable cache directory: one empty file per program
 _compiled_here = set()  # fingerprints of the programs compiled in this process
@@ -82,20 +90,39 @@ class CompileCost:
 
 class OpCounter(TorchDispatchMode):
     """Counts the aten ops run under it (backward ops included): all, and those that compute
-    (not views, which Inductor folds into the kernels around them)."""
+    (not views, which Inductor folds into the kernels around them), and the floating-point
+    operations of those torch has a formula for (``torch.utils.flop_counter``: matmuls,
+    convolutions, attention; elementwise ops count none)."""
 
     def __init__(self):
         super().__init__()
         self.all_ops = 0
         self.ops = 0
+        self.flops = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
         if is_metadata(func):  # (fake tensors' queries: shapes_only.py)
-            return func(*args, **(kwargs or {}))
+            return func(*args, **kwargs)
         self.all_ops += 1
         if not func.is_view:
             self.ops += 1
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **kwargs)
+        formula = flop_registry.get(func._overloadpacket)
+        if formula is not None:
+            try:
+                self.flops += formula(*args, **kwargs, out_val=out)
+            except Exception:  # a formula that does not know these arguments: the op counts none
+                pass
+        return out
+
+
+def eager_call_seconds(ops: int, flops: int, micro_batches: int, device_type: str) -> float:
+    """What an eager host call of ``micro_batches`` micro-batches costs, each of ``ops`` aten ops
+    doing ``flops`` between them, estimated from those counts (the ski rental's eager side: the
+    same call counts the same on a busy machine as on an idle one)."""
+    rate = FLOPS_PER_SECOND.get(device_type, FLOPS_PER_SECOND["cpu"])
+    return micro_batches * (ops * EAGER_SECONDS_PER_OP + flops / rate)
 
 
 def unrolled_micro_batches(geometry, loops=True) -> int:

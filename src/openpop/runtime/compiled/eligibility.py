@@ -183,8 +183,8 @@ def probe(executor, micro_args, micro_kwargs, micro_inputs, executable, shapes=N
 
 
 def counted_probe(executor, inputs, executable, shapes=None, hashed=False):
-    """``(Probed, ops, digest)``: the checks and ``probe`` of the call's first micro-batch, its
-    aten ops counted (``compile_cost.OpCounter``) and, ``hashed``, hashed (``digest``,
+    """``(Probed, counter, digest)``: the checks and ``probe`` of the call's first micro-batch, its
+    aten ops and FLOPs counted (``compile_cost.OpCounter``) and, ``hashed``, hashed (``digest``,
     ``saved_programs.OpRecorder``; else None). ``shapes``: on fake tensors."""
     check_static(executor, executable)
     if not all(isinstance(leaf, torch.Tensor) for leaf in inputs.leaves):
@@ -195,7 +195,7 @@ def counted_probe(executor, inputs, executable, shapes=None, hashed=False):
         (micro_args, micro_kwargs), micro_inputs = first_micro_batch(executor, inputs, shapes)
         probed = probe(executor, micro_args, micro_kwargs, micro_inputs, executable, shapes,
                        [counter] if recorder is None else [counter, recorder])
-    return probed, counter.ops, recorder.digest if recorder is not None else None
+    return probed, counter, recorder.digest if recorder is not None else None
 
 
 def first_micro_batch(executor, inputs, shapes=None):

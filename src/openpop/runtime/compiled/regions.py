@@ -44,9 +44,19 @@ from .fused_updates import FusedUpdate
 from .generator_states import RngState
 from .onednn_matmuls import OneDnnMatmuls, gemm_choice
 
-# A model whose probe micro-batch takes at least this long per aten op runs as regions under
-# ``unit="auto"`` (selection.py): BERT-base's ~3.4 ms per op against the tiny MLP's ~0.03 ms.
-REGIONS_SECONDS_PER_OP = 1e-3
+# A model whose probe micro-batch does at least this many floating-point operations per aten op
+# on a device type runs as regions under ``unit="auto"`` (selection.py): its kernels then take long
+# enough that the host's per-op cost, which the whole program removes, is a small share, while
+# the whole program's compile is not. Counted, not timed: a busy machine chooses as an idle one.
+# On the CPU 1e8 is ~1 ms per op at ~100 GFLOP/s: BERT-base (micro-batch 8 x 128) does 5.7e8 per
+# op, BERT tiny (2 x 128) 2.8e7, the tests' MLPs under 3e6. CUDA computes ~100x faster per op.
+REGIONS_FLOPS_PER_OP = {"cpu": 1e8, "cuda": 1e10}
+
+
+def regions_pay(flops_per_op: float, device_type: str) -> bool:
+    """Whether ``unit="auto"`` takes regions for a model doing ``flops_per_op`` per aten op."""
+    threshold = REGIONS_FLOPS_PER_OP.get(device_type, REGIONS_FLOPS_PER_OP["cpu"])
+    return flops_per_op >= threshold
 
 
 def _signature(module):

@@ -13,8 +13,13 @@ What the compiled backend compiles is its *unit* (``openpopBackend(..., unit=...
 ``OPENPOP_COMPILED_UNIT``, else ``auto``): ``"program"``, the whole host call as one program
 (``program.py``), or ``"regions"``, the model's blocks compiled one by one (torch's regional
 compilation) in the eager host call (``regions.py``). ``auto`` takes regions when the probe
-micro-batch spends at least ``regions.REGIONS_SECONDS_PER_OP`` per aten op (the host's share of
-a step is then negligible, and the whole program's compile is not), the program otherwise.
+micro-batch does at least ``regions.REGIONS_FLOPS_PER_OP`` floating-point operations per aten op
+(the host's share of a step is then negligible, and the whole program's compile is not) and the
+model has regions, the program otherwise.
+
+Neither choice reads a clock: the eager seconds the rental counts are estimated from the probe's
+counts (``compile_cost.eager_call_seconds``) and the unit's rule counts FLOPs, so the same program
+switches at the same host call, to the same unit, on a busy machine as on an idle one.
 """
 import os
 
@@ -80,7 +85,9 @@ class Selection:
 
     @property
     def needs_estimate(self) -> bool:
-        return self.backend == "auto" and self.compile_after is None and not self.estimated \
+        """Whether the first host call probes: ``auto``, unless ``compile_after`` is 0 (compile at
+        once). With a ``compile_after`` the probe still counts what an eager call costs."""
+        return self.backend == "auto" and self.compile_after != 0 and not self.estimated \
             and self.declined is None
 
     def set_cost(self, cost) -> None:
