@@ -57,6 +57,7 @@ from torch.utils._python_dispatch import _disable_current_modes
 from ..log import logger
 from . import messages
 from .env_choice import choice_from_env
+from .machine_rates import remembered
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
 SETTING_ENV = "OPENPOP_HALF_COMPUTE"
@@ -188,9 +189,12 @@ class CpuHalfSpeeds:
         return half >= NATIVE_MIN_SPEEDUP * full
 
     def _measure_all(self):
-        with measuring():  # (the user's RNG is not drawn from)
-            rates = {(dtype, family): self._measure(dtype, family)
+        if self._measure is measure_cpu_rates:  # this machine's, measured once (machine_rates.py)
+            table = _machine_half_rates()
+            rates = {(dtype, family): tuple(table[f"{_dtype_name(dtype)} {family}"])
                      for dtype in LOW_PRECISION for family in (MATMUL, CONVOLUTION)}
+        else:
+            rates = _measure_table(self._measure)
         parts = []
         for dtype in LOW_PRECISION:
             fields = []
@@ -202,6 +206,18 @@ class CpuHalfSpeeds:
         logger.info("Half precision on this CPU (%s): %s. %s=native|float32 overrides.",
                     torch.backends.cpu.get_cpu_capability(), "; ".join(parts), SETTING_ENV)
         return rates
+
+
+def _measure_table(measure) -> dict:
+    with measuring():  # (the user's RNG is not drawn from)
+        return {(dtype, family): measure(dtype, family) for dtype in LOW_PRECISION for family in (MATMUL, CONVOLUTION)}
+
+
+@remembered("cpu_half_rates")
+def _machine_half_rates() -> dict:
+    """``{"<dtype> <family>": [half GFLOP/s, float32 GFLOP/s]}`` of this machine (JSON's keys)."""
+    return {f"{_dtype_name(dtype)} {family}": list(rates) for (dtype, family), rates in
+            _measure_table(measure_cpu_rates).items()}
 
 
 CPU_SPEEDS = CpuHalfSpeeds()  # the process's measurement

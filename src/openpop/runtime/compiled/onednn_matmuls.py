@@ -26,6 +26,7 @@ import torch
 from .. import messages
 from ..env_choice import choice_from_env
 from ..half_compute import best_seconds, measuring
+from ..machine_rates import remembered
 from .graph_pass import SourceKeyedPass
 
 logger = logging.getLogger(__name__)
@@ -55,8 +56,10 @@ def setting_from_env() -> str:
     return choice_from_env(SETTING_ENV, SETTINGS, messages.CPU_GEMM_ENV)
 
 
+@remembered("cpu_gemm_float32")
 def measure_rates() -> tuple:
-    """``(aten, onednn)`` float32 GFLOP/s on ``_PROBE_SHAPE`` (``half_compute.measuring``)."""
+    """``(aten, onednn)`` float32 GFLOP/s on ``_PROBE_SHAPE`` (``half_compute.measuring``), measured
+    once per machine (``machine_rates.py``)."""
     m, k, n = _PROBE_SHAPE
     with measuring():
         generator = torch.Generator().manual_seed(0)  # (not the user's)
