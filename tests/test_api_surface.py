@@ -45,6 +45,7 @@ def test_set_log_level_and_errors():
     poptorch.setLogLevel("WARN")
 
 
+@pytest.mark.slow
 def test_log_level_from_environment_and_format():
     code = ("import poptorch; poptorch.logger.debug('hello from debug')")
     env = dict(os.environ, POPTORCH_LOG_LEVEL="DEBUG")

@@ -38,6 +38,7 @@ def loaded_by(loader, epochs):
 
 
 # ForkServer is PopTorch's default; FileSystem spawns the loading process.
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", [SharingStrategy.ForkServer, SharingStrategy.FileSystem])
 def test_torch_workers_fork_from_the_loading_process_once_per_loader(strategy):
     loader = DataLoader(make_options(), ProcessReportingDataset(), batch_size=2, num_workers=2,

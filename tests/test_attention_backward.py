@@ -134,6 +134,7 @@ class Attention(torch.nn.Module):
         return out, F.mse_loss(out, target)
 
 
+@pytest.mark.slow
 def test_compiled_attention_program_matches_eager_without_flash_backward():
     """GA=2 (the micro-batches' while_loop body holds the attention): the compiled program's
     parameters and losses match the eager backend's, and its step runs no flash backward. (DI=2,

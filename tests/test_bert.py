@@ -238,6 +238,7 @@ def test_generated_dataset_is_one_sample_for_one_step():
     assert all(t.dtype == torch.long for t in first)
 
 
+@pytest.mark.slow
 def test_real_text_examples_are_built_once_and_cached(cache_dir, small_corpus):
     config = make_config("demo_tiny_128", input_files=[small_corpus], data_cache_dir=cache_dir)
     dataset = data.get_dataset(config)
@@ -282,6 +283,7 @@ def test_command_line_prints_the_recipe_sections(cache_dir, capsys):
             assert re.search(pattern, line)
 
 
+@pytest.mark.slow
 def test_python_dash_m_runs_the_seed_command_shape(cache_dir):
     """`python -m openpop.bert --dataset generated --training-steps 1`: every section, LR 0 after the
     only step of a linear schedule, as in the seed's log."""
@@ -364,6 +366,7 @@ def test_unusable_paths_fail_before_training(cache_dir, tmp_path):
 
 
 # --------------------------------------------------------------------------- learning
+@pytest.mark.slow
 def test_demo_tiny_sized_training_on_real_text_learns(cache_dir, small_corpus):
     """demo_tiny_128's model on real text: the loss falls and mlm_acc rises (the recipe's
     acceptance test trains demo_tiny_128 on its small sample text the same way)."""

@@ -41,6 +41,7 @@ def test_the_readme_main_command_is_demo_tiny_128_on_generated_data():
     assert argv[argv.index("--dataset") + 1] == "generated"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("steps, extra", [
     (STEPS_RUN, []),
     # The recipe's other variant; replication doubles the work per step.

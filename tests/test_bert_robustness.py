@@ -83,6 +83,7 @@ def test_a_checkpoint_write_that_fails_ends_in_one_line_and_leaves_no_file(fail,
     assert os.listdir(output) == []
 
 
+@pytest.mark.slow
 def test_a_checkpoint_larger_than_the_file_size_limit_is_a_clear_error(tmp_path):
     """A real EFBIG: the process runs under ``ulimit -f`` (RLIMIT_FSIZE) smaller than a checkpoint."""
     output = tmp_path / "checkpoints"

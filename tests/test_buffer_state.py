@@ -418,6 +418,7 @@ def test_host_reassigning_a_buffer_between_calls_is_seen_and_kept():
 
 
 # --------------------------------------------------------------------------- compiled backend
+@pytest.mark.slow
 @pytest.mark.parametrize("make, data", [
     (TGNLike, lambda call: tgn_data(3, 8, seed=call)),
     (WrittenThenRead, lambda call: dense_data(16, seed=call)),
@@ -439,6 +440,7 @@ class Wrapped(torch.nn.Module):
         return self.inner(*args)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("make, data", [
     (TGNLike, lambda call: tgn_data(3, 8, seed=call)),
     (lambda: Wrapped(WrittenThenRead()), lambda call: dense_data(16, seed=call)),

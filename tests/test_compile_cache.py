@@ -30,6 +30,7 @@ def compile_tiny_step(cache_dir):
     return dict(outcome.as_dict(), loss=loss.item(), grads=[p.grad.tolist() for p in model.parameters()])
 
 
+@pytest.mark.slow
 def test_second_process_loads_from_cache(tmp_path, monkeypatch):
     cache_dir = str(tmp_path / "cache")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "elsewhere"))
@@ -56,6 +57,7 @@ def test_second_process_loads_from_cache(tmp_path, monkeypatch):
     assert second["loss"] == first["loss"] and second["grads"] == first["grads"]
 
 
+@pytest.mark.slow
 def test_processes_sharing_a_cache_compile_once(tmp_path):
     """Two processes (one thread each) compiling the same step into one new cache directory: the
     lock lets one compile while the other waits, then loads every graph the first wrote. The test
@@ -201,6 +203,7 @@ def test_bert_reports_the_compile_and_checks_the_cache_dir_first(tmp_path, capsy
     assert "--executable-cache-dir: cannot use" in err and "Data Loading Started" not in err
 
 
+@pytest.mark.slow
 def test_looping_programs_are_saved_and_loaded(tmp_path):
     """A compiled program with while_loops (device iterations, micro-batches) goes into the
     executable cache: a second executor compiling the same program loads it (whole: the saved

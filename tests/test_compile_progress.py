@@ -51,6 +51,7 @@ def test_not_printed_when_switched_off_or_when_compilation_fails(capfd):
     assert "Graph compilation" not in capfd.readouterr().err
 
 
+@pytest.mark.slow
 def test_printed_when_stderr_is_a_file(tmp_path):
     script = textwrap.dedent("""
         import torch, poptorch

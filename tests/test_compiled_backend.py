@@ -70,6 +70,7 @@ def clipped(optimizer, max_grad_norm=0.05):
     return optimizer
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_training_matches_oracle(case):
     di, ga, r, make_opt, make_ref_opt, tweak, reduction = CASES[case]
@@ -99,6 +100,7 @@ def test_training_matches_oracle(case):
                                        rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", [poptorch.OutputMode.Final, poptorch.OutputMode.Sum,
                                   poptorch.OutputMode.EveryN])
 def test_output_modes_and_lr_changes_match_eager(mode):
@@ -453,6 +455,7 @@ def test_optimizers_without_a_functional_update_are_named():
     assert unsupported_reason(scheduled) is None
 
 
+@pytest.mark.slow
 def test_traced_calls_run_eagerly_and_training_is_unchanged(tmp_path):
     """A host call inside a trace window runs on the eager backend, so its stages are traced; the
     calls around it stay compiled, and the weights equal those of an untraced compiled run."""

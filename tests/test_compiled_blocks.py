@@ -28,6 +28,7 @@ def train(model, opts, calls):
     return pop, results
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("style,strategy,ga,mode", [
     # A pipelined plan of 4 stages needs GA >= 2 * 4 - 1 in training.
     ("begin_block", poptorch.PipelinedExecution(), 7, poptorch.OutputMode.Sum),

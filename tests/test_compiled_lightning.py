@@ -84,6 +84,7 @@ def assert_same_run(eager, compiled, steps=(4, 8, 12, 16)):
     assert progress[0] == progress[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer, clip, algorithm, schedule, geometry", [
     ("sgd", 0.05, "norm", True, {}),
     # 2 replicas x accumulation 2 x DI 2: batch_idx, logs and steps count every micro-batch
@@ -207,6 +208,7 @@ def test_validation_logs_on_the_compiled_backend_equal_eager():
         assert results[1][name] == pytest.approx(results[0][name], rel=1e-6), name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["16-mixed", "bf16-mixed"])
 def test_mixed_precision_compiles_and_equals_eager(precision):
     """precision="16-mixed" / "bf16-mixed": the program enters the precision's autocast (and, on a

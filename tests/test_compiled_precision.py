@@ -64,6 +64,7 @@ def assert_same(results, rtol, atol):
         torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype,automatic", [(torch.bfloat16, False), (torch.float16, True)])
 def test_autocast_matches_eager(monkeypatch, dtype, automatic):
     """Autocast over DI=4 x GA=2, the forward traced under autocast inside while_loop's body

@@ -354,6 +354,7 @@ OPTIMIZERS = {  # name: (make(params), transposed first parameter)
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", OPTIMIZERS)
 def test_fused_update_is_the_optimizers(name):
     make, transposed = OPTIMIZERS[name]

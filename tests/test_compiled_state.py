@@ -84,6 +84,7 @@ def compiled(base):
     return train("compiled", base, DI, GA, 1)
 
 
+@pytest.mark.slow
 def test_statistics_and_dropout_match_eager_and_hand_loop(base, compiled):
     di, ga = DI, GA
     eager = train("eager", base, di, ga, 1)
@@ -112,6 +113,7 @@ def test_statistics_and_dropout_match_eager_and_hand_loop(base, compiled):
     assert not torch.equal(reseeded[0][0][2] == 0, compiled[0][0][2] == 0)
 
 
+@pytest.mark.slow
 def test_replicas_keep_their_own_buffers_and_draw_their_own_masks(base):
     compiled = train("compiled", base, 2, 1, 2)
     eager = train("eager", base, 2, 1, 2)

@@ -70,6 +70,7 @@ def test_the_rule_catches_literals_fstrings_and_asserts():
                        'raise\nraise exc from None\n') == []
 
 
+@pytest.mark.slow
 def test_checks_survive_python_dash_O():
     # The asserts on user input became raises: with -O they still raise the same AssertionError.
     program = ("import poptorch\nimport torch\n"

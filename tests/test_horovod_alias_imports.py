@@ -7,6 +7,7 @@ import sys
 import pytest
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("first", ["popdist", "popart", "openpop"])
 def test_horovod_resolves_after_any_ipu_package(first):
     code = ("import importlib.util\n"

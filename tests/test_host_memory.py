@@ -68,6 +68,7 @@ def _run_steps(setting, model="training"):
     return retained, int(faults), int(pages)
 
 
+@pytest.mark.slow
 @glibc
 @pytest.mark.parametrize("setting, model", [(None, "training"), ("auto", "training"), ("retain", "inference")])
 def test_an_executor_keeps_freed_memory_for_the_next_step(setting, model):
@@ -76,6 +77,7 @@ def test_an_executor_keeps_freed_memory_for_the_next_step(setting, model):
     assert faults < pages // 50, (faults, pages)
 
 
+@pytest.mark.slow
 @glibc
 @pytest.mark.parametrize("setting, model", [("release", "training"), (None, "inference")])
 def test_release_and_inference_by_default_keep_the_c_librarys_defaults(setting, model):

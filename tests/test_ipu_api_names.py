@@ -213,6 +213,7 @@ def test_census_finds_names_options_and_keys_and_flags_what_is_missing(tmp_path)
     assert unresolved == 3
 
 
+@pytest.mark.slow
 def test_horovod_resolves_to_the_compatibility_layer_in_one_process_once_poptorch_is_imported():
     """Graphcore's BERT imports ``horovod.torch`` at the top of a module it uses without poprun."""
     import subprocess

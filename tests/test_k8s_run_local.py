@@ -122,6 +122,7 @@ dist.destroy_process_group()
 
 # Across pods (the rendezvous goes through the injected master address and port); the
 # 1 pod x 2 processes layout's env is checked above without paying for two more torch imports.
+@pytest.mark.slow
 @pytest.mark.parametrize("pods, nproc", [(2, 1)])
 def test_bare_torchrun_in_the_pods_rendezvous_with_the_injected_env(pods, nproc, tmp_path, capsys,
                                                                     monkeypatch):
@@ -171,6 +172,7 @@ def test_a_failing_pod_fails_the_job_and_stops_the_others(tmp_path, capsys):
     assert wait_gone(pids, 5.0) == []  # SIGKILL to a group is delivered asynchronously
 
 
+@pytest.mark.slow
 def test_killing_one_pods_process_fails_the_whole_job_without_orphans(tmp_path):
     manifest = _sleeper_job(tmp_path)
     run = subprocess.Popen([sys.executable, "-m", "openpop.k8s", "run-local", str(manifest),
@@ -193,6 +195,7 @@ def test_killing_one_pods_process_fails_the_whole_job_without_orphans(tmp_path):
 BERT = "openpop-bert --config cpu_tiny_128 --training-steps 4"
 
 
+@pytest.mark.slow
 def test_seed_single_worker_manifest_trains_with_run_local(tmp_path, capsys):
     code, out, err = run_cli(capsys, "convert", DATA / "seed_single_worker.ipujob.yaml")
     manifest = write_manifest(tmp_path, out)
@@ -214,6 +217,7 @@ def _poprun_module():
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(_poprun_module() is None, reason="openpop's poprun is not importable yet")
 @pytest.mark.parametrize("pods", [2, 1])
 def test_poprun_manifest_trains_with_run_local(pods, tmp_path, capsys, monkeypatch):

@@ -2,6 +2,7 @@
 import copy
 import pathlib
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -31,6 +32,7 @@ def _sources(cache_dir):
     return [p.read_text(errors="replace") for p in pathlib.Path(cache_dir).rglob("*.cpp")]
 
 
+@pytest.mark.slow
 def test_program_kernels_are_built_as_one_library_and_train_as_eager(tmp_path):
     torch.manual_seed(0)
     model = Deep()

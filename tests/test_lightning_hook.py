@@ -43,12 +43,14 @@ def test_pth_file_is_installed():
         assert stream.read() == hook.PTH_LINE
 
 
+@pytest.mark.slow
 def test_fresh_interpreter_needs_no_import_line():
     result = _run(SCRIPT)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split()[-2:] == ["openpop.lightning.strategy", "openpop._pytorch_lightning.strategy"]
 
 
+@pytest.mark.slow
 def test_hook_can_be_turned_off_and_import_line_still_works():
     code = ("try:\n    from lightning.pytorch.strategies import IPUStrategy\n"
             "except ImportError:\n    print('absent')\n"

@@ -182,6 +182,7 @@ class BlockContextModule(BeginBlockModule):
         return accuracy
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module", [BeginBlockModule, BlockContextModule])
 def test_advanced_guide_model_parallelism_falls_back_to_sharded(module):
     from lightning.pytorch.strategies import IPUStrategy

@@ -54,6 +54,7 @@ print(gemm_choice(), CPU_SPEEDS.half_is_fast(torch.bfloat16, MATMUL))
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kept, expected", [((1.0, 100.0), "onednn True"), ((100.0, 1.0), "aten False")])
 def test_later_processes_choose_from_the_kept_rates(cache_home, kept, expected):
     """A file written as if the first process had measured ``kept``: the children do not measure."""

@@ -18,6 +18,7 @@ def two_instances(tmp_path_factory):
     return load_results(out, 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(program.OPTIMIZERS))
 def test_two_instances_equal_one_process_with_two_replicas(two_instances, name):
     options = popart.SessionOptions()

@@ -115,6 +115,7 @@ def test_a_process_that_left_the_job_is_not_held_to_it(as_instance_1_of_2):
 
 
 # ------------------------------------------------------------------------------ under poprun
+@pytest.mark.slow
 def test_under_poprun_a_script_never_runs_a_different_replica_count():
     mismatched = run_poprun("--num-instances", "2", "--num-replicas", "4", "python", PROGRAMS, "replicas", "1")
     assert mismatched.returncode != 0

@@ -4,6 +4,7 @@ import io
 import os
 import sys
 
+import pytest
 import torch
 
 from openpop.bert import train
@@ -15,6 +16,7 @@ BERT = ["--num-instances", "2", "--num-replicas", "2", sys.executable, "-m", "op
         "cpu_tiny_128", "--micro-batch-size", "4", "--dataset", "generated", "--disable-progress-bar"]
 
 
+@pytest.mark.slow
 def test_bert_on_two_instances_with_checkpoint_and_resume(tmp_path):
     out, resumed_out = str(tmp_path / "whole"), str(tmp_path / "resumed")
     whole = run_poprun(*BERT, "--training-steps", "3", "--checkpoint-steps", "2", "--checkpoint-output-dir", out)

@@ -6,6 +6,8 @@ import signal
 import subprocess
 import time
 
+import pytest
+
 from helpers.poprun_runner import PROGRAMS, environment, poprun_command, run_poprun
 from helpers.processes import wait_gone
 
@@ -31,6 +33,7 @@ class Job:
         return self.process.returncode, err, time.monotonic() - started
 
 
+@pytest.mark.slow
 def test_kill_9_of_one_instance_ends_the_job():
     job = Job("sleep", "300")
     os.kill(job.pids[1], signal.SIGKILL)
@@ -40,6 +43,7 @@ def test_kill_9_of_one_instance_ends_the_job():
     assert wait_gone(job.pids.values(), 15.0) == []
 
 
+@pytest.mark.slow
 def test_an_exception_in_one_instance_ends_the_job():
     job = Job("fail-after", "0.5", "1")
     code, err, _seconds = job.finish()
@@ -49,6 +53,7 @@ def test_an_exception_in_one_instance_ends_the_job():
     assert wait_gone(job.pids.values(), 15.0) == []
 
 
+@pytest.mark.slow
 def test_ctrl_c_stops_every_instance():
     job = Job("sleep", "300")
     job.process.send_signal(signal.SIGINT)
@@ -58,6 +63,7 @@ def test_ctrl_c_stops_every_instance():
     assert wait_gone(job.pids.values(), 15.0) == []
 
 
+@pytest.mark.slow
 def test_a_collective_that_never_completes_times_out_with_its_name():
     result = run_poprun("--num-instances", "2", "--num-replicas", "2", "--collective-timeout", "3",
                         "python", PROGRAMS, "stuck-collective")
@@ -67,6 +73,7 @@ def test_a_collective_that_never_completes_times_out_with_its_name():
     assert "instance 0 (rank 0, pid" in result.stderr and "exited with status 1" in result.stderr
 
 
+@pytest.mark.slow
 def test_instances_whose_models_differ_fail_before_training():
     result = run_poprun("--num-instances", "2", "--num-replicas", "2", "python", PROGRAMS, "mismatch")
     assert result.returncode == 1

@@ -12,6 +12,7 @@ from helpers.poprun_runner import PROGRAMS, load_results, run_poprun
 pytest.importorskip("lightning")
 
 
+@pytest.mark.slow
 def test_lightning_trainer_in_every_instance(tmp_path):
     result = run_poprun("--num-instances", "2", "--num-replicas", "2", "python", PROGRAMS, "lightning", str(tmp_path))
     assert result.returncode == 0, result.stderr

@@ -2,10 +2,13 @@
 the other as a Kubeflow PyTorchJob pod would start it (PET_* / MASTER_* environment)."""
 import subprocess
 
+import pytest
+
 from helpers.poprun_runner import PROGRAMS, assert_matches_oracle, environment, load_results, poprun_command
 from helpers.processes import free_port
 
 
+@pytest.mark.slow
 def test_two_hosts_on_loopback_train_like_one_process(tmp_path):
     port = free_port()
     program = ["python", PROGRAMS, "train", str(tmp_path), "sgd_momentum_mean"]

@@ -20,6 +20,7 @@ def two_instances(tmp_path_factory):
     return result, load_results(out, 2)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ALL_CONFIGS)
 def test_two_instances_equal_one_process_with_all_replicas(two_instances, name):
     _, results = two_instances
@@ -77,6 +78,7 @@ def test_horovod_scripts_run_on_the_compatibility_layer(two_instances):
                                 "broadcast": 6.0, "params": [1.0, 1.0, 1.0]}
 
 
+@pytest.mark.slow
 def test_four_instances_equal_one_process_with_four_replicas(tmp_path):
     result = run_poprun("--num-instances", "4", "--num-replicas", "4", "python", PROGRAMS, "train",
                         str(tmp_path), "sgd_momentum_mean")

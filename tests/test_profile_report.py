@@ -103,6 +103,7 @@ def test_html_report_is_self_contained(recorded):
     assert "Execution plan" in text and "Options" in text and "samples/s" in text
 
 
+@pytest.mark.slow
 def test_cli_prints_terminal_summary(recorded):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     result = subprocess.run([sys.executable, "-m", "openpop.report", str(recorded["dir"])],

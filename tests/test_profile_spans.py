@@ -70,6 +70,7 @@ def test_data_loader_wait_is_a_span_between_recorded_calls(tmp_path, no_environm
     loader.terminate()
 
 
+@pytest.mark.slow
 def test_poprun_all_reduce_is_a_span_in_each_instance_report(tmp_path):
     directory = tmp_path / "report"
     result = run_poprun("--num-instances", "2", "--num-replicas", "2", "python",

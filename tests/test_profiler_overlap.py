@@ -97,6 +97,7 @@ def _report(directory):
         return json.load(stream)
 
 
+@pytest.mark.slow
 def test_lightning_autoreport_with_validation_writes_both_reports(tmp_path):
     done = _run(tmp_path, LIGHTNING_AUTOREPORT)
     assert "FIT DONE" in done.stdout
@@ -111,6 +112,7 @@ def test_lightning_autoreport_with_validation_writes_both_reports(tmp_path):
     assert _notes(tmp_path / "report" / "validation") == ""
 
 
+@pytest.mark.slow
 def test_overlapping_sessions_each_keep_their_own_calls(tmp_path):
     _run(tmp_path, POPTORCH_OVERLAP, "sessions")
     # a's window (three calls) ended when b started: a has its first call only; b has two
@@ -121,6 +123,7 @@ def test_overlapping_sessions_each_keep_their_own_calls(tmp_path):
         assert any(e["name"] == "openpop:host_call:0" for e in _events(tmp_path / name))
 
 
+@pytest.mark.slow
 def test_a_users_profiler_running_first_is_left_alone(tmp_path):
     done = _run(tmp_path, POPTORCH_OVERLAP, "before")
     assert "RUN DONE" in done.stdout
@@ -134,6 +137,7 @@ def test_a_users_profiler_running_first_is_left_alone(tmp_path):
     assert any(str(name).startswith("aten::") for name in names)
 
 
+@pytest.mark.slow
 def test_a_users_profiler_started_inside_the_window_costs_the_trace_not_the_run(tmp_path):
     done = _run(tmp_path, POPTORCH_OVERLAP, "inside")
     assert "RUN DONE" in done.stdout

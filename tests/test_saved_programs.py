@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 import poptorch
@@ -73,6 +74,7 @@ def assert_same(a, b, exact=True):
         torch.testing.assert_close(torch.tensor(wa), torch.tensor(wb), **tolerance)
 
 
+@pytest.mark.slow
 def test_second_process_loads_the_program_without_tracing(tmp_path):
     # Both compiling processes are fresh: in a process where other programs compiled before (the
     # suite's), torch's pickle of the program can fail ("Can't pickle _runtime_wrapper"), which
@@ -96,6 +98,7 @@ def test_second_process_loads_the_program_without_tracing(tmp_path):
     assert_same(changed, train("tanh", "eager"), exact=False)
 
 
+@pytest.mark.slow
 def test_a_value_the_trace_read_changing_between_calls_retraces(tmp_path, monkeypatch):
     """``activation`` is a Python value the trace reads (a constant guard): flipped after the
     first call, the saved program is not run; the ordinary torch.compile path re-traces. And the

@@ -101,6 +101,7 @@ def test_returned_loss_uses_weights_before_the_update(backend):
     assert not torch.allclose(regressor_loss(model, x, t), expected)
 
 
+@pytest.mark.slow
 def test_torch_adam_and_adamw_parity(backend):
     for cls in (torch.optim.Adam, torch.optim.AdamW):
         model = Regressor()
@@ -222,6 +223,7 @@ def test_backward_on_outputs_raises():
 
 
 # --------------------------------------------------------------------------- output modes
+@pytest.mark.slow
 @pytest.mark.parametrize("mode,period,loss_shape,out_rows", [
     (poptorch.OutputMode.All, None, [12 * 2], 12 * 2 * 3),
     (poptorch.OutputMode.Final, None, [2], 2 * 3),
