@@ -2,8 +2,9 @@
 
 ``import poptorch`` re-exports this module's public API; everything lives here.
 """
-import warnings as _warnings
+import warnings as _warnings  # noqa: I001 (torch_version first: it refuses a torch too old)
 
+from . import torch_version as _torch_version
 from . import errors, optim, profiling, testing
 from ._version import openpop_version
 from ._version import poptorch_version as __version__
