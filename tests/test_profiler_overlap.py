@@ -101,6 +101,7 @@ def _report(directory):
 def test_lightning_autoreport_with_validation_writes_both_reports(tmp_path):
     done = _run(tmp_path, LIGHTNING_AUTOREPORT)
     assert "FIT DONE" in done.stdout
+    assert "USDT" not in done.stderr  # kineto's start/stop lines are not the user's output
     for stage in ("training", "validation"):
         directory = tmp_path / "report" / stage
         assert (directory / "profile.json").is_file() and (directory / "report.html").is_file()

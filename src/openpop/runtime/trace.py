@@ -31,6 +31,7 @@ import contextlib
 import functools
 import json
 import os
+import sys
 import time
 import weakref
 
@@ -337,7 +338,8 @@ class TraceSession:
         self.written = True
         try:
             if self.profiler is not None and _profiler_running():
-                self.profiler.stop()
+                with _native_stderr_quiet():
+                    self.profiler.stop()
             elif self.profiler is not None:  # another profiler ran and stopped: ours is gone
                 self.untraced = messages.TRACE_TAKEN_OVER
             self._write()
@@ -405,8 +407,30 @@ def _start_profiler():
     except (AttributeError, TypeError):  # older torch: the calling thread only
         config = None
     profiler = torch.profiler.profile(activities=activities, experimental_config=config)
-    profiler.start()
+    with _native_stderr_quiet():
+        profiler.start()
     return profiler
+
+
+@contextlib.contextmanager
+def _native_stderr_quiet():
+    """Kineto writes a ``USDT: ... profiler_start`` / ``profiler_stop`` line to the process's
+    stderr at each start and stop, whatever its log level: not the user's output. While openpop
+    starts or stops its profiler (those two calls only), file descriptor 2 points at /dev/null;
+    an exception they raise still reaches the caller."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, AttributeError, ValueError):  # no file descriptor 2 (embedded interpreters)
+        yield
+        return
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 @contextlib.contextmanager
