@@ -224,3 +224,22 @@ def test_bert_profile_dir_writes_a_report(tmp_path, no_environment_session):
     report = json.loads((tmp_path / "bert_report" / "report.json").read_text())
     assert [c["call"] for c in report["host_calls"]] == [0, 1]
     assert (tmp_path / "bert_report" / "report.html").exists()
+
+
+def test_openpop_report_cli_help_compare_and_errors(recorded, capsys):
+    from openpop import report
+    with pytest.raises(SystemExit) as exit_info:
+        report.main(["--help"])
+    assert exit_info.value.code == 0
+    usage = capsys.readouterr().out
+    assert usage.startswith("usage: openpop-report [-h] [--open] [--compare OTHER] directory")
+    assert "example: openpop-report" in usage
+    directory = str(recorded["dir"])
+    assert report.main([directory, "--compare", directory]) == 0
+    out = capsys.readouterr().out
+    assert "Execution plan:" in out and f"B = {directory}" in out
+    throughput = next(line for line in out.splitlines() if line.startswith("throughput (samples/s)"))
+    assert throughput.split()[-1] == "1.000"  # a report against itself
+    assert report.main([directory, "--compare", directory + "/nope"]) == 1
+    err = capsys.readouterr().err
+    assert "openpop-report: error:" in err and "not an openpop profile directory" in err

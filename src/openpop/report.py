@@ -1,7 +1,8 @@
 """The profile report: ``report.json`` + a self-contained ``report.html`` next to ``trace.json``.
 
-``python -m openpop.report DIR`` prints a terminal summary of a report directory (plan, stage
-times, bubble fraction, host vs compute per host call).
+``openpop-report DIR`` (or ``python -m openpop.report DIR``) prints a terminal summary of a report
+directory (plan, stage times, bubble fraction, host vs compute per host call); ``--compare OTHER``
+adds two reports' headline numbers side by side, ``--open`` opens ``report.html``.
 
 Numbers come from the trace's stage spans (``runtime/trace.py``) and the executor's perf
 counters (``getPerfCounters()``); nothing is estimated. The Gantt chart shows the first
@@ -248,11 +249,7 @@ def _fmt(value, pattern):
 
 # ---------------------------------------------------------------------- terminal
 def terminal_summary(directory: str) -> str:
-    path = os.path.join(directory, REPORT_JSON)
-    if not os.path.exists(path):
-        raise FileNotFoundError(messages.NOT_A_PROFILE.format(directory=directory, path=path))
-    with open(path) as stream:
-        summary = json.load(stream)
+    summary = _load_summary(directory)
     lines = [f"openpop profile report: {directory}", "", "Execution plan:"]
     for a in summary["allocation"]:
         lines.append(f"  {a['block']:<30} stage {a['stage']}  IPU {a['ipu']}  {a['device']}")
@@ -274,16 +271,73 @@ def terminal_summary(directory: str) -> str:
     return "\n".join(lines)
 
 
+def _load_summary(directory: str) -> dict:
+    path = os.path.join(directory, REPORT_JSON)
+    if not os.path.exists(path):
+        raise FileNotFoundError(messages.NOT_A_PROFILE.format(directory=directory, path=path))
+    with open(path) as stream:
+        return json.load(stream)
+
+
+def comparison(directory: str, other: str) -> str:
+    """Two reports' headline numbers side by side, with the ratio of the second to the first."""
+    first, second = _load_summary(directory), _load_summary(other)
+
+    def median(values):
+        values = sorted(values)
+        return values[len(values) // 2] if values else None
+
+    def per_call(summary, key):
+        return median([c[key] * 1000 for c in summary["host_calls"]])
+
+    rows = [("throughput (samples/s)", first.get("throughput_samples_per_second"),
+             second.get("throughput_samples_per_second")),
+            ("host call, median wall (ms)", per_call(first, "seconds"), per_call(second, "seconds")),
+            ("host call, median compute (ms)", per_call(first, "compute_seconds"), per_call(second, "compute_seconds")),
+            ("host call, median host (ms)", per_call(first, "host_seconds"), per_call(second, "host_seconds")),
+            ("bubble fraction", first.get("bubble_fraction"), second.get("bubble_fraction"))]
+    stages = sorted({s["stage"] for s in first["stages"]} | {s["stage"] for s in second["stages"]})
+    for stage in stages:
+        for kind in ("forward", "backward"):
+            a = next((s[f"{kind}_us"] / 1000 for s in first["stages"] if s["stage"] == stage), None)
+            b = next((s[f"{kind}_us"] / 1000 for s in second["stages"] if s["stage"] == stage), None)
+            rows.append((f"stage {stage} {kind} (ms)", a, b))
+    lines = [f"{'':<32} {'A':>12} {'B':>12} {'B / A':>8}", f"{'A = ' + directory:<60}", f"{'B = ' + other:<60}"]
+    for name, a, b in rows:
+        ratio = f"{b / a:.3f}" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a else "-"
+        lines.append(f"{name:<32} {_fmt(a, '{:.3f}'):>12} {_fmt(b, '{:.3f}'):>12} {ratio:>8}")
+    return "\n".join(lines)
+
+
+def _parser():
+    import argparse
+    parser = argparse.ArgumentParser(
+        prog="openpop-report",
+        description="Summarise an openpop profile directory (report.json, report.html and trace.json, written by "
+                    "POPLAR_ENGINE_OPTIONS autoReport, Options.enableProfiling or IPUStrategy(autoreport=True)).",
+        epilog="example: openpop-report ./report/training --compare ./report_before/training")
+    parser.add_argument("directory", help="a profile directory (the one holding report.json)")
+    parser.add_argument("--open", action="store_true", help="open report.html in the default web browser")
+    parser.add_argument("--compare", metavar="OTHER", help="another profile directory: headline numbers side by side")
+    return parser
+
+
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1:
-        print("usage: python -m openpop.report DIR", file=sys.stderr)
-        return 2
+    """``openpop-report DIR [--open] [--compare OTHER]`` (also ``python -m openpop.report``)."""
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        print(terminal_summary(argv[0]))
+        print(terminal_summary(args.directory))
+        if args.compare:
+            print()
+            print(comparison(args.directory, args.compare))
     except FileNotFoundError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"openpop-report: error: {exc}", file=sys.stderr)
         return 1
+    if args.open:
+        import webbrowser
+        page = os.path.abspath(os.path.join(args.directory, REPORT_HTML))
+        if not webbrowser.open("file://" + page):
+            print(f"openpop-report: no browser to open; the report is {page}", file=sys.stderr)
     return 0
 
 
