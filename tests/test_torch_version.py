@@ -17,14 +17,16 @@ def test_the_checked_version_imports_silently(version):
 
 @pytest.mark.parametrize("version", ["2.12.1", "2.4.0+cpu", "1.13.1"])
 def test_an_older_torch_is_refused_naming_the_fix(version):
-    with pytest.raises(ImportError, match=rf"openpop needs torch 2\.13 or newer; torch {re.escape(version)} is installed\. "
+    found = re.escape(version)
+    with pytest.raises(ImportError, match=rf"openpop needs torch 2\.13 or newer; torch {found} is installed\. "
                                           r"Install a supported version: pip install torch==2\.13\.0"):
         torch_version.check(version)
 
 
 @pytest.mark.parametrize("version", ["2.14.0", "2.14.0.dev20261101+cpu", "3.0.0"])
 def test_a_newer_torch_warns(version):
-    with pytest.warns(RuntimeWarning, match=rf"openpop was checked with torch 2\.13; torch {re.escape(version)} is newer"):
+    found = re.escape(version)
+    with pytest.warns(RuntimeWarning, match=rf"openpop was checked with torch 2\.13; torch {found} is newer"):
         torch_version.check(version)
 
 
