@@ -126,10 +126,33 @@ def test_engine_options_environment_turns_tracing_on(tmp_path, monkeypatch, no_e
     model = pipelined_model()
     model(*batch())
     model(*batch())
-    report = json.loads((directory / "report.json").read_text())
+    training = directory / "training"  # PopTorch's subdirectory per model (Options.modelName)
+    report = json.loads((training / "report.json").read_text())
     assert [c["call"] for c in report["host_calls"]] == [0]
-    assert (directory / "trace.json").exists() and (directory / "report.html").exists()
+    assert (training / "trace.json").exists() and (training / "report.html").exists()
     model.destroy()
+
+
+def test_each_model_reports_to_its_own_subdirectory_and_says_where(tmp_path, monkeypatch, capfd,
+                                                                   no_environment_session):
+    monkeypatch.setenv("POPLAR_ENGINE_OPTIONS", json.dumps(
+        {"autoReport.all": "true", "autoReport.directory": str(tmp_path),
+         "autoReport.executionProfileProgramRunCount": 1}))
+    net = OneLayer()
+    training = poptorch.trainingModel(net)
+    inference = poptorch.inferenceModel(net)
+    named = poptorch.inferenceModel(OneLayer(), poptorch.Options().modelName("classifier"))
+    x, target = torch.randn(2, 8), torch.randn(2, 8)
+    training(x, target)
+    inference(x, target)
+    named(x, target)
+    printed = capfd.readouterr().err
+    for name, kind in (("training", True), ("inference", False), ("classifier", False)):
+        report = json.loads((tmp_path / name / "report.json").read_text())
+        assert [(c["call"], c["training"]) for c in report["host_calls"]] == [(0, kind)], name
+        assert f"openpop profile report: {tmp_path / name / 'report.html'}" in printed
+    for model in (training, inference, named):
+        model.destroy()
 
 
 def test_malformed_engine_options_fail_before_the_run(monkeypatch, no_environment_session):
@@ -207,7 +230,7 @@ def test_enable_profiling_option_turns_tracing_on(tmp_path, no_environment_sessi
     x, target = torch.randn(2, 8), torch.randn(2, 8)
     for _ in range(3):
         model(x, target)
-    report = json.loads((tmp_path / "opt_report" / "report.json").read_text())
+    report = json.loads((tmp_path / "opt_report" / "training" / "report.json").read_text())
     assert [c["call"] for c in report["host_calls"]] == [0, 1]  # the default window: 2 calls
     model.destroy()
 
@@ -221,9 +244,9 @@ def test_bert_profile_dir_writes_a_report(tmp_path, no_environment_session):
                          data_cache_dir=str(tmp_path / "cache"), profile_dir=str(tmp_path / "bert_report"))
     train.run(config, stream=io.StringIO())
     trace_module.reset_environment_session()  # the window (2 calls) is full: already written
-    report = json.loads((tmp_path / "bert_report" / "report.json").read_text())
+    report = json.loads((tmp_path / "bert_report" / "training" / "report.json").read_text())
     assert [c["call"] for c in report["host_calls"]] == [0, 1]
-    assert (tmp_path / "bert_report" / "report.html").exists()
+    assert (tmp_path / "bert_report" / "training" / "report.html").exists()
 
 
 def test_openpop_report_cli_help_compare_and_errors(recorded, capsys):

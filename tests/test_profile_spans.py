@@ -81,7 +81,7 @@ def test_poprun_all_reduce_is_a_span_in_each_instance_report(tmp_path):
                         OMP_NUM_THREADS="1")
     assert result.returncode == 0, result.stdout + result.stderr
     for instance in range(2):
-        events = json.loads((directory / f"instance{instance}" / "trace.json").read_text())["traceEvents"]
+        events = json.loads((directory / "training" / f"instance{instance}" / "trace.json").read_text())["traceEvents"]
         call = next(e for e in events if e["name"] == "openpop:host_call:0")
         reduces = [e for e in events if e["name"] == "openpop:all_reduce" and e["ph"] == "X"]
         assert len(reduces) == 1  # one optimizer step
@@ -96,7 +96,7 @@ def test_engine_options_window_from_a_later_call(tmp_path, monkeypatch, no_envir
     model = poptorch.trainingModel(OneLayer())
     for _ in range(5):
         model(torch.randn(2, 8), torch.randn(2, 8))
-    report = json.loads((directory / "report.json").read_text())
+    report = json.loads((directory / "training" / "report.json").read_text())
     assert [c["call"] for c in report["host_calls"]] == [2, 3]
     model.destroy()
 

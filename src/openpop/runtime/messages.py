@@ -117,6 +117,7 @@ SAVED_KIND = "{filename} holds a {kind} model: load it into a matching poptorch 
 REPORT_NOT_WRITABLE = ("The profile report directory {directory!r} is not writable ({reason}): "
                        "choose another autoReport.directory.")
 REPORT_WRITE_FAILED = "openpop could not write the profile report to %s: %s"
+REPORT_WRITTEN = "openpop profile report: {path} (openpop-report DIR for a summary)"
 TRACE_WINDOW_HANDED_OVER = ("openpop profile: %s ends its window early (it writes what it recorded): %s needs "
                             "torch.profiler, and torch runs one profiler per process")
 TRACE_WITHOUT_OPERATORS = "openpop profile: %s has host-call timings but no operator events: %s"

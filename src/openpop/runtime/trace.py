@@ -165,19 +165,24 @@ def host_call(run):
 
 
 # ---------------------------------------------------------------------- configuration
-def session_from_engine_options(options: dict, instance=None):
+def session_from_engine_options(options: dict, instance=None, model=None):
     """A TraceSession if ``autoReport.all`` (or ``outputExecutionProfile``) is on, else None.
-    Under poprun (``instance``: this process's index) each instance reports to
-    ``<autoReport.directory>/instance<i>``."""
+    A model reports to ``<autoReport.directory>/<model>`` (``Options.modelName``, default
+    "training" or "inference", as PopTorch names them); under poprun (``instance``: this
+    process's index) each instance to ``.../instance<i>`` below that."""
     if not (truthy(options.get("autoReport.all", False))
             or truthy(options.get("autoReport.outputExecutionProfile", False))):
         return None
     directory = options.get("autoReport.directory", ".")
+    if model is not None:
+        directory = os.path.join(directory, model)
     if instance is not None:
         directory = os.path.join(directory, f"instance{instance}")
     count = count_option(options, "autoReport.executionProfileProgramRunCount", DEFAULT_ENV_CALLS)
     first = count_option(options, FIRST_RUN_KEY, 0)
-    return TraceSession(directory, calls=range(first, first + count), activate=False)
+    session = TraceSession(directory, calls=range(first, first + count), activate=False)
+    session.announce = True
+    return session
 
 
 def _session_from_engine_options(executor):
@@ -192,8 +197,10 @@ def _session_from_engine_options(executor):
     if not options:
         options = dict(executor._settings.engine_options)
     distributed = executor.options.Distributed
+    named = executor.options.exists("model_name") and executor.options.model_name
+    model = named or ("training" if executor.training else "inference")
     wanted = session_from_engine_options(
-        options, instance=distributed.processId if distributed.numProcesses > 1 else None)
+        options, instance=distributed.processId if distributed.numProcesses > 1 else None, model=model)
     session = None
     if wanted is not None:
         session = _by_directory.get(wanted.directory)
@@ -239,6 +246,7 @@ class TraceSession:
         self.written = False
         self.untraced = None      # why the trace has no operator events, if it has none
         self.notes = []           # what the report's reader should know (trace.json's "openpop")
+        self.announce = False     # print where the report is (sessions engine options asked for)
         self._last_call = max(calls) if len(calls) else -1
         if activate:
             self.activate()
@@ -373,6 +381,9 @@ class TraceSession:
             json.dump(trace, stream)
         report.write_report(self.directory, trace, self.plan, self.host_calls, self.options, self.memory)
         logger.info("openpop profile: %s", path)
+        if self.announce:  # the user asked for it with engine options: say where it is
+            print(messages.REPORT_WRITTEN.format(path=os.path.join(self.directory, report.REPORT_HTML)),
+                  file=sys.stderr, flush=True)
 
 
 def _profiler_running() -> bool:
