@@ -28,7 +28,7 @@ from typing import Callable, Optional
 import torch
 
 from . import errors
-from .errors import NO_ACTIVE_BLOCK, Error, createPoptorchError
+from .errors import NO_ACTIVE_BLOCK, NO_ACTIVE_BLOCK_FIX, POPTORCH_OP, Error, createPoptorchError, with_fix
 from .runtime import context
 from .strategies import check_ipu_index
 
@@ -119,7 +119,7 @@ def assert_active_block() -> None:
     """
     ctx = _recording_run()
     if ctx is not None and _state_of(ctx).closed:
-        raise Error(NO_ACTIVE_BLOCK)
+        raise Error(with_fix(NO_ACTIVE_BLOCK, NO_ACTIVE_BLOCK_FIX.format(op=POPTORCH_OP)))
 
 
 @contextlib.contextmanager

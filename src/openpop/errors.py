@@ -72,12 +72,18 @@ def createPoptorchError(msg: str) -> Error:
     return Error(f"'poptorch_py_error': {msg}", type="poptorch_py_error")
 
 
-def check_type(value, expected, where: str, name: str) -> None:
-    """PopTorch's ``assert isinstance(value, expected)`` on an argument, kept under ``python -O``."""
+def with_fix(text: str, fix: str) -> str:
+    """PopTorch's error ``text`` as PopTorch words it, then one line saying what to do."""
+    return f"{text}\nopenpop: {fix}"
+
+
+def check_type(value, expected, where: str, name: str, fix: str = "") -> None:
+    """PopTorch's ``assert isinstance(value, expected)`` on an argument, kept under ``python -O``;
+    ``fix``: the line ``with_fix`` adds."""
     if not isinstance(value, expected):
         wanted = expected.__name__ if isinstance(expected, type) else " or ".join(t.__name__ for t in expected)
-        raise AssertionError(WRONG_TYPE.format(where=where, name=name, expected=wanted,
-                                               got=type(value).__name__, value=value))
+        text = WRONG_TYPE.format(where=where, name=name, expected=wanted, got=type(value).__name__, value=value)
+        raise AssertionError(with_fix(text, fix) if fix else text)
 
 # --- executor -------------------------------------------------------------------
 NO_EXECUTABLE = "Model has not been compiled or has been destroyed."
@@ -89,6 +95,10 @@ INVALID_BATCH_DIM = (
     "Options.inputReplicaGrouping.input_group_size({gs})) * Options.Training.gradientAccumulation({ga}) "
     "= {total} because it is used to calculate the batch size which will be executed on the device in "
     "any given iteration. For a full explanation see the batching semantics page of the documentation.")
+INVALID_BATCH_DIM_FIX = ("give {name} a batch of a multiple of {total} samples (for example {suggested}), or let "
+                         "poptorch.DataLoader(options, dataset, batch_size=<micro-batch>) build such batches")
+EXECUTION_STRATEGY_FIX = ("use poptorch.PipelinedExecution, ShardedExecution, SerialPhasedExecution or "
+                          "ParallelPhasedExecution")
 INFERENCE_GRAD_ACCUM = (
     "You must set poptorch.Options().Training.gradientAccumulation to 1 or leave it as its default "
     "value (1) when running a poptorch.inferenceModel().")
@@ -96,6 +106,8 @@ INFERENCE_GRAD_ACCUM_PIPELINE = (
     " Use poptorch.Options().deviceIterations to process a sufficient number of batches each run for "
     "pipelined execution instead.")
 NO_LOSS = "Couldn't find a loss in graph!"
+NO_LOSS_FIX = ("a trainingModel's forward must return its loss: the result of a torch loss (F.cross_entropy, "
+               "nn.MSELoss()(...), ...), or any other value wrapped in poptorch.identity_loss(value, reduction='mean')")
 MULTIPLE_LOSSES = ("Multiple independent losses found in graph. Graph must have one final loss. "
                    "Wrap final graph loss in poptorch.identity_loss.")
 BACKWARD_ON_OUTPUT = (
@@ -193,6 +205,9 @@ PROFILING_OVERRIDDEN = ("Profiling setting overriden by environment variable. Ch
 FOR_LOOP_TRAINING = "poptorch.for_loop() is only supported in inference."
 COND_TRAINING = "poptorch.cond() is only supported in inference."
 NO_ACTIVE_BLOCK = "No active Block, all the ops must belong to a Block"
+NO_ACTIVE_BLOCK_FIX = ("{op} ran after a `with poptorch.Block(...)` ended and before the next one started: "
+                       "move it into a Block, or start the next Block before it")
+POPTORCH_OP = "a poptorch op"  # NO_ACTIVE_BLOCK_FIX's op where the aten op is not known
 PRINT_TENSOR_NOT_TENSOR = "ipu print tensor must take a torch.tensor argument."
 NOP_NOT_TENSOR = "nop must take a torch.tensor argument."
 AVAILABLE_MEMORY_NOT_TENSOR = "You may only set available memory for torch.tensor values."

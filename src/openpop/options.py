@@ -642,7 +642,8 @@ class Options(OptionsDict):
         return self
 
     def setExecutionStrategy(self, strategy: _IExecutionStrategy) -> "Options":
-        errors.check_type(strategy, _IExecutionStrategy, "Options.setExecutionStrategy", "strategy")
+        errors.check_type(strategy, _IExecutionStrategy, "Options.setExecutionStrategy", "strategy",
+                          fix=errors.EXECUTION_STRATEGY_FIX)
         self._execution_strategy = strategy
         return self
 

@@ -94,9 +94,12 @@ class BatchGeometry:
             return
         total = self.batches_per_call
         if tensor.shape[0] % total != 0:
-            raise AssertionError(errors.INVALID_BATCH_DIM.format(
+            text = errors.INVALID_BATCH_DIM.format(
                 name=name, batch=tensor.shape[0], di=self.device_iterations, rf=self.replication_factor,
-                gs=self.input_group_size, ga=self.gradient_accumulation, total=total))
+                gs=self.input_group_size, ga=self.gradient_accumulation, total=total)
+            suggested = max(1, round(tensor.shape[0] / total)) * total
+            raise AssertionError(errors.with_fix(text, errors.INVALID_BATCH_DIM_FIX.format(
+                name=name, total=total, suggested=suggested)))
 
     def split(self, tensor: torch.Tensor) -> torch.Tensor:
         """View ``[N*micro, ...]`` as ``[DI, GA, R_in, micro, ...]`` (no copy for contiguous input)."""

@@ -58,7 +58,7 @@ class LossTracker(TorchFunctionMode):
         """The one loss no other loss depends on; PopTorch's errors if there is none or several."""
         independent = _independent_losses(self.losses)
         if not independent:
-            raise errors.createPoptorchError(errors.NO_LOSS)
+            raise errors.createPoptorchError(errors.with_fix(errors.NO_LOSS, errors.NO_LOSS_FIX))
         if len(independent) > 1:
             raise errors.createPoptorchError(errors.MULTIPLE_LOSSES)
         return independent[0]

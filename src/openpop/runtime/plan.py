@@ -144,7 +144,8 @@ class OpsOutsideBlocks(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if not self._recorder.block_active and func.overloadpacket not in self._NOT_OPS:
-            raise errors.Error(errors.NO_ACTIVE_BLOCK)
+            raise errors.Error(errors.with_fix(errors.NO_ACTIVE_BLOCK,
+                                               errors.NO_ACTIVE_BLOCK_FIX.format(op=f"aten.{func.overloadpacket.__name__}")))
         return func(*args, **(kwargs or {}))
 
 
