@@ -169,3 +169,12 @@ def test_validate_accepts_ipujob_and_converted_manifests(tmp_path, capsys):
     assert run_cli(capsys, "validate", path)[0] == 0
     code, out, err = run_cli(capsys, "validate", DATA / "seed_poprun.ipujob.yaml")
     assert code == 0 and "valid: document 0: IPUJob bert-poprun-64ipus-" in err
+
+
+def test_a_graphcore_image_is_warned_about_unless_replaced(capsys):
+    code, _, err = run_cli(capsys, "convert", DATA / "seed_single_worker.ipujob.yaml")
+    assert code == 0
+    assert ("containers[0].image: 'graphcore/pytorch:3.3.0' is Graphcore's image for IPUs: it has no openpop"
+            in err) and "--image IMAGE" in err
+    code, out, err = run_cli(capsys, "convert", DATA / "seed_single_worker.ipujob.yaml", "--image", "me/openpop:1")
+    assert code == 0 and "Graphcore's image" not in err and "me/openpop:1" in out

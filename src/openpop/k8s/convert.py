@@ -180,6 +180,9 @@ def plan_from_ipujob(job, options, report):
         report.mapped("spec.workers.template.spec.containers[0].image",
                       f"{container.get('image')!r} -> {options.image!r} (--image)")
         container["image"] = options.image
+    elif is_graphcore_image(container.get("image")):
+        report.warning("spec.workers.template.spec.containers[0].image",
+                       messages.GRAPHCORE_IMAGE.format(image=container.get("image")))
     ipus_per_pod = -(-job.ipus_per_job_instance // layout.pods)
     device_resources(container, options.device, ipus_per_pod, options.gpus_per_pod, report,
                      "spec.ipusPerJobInstance")
@@ -248,3 +251,12 @@ def convert_documents(documents, options):
             path = f"document {index}: {line.path}" if len(documents) > 1 else line.path
             report.add(type(line)(line.kind, path, line.message))
     return manifests, report
+
+
+def is_graphcore_image(image) -> bool:
+    """Whether ``image`` is one of Graphcore's (``graphcore/...`` on Docker Hub): built for IPUs,
+    without openpop."""
+    if not isinstance(image, str):
+        return False
+    name = image.split("/", 1)[1] if image.startswith("docker.io/") else image
+    return name.startswith("graphcore/")

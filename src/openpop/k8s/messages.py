@@ -112,3 +112,5 @@ PRIVILEGED_REMOVED = "removed: Kubeflow training pods do not run privileged"
 IPC_LOCK_REMOVED = "removed IPC_LOCK: it locked IPU host buffers in memory; --keep-ipc-lock keeps it"
 HOST_NAMESPACE_REMOVED = "removed: pods of the Kubeflow job do not share the node's {namespace} namespace"
 HOST_NET_DNS_POLICY_REMOVED = "removed ClusterFirstWithHostNet: it only served hostNetwork"
+GRAPHCORE_IMAGE = ("{image!r} is Graphcore's image for IPUs: it has no openpop, and its SDK expects IPUs. Build an "
+                   "image with openpop and torch 2.13 installed and give it with --image IMAGE")
