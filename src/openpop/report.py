@@ -16,7 +16,8 @@ import os
 import sys
 
 from .runtime import messages
-from .runtime.trace import TRACE_FILE
+
+TRACE_FILE = "trace.json"  # written by runtime/trace.py next to the report
 
 REPORT_JSON = "report.json"
 REPORT_HTML = "report.html"

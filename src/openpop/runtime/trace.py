@@ -39,6 +39,7 @@ import torch
 
 from .. import errors
 from ..log import logger
+from ..report import TRACE_FILE
 from . import messages
 from .activation_memory import ActivationMemory, CudaPeaks
 from .engine_options import (  # noqa: F401
@@ -58,7 +59,6 @@ from .stage_spans import (  # noqa: F401
 )
 
 DEFAULT_ENV_CALLS = 2
-TRACE_FILE = "trace.json"
 
 _NO_SPAN = contextlib.nullcontext()
 _active = []             # TraceSessions activated by the user or a strategy
