@@ -24,6 +24,17 @@ os.environ.setdefault("OPENPOP_BACKEND", "eager")
 # traces depend on what an earlier run left there; tests that want a cache give their own.
 os.environ.pop("POPTORCH_CACHE_DIR", None)
 
+try:
+    from hypothesis import settings as _hypothesis_settings
+except ImportError:  # the test extra installs it; only the property-based tests import it
+    pass
+else:
+    # The same examples on every run (derandomize), no clock in the outcome (the machine is shared and
+    # loaded), no .hypothesis directory; tests set their own max_examples to keep the fuzzing short.
+    _hypothesis_settings.register_profile("openpop", deadline=None, derandomize=True, database=None,
+                                          max_examples=20, print_blob=False)
+    _hypothesis_settings.load_profile("openpop")
+
 
 @pytest.fixture(autouse=True)
 def _deterministic_seed():

@@ -77,6 +77,11 @@ def with_fix(text: str, fix: str) -> str:
     return f"{text}\nopenpop: {fix}"
 
 
+def shorten(text: str, limit: int = 200) -> str:
+    """``text`` for quoting in a message: its first ``limit`` characters, then ``...``."""
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def check_type(value, expected, where: str, name: str, fix: str = "") -> None:
     """PopTorch's ``assert isinstance(value, expected)`` on an argument, kept under ``python -O``;
     ``fix``: the line ``with_fix`` adds."""
@@ -196,7 +201,17 @@ MEMORY_PROPORTION_KEYS = (
     "is the index of the IPU. Invalid key: %s")
 MERGE_COMMON_KEYS = "Can't merge dictionaries, they have some keys in common: {common}"
 CONFIG_FILE_SYNTAX_ERROR = "SyntaxError at line {number} of file: {msg}\n> {line}"
+CONFIG_FILE_NOT_UTF8 = ("line {number} of {path} is not UTF-8 text (byte {offset} of the file): save the options "
+                        "file as UTF-8 (setter calls such as deviceIterations(4), one per line)")
+RANDOM_SEED_RANGE = "Options.randomSeed: random_seed must be an integer from -2**63 to 2**64 - 1, not {random_seed!r}"
+DISTRIBUTED_ENV_NOT_INTEGER = ("Options.Distributed: the environment variable {name}={value!r} is not an integer: "
+                               "set it to a whole number, or unset it")
 SINGLE_VALUE = "{path} takes a single value, got {value!r}"
+JSON_TOO_DEEP = "nested too deeply"
+OPTIONS_JSON = ("{source} is not valid JSON ({error}): {text!r}. Expected an object of setters, e.g. "
+                "'{{\"deviceIterations\": 4, \"Training.gradientAccumulation\": 2}}'")
+OPTIONS_JSON_OBJECT = ("{source} must be a JSON object of setters (e.g. '{{\"deviceIterations\": 4}}'), "
+                       "got {type}: {text!r}")
 COMPILE_AFTER = "compile_after must be a number of seconds >= 0, not {compile_after!r}"
 PROFILING_OVERRIDDEN = ("Profiling setting overriden by environment variable. Check content of "
                         "POPLAR_ENGINE_OPTIONS.")

@@ -33,6 +33,7 @@ from .log import logger
 from .strategies import PipelinedExecution, _IExecutionStrategy
 
 _NO_REPEAT_LIMIT = 2**64 - 1
+_SEED_RANGE = (-2**63, 2**64 - 1)  # what torch.manual_seed takes
 
 
 def _warn_deprecated(what: str, reason: str) -> None:
@@ -98,7 +99,7 @@ class OptionsDict:
     def explicitlySet(self, option: str) -> bool:
         """openpop extension: whether ``option`` was given a value (even its default) through a
         setter, as opposed to holding its default. Integrations use it so user choices win."""
-        return option in self._explicit
+        return isinstance(option, str) and option in self._explicit
 
     def createOrSet(self, **kwargs: Any) -> None:
         self._check_not_frozen()
@@ -110,7 +111,7 @@ class OptionsDict:
                 self._values[option] = value
 
     def exists(self, option: str) -> bool:
-        return option in self._values
+        return isinstance(option, str) and option in self._values
 
     def deleteIfExists(self, option: str) -> None:
         self._check_not_frozen()
@@ -388,8 +389,8 @@ class _DistributedOptions(OptionsDict):
 
     def setEnvVarNames(self, var_num_processes: str, var_process_id: str) -> "_DistributedOptions":
         """Read the process count and id from these environment variables (defaults 1 and 0)."""
-        return self.configureProcessId(int(os.environ.get(var_process_id, "0")),
-                                       int(os.environ.get(var_num_processes, "1")))
+        return self.configureProcessId(_environment_integer(var_process_id, "0"),
+                                       _environment_integer(var_num_processes, "1"))
 
     def configureProcessId(self, process_id: int, num_processes: int) -> "_DistributedOptions":
         for option, value in (("distributed_process_id", process_id), ("num_distributed_processes", num_processes)):
@@ -406,6 +407,15 @@ class _DistributedOptions(OptionsDict):
     @property
     def numProcesses(self) -> int:
         return self.num_distributed_processes
+
+
+def _environment_integer(name: str, default: str) -> int:
+    errors.check_type(name, str, "Options.Distributed.setEnvVarNames", "the variable name")
+    value = os.environ.get(name, default)
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(errors.DISTRIBUTED_ENV_NOT_INTEGER.format(name=name, value=value)) from None
 
 
 class TensorLocationSettings(OptionsDict):
@@ -531,7 +541,7 @@ class Options(OptionsDict):
         default_options = os.environ.get("POPTORCH_DEFAULT_OPTIONS", "")
         if default_options:
             logger.info("POPTORCH_DEFAULT_OPTIONS is set: applying %s", default_options)
-            self.from_json(default_options)
+            self._apply_json(default_options, "POPTORCH_DEFAULT_OPTIONS")
 
     # --- groups ---------------------------------------------------------------------
     @property
@@ -636,6 +646,8 @@ class Options(OptionsDict):
     def randomSeed(self, random_seed: int) -> "Options":
         """Seed the run's random numbers; also seeds ``torch`` on the host."""
         errors.check_type(random_seed, int, "Options.randomSeed", "random_seed")
+        if not _SEED_RANGE[0] <= random_seed <= _SEED_RANGE[1]:
+            raise ValueError(errors.RANDOM_SEED_RANGE.format(random_seed=random_seed))
         self._check_not_frozen()
         torch.manual_seed(random_seed)
         self.createOrSet(random_seed=random_seed)
@@ -703,6 +715,7 @@ class Options(OptionsDict):
 
     def modelName(self, name: str) -> "Options":
         """Name of the profile report's subdirectory (default "training"/"inference")."""
+        errors.check_type(name, str, "Options.modelName", "name")
         self.createOrSet(model_name=name)
         return self
 
@@ -715,6 +728,8 @@ class Options(OptionsDict):
 
         Stored as ``_Popart.options["engineOptions"]["autoReport.directory"]``.
         """
+        if profile_dir is not None:
+            errors.check_type(profile_dir, (str, os.PathLike), "Options.enableProfiling", "profile_dir")
         env_engine_options = os.environ.get("POPLAR_ENGINE_OPTIONS", "")
         if any(k in env_engine_options
                for k in ("debug.allowOutOfMemory", "autoReport.directory", "autoReport.all")):
@@ -732,10 +747,14 @@ class Options(OptionsDict):
 
     def setAvailableMemoryProportion(self, available_memory_proportion: dict[str, float]) -> "Options":
         """Temporary-memory proportion per IPU, e.g. ``{"IPU0": 0.5}`` (stored as ``{0: 0.5}``)."""
+        errors.check_type(available_memory_proportion, dict, "Options.setAvailableMemoryProportion",
+                          "available_memory_proportion")
         per_ipu = {}
         for key, proportion in available_memory_proportion.items():
-            if not re.fullmatch(r"IPU\d+", key):
-                raise AssertionError(errors.MEMORY_PROPORTION_KEYS % key)
+            if not isinstance(key, str) or not re.fullmatch(r"IPU\d+", key):
+                raise AssertionError(errors.MEMORY_PROPORTION_KEYS % (key,))
+            if not _is_real(proportion) or not 0 <= proportion <= 1:
+                raise ValueError(errors.AVAILABLE_MEMORY_PROPORTION.format(value=proportion))
             per_ipu[int(key[3:])] = proportion
         self.createOrSet(available_memory_proportion=per_ipu)
         return self
@@ -779,23 +798,25 @@ class Options(OptionsDict):
 
     def updatableNamedBuffers(self, buffers: list[str]) -> "Options":
         """Names of buffers the host may update between runs."""
-        self.set(updatable_named_buffers=list(buffers))
+        self.set(updatable_named_buffers=_string_list(buffers, "Options.updatableNamedBuffers", "buffers"))
         return self
 
     def deviceMap(self, devices: list[str]) -> "Options":
         """openpop extension: the torch devices virtual IPUs run on, in the order
         ``replica * ipus_per_replica + ipu`` (reused round-robin). Empty (default): every CUDA
         GPU round-robin, else the CPU; the ``OPENPOP_DEVICE_MAP`` variable applies when empty."""
+        _string_list(devices, "Options.deviceMap", "devices", (str, torch.device))
         self.set(device_map=[str(d) for d in devices])
         return self
 
     def sourceLocationExcludes(self, excludes: list[str]) -> "Options":
         """Replace the path fragments skipped when attributing ops to source lines."""
-        self.set(source_location_excludes=list(excludes))
+        self.set(source_location_excludes=_string_list(excludes, "Options.sourceLocationExcludes", "excludes"))
         return self
 
     def appendToLocationExcludes(self, *excludes: str) -> "Options":
-        self.set(source_location_excludes=self.source_location_excludes + list(excludes))
+        self.set(source_location_excludes=self.source_location_excludes
+                 + _string_list(excludes, "Options.appendToLocationExcludes", "excludes"))
         return self
 
     # --- loading ----------------------------------------------------------------------
@@ -806,10 +827,12 @@ class Options(OptionsDict):
         lines starting with # are skipped.
 
         All or nothing: every line is checked before any is applied (a syntax error changes
-        nothing), and a line that raises undoes the lines before it; the error names the line.
+        nothing), and a line that raises undoes the lines before it (and the seeding of torch's
+        random generators by ``randomSeed``); the error names the line.
         """
-        with open(filepath) as config:
-            lines = [(number, line.strip()) for number, line in enumerate(config, start=1)]
+        with open(filepath, "rb") as config:
+            content = config.read()
+        lines = [(number, line.strip()) for number, line in enumerate(_decode_lines(content, filepath), start=1)]
         statements = []
         for number, line in lines:
             if not line or line.startswith("#"):
@@ -821,11 +844,13 @@ class Options(OptionsDict):
                     errors.CONFIG_FILE_SYNTAX_ERROR.format(number=number, msg=error.msg, line=line)) from None
         namespace = _config_namespace(self)
         saved = self._saved_settings()
+        generators = _random_generator_states()
         for number, line, statement in statements:
             try:
                 exec(statement, namespace)  # pylint: disable=exec-used
             except Exception as error:
                 self._restore_settings(saved)
+                _restore_random_generators(generators)
                 if hasattr(error, "add_note"):
                     error.add_note(f"(applying line {number} of {filepath}: {line}; no line of the file "
                                    "was applied)")
@@ -850,22 +875,47 @@ class Options(OptionsDict):
 
     def from_json(self, string: str) -> "Options":
         """Apply ``{"path.to.setter": value}``: a list value is passed as the arguments,
-        a string "EnumName.Member" becomes that enum member (e.g. "OutputMode.All")."""
-        for path, value in json.loads(string).items():
-            *owners, name = path.split(".")
-            target = self
-            for owner in owners:
-                target = getattr(target, owner)
-            arguments = [_from_json_value(v) for v in value] if isinstance(value, list) \
-                else [_from_json_value(value)]
-            setter = getattr(target, name, None)
-            if callable(setter):
-                setter(*arguments)
-            else:
-                if len(arguments) != 1:
-                    raise AssertionError(errors.SINGLE_VALUE.format(path=path, value=value))
-                setattr(target, name, arguments[0])
+        a string "EnumName.Member" becomes that enum member (e.g. "OutputMode.All").
+
+        All or nothing, as ``loadFromFile``: text that is not a JSON object is a ``ValueError``
+        before anything changes, and a setting that raises undoes the ones before it."""
+        return self._apply_json(string, "Options.from_json")
+
+    def _apply_json(self, string: str, source: str) -> "Options":
+        try:
+            settings = json.loads(string)
+        except (TypeError, ValueError, RecursionError) as exc:
+            problem = errors.JSON_TOO_DEEP if isinstance(exc, RecursionError) else exc
+            raise ValueError(errors.OPTIONS_JSON.format(source=source, error=problem,
+                                                        text=errors.shorten(str(string)))) from None
+        if not isinstance(settings, dict):
+            raise ValueError(errors.OPTIONS_JSON_OBJECT.format(source=source, type=type(settings).__name__,
+                                                               text=errors.shorten(string)))
+        saved = self._saved_settings()
+        generators = _random_generator_states()
+        try:
+            for path, value in settings.items():
+                self._apply_json_setting(path, value)
+        except Exception:
+            self._restore_settings(saved)
+            _restore_random_generators(generators)
+            raise
         return self
+
+    def _apply_json_setting(self, path: str, value: Any) -> None:
+        *owners, name = path.split(".")
+        target = self
+        for owner in owners:
+            target = getattr(target, owner)
+        arguments = [_from_json_value(v) for v in value] if isinstance(value, list) \
+            else [_from_json_value(value)]
+        setter = getattr(target, name, None)
+        if callable(setter):
+            setter(*arguments)
+        else:
+            if len(arguments) != 1:
+                raise AssertionError(errors.SINGLE_VALUE.format(path=path, value=value))
+            setattr(target, name, arguments[0])
 
     # --- copying and serialisation ----------------------------------------------------
     def clone(self) -> "Options":
@@ -894,6 +944,37 @@ class Options(OptionsDict):
         groups = ", ".join(f"{name}={getattr(self, name)!r}" for name in
                            ("Distributed", "Jit", "Precision", "TensorLocations", "Training", "_Popart"))
         return f"{type(self).__name__}({values}, {groups})"
+
+
+def _decode_lines(content: bytes, filepath: str) -> list:
+    """An options file's lines; a ``ConfigFileError`` naming the line and byte that are not UTF-8."""
+    try:
+        return content.decode("utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        number = content.count(b"\n", 0, exc.start) + 1
+        raise ConfigFileError(errors.CONFIG_FILE_NOT_UTF8.format(number=number, path=filepath,
+                                                                 offset=exc.start)) from None
+
+
+def _random_generator_states():
+    """torch's CPU generator state, and the CUDA ones where CUDA is initialised (``randomSeed`` seeds all)."""
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+    return torch.get_rng_state(), cuda
+
+
+def _restore_random_generators(states) -> None:
+    cpu, cuda = states
+    torch.set_rng_state(cpu)
+    if cuda is not None:
+        torch.cuda.set_rng_state_all(cuda)
+
+
+def _string_list(values, where: str, name: str, item_types=str) -> list:
+    """``values`` (a list or tuple of ``item_types``) as a list: a clear error for anything else."""
+    errors.check_type(values, (list, tuple), where, name)
+    for value in values:
+        errors.check_type(value, item_types, where, f"each of {name}")
+    return list(values)
 
 
 def _from_json_value(value: Any) -> Any:

@@ -1,6 +1,7 @@
 """``POPLAR_ENGINE_OPTIONS`` (and ``Options.enableProfiling``'s engine options) as JSON: the
 keys openpop reads, checked before the first host call runs."""
 import json
+import os
 
 from .. import errors
 from ..log import logger
@@ -25,10 +26,13 @@ def parse_engine_options(text: str, source: str = ENGINE_OPTIONS_ENV) -> dict:
         options = json.loads(text)
     except json.JSONDecodeError as exc:
         raise errors.createPoptorchError(messages.ENGINE_OPTIONS_JSON.format(
-            source=source, error=exc.msg, pos=exc.pos, text=text)) from None
+            source=source, error=exc.msg, pos=exc.pos, text=errors.shorten(text))) from None
+    except RecursionError:
+        raise errors.createPoptorchError(messages.ENGINE_OPTIONS_JSON.format(
+            source=source, error=errors.JSON_TOO_DEEP, pos=0, text=errors.shorten(text))) from None
     if not isinstance(options, dict):
         raise errors.createPoptorchError(messages.ENGINE_OPTIONS_OBJECT.format(
-            source=source, type=type(options).__name__, text=text))
+            source=source, type=type(options).__name__, text=errors.shorten(text)))
     for key in options:
         for prefix, known in (("autoReport.", KNOWN_AUTOREPORT_KEYS), ("openpop.", KNOWN_OPENPOP_KEYS)):
             if key.startswith(prefix) and key not in known:
@@ -44,8 +48,16 @@ def count_option(options, key, default) -> int:
     value = options.get(key, default)
     try:
         number = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: JSON's Infinity
         number = -1
     if number < 0 or isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
         raise errors.createPoptorchError(messages.ENGINE_OPTION_COUNT.format(key=key, value=value))
     return number
+
+
+def directory_option(options, key, default=".") -> str:
+    """A directory named by an engine option: a path without NUL characters."""
+    value = options.get(key, default)
+    if not isinstance(value, (str, os.PathLike)) or "\0" in os.fspath(value):
+        raise errors.createPoptorchError(messages.ENGINE_OPTION_DIRECTORY.format(key=key, value=value))
+    return os.fspath(value)

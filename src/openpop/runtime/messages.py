@@ -83,6 +83,8 @@ ENGINE_OPTIONS_JSON = ("{source} is not valid JSON ({error} at character {pos}):
 ENGINE_OPTIONS_OBJECT = "{source} must be a JSON object, got {type}: {text!r}"
 ENGINE_OPTION_UNKNOWN = "%s: unknown option %r is ignored (known: %s)"
 ENGINE_OPTION_COUNT = "{key} must be a non-negative integer, got {value!r}"
+ENGINE_OPTION_DIRECTORY = ("{key} must be a directory path (a string), got {value!r}: e.g. "
+                           "'{{\"autoReport.all\":\"true\",\"autoReport.directory\":\"./report\"}}'")
 
 # --- half compute ---------------------------------------------------------------
 HALF_COMPUTE_ENV = "{env}={value!r} is not valid: set it to auto, native or float32 (or unset it for auto)."

@@ -47,6 +47,7 @@ from .engine_options import (  # noqa: F401
     FIRST_RUN_KEY,
     KNOWN_AUTOREPORT_KEYS,
     count_option,
+    directory_option,
     parse_engine_options,
     truthy,
 )
@@ -173,7 +174,7 @@ def session_from_engine_options(options: dict, instance=None, model=None):
     if not (truthy(options.get("autoReport.all", False))
             or truthy(options.get("autoReport.outputExecutionProfile", False))):
         return None
-    directory = options.get("autoReport.directory", ".")
+    directory = directory_option(options, "autoReport.directory")
     if model is not None:
         directory = os.path.join(directory, model)
     if instance is not None:

@@ -1,0 +1,274 @@
+"""Bad input at every door, fuzzed (issue 29 item 4): the files, strings and command lines users
+give openpop either work or raise openpop's / PopTorch's / PopART's documented error type with a
+message naming the fix; never a raw exception from deep inside (a bare KeyError, an
+AttributeError on a built-in type, a UnicodeDecodeError, protobuf's DecodeError, a YAML error),
+never a hang, never a partly changed state.
+
+The Hypothesis profile of tests/conftest.py makes every run draw the same examples (derandomize,
+no database, no deadline); each test keeps its max_examples small. Examples fuzzing once found a
+raw exception with are kept as ``@example``s.
+"""
+import json
+import os
+import re
+import tempfile
+
+import pytest
+from hypothesis import HealthCheck, example, given, settings
+from hypothesis import strategies as st
+
+import poptorch
+from openpop.errors import ConfigFileError
+
+# Python's own words for a type or lookup error deep inside a parser: a clear error never reads so.
+RAW_WORDS = re.compile(
+    r"object has no attribute|object is not (iterable|subscriptable|callable)|invalid literal for|"
+    r"Overflow when|codec can't (de|en)code|unsupported operand|not supported between instances|"
+    r"index out of range|unhashable type|embedded null (byte|character)|argument must be|"
+    r"object cannot be interpreted|maximum recursion depth|not JSON serializable")
+# Exceptions that always mean a parser let something through.
+RAW_TYPES = (KeyError, IndexError, UnicodeError, RecursionError, ZeroDivisionError, OverflowError)
+
+FUNCTION_FIXTURES = settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def assert_clear(error, allowed):
+    """``error`` is one of the ``allowed`` types and reads as a message, not as Python's complaint."""
+    assert isinstance(error, allowed), f"{type(error).__module__}.{type(error).__name__}: {error}"
+    assert not isinstance(error, RAW_TYPES), f"{type(error).__name__}: {error}"
+    assert not RAW_WORDS.search(str(error)), f"{type(error).__name__}: {error}"
+
+
+# =========================================================================== Options.loadFromFile
+def _holders(options):
+    return [options, options._training, options._precision, options._distributed, options._tensor_locations,
+            options._jit]
+
+
+def options_state(options):
+    """Everything a file of setter calls can change: each group's class, values and explicitly set
+    names, the PopART options, the execution strategy, and torch's random generator (randomSeed)."""
+    import torch
+    return ([(type(h), repr(h._values), sorted(h._explicit)) for h in _holders(options)],
+            repr(options._Popart.options), id(options._execution_strategy), torch.get_rng_state())
+
+
+def assert_same_state(before, after):
+    assert before[:3] == after[:3]
+    assert bool((before[3] == after[3]).all()), "loading a file that failed reseeded torch"
+
+
+_ARGUMENTS = st.sampled_from([
+    "0", "1", "2", "-1", "3", "True", "False", "None", "1.5", "-0.5", "float('nan')", "float('inf')", "2**70",
+    "-2**70", "'a'", "''", "'IPU0'", "'/tmp'", "'cpu'", "'eager'", "'compiled'", "'float16'", "[]", "['cpu']",
+    "[1]", "{}", "{'IPU0': 0.5}", "{'IPU0': 'x'}", "{'IPU1': -1}", "{'GPU': 1}", "{1: 2}",
+    "torch.float16", "torch.float32", "torch.int8", "poptorch.OutputMode.All", "poptorch.OutputMode.EveryN",
+    "OutputMode.Sum", "ReductionType.Sum", "ReductionType.NoReduction", "CommGroupType.All",
+    "CommGroupType.Orthogonal", "poptorch.MeanReductionStrategy.Running", "poptorch.ShardedExecution()",
+    "poptorch.PipelinedExecution('a', 'b')", "poptorch.AutoStage.AutoIncrement",
+    "poptorch.TensorLocationSettings()", "SyncPattern.Full", "ConnectionType.Never", "'HOME'", "'PATH'",
+    "'NO_SUCH_VARIABLE'"])
+
+
+def _setters():
+    """Every public method of Options and its groups, as a file line names it."""
+    options = poptorch.Options()
+    names = []
+    for prefix, holder in [("", options), ("Training.", options.Training), ("Precision.", options.Precision),
+                           ("Distributed.", options.Distributed), ("TensorLocations.", options.TensorLocations),
+                           ("Jit.", options.Jit), ("_Popart.", options._Popart)]:
+        for name in dir(type(holder)):
+            if not name.startswith("_") and callable(getattr(holder, name)) and name != "loadFromFile":
+                names.append(prefix + name)
+    return sorted(names)
+
+
+_CALL = st.builds(lambda setter, args: f"{setter}({', '.join(args)})",
+                  st.sampled_from(_setters()), st.lists(_ARGUMENTS, max_size=3))
+_ASSIGNMENT = st.builds(lambda name, value: f"{name} = {value}",
+                        st.sampled_from(["device_iterations", "replication_factor", "Training.gradient_accumulation",
+                                         "log_dir", "no_such_option", "Distributed.__class__"]), _ARGUMENTS)
+_LINE = st.one_of(_CALL, _CALL, _CALL, _ASSIGNMENT, st.sampled_from(["", "# a comment", "deviceIterations(",
+                                                                      "import os", "x"]),
+                  st.text(st.characters(blacklist_categories=["Cs"]), max_size=12))
+
+
+def _load(options, content):
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "options.cfg")
+        with open(path, "wb") as stream:
+            stream.write(content)
+        before = options_state(options)
+        try:
+            options.loadFromFile(path)
+        except Exception as error:
+            assert_same_state(before, options_state(options))
+            return error
+    return None
+
+
+LOAD_ERRORS = (ConfigFileError, poptorch.Error, AssertionError, ValueError, TypeError, AttributeError, NameError)
+
+
+@settings(max_examples=120)
+@given(lines=st.lists(_LINE, min_size=1, max_size=4))
+@example(lines=["randomSeed(2**70)"])
+@example(lines=["randomSeed(7)", "deviceIterations(0)"])
+@example(lines=["setAvailableMemoryProportion(3)"])
+@example(lines=["deviceMap(5)"])
+@example(lines=["Distributed.setEnvVarNames('HOME', 'PATH')"])
+def test_options_files_of_setter_calls(lines):
+    """A file of setter calls either applies, or raises and leaves the options as they were."""
+    options = poptorch.Options()
+    error = _load(options, "\n".join(lines).encode())
+    if error is None:
+        return
+    assert_clear(error, LOAD_ERRORS)
+    if not isinstance(error, ConfigFileError):
+        assert any(re.match(r"\(applying line \d+ of ", note) for note in getattr(error, "__notes__", [])), error
+
+
+@settings(max_examples=40)
+@given(content=st.binary(max_size=40))
+@example(content=b"deviceIterations(2)\n\xff\xfe\n")
+@example(content=b"deviceIterations(\x00)")
+def test_options_files_of_any_bytes(content):
+    options = poptorch.Options()
+    error = _load(options, content)
+    if error is not None:
+        assert_clear(error, LOAD_ERRORS)
+
+
+def test_an_options_file_that_is_not_utf8_names_the_line_and_byte(tmp_path):
+    path = tmp_path / "options.cfg"
+    path.write_bytes(b"deviceIterations(2)\nlogDir('caf\xe9')\n")
+    options = poptorch.Options()
+    with pytest.raises(ConfigFileError, match=r"line 2 of .*options.cfg is not UTF-8 text \(byte 31 of the file\)"):
+        options.loadFromFile(str(path))
+    assert options.device_iterations == 1
+
+
+# ================================================================ Options.from_json, POPTORCH_DEFAULT_OPTIONS
+_JSON_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-3, 10), st.integers(2**62, 2**70),
+                          st.floats(allow_nan=False), st.text(max_size=6),
+                          st.sampled_from(["OutputMode.All", "poptorch.OutputMode.EveryN", "ReductionType.Sum",
+                                           "CommGroupType.All", "IPU0", "cpu", "eager", "bf16"]))
+_JSON_VALUES = st.recursive(_JSON_SCALARS, lambda inner: st.lists(inner, max_size=3)
+                            | st.dictionaries(st.text(max_size=4), inner, max_size=2), max_leaves=5)
+_JSON_PATHS = st.one_of(st.sampled_from([name for name in _setters() if "." not in name or name.count(".") == 1]),
+                        st.sampled_from(["device_iterations", "Training.gradient_accumulation", "log_dir",
+                                         "Training.nothing", "Nothing.deviceIterations", "", ".", "a..b",
+                                         "_popart_x"]),
+                        st.text(max_size=8))
+_OPTIONS_JSON = st.one_of(
+    st.dictionaries(_JSON_PATHS, _JSON_VALUES, max_size=3).map(json.dumps),
+    _JSON_VALUES.map(json.dumps),
+    st.text(max_size=20))
+JSON_ERRORS = (poptorch.Error, AssertionError, ValueError, TypeError, AttributeError)
+
+
+@settings(max_examples=100)
+@given(text=_OPTIONS_JSON)
+@example(text='{"deviceIterations": 4, "replicationFactor": 0}')
+@example(text='{"randomSeed": 3, "deviceIterations": "x"}')
+@example(text="[" * 5000)
+@example(text="[1, 2]")
+@example(text='{"modelName": 5}')
+def test_options_from_json(text):
+    options = poptorch.Options()
+    before = options_state(options)
+    try:
+        options.from_json(text)
+    except Exception as error:
+        assert_clear(error, JSON_ERRORS)
+        assert_same_state(before, options_state(options))
+
+
+@settings(max_examples=30)
+@given(text=_OPTIONS_JSON, size=st.sampled_from(["", "2", "x", "1.5", " 3 ", "99999999999999999999"]))
+@example(text="{", size="")
+@example(text="{}", size="two")
+def test_options_from_the_environment(text, size):
+    """POPTORCH_DEFAULT_OPTIONS and the MPI process count are read by every ``Options()``."""
+    saved = {name: os.environ.get(name) for name in ("POPTORCH_DEFAULT_OPTIONS", "OMPI_COMM_WORLD_SIZE")}
+    os.environ["POPTORCH_DEFAULT_OPTIONS"] = text
+    if size:
+        os.environ["OMPI_COMM_WORLD_SIZE"] = size
+    else:
+        os.environ.pop("OMPI_COMM_WORLD_SIZE", None)
+    try:
+        poptorch.Options()
+    except Exception as error:
+        assert_clear(error, JSON_ERRORS)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def test_default_options_that_are_not_json_name_the_variable(monkeypatch):
+    monkeypatch.setenv("POPTORCH_DEFAULT_OPTIONS", "deviceIterations=4")
+    with pytest.raises(ValueError, match=r"POPTORCH_DEFAULT_OPTIONS is not valid JSON \(Expecting value"):
+        poptorch.Options()
+    monkeypatch.setenv("POPTORCH_DEFAULT_OPTIONS", "{}")
+    monkeypatch.setenv("OMPI_COMM_WORLD_RANK", "first")
+    with pytest.raises(ValueError, match="OMPI_COMM_WORLD_RANK='first' is not an integer"):
+        poptorch.Options()
+
+
+# =========================================================================== POPLAR_ENGINE_OPTIONS
+_ENGINE_KEYS = st.sampled_from(["autoReport.all", "autoReport.directory", "autoReport.outputExecutionProfile",
+                                "autoReport.executionProfileProgramRunCount", "openpop.firstProfiledRun",
+                                "autoReport.everything", "openpop.nothing", "debug.allowOutOfMemory", ""])
+_ENGINE_VALUES = st.one_of(
+    _JSON_VALUES, st.sampled_from(["true", "false", "1", "0", "yes", True, 1e300, -1, 2.5, 3]),
+    # directory names: relative (the test runs in a temporary directory), NUL characters included
+    st.text(st.characters(blacklist_characters="/.\\", blacklist_categories=["Cs"]), min_size=1, max_size=8))
+_ENGINE_TEXT = st.one_of(
+    st.dictionaries(_ENGINE_KEYS, _ENGINE_VALUES, max_size=4).map(json.dumps),
+    _JSON_VALUES.map(json.dumps),
+    st.text(max_size=30))
+
+
+@settings(max_examples=100)
+@given(text=_ENGINE_TEXT, instance=st.sampled_from([None, 0, 3]))
+@example(text='{"autoReport.all": "true", "autoReport.directory": 5}', instance=None)
+@example(text='{"autoReport.all": "true", "autoReport.directory": "a\\u0000b"}', instance=None)
+@example(text='{"autoReport.all": "true", "autoReport.executionProfileProgramRunCount": Infinity}', instance=None)
+@example(text="[" * 5000, instance=None)
+def test_engine_options(text, instance):
+    """``POPLAR_ENGINE_OPTIONS``, read on a model's first host call: a session or ``poptorch.Error``."""
+    from openpop.runtime import engine_options, trace
+    with tempfile.TemporaryDirectory() as directory:
+        cwd = os.getcwd()
+        os.chdir(directory)
+        try:
+            options = engine_options.parse_engine_options(text)
+            trace.session_from_engine_options(options, instance=instance, model="training")
+        except Exception as error:
+            assert_clear(error, poptorch.Error)
+        finally:
+            os.chdir(cwd)
+
+
+def test_engine_options_with_a_bad_directory_fail_before_the_run(monkeypatch, no_environment_session):
+    import torch
+    monkeypatch.setenv("POPLAR_ENGINE_OPTIONS", '{"autoReport.all": "true", "autoReport.directory": 5}')
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(2, 2)
+
+        def forward(self, x):
+            return poptorch.identity_loss(self.linear(x).sum(), reduction="sum")
+
+    model = Model()
+    before = [p.detach().clone() for p in model.parameters()]
+    training = poptorch.trainingModel(model, poptorch.Options(), torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(poptorch.Error, match="autoReport.directory must be a directory path"):
+        training(torch.ones(1, 2))
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    training.destroy()
