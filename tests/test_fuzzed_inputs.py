@@ -5,16 +5,18 @@ AttributeError on a built-in type, a UnicodeDecodeError, protobuf's DecodeError,
 never a hang, never a partly changed state.
 
 The Hypothesis profile of tests/conftest.py makes every run draw the same examples (derandomize,
-no database, no deadline); each test keeps its max_examples small. Examples fuzzing once found a
-raw exception with are kept as ``@example``s.
+no database, no deadline); each test keeps its max_examples small (``OPENPOP_FUZZ_SCALE=20``
+multiplies them, to fuzz harder by hand). Examples fuzzing once found a raw exception with are kept
+as ``@example``s.
 """
+import io
 import json
 import os
 import re
 import tempfile
 
 import pytest
-from hypothesis import HealthCheck, example, given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import poptorch
@@ -29,7 +31,11 @@ RAW_WORDS = re.compile(
 # Exceptions that always mean a parser let something through.
 RAW_TYPES = (KeyError, IndexError, UnicodeError, RecursionError, ZeroDivisionError, OverflowError)
 
-FUNCTION_FIXTURES = settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+def examples(count):
+    """``count`` examples, times ``OPENPOP_FUZZ_SCALE`` (e.g. 20 to fuzz harder by hand)."""
+    return max(1, round(count * float(os.environ.get("OPENPOP_FUZZ_SCALE", "1"))))
 
 
 def assert_clear(error, allowed):
@@ -110,7 +116,7 @@ def _load(options, content):
 LOAD_ERRORS = (ConfigFileError, poptorch.Error, AssertionError, ValueError, TypeError, AttributeError, NameError)
 
 
-@settings(max_examples=120)
+@settings(max_examples=examples(120))
 @given(lines=st.lists(_LINE, min_size=1, max_size=4))
 @example(lines=["randomSeed(2**70)"])
 @example(lines=["randomSeed(7)", "deviceIterations(0)"])
@@ -128,7 +134,7 @@ def test_options_files_of_setter_calls(lines):
         assert any(re.match(r"\(applying line \d+ of ", note) for note in getattr(error, "__notes__", [])), error
 
 
-@settings(max_examples=40)
+@settings(max_examples=examples(40))
 @given(content=st.binary(max_size=40))
 @example(content=b"deviceIterations(2)\n\xff\xfe\n")
 @example(content=b"deviceIterations(\x00)")
@@ -167,13 +173,15 @@ _OPTIONS_JSON = st.one_of(
 JSON_ERRORS = (poptorch.Error, AssertionError, ValueError, TypeError, AttributeError)
 
 
-@settings(max_examples=100)
+@settings(max_examples=examples(100))
 @given(text=_OPTIONS_JSON)
 @example(text='{"deviceIterations": 4, "replicationFactor": 0}')
 @example(text='{"randomSeed": 3, "deviceIterations": "x"}')
 @example(text="[" * 5000)
 @example(text="[1, 2]")
 @example(text='{"modelName": 5}')
+@example(text='{"exists": {}}')
+@example(text='{"Distributed.deleteIfExists": {}}')
 def test_options_from_json(text):
     options = poptorch.Options()
     before = options_state(options)
@@ -184,8 +192,9 @@ def test_options_from_json(text):
         assert_same_state(before, options_state(options))
 
 
-@settings(max_examples=30)
-@given(text=_OPTIONS_JSON, size=st.sampled_from(["", "2", "x", "1.5", " 3 ", "99999999999999999999"]))
+@settings(max_examples=examples(30))
+@given(text=_OPTIONS_JSON.map(lambda text: text.replace("\0", "")),  # an environment holds no NUL
+       size=st.sampled_from(["", "2", "x", "1.5", " 3 ", "99999999999999999999"]))
 @example(text="{", size="")
 @example(text="{}", size="two")
 def test_options_from_the_environment(text, size):
@@ -232,7 +241,7 @@ _ENGINE_TEXT = st.one_of(
     st.text(max_size=30))
 
 
-@settings(max_examples=100)
+@settings(max_examples=examples(100))
 @given(text=_ENGINE_TEXT, instance=st.sampled_from([None, 0, 3]))
 @example(text='{"autoReport.all": "true", "autoReport.directory": 5}', instance=None)
 @example(text='{"autoReport.all": "true", "autoReport.directory": "a\\u0000b"}', instance=None)
@@ -272,3 +281,116 @@ def test_engine_options_with_a_bad_directory_fail_before_the_run(monkeypatch, no
         training(torch.ones(1, 2))
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     training.destroy()
+
+
+# =========================================================================== openpop-k8s manifests
+K8S_DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "k8s")
+_K8S_SEEDS = {name: open(os.path.join(K8S_DATA, name), encoding="utf-8").read()
+              for name in ("seed_single_worker.ipujob.yaml", "poprun_two_instances.ipujob.yaml",
+                           "all_fields.ipujob.yaml")}
+
+
+def run_k8s(*argv):
+    """``openpop-k8s argv...`` in-process: (exit code, stdout, stderr); no exception may escape."""
+    import contextlib
+
+    from openpop.k8s.cli import main
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([str(arg) for arg in argv])
+    return code, out.getvalue(), err.getvalue()
+
+
+def assert_k8s_outcome(code, out, err):
+    assert code in (0, 2), (code, err)
+    if code == 2:
+        assert out == ""
+        assert err.startswith("openpop-k8s: error: ") and err.count("\n") == 1, err
+        assert "Traceback" not in err and not RAW_WORDS.search(err), err
+
+
+def _paths(node, path=()):
+    """Every path to a value inside ``node`` (mapping keys and list indices)."""
+    yield path
+    children = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, child in children:
+        yield from _paths(child, (*path, key))
+
+
+_YAML_SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-2, 5), st.integers(2**31, 2**70),
+                          st.floats(), st.text(max_size=8),
+                          st.sampled_from(["4", "0", "-1", "x", "poprun", "--num-instances", "IPC_LOCK", "Never",
+                                           "ExitCode", "1-", "graphcore/pytorch:3.3.0", "32", "200Gi"]))
+_YAML_VALUES = st.recursive(_YAML_SCALARS, lambda inner: st.lists(inner, max_size=3)
+                            | st.dictionaries(st.one_of(st.text(max_size=6), st.integers(0, 3)), inner, max_size=3),
+                            max_leaves=6)
+
+
+@st.composite
+def mutated_manifests(draw):
+    """A seed IPUJob with a few fields deleted, replaced or added: what a hand-edited manifest looks like."""
+    import yaml
+    document = yaml.safe_load(_K8S_SEEDS[draw(st.sampled_from(sorted(_K8S_SEEDS)))])
+    for _ in range(draw(st.integers(1, 3))):
+        path = draw(st.sampled_from(list(_paths(document))[1:]))
+        *parents, last = path
+        parent = document
+        for key in parents:
+            parent = parent[key]
+        action = draw(st.sampled_from(["delete", "replace", "replace", "add"]))
+        if action == "delete":
+            del parent[last]
+        elif action == "replace":
+            parent[last] = draw(_YAML_VALUES)
+        elif isinstance(parent, dict):
+            parent[draw(st.one_of(st.text(max_size=6), st.integers(0, 3)))] = draw(_YAML_VALUES)
+        else:
+            parent.append(draw(_YAML_VALUES))
+        if not isinstance(document, dict):
+            break
+    return yaml.safe_dump(document, sort_keys=False)
+
+
+_SEED = _K8S_SEEDS["seed_single_worker.ipujob.yaml"]
+
+
+@settings(max_examples=examples(60))
+@given(manifest=mutated_manifests(), target=st.sampled_from(["pytorchjob", "trainjob"]))
+@example(manifest=_SEED.replace("generateName: bert-training-multi-ipu-", "name: 1"), target="pytorchjob")
+@example(manifest=_SEED.replace("apiVersion: graphcore.ai/v1alpha1", "apiVersion: [graphcore.ai/v1alpha1]"),
+         target="trainjob")
+def test_k8s_convert_of_hand_edited_manifests(manifest, target):
+    """convert: exit 0 with a job that validate accepts, or exit 2 naming the field; validate agrees
+    that the input is bad."""
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "job.yaml")
+        with open(path, "w", encoding="utf-8") as stream:
+            stream.write(manifest)
+        code, out, err = run_k8s("convert", path, "--to", target)
+        assert_k8s_outcome(code, out, err)
+        checked = run_k8s("validate", path)
+        assert_k8s_outcome(*checked)
+        if code == 0:
+            converted = os.path.join(directory, "converted.yaml")
+            with open(converted, "w", encoding="utf-8") as stream:
+                stream.write(out)
+            again = run_k8s("validate", converted)
+            assert again[0] == 0, again[2]
+
+
+@settings(max_examples=examples(40))
+@given(content=st.one_of(st.binary(max_size=60), st.text(max_size=60).map(str.encode),
+                         st.sampled_from(list(_K8S_SEEDS.values())).flatmap(
+                             lambda seed: st.integers(0, len(seed)).map(lambda n: seed[:n].encode()))))
+@example(content=b"apiVersion: graphcore.ai/v1alpha1\nkind: IPUJob\nmetadata: {name: caf\xe9}\n")
+@example(content=b"\x1f")
+@example(content=b"? [a, b]\n: c\n")
+@example(content=b"&a [*a]")
+def test_k8s_manifest_files_of_any_bytes(content):
+    """Truncated seeds, text and bytes: convert and validate end in exit 0 or 2, never a traceback."""
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "job.yaml")
+        with open(path, "wb") as stream:
+            stream.write(content)
+        for command in ("convert", "validate"):
+            assert_k8s_outcome(*run_k8s(command, path))

@@ -115,7 +115,8 @@ class OptionsDict:
 
     def deleteIfExists(self, option: str) -> None:
         self._check_not_frozen()
-        self._values.pop(option, None)
+        if isinstance(option, str):
+            self._values.pop(option, None)
 
     def toDict(self) -> dict[str, Any]:
         return dict(self._values)

@@ -19,8 +19,13 @@ def load_documents(text, source="<input>"):
         documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
+        if mark is not None:
+            line, column = mark.line + 1, mark.column + 1
+        else:  # a ReaderError (a character YAML does not allow) has a position instead
+            position = getattr(exc, "position", 0)
+            line, column = text.count("\n", 0, position) + 1, position - text.rfind("\n", 0, position)
+        where = f" (line {line}, column {column})"
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ManifestError(source, messages.INVALID_YAML.format(where=where, problem=problem)) from None
     if not documents:
         raise ManifestError(source, messages.NO_YAML_DOCUMENT)
@@ -33,13 +38,24 @@ def load_documents(text, source="<input>"):
 
 def read_documents(path):
     if path == "-":
-        return load_documents(sys.stdin.read(), "<stdin>")
+        binary = getattr(sys.stdin, "buffer", None)  # None: a text stream put in its place
+        text = _decode(binary.read(), "<stdin>") if binary is not None else sys.stdin.read()
+        return load_documents(text, "<stdin>")
     try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
+        with open(path, "rb") as handle:
+            content = handle.read()
     except OSError as exc:
         raise ManifestError(path, messages.FILE_UNREADABLE.format(strerror=exc.strerror)) from None
-    return load_documents(text, path)
+    return load_documents(_decode(content, path), path)
+
+
+def _decode(content, source):
+    try:
+        return content.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = content.count(b"\n", 0, exc.start) + 1
+        offset = exc.start - (content.rfind(b"\n", 0, exc.start) + 1)
+        raise ManifestError(source, messages.NOT_UTF8.format(offset=offset, line=line)) from None
 
 
 class _ManifestDumper(yaml.SafeDumper):

@@ -12,7 +12,7 @@ from typing import Optional
 
 from openpop.k8s import messages
 from openpop.k8s.errors import ManifestError, join_path
-from openpop.k8s.sdk_models import check_pod_template
+from openpop.k8s.sdk_models import check_object_meta, check_pod_template
 
 API_VERSION = "graphcore.ai/v1alpha1"
 KIND = "IPUJob"
@@ -96,6 +96,7 @@ def parse_ipujob(document):
                                                                              got=document.get('apiVersion')))
     _known_fields(document, ("apiVersion", "kind", "metadata", "spec", "status"), "")
     metadata = _object(document.get("metadata") or {}, "metadata")
+    check_object_meta(metadata, "metadata")
     if not metadata.get("name") and not metadata.get("generateName"):
         raise ManifestError("metadata.name", messages.IPUJOB_NAME_MISSING)
     if "spec" not in document:

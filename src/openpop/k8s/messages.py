@@ -26,6 +26,7 @@ NO_YAML_DOCUMENT = "contains no YAML document"
 INVALID_YAML = "not valid YAML{where}: {problem}"
 DOCUMENT_NOT_MAPPING = "must be a mapping (apiVersion, kind, metadata, spec), got {doc_type}"
 FILE_UNREADABLE = "cannot read the file: {strerror}"
+NOT_UTF8 = "not UTF-8 text (byte {offset} of line {line}): save the manifest as UTF-8 YAML"
 
 # --- ipujob ---------------------------------------------------------------------
 NOT_INTEGER = "must be an integer, got {value!r}"

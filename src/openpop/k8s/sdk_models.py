@@ -118,6 +118,12 @@ def check_pod_template(template, path):
     build_openapi_model(template, "V1PodTemplateSpec", path)
 
 
+def check_object_meta(metadata, path):
+    """A meta/v1 ObjectMeta (``metadata``), with the ``kubernetes`` client's models."""
+    _require_sdk("kubernetes", "kubernetes")
+    build_openapi_model(metadata, "V1ObjectMeta", path)
+
+
 def check_pytorchjob(manifest):
     """A ``kubeflow.org/v1`` PyTorchJob, with ``kubeflow-training``'s models."""
     _require_sdk("kubeflow.training", "kubeflow-training")

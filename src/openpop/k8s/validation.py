@@ -14,10 +14,10 @@ KINDS = {
 def kubeflow_kind(document):
     """``"PyTorchJob"`` or ``"TrainJob"``; anything else is an error naming the field."""
     key = (document.get("apiVersion"), document.get("kind"))
-    if key in KINDS:
+    if all(isinstance(part, str) for part in key) and key in KINDS:
         return key[1]
     known = "; ".join(f"apiVersion {api} kind {kind}" for api, kind in KINDS)
-    field = "kind" if document.get("kind") not in {kind for _, kind in KINDS} else "apiVersion"
+    field = "kind" if document.get("kind") not in [kind for _, kind in KINDS] else "apiVersion"
     raise ManifestError(field, messages.UNKNOWN_API_VERSION_KIND.format(key=key[0], key2=key[1], known=known))
 
 

@@ -28,7 +28,7 @@ TORCHRUN_RESERVED_ENV = ("PET_NNODES", "PET_NPROC_PER_NODE", "PET_NODE_RANK",
 def check_dns1035_name(name, path="metadata.name"):
     if not name:
         raise ManifestError(path, messages.REQUIRED_FIELD_MISSING)
-    if len(name) > 63 or not _DNS_1035.match(name):
+    if not isinstance(name, str) or len(name) > 63 or not _DNS_1035.match(name):
         raise ManifestError(path, messages.NOT_DNS_LABEL.format(name=name))
 
 
