@@ -6,7 +6,8 @@ markdown table (``RESULTS.md``) and as JSON lines (``results.jsonl``).
 A benchmark is any ``*.py`` here but this file; each prints its human-readable table and then
 one JSON line with a ``"benchmark"`` key (the last such line counts). They run one after
 another (never concurrently: they time this machine), each in its own process with its default
-arguments. A benchmark that fails or times out is listed as such; the others still run.
+arguments. A benchmark that fails or times out is listed as such; the others still run. RESULTS.md's
+measurements recorded by hand (below its ``HAND_RECORDED`` line) are kept.
 """
 import argparse
 import datetime
@@ -102,6 +103,21 @@ def markdown(runs, info, when):
     return "\n".join(lines)
 
 
+# RESULTS.md's measurements recorded by hand start at this line; a run rewrites only what is above it.
+HAND_RECORDED = "<!-- run_all.py rewrites the table above; it keeps everything from this line on. -->"
+
+
+def kept_by_hand(path: str) -> str:
+    """The hand-recorded part of the RESULTS.md at ``path`` (from ``HAND_RECORDED`` on), or ''."""
+    try:
+        with open(path) as stream:
+            text = stream.read()
+    except FileNotFoundError:
+        return ""
+    start = text.find(HAND_RECORDED)
+    return "" if start < 0 else "\n" + text[start:]
+
+
 def main():
     parser = argparse.ArgumentParser(description="Run every benchmark; write RESULTS.md and results.jsonl")
     parser.add_argument("--only", nargs="+", help="benchmark names (default: all)")
@@ -130,8 +146,9 @@ def main():
                           machine=record.get("machine", info))
             stream.write(json.dumps(record) + "\n")
     table = markdown(runs, info, when)
-    with open(os.path.join(args.out, "RESULTS.md"), "w") as stream:
-        stream.write(table)
+    results = os.path.join(args.out, "RESULTS.md")
+    with open(results, "w") as stream:
+        stream.write(table + kept_by_hand(results))
     print(table)
     failed = [run["name"] for run in runs if run["status"] != "ok"]
     return 1 if failed else 0
