@@ -15,7 +15,8 @@
    per-round step-time ratio (interleaved rounds, median) in wall time and in this process's
    CPU time (steadier on a shared machine), per precision.
 
-The decision these numbers support is in README.md ("BERT compiled").
+The decision these numbers supported is the compiled unit "regions" (docs/guides/compiled-backend.md,
+"Program or regions").
 """
 import argparse
 import json

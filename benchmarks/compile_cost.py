@@ -8,7 +8,7 @@ executor of the same model in that process); then the least-squares fit of
 
     python benchmarks/compile_cost.py [--cases mlp,mlp_ga4,bn,conv,pipe4_ga8,bert_l1,bert_l1_ga2,bert_l2,bert_l4]
 
-The default cases take ~5 minutes here (``run_all.py``'s limit is 15); the README's table also has
+The default cases take ~5 minutes here (``run_all.py``'s limit is 15); the table in RESULTS.md also has
 ``bert_l1_ga2,bert_l2,bert_l4`` (``bert_l<layers>_ga<accumulation>``: any layers and accumulation).
 
 Each case runs in its own process (the estimate a fresh process would make); prints a table and

@@ -1,7 +1,7 @@
 """Activation memory of a pipelined training host call, eager vs the compiled backend, as the
 gradient accumulation grows: 4 blocks of Linear(1024) + tanh on 4 virtual IPUs of one CPU,
 micro-batch 2048 (one activation tensor: 8 MiB), ``PipelinedExecution`` with PopTorch's
-recomputation on (eager) - the compiled program does not recompute (README "Compiled backend").
+recomputation on (eager) - the compiled program does not recompute (docs/guides/compiled-backend.md).
 
 Each variant runs in a process of its own with glibc's ``MALLOC_MMAP_THRESHOLD_`` at 64 KiB, so
 that freed tensors leave the resident set; the number is the resident-set peak of the second

@@ -1,7 +1,7 @@
 """The compiled backend (``Options.openpopBackend("compiled")``, runtime/compiled/) against
 plain-PyTorch oracles, and its fallbacks. The suite's default backend stays ``auto``, which
-never compiles within a test's few seconds of eager host calls (README "Compiled backend"); the
-tests here force it. All cases share one tiny model shape so Inductor's cache serves repeats."""
+never compiles within a test's few seconds of eager host calls (docs/guides/compiled-backend.md);
+the tests here force it. All cases share one tiny model shape so Inductor's cache serves repeats."""
 import contextlib
 import copy
 import inspect

@@ -1,6 +1,6 @@
 """The compiled backend with reduced precision: autocast, half weights, automatic loss scaling -
 and anchored tensors in each output mode - against the eager backend, host call by host call
-(README "Compiled backend")."""
+(docs/guides/compiled-backend.md)."""
 import pytest
 import torch
 

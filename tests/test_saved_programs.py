@@ -78,7 +78,8 @@ def assert_same(a, b, exact=True):
 def test_second_process_loads_the_program_without_tracing(tmp_path):
     # Both compiling processes are fresh: in a process where other programs compiled before (the
     # suite's), torch's pickle of the program can fail ("Can't pickle _runtime_wrapper"), which
-    # falls back to the ordinary compile - correct results, nothing saved (README "Saved programs").
+    # falls back to the ordinary compile - correct results, nothing saved (docs/guides/compiled-backend.md,
+    # "The executable cache").
     cache = str(tmp_path / "cache")
     first = in_subprocess("relu", cache)
     eager = train("relu", "eager")

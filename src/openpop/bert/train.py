@@ -32,8 +32,9 @@ from .model import PipelinedBertForPretraining
 from .optimization import get_lr_scheduler, get_optimizer
 
 # The backend without --backend / OPENPOP_BACKEND. Not the library's auto: measured on the main job
-# (README "The `auto` rule"), auto compiled after 37 of 150 steps, the compile took 4.4 minutes
-# against its ~1-minute estimate, and the compiled steps were no faster: 559 s against 254 s eager.
+# (docs/guides/compiled-backend.md, "When auto compiles"), auto compiled after 37 of 150 steps, the
+# compile took 4.4 minutes against its ~1-minute estimate, and the compiled steps were no faster:
+# 559 s against 254 s eager.
 DEFAULT_BACKEND = "eager"
 
 RULE = "-----------------------------------------------------------"

@@ -7,7 +7,7 @@ through its c10d rendezvous. Each instance runs ``instance.py``, which sets its 
 environment and then execs PROGRAM. Every output line is tagged with its instance as mpirun's
 ``--tag-output`` did (``[1,<instance>]<stdout>:``).
 
-What differs from Graphcore's poprun (also in the README):
+What differs from Graphcore's poprun (also in docs/guides/scale-out.md):
 
 * no V-IPU server, partitions or IPU-Link domains: those flags are accepted and reported as
   having no effect; the virtual IPUs of each instance are its share of the host's GPUs (or CPU);

@@ -1,6 +1,6 @@
 """PopART's Python API on openpop: ``import popart`` builds an ONNX model with ``Builder`` and runs
 it with ``InferenceSession`` / ``TrainingSession`` on openpop's runtime (the same plan, devices
-and schedules as PopTorch). See the README's PopART section."""
+and schedules as PopTorch). See docs/guides/popart.md."""
 import logging
 
 from . import enums as _enums

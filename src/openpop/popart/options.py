@@ -2,7 +2,7 @@
 
 Fields that change what openpop does are listed in ``EFFECTIVE``; every other field is accepted,
 kept and reported, and changes nothing on CPUs/GPUs (engine and report options, tile and IO
-settings, outlining, patterns, caching hints...). The README lists them.
+settings, outlining, patterns, caching hints...). docs/guides/popart.md lists them.
 """
 from . import messages
 from .enums import (

@@ -5,12 +5,12 @@ but no values.
 What compiling needs from a micro-batch - the outputs' structure, the loss among them, the blocks,
 the buffers the forward changes, whether it draws random numbers, the aten op sequence that keys
 a saved program - depends on shapes, not values; computing the values costs a cached compile of
-BERT-base most of its time (README "Saved programs"). The model keeps its own parameters and
-buffers: the mode turns each into a fake tensor where an op meets it (``allow_non_fake_inputs``),
-autograd still records the graph on the real leaves (gradients come back fake), and in-place
-ops still bump the real tensors' version counters (the autograd layer runs before the mode). Ops
-on real tensors and Python numbers only (``counter.add_(1)`` on a buffer) are run for real by
-the mode: callers snapshot and restore buffers as for a real run.
+BERT-base most of its time (``benchmarks/RESULTS.md``, "cached compile of BERT-base"). The model
+keeps its own parameters and buffers: the mode turns each into a fake tensor where an op meets it
+(``allow_non_fake_inputs``), autograd still records the graph on the real leaves (gradients come
+back fake), and in-place ops still bump the real tensors' version counters (the autograd layer
+runs before the mode). Ops on real tensors and Python numbers only (``counter.add_(1)`` on a
+buffer) are run for real by the mode: callers snapshot and restore buffers as for a real run.
 
 Random draws are told by the ops' tag ``torch.Tag.nondeterministic_seeded`` (fake ops do not
 advance the generators), except attention ops with ``dropout_p`` 0 (tagged, drawing nothing).

@@ -9,8 +9,8 @@ saved output and logsumexp (the standard flash-attention backward, in float32) b
 backward to ~12 ms once Inductor fuses the element-wise part, with equal or smaller error
 against float64 autograd; float32 ~12 -> ~11 ms. At 256 tokens the kernel is as fast, beyond
 it faster, and its memory stays linear in the sequence, so only score matrices of at most
-``MAX_SCORES`` elements per head are rewritten (AMX Xeon, 2 threads, torch 2.13; the README's
-"Compiled backend" has the BERT-base steps).
+``MAX_SCORES`` elements per head are rewritten (AMX Xeon, 2 threads, torch 2.13; ``benchmarks/RESULTS.md``
+has the BERT-base steps).
 
 ``ShortAttentionBackward`` is an Inductor post-grad pass (``post_grad_custom_pre_pass``, set by
 ``program_options.compile_kwargs`` for CPU training programs): it replaces each eligible

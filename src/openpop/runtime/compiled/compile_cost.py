@@ -14,7 +14,7 @@ micro-batches are ``while_loop``s, traced once; GA x R for a stepwise program, w
 micro-batches); the trained tensors
 each get a functional optimizer update, whose cost depends on the optimizer (LAMB's norms and
 trust ratio: five times SGD's). The constants below come from ``benchmarks/compile_cost.py``
-(the README's calibration table) and are the only place to recalibrate. They are CPU seconds,
+(the calibration table in ``benchmarks/RESULTS.md``) and are the only place to recalibrate. They are CPU seconds,
 which hardly depend on the machine's load; the eager seconds they are compared with are estimated
 from the probe's counts too (``eager_call_seconds``: aten ops and FLOPs per micro-batch), so a run
 switches to the compiled backend at the same host call however busy the machine is.
@@ -43,8 +43,8 @@ from torch.utils.flop_counter import flop_registry
 from ...atomic_file import atomic_write
 from ..shapes_only import is_metadata
 
-# Calibration (benchmarks/compile_cost.py; README "The `auto` rule"): compile CPU seconds on this
-# machine (about the wall seconds of an idle 2-core machine).
+# Calibration (benchmarks/compile_cost.py; docs/guides/compiled-backend.md "When auto compiles"):
+# compile CPU seconds on this machine (about the wall seconds of an idle 2-core machine).
 FIXED_SECONDS = 13.0  # Dynamo, AOTAutograd and Inductor's start, the smallest program (C++ wrapper)
 SECONDS_PER_OP = 0.12  # per computing aten op (views excluded) of the traced forward + backward
 SECONDS_PER_TENSOR = {"SGD": 0.075, "LAMB": 0.375}  # per trained tensor's update, by optimizer class

@@ -13,7 +13,7 @@ Block annotations and execution strategies (pipelined, sharded, phased) do not d
 when every virtual IPU maps onto one torch device such a plan computes what the plain forward
 computes, so the program runs the whole forward (the annotations do nothing outside the compile
 trace). PopTorch's plan checks ran before, at compile. Recomputation is not honoured inside the
-program (README "Compiled backend"). Plans spanning several devices, and micro-batches on
+program (docs/guides/compiled-backend.md). Plans spanning several devices, and micro-batches on
 concurrent threads (``OPENPOP_CONCURRENT_STAGES=on``), decline.
 """
 import dataclasses

@@ -6,9 +6,9 @@ traces only when called, and a call runs what it compiled. Inside ``compiling_on
 compiled graph is not run; the call returns uninitialised tensors of the graph's output shapes,
 dtypes and strides (``compile_ahead`` discards them). So ``compile()`` costs Dynamo's trace and
 Inductor's compile - or, from a warm executable cache, its loading - and no training step: on
-BERT-base that step is a third of a cached compile (``README.md``, "BERT compiled"). The first
-host call then runs the program for the first time (``backend.py`` still treats a failure of that
-run as a compile failure).
+BERT-base that step was a third of a cached compile (``benchmarks/RESULTS.md`` has the compile
+times). The first host call then runs the program for the first time (``backend.py`` still treats
+a failure of that run as a compile failure).
 """
 import contextlib
 
