@@ -14,7 +14,27 @@ def _unwrap(model):
 
 
 def trainingModel(model, options=None, optimizer: Optional[torch.optim.Optimizer] = None) -> PoplarExecutor:
-    """Wrap ``model`` so that each call runs device_iterations training steps."""
+    """Wrap ``model`` for training: each call of the result runs ``deviceIterations`` optimizer
+    steps on the call's inputs, each over ``gradientAccumulation x replicationFactor``
+    micro-batches, and returns the model's outputs as the output mode says.
+
+    The model's ``forward`` must return its loss (a torch loss, or a value wrapped in
+    ``poptorch.identity_loss``). The wrapper trains the model's own parameters, and
+    ``model.destroy()`` unwraps it.
+
+    Args:
+        model (torch.nn.Module): The model to train.
+        options (poptorch.Options): The run's options (default: ``poptorch.Options()``);
+            frozen from now on.
+        optimizer (torch.optim.Optimizer): Over the model's parameters (default: SGD with
+            learning rate 0.01).
+
+    Returns:
+        poptorch.PoplarExecutor: The wrapped model; call it like the model.
+
+    Raises:
+        RuntimeError: The model is already wrapped by another ``trainingModel``.
+    """
     model = _unwrap(model)
     if training_wrapper_of(model) is not None:
         raise RuntimeError(errors.ALREADY_WRAPPED)
@@ -22,15 +42,39 @@ def trainingModel(model, options=None, optimizer: Optional[torch.optim.Optimizer
 
 
 def inferenceModel(model, options=None) -> PoplarExecutor:
-    """Wrap ``model`` for inference; it shares weights with a training wrapper of the same model."""
+    """Wrap ``model`` for inference: each call of the result runs ``deviceIterations`` batches
+    of ``replicationFactor`` micro-batches and returns the outputs as the output mode says.
+
+    The wrapper runs on its own copy of the weights. It picks up new weights when a training
+    wrapper of the same model has trained, and otherwise on ``copyWeightsToDevice()``.
+
+    Args:
+        model (torch.nn.Module): The model to run.
+        options (poptorch.Options): The run's options (default: ``poptorch.Options()``);
+            frozen from now on.
+
+    Returns:
+        poptorch.PoplarExecutor: The wrapped model; call it like the model.
+    """
     model = _unwrap(model)
     return PoplarExecutor(model, options, training=False, poptorch_version=poptorch_version)
 
 
 def load(filename: str, edit_opts_fn: Optional[Callable] = None) -> PoplarExecutor:
-    """Rebuild an executor saved with ``save``/``compileAndExport`` (with ``export_model=True``).
+    """Rebuild a wrapped model saved with ``save`` or ``compileAndExport`` (with
+    ``export_model=True``): its options, model, optimizer and random state.
 
-    ``edit_opts_fn(options)`` may change the options first (e.g. ``useIpuId``)."""
+    Args:
+        filename (str): The saved file.
+        edit_opts_fn (callable): ``edit_opts_fn(options)`` may change the options first (for
+            example ``useIpuId``).
+
+    Returns:
+        poptorch.PoplarExecutor: A training or inference wrapper, as saved.
+
+    Raises:
+        poptorch.Error: The file was saved without its model.
+    """
     saved = read_saved_executor(filename, poptorch_version)
     if saved["model"] is None:
         raise errors.createPoptorchError(

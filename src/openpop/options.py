@@ -80,6 +80,19 @@ class OptionsDict:
     _value_checks: dict[str, Callable[[str, Any], None]] = {}
 
     def set(self, **kwargs: Any) -> None:
+        """Set existing options by name: ``opts.set(device_iterations=4)``.
+
+        Every option must exist and keep its default's type; counts and IPU ids are checked
+        as their setters check them. Nothing changes if one of them is refused.
+
+        Args:
+            **kwargs: Option names and their new values.
+
+        Raises:
+            AssertionError: An unknown option, or a value of another type.
+            ValueError: A count below 1 or an id below 0.
+            AttributeError: The options are frozen (a model or a ``DataLoader`` uses them).
+        """
         self._check_not_frozen()
         for option, value in kwargs.items():
             if not self.exists(option):
@@ -97,11 +110,24 @@ class OptionsDict:
             check(option, value)
 
     def explicitlySet(self, option: str) -> bool:
-        """openpop extension: whether ``option`` was given a value (even its default) through a
-        setter, as opposed to holding its default. Integrations use it so user choices win."""
+        """openpop extension: whether ``option`` was given a value through a setter (even its
+        default value), as opposed to holding its default. Integrations such as Lightning's
+        ``IPUStrategy`` use it so that the user's choices win.
+
+        Args:
+            option (str): The option's name.
+
+        Returns:
+            bool: True if a setter, ``set()`` or an assignment gave it a value.
+        """
         return isinstance(option, str) and option in self._explicit
 
     def createOrSet(self, **kwargs: Any) -> None:
+        """Set options by name, creating those that do not exist yet.
+
+        Args:
+            **kwargs: Option names and their values.
+        """
         self._check_not_frozen()
         for option, value in kwargs.items():
             if self.exists(option):
@@ -111,14 +137,32 @@ class OptionsDict:
                 self._values[option] = value
 
     def exists(self, option: str) -> bool:
+        """Whether the option is known to this object.
+
+        Args:
+            option (str): The option's name, for example ``"device_iterations"``.
+
+        Returns:
+            bool: True if the option has a value.
+        """
         return isinstance(option, str) and option in self._values
 
     def deleteIfExists(self, option: str) -> None:
+        """Remove an option, if it is set.
+
+        Args:
+            option (str): The option's name.
+        """
         self._check_not_frozen()
         if isinstance(option, str):
             self._values.pop(option, None)
 
     def toDict(self) -> dict[str, Any]:
+        """The options as a plain dictionary of names and values.
+
+        Returns:
+            dict: A copy; changing it changes nothing.
+        """
         return dict(self._values)
 
     # --- freezing and copying -------------------------------------------------------
@@ -156,16 +200,42 @@ class _PopartOptions:
         self.set("rearrangeAnchorsOnHost", False)
 
     def set(self, key: str, value: Any) -> "_PopartOptions":
+        """Store a PopART session option (``opts._Popart.set("autoRecomputation", 3)``).
+
+        Any key is accepted and kept. openpop acts on recomputation, precision, synthetic data
+        and caching keys; the others only steer IPU hardware and are named once at INFO.
+
+        Args:
+            key (str): The PopART option's name.
+            value: Its value.
+
+        Returns:
+            The PopART options, so that calls chain.
+        """
         if self._is_frozen:
             raise AttributeError(FROZEN_OPTIONS)
         self.options[key] = value
         return self
 
     def setEngineOptions(self, options: dict[str, Any]) -> "_PopartOptions":
+        """Set Poplar engine options, as ``POPLAR_ENGINE_OPTIONS`` does.
+
+        openpop reads the ``autoReport.*`` keys (a profile report, see ``enableProfiling``) and
+        keeps the others.
+
+        Args:
+            options (dict): Engine option names and values.
+        """
         errors.check_type(options, dict, "_PopartOptions.setEngineOptions", "options")
         return self.set("engineOptions", dict(options))
 
     def setPatterns(self, patterns: dict[str, bool], level: int = 2) -> "_PopartOptions":
+        """Enable or disable PopART graph patterns. Kept; openpop applies no PopART patterns.
+
+        Args:
+            patterns (dict): Pattern names and whether each is enabled.
+            level (int): The pattern level (default 2).
+        """
         errors.check_type(level, int, "_PopartOptions.setPatterns", "level")
         errors.check_type(patterns, dict, "_PopartOptions.setPatterns", "patterns")
         self.set("patterns_level", level)
@@ -190,6 +260,15 @@ class _JitOptions(OptionsDict):
     """Options of PyTorch's JIT (``Options.Jit``); only the deprecated ``traceModel``."""
 
     def traceModel(self, trace_model: bool) -> "_JitOptions":
+        """Deprecated: choose between tracing and dispatching the model. openpop always runs
+        the model through the dispatcher.
+
+        Args:
+            trace_model (bool): Must be False.
+
+        Raises:
+            ValueError: ``trace_model`` is True.
+        """
         _warn_deprecated("poptorch.Options.Jit.traceModel",
                          "tracing is no longer used: the model is always run through the dispatcher")
         if trace_model:
@@ -233,9 +312,21 @@ class _PrecisionOptions(OptionsDict):
         super().__init__(autocast_enabled=False, autocast_dtype=torch.bfloat16)
 
     def autocast(self, enabled: bool = True, dtype: torch.dtype = torch.bfloat16) -> "_PrecisionOptions":
-        """openpop extension: run the model's forward under ``torch.autocast`` with ``dtype``
-        (``torch.bfloat16``, the default, or ``torch.float16``; the names "bfloat16"/"bf16" and
-        "float16"/"fp16"/"half" are accepted too): fp32 weights, low-precision compute."""
+        """openpop extension: run every forward pass under ``torch.autocast``: float32 weights
+        and optimizer, matmuls and convolutions in ``dtype``, losses in float32.
+
+        Where ``dtype`` is slow on this CPU, the lowered ops are computed in float32 from
+        operands rounded to ``dtype`` (see the precision guide). Shown in ``toDict()`` as
+        ``autocast_enabled`` and ``autocast_dtype``.
+
+        Args:
+            enabled (bool): Turn autocast on (default) or off.
+            dtype (torch.dtype): ``torch.bfloat16`` (default) or ``torch.float16``; the names
+                "bfloat16"/"bf16" and "float16"/"fp16"/"half" are accepted too.
+
+        Raises:
+            ValueError: ``enabled`` is not a bool, or ``dtype`` is not a half dtype.
+        """
         if not isinstance(enabled, bool):
             raise ValueError(errors.AUTOCAST_ENABLED.format(enabled=enabled))
         resolved = _AUTOCAST_DTYPES.get(dtype) if isinstance(dtype, (torch.dtype, str)) else None
@@ -245,7 +336,17 @@ class _PrecisionOptions(OptionsDict):
         return self
 
     def setPartialsType(self, dtype: torch.dtype) -> "_PrecisionOptions":
-        """Data type of matmul/convolution partial results: ``torch.float`` or ``torch.half``."""
+        """Set the data type of the partial results of matmuls and convolutions.
+
+        On CUDA, ``torch.half`` allows cuBLAS's reduced-precision accumulation and
+        ``torch.float`` (the default) forbids it. CPU kernels accumulate in float32 either way.
+
+        Args:
+            dtype (torch.dtype): ``torch.float`` or ``torch.half``.
+
+        Raises:
+            ValueError: Any other dtype.
+        """
         if dtype in (torch.float, torch.float32):
             type_name = "float"
         elif dtype in (torch.half, torch.float16):
@@ -257,27 +358,47 @@ class _PrecisionOptions(OptionsDict):
         return self
 
     def enableFloatingPointExceptions(self, enabled: bool) -> "_PrecisionOptions":
-        """Raise an error on division by zero, invalid operations and overflow."""
+        """Raise ``poptorch.Error`` when an op of the forward or backward pass overflows,
+        divides by zero or makes a NaN (``-inf`` masks are fine). The message names the op and
+        its module. Checking costs a pass over every op's output: use it to debug.
+
+        Args:
+            enabled (bool): Turn the checks on or off.
+        """
         if not isinstance(enabled, bool):
             raise AssertionError(errors.FLOATING_POINT_EXCEPTIONS_BOOL)
         self._popart_options.set("enableFloatingPointChecks", enabled)
         return self
 
     def enableStochasticRounding(self, enabled: bool) -> "_PrecisionOptions":
-        """Round float16/bfloat16 weight updates stochastically (unbiased)."""
+        """Round float16 and bfloat16 weight updates stochastically (unbiased) instead of to
+        nearest, with any optimizer. float32 models are not affected.
+
+        Args:
+            enabled (bool): Turn stochastic rounding on or off.
+        """
         if not isinstance(enabled, bool):
             raise AssertionError(errors.STOCHASTIC_ROUNDING_BOOL)
         self._popart_options.set("enableStochasticRounding", enabled)
         return self
 
     def halfFloatCasting(self, half_float_casting: enums.HalfFloatCastingBehavior) -> "_PrecisionOptions":
-        """Deprecated, no effect: mixed float16/float32 ops follow PyTorch's promotion rules."""
+        """Deprecated, no effect: an op that mixes float16 and float32 operands computes in float32,
+        as PopTorch 3 did.
+
+        Args:
+            half_float_casting (poptorch.HalfFloatCastingBehavior): Ignored.
+        """
         _warn_deprecated("poptorch.Options.Precision.halfFloatCasting",
                          "mixed-precision ops always follow PyTorch's type promotion")
         return self
 
     def runningStatisticsAlwaysFloat(self, value: bool) -> "_PrecisionOptions":
-        """Deprecated, no effect: running statistics keep the type of the module's buffers."""
+        """Deprecated, no effect: running statistics keep the dtype of the module's buffers.
+
+        Args:
+            value (bool): Ignored (must be a bool).
+        """
         _warn_deprecated("poptorch.Options.Precision.runningStatisticsAlwaysFloat",
                          "running statistics keep the dtype of the module's buffers")
         if not isinstance(value, bool):
@@ -286,14 +407,17 @@ class _PrecisionOptions(OptionsDict):
 
     @property
     def partials_type(self) -> str:
+        """The partials type set by ``setPartialsType``: "float" or "half"."""
         return self._popart_options.options.get("partialsTypeMatMuls", "float")
 
     @property
     def floating_point_exceptions(self) -> bool:
+        """Whether ``enableFloatingPointExceptions(True)`` was set."""
         return self._popart_options.options.get("enableFloatingPointChecks", False)
 
     @property
     def stochastic_rounding(self) -> bool:
+        """Whether ``enableStochasticRounding(True)`` was set."""
         return self._popart_options.options.get("enableStochasticRounding", False)
 
 
@@ -313,12 +437,26 @@ class _TrainingOptions(OptionsDict):
         )
 
     def gradientAccumulation(self, gradient_accumulation: int) -> "_TrainingOptions":
-        """Micro-batches whose gradients are accumulated before each optimizer step."""
+        """Set how many micro-batches' gradients are accumulated before each optimizer step.
+
+        A pipelined model (``PipelinedExecution`` over N stages) needs at least ``2 * N - 1``.
+
+        Args:
+            gradient_accumulation (int): Micro-batches per step and replica, at least 1.
+        """
         self.set(gradient_accumulation=gradient_accumulation)
         return self
 
     def accumulationAndReplicationReductionType(self, reduction_type: ReductionType) -> "_TrainingOptions":
-        """How gradients are combined over accumulation steps and replicas: Mean or Sum."""
+        """Set how the gradients of the accumulated micro-batches and of the replicas are combined.
+
+        Args:
+            reduction_type (poptorch.ReductionType): ``ReductionType.Mean`` (default) or
+                ``ReductionType.Sum``.
+
+        Raises:
+            ValueError: ``ReductionType.NoReduction`` or not a ``ReductionType``.
+        """
         if (not isinstance(reduction_type, ReductionType)
                 or reduction_type == ReductionType.NoReduction):
             raise ValueError(errors.REDUCTION_TYPE)
@@ -327,16 +465,35 @@ class _TrainingOptions(OptionsDict):
 
     def setMeanAccumulationAndReplicationReductionStrategy(
             self, mean_reduction_strategy: enums.MeanReductionStrategy) -> "_TrainingOptions":
-        """When the mean is taken: Running, Post (default) or PostAndLoss."""
+        """Set when the ``Mean`` reduction divides: once the micro-batches' gradients are summed
+        (``Post``, the default; ``PostAndLoss`` gives the same numbers here), or as a running mean
+        at each micro-batch (``Running``, which keeps float16 accumulators from overflowing). The
+        weights are the same up to float rounding.
+
+        Args:
+            mean_reduction_strategy (poptorch.MeanReductionStrategy): The strategy.
+        """
         self.set(meanAccumulationAndReplicationReductionStrategy=mean_reduction_strategy)
         return self
 
     def setAutomaticLossScaling(self, enabled: bool, *, growth_factor: Optional[float] = None,
                                 backoff_factor: Optional[float] = None,
                                 growth_interval: Optional[int] = None) -> "_TrainingOptions":
-        """Dynamic loss scaling that grows and backs off, skipping steps with inf/NaN
-        gradients (``openpop.runtime.loss_scaling``). The keyword arguments are openpop
-        extras (defaults 2.0, 0.5 and 2000, as ``torch.amp.GradScaler``)."""
+        """Scale the loss automatically, as ``torch.amp.GradScaler`` does: a step whose gradients
+        hold inf or NaN is skipped (weights and optimizer state untouched) and the scale is
+        multiplied by ``backoff_factor``; after ``growth_interval`` finite steps in a row it is
+        multiplied by ``growth_factor``. The current scale is the optimizer's ``loss_scaling``.
+
+        Args:
+            enabled (bool): Turn automatic loss scaling on or off.
+            growth_factor (float): openpop extension; above 1 (default 2.0).
+            backoff_factor (float): openpop extension; between 0 and 1 (default 0.5).
+            growth_interval (int): openpop extension; at least 1 (default 2000).
+
+        Raises:
+            AssertionError: ``enabled`` is not a bool.
+            ValueError: A keyword argument out of range.
+        """
         if not isinstance(enabled, bool):
             raise AssertionError(errors.AUTOMATIC_LOSS_SCALING_BOOL)
         extras = {}
@@ -357,17 +514,27 @@ class _TrainingOptions(OptionsDict):
         return self
 
     def rollbackFailedCalls(self, enabled: bool = True) -> "_TrainingOptions":
-        """openpop extension. True (default): a training host call that raises is rolled back -
-        parameters, buffers, optimizer state, loss scale and random generators are as before it.
-        With ``deviceIterations`` > 1 that keeps one extra copy of the parameters and optimizer
-        state. False: no copy; a failed call keeps the updates of the steps it completed and its
-        error says how many (``openpop.runtime.transaction``)."""
+        """openpop extension: whether a training host call that raises is rolled back.
+
+        When True (the default), parameters, buffers, optimizer state, the loss scale and the
+        random generators are as before a call that fails; with ``deviceIterations`` above 1
+        that keeps one extra copy of the parameters and optimizer state. When False there is no
+        copy, and a failed call keeps the steps it completed; its error says how many.
+
+        Args:
+            enabled (bool): Roll failed calls back (default) or not.
+        """
         if not isinstance(enabled, bool):
             raise ValueError(errors.ROLLBACK_FAILED_CALLS_BOOL.format(enabled=enabled))
         self.set(rollback_failed_calls=enabled)
         return self
 
     def setConvolutionDithering(self, enabled: bool) -> "_TrainingOptions":
+        """Set convolution dithering, an IPU tile-balancing setting. Kept; no effect here.
+
+        Args:
+            enabled (bool): Whether to dither.
+        """
         self._popart_options.set("convolutionDithering", enabled)
         return self
 
@@ -389,11 +556,31 @@ class _DistributedOptions(OptionsDict):
         return self
 
     def setEnvVarNames(self, var_num_processes: str, var_process_id: str) -> "_DistributedOptions":
-        """Read the process count and id from these environment variables (defaults 1 and 0)."""
+        """Read the process count and this process's index from environment variables.
+
+        By default they are read from ``OMPI_COMM_WORLD_SIZE`` and ``OMPI_COMM_WORLD_RANK``,
+        which ``poprun`` sets for every instance. An unset variable means 1 process, index 0.
+
+        Args:
+            var_num_processes (str): The variable holding the number of processes.
+            var_process_id (str): The variable holding this process's index.
+
+        Raises:
+            ValueError: A variable that is not an integer, or an index out of range.
+        """
         return self.configureProcessId(_environment_integer(var_process_id, "0"),
                                        _environment_integer(var_num_processes, "1"))
 
     def configureProcessId(self, process_id: int, num_processes: int) -> "_DistributedOptions":
+        """Set this process's index and the number of processes of the run.
+
+        Args:
+            process_id (int): This process's index, from 0.
+            num_processes (int): The number of processes, at least 1.
+
+        Raises:
+            ValueError: ``process_id`` is not below ``num_processes``.
+        """
         for option, value in (("distributed_process_id", process_id), ("num_distributed_processes", num_processes)):
             self._check_value(option, value)
         if process_id >= num_processes:
@@ -403,10 +590,12 @@ class _DistributedOptions(OptionsDict):
 
     @property
     def processId(self) -> int:
+        """This process's index among the run's processes (0 for a single process)."""
         return self.distributed_process_id
 
     @property
     def numProcesses(self) -> int:
+        """The number of processes of the run (1 unless distributed)."""
         return self.num_distributed_processes
 
 
@@ -424,18 +613,34 @@ class TensorLocationSettings(OptionsDict):
     on CPUs and GPUs, kept and reported)."""
 
     def minElementsForOffChip(self, min_elements: int) -> "TensorLocationSettings":
+        """Keep tensors with fewer elements on chip. An IPU memory hint; kept, no effect here.
+
+        Args:
+            min_elements (int): The smallest number of elements stored off chip.
+        """
         errors.check_type(min_elements, int, "TensorLocationSettings.minElementsForOffChip", "min_elements")
         self.createOrSet(minElementsForOffChip=min_elements)
         return self
 
     def minElementsForReplicatedTensorSharding(self, min_elements: int) -> "TensorLocationSettings":
+        """Shard only tensors with at least this many elements across replicas. An IPU memory hint;
+        kept, no effect here.
+
+        Args:
+            min_elements (int): The smallest number of elements sharded.
+        """
         errors.check_type(min_elements, int, "TensorLocationSettings.minElementsForReplicatedTensorSharding",
                           "min_elements")
         self.createOrSet(minElementsForReplicatedTensorSharding=min_elements)
         return self
 
     def useOnChipStorage(self, use: Optional[bool] = True) -> "TensorLocationSettings":
-        """True: on-chip memory; False: off-chip; None: leave it unspecified."""
+        """Store this class of tensors on chip or off chip. An IPU memory hint; kept, no effect here.
+
+        Args:
+            use (bool or None): True for on-chip memory, False for off-chip, None to leave it
+                unspecified.
+        """
         if use is None:
             self.deleteIfExists("onChip")
         else:
@@ -444,16 +649,32 @@ class TensorLocationSettings(OptionsDict):
         return self
 
     def useReplicatedTensorSharding(self, use: bool = True) -> "TensorLocationSettings":
+        """Shard this class of tensors across replicas. An IPU memory hint; kept, no effect here
+        (every replica holds its tensors whole).
+
+        Args:
+            use (bool): Whether to shard.
+        """
         errors.check_type(use, bool, "TensorLocationSettings.useReplicatedTensorSharding", "use")
         self.createOrSet(useReplicatedTensorSharding=int(use))
         return self
 
     def useIOTilesToLoad(self, use: bool = True) -> "TensorLocationSettings":
+        """Load this class of tensors through the IPU's IO tiles. Kept; no effect here.
+
+        Args:
+            use (bool): Whether to use IO tiles.
+        """
         errors.check_type(use, bool, "TensorLocationSettings.useIOTilesToLoad", "use")
         self.createOrSet(useIOTilesToLoad=int(use))
         return self
 
     def useIOTilesToStore(self, use: bool = True) -> "TensorLocationSettings":
+        """Store this class of tensors through the IPU's IO tiles. Kept; no effect here.
+
+        Args:
+            use (bool): Whether to use IO tiles.
+        """
         errors.check_type(use, bool, "TensorLocationSettings.useIOTilesToStore", "use")
         self.createOrSet(useIOTilesToStore=int(use))
         return self
@@ -463,6 +684,14 @@ class _TensorLocationOptions(OptionsDict):
     """Tensor placement hints (``Options.TensorLocations``); IPU memory only."""
 
     def numIOTiles(self, num_tiles: int) -> "_TensorLocationOptions":
+        """Set the number of IPU tiles reserved for IO. Kept; no effect here.
+
+        Args:
+            num_tiles (int): An even number from 32 to 192.
+
+        Raises:
+            AssertionError: Any other value.
+        """
         if not (isinstance(num_tiles, int) and 32 <= num_tiles <= 192 and num_tiles % 2 == 0):
             raise AssertionError(errors.NUM_IO_TILES)
         self.createOrSet(numIOTiles=num_tiles)
@@ -474,15 +703,35 @@ class _TensorLocationOptions(OptionsDict):
         return self
 
     def setActivationLocation(self, location: TensorLocationSettings) -> "_TensorLocationOptions":
+        """Set where activations are stored on an IPU system. Kept; no effect here.
+
+        Args:
+            location (poptorch.TensorLocationSettings): The location settings.
+        """
         return self._set_location("location_activation", location)
 
     def setWeightLocation(self, location: TensorLocationSettings) -> "_TensorLocationOptions":
+        """Set where weights are stored on an IPU system. Kept; no effect here.
+
+        Args:
+            location (poptorch.TensorLocationSettings): The location settings.
+        """
         return self._set_location("location_weight", location)
 
     def setOptimizerLocation(self, location: TensorLocationSettings) -> "_TensorLocationOptions":
+        """Set where optimizer state are stored on an IPU system. Kept; no effect here.
+
+        Args:
+            location (poptorch.TensorLocationSettings): The location settings.
+        """
         return self._set_location("location_optimizer", location)
 
     def setAccumulatorLocation(self, location: TensorLocationSettings) -> "_TensorLocationOptions":
+        """Set where gradient accumulators are stored on an IPU system. Kept; no effect here.
+
+        Args:
+            location (poptorch.TensorLocationSettings): The location settings.
+        """
         return self._set_location("location_accumulator", location)
 
 
@@ -547,42 +796,70 @@ class Options(OptionsDict):
     # --- groups ---------------------------------------------------------------------
     @property
     def Training(self) -> _TrainingOptions:
+        """Training settings (``poptorch.Options.Training``): gradient accumulation, reduction, loss scaling."""
         return self._training
 
     @property
     def Precision(self) -> _PrecisionOptions:
+        """Precision settings (``poptorch.Options.Precision``): autocast, partials, stochastic rounding."""
         return self._precision
 
     @property
     def Distributed(self) -> _DistributedOptions:
+        """Multi-process settings (``poptorch.Options.Distributed``): process count and index."""
         return self._distributed
 
     @property
     def TensorLocations(self) -> _TensorLocationOptions:
+        """Tensor placement hints of IPU systems (``poptorch.Options.TensorLocations``); no effect here."""
         return self._tensor_locations
 
     @property
     def Jit(self) -> _JitOptions:
+        """PyTorch JIT settings (``poptorch.Options.Jit``); deprecated."""
         return self._jit
 
     @property
     def _Popart(self) -> _PopartOptions:
+        """PopART session options (``opts._Popart.set(key, value)``); see ``_PopartOptions``."""
         return self._popart
 
     # --- batching and replication ---------------------------------------------------
     def deviceIterations(self, device_iterations: int) -> "Options":
-        """Optimizer steps (training) or batches (inference) per host call."""
+        """Set how many iterations one call of the model runs: optimizer steps for a training
+        model, batches for an inference model.
+
+        A call's inputs hold ``device_iterations x replication_factor x gradient_accumulation``
+        micro-batches (``poptorch.DataLoader`` builds such batches).
+
+        Args:
+            device_iterations (int): Iterations per call, at least 1.
+        """
         self.set(device_iterations=device_iterations)
         return self
 
     def replicationFactor(self, replication_factor: int) -> "Options":
-        """Data-parallel replicas of the model (per process when distributed)."""
+        """Set the number of data-parallel replicas of the model (in this process, when
+        distributed). Replicas share the weights; their gradients are reduced every step.
+
+        Args:
+            replication_factor (int): Replicas, at least 1.
+        """
         self.set(replication_factor=replication_factor)
         return self
 
     def inputReplicaGrouping(self, input_group_size: int,
                              input_group_type: CommGroupType) -> "Options":
-        """Replicas in one group receive the same input data."""
+        """Give the replicas of a group the same input data.
+
+        Args:
+            input_group_size (int): Replicas per group; must divide ``replicationFactor``.
+            input_group_type (poptorch.CommGroupType): ``Consecutive`` or ``Orthogonal``
+                groups; ``NoGrouping`` gives every replica its own data.
+
+        Raises:
+            ValueError: ``CommGroupType.All``, or a size that does not divide the replication factor.
+        """
         if input_group_type == CommGroupType.All:
             raise ValueError(errors.INPUT_GROUP_TYPE_ALL)
         if input_group_type == CommGroupType.NoGrouping:
@@ -596,13 +873,32 @@ class Options(OptionsDict):
         return self
 
     def broadcastBuffers(self, broadcast_buffers: bool = True) -> "Options":
+        """Whether replicas get their buffers from the host at each call.
+
+        Normalisation statistics stay per replica either way. A model with replicas whose
+        ``forward`` changes other buffers in place needs ``broadcastBuffers(False)``; each
+        replica then keeps its own values.
+
+        Args:
+            broadcast_buffers (bool): True (default) or False.
+        """
         self.set(broadcast_buffers=broadcast_buffers)
         return self
 
     # --- outputs --------------------------------------------------------------------
     def outputMode(self, output_mode: OutputMode,
                    output_return_period: Optional[int] = None) -> "Options":
-        """Which results a host call returns: All, Final, Sum or EveryN(period)."""
+        """Set which results a call returns.
+
+        Args:
+            output_mode (poptorch.OutputMode): ``All`` (every micro-batch), ``Final`` (the
+                last), ``Sum`` (summed), ``EveryN`` (every N-th iteration) or ``Default``
+                (``Final`` for training, ``All`` for inference).
+            output_return_period (int): N, for ``EveryN`` only.
+
+        Raises:
+            AssertionError: ``EveryN`` without a positive period.
+        """
         errors.check_type(output_mode, OutputMode, "Options.outputMode", "output_mode")
         if output_mode == OutputMode.EveryN:
             if not (output_return_period and output_return_period > 0):
@@ -614,12 +910,21 @@ class Options(OptionsDict):
         return self
 
     def defaultOutputMode(self) -> bool:
-        """True while the output mode is still ``OutputMode.Default``."""
+        """Whether the output mode is still ``OutputMode.Default``.
+
+        Returns:
+            bool: True until ``outputMode`` is called with another mode.
+        """
         return self.output_mode == OutputMode.Default
 
     def anchorMode(self, anchor_mode: OutputMode,
                    anchor_return_period: Optional[int] = None) -> "Options":
-        """Deprecated name of ``outputMode``."""
+        """Deprecated name of ``outputMode``.
+
+        Args:
+            anchor_mode (poptorch.OutputMode): As ``outputMode``'s ``output_mode``.
+            anchor_return_period (int): As ``outputMode``'s ``output_return_period``.
+        """
         _warn_deprecated("poptorch.Options.anchorMode",
                          "Use outputMode instead, previous name was misleading")
         if not isinstance(anchor_mode, OutputMode) and getattr(anchor_mode, "name", None) in \
@@ -636,7 +941,20 @@ class Options(OptionsDict):
     def anchorTensor(self, short_name: str, long_name: str,
                      output_mode: Optional[OutputMode] = None,
                      output_return_period: Optional[int] = 1) -> None:
-        """Also return the tensor ``long_name``, read back with ``getAnchoredTensor(short_name)``."""
+        """Also return a model tensor, read back after a call with
+        ``model.getAnchoredTensor(short_name)``.
+
+        Parameters and buffers can be anchored: ``Gradient___<name>`` (the reduced gradient the
+        optimizer applied), ``UpdatedVar___<name>`` (after the update) and ``<name>`` (the value
+        after the step).
+
+        Args:
+            short_name (str): The name to read it back by.
+            long_name (str): The tensor's name, for example ``"Gradient___fc.bias"``.
+            output_mode (poptorch.OutputMode): Which iterations to keep (default: the model's
+                output mode).
+            output_return_period (int): N, for ``OutputMode.EveryN``.
+        """
         if output_mode != OutputMode.EveryN:
             output_return_period = 1
         anchored = dict(self.anchored_tensors)
@@ -645,7 +963,15 @@ class Options(OptionsDict):
 
     # --- randomness, devices, connection ---------------------------------------------
     def randomSeed(self, random_seed: int) -> "Options":
-        """Seed the run's random numbers; also seeds ``torch`` on the host."""
+        """Seed the run's random numbers. Also seeds ``torch`` on the host, so that dropout masks
+        and other random draws repeat from run to run.
+
+        Args:
+            random_seed (int): The seed; an integer that fits torch's seed range.
+
+        Raises:
+            ValueError: A seed out of range.
+        """
         errors.check_type(random_seed, int, "Options.randomSeed", "random_seed")
         if not _SEED_RANGE[0] <= random_seed <= _SEED_RANGE[1]:
             raise ValueError(errors.RANDOM_SEED_RANGE.format(random_seed=random_seed))
@@ -655,49 +981,104 @@ class Options(OptionsDict):
         return self
 
     def setExecutionStrategy(self, strategy: _IExecutionStrategy) -> "Options":
+        """Set how the model's blocks are executed.
+
+        Args:
+            strategy: ``poptorch.PipelinedExecution`` (default), ``ShardedExecution``,
+                ``SerialPhasedExecution`` or ``ParallelPhasedExecution``.
+
+        Raises:
+            AssertionError: Any other object.
+        """
         errors.check_type(strategy, _IExecutionStrategy, "Options.setExecutionStrategy", "strategy",
                           fix=errors.EXECUTION_STRATEGY_FIX)
         self._execution_strategy = strategy
         return self
 
     def autoRoundNumIPUs(self, auto_round_num_ipus: bool = True) -> "Options":
+        """Allow a number of IPUs that is not a power of two, as if rounded up to the next one.
+
+        Args:
+            auto_round_num_ipus (bool): True (default when called) or False.
+        """
         self.set(auto_round_num_ipus=auto_round_num_ipus)
         return self
 
     def useIpuModel(self, use_model: bool) -> "Options":
+        """Run on Graphcore's IPU Model simulator. Kept; openpop runs on its virtual IPUs either way.
+
+        Args:
+            use_model (bool): Whether to use the IPU Model.
+        """
         self.createOrSet(use_model=use_model)
         return self
 
     def useIpuId(self, ipu_id: int) -> "Options":
+        """Run on a given IPU (or multi-IPU device) id. Kept; openpop's devices come from the device
+        map (``deviceMap``).
+
+        Args:
+            ipu_id (int): The device id, from 0.
+        """
         errors.check_type(ipu_id, int, "Options.useIpuId", "ipu_id")
         self.createOrSet(ipu_id=ipu_id)
         return self
 
     def useOfflineIpuTarget(self, ipu_version: int = 2) -> "Options":
-        """Compile only (``ConnectionType.Never``) for IPU version 1, 2 or 21."""
+        """Compile only, for an IPU version, without running: the model compiles and refuses to run
+        or attach (``ConnectionType.Never``).
+
+        Args:
+            ipu_version (int): 1, 2 or 21 (default 2).
+        """
         self._check_not_frozen()
         self.connectionType(ConnectionType.Never)
         self.createOrSet(ipu_version=ipu_version)
         return self
 
     def connectionType(self, connection_type: ConnectionType) -> "Options":
+        """Set when the device is attached. ``ConnectionType.Never`` makes a model that compiles and
+        refuses to run; ``Always`` and ``OnDemand`` run as usual.
+
+        Args:
+            connection_type (poptorch.ConnectionType): ``Always``, ``OnDemand`` or ``Never``.
+        """
         errors.check_type(connection_type, ConnectionType, "Options.connectionType", "connection_type")
         self.set(connection_type=connection_type.value)
         return self
 
     def syncPattern(self, sync_pattern: SyncPattern) -> "Options":
+        """Set how IPUs synchronise with the host. Kept; no effect here.
+
+        Args:
+            sync_pattern (poptorch.SyncPattern): ``Full``, ``SinglePipeline`` or ``ReplicaAndLadder``.
+        """
         errors.check_type(sync_pattern, SyncPattern, "Options.syncPattern", "sync_pattern")
         self.set(sync_pattern=sync_pattern.value)
         return self
 
     def enableSyntheticData(self, enabled: bool) -> "Options":
+        """Run on synthetic data, without host-device transfers. Kept; openpop's PopTorch models run
+        on the inputs they are given (PopART sessions honour ``syntheticDataMode``).
+
+        Args:
+            enabled (bool): Whether to use synthetic data.
+        """
         # PopART's SyntheticDataMode: 0 = Off, 2 = RandomNormal.
         self._popart.set("syntheticDataMode", 2 if enabled else 0)
         return self
 
     # --- caching, logging, profiling -------------------------------------------------
     def enableExecutableCaching(self, path: Optional[str]) -> "Options":
-        """Cache compiled executables in ``path``; None disables the cache."""
+        """Cache compiled executables in a directory, as ``POPTORCH_CACHE_DIR`` does.
+
+        torch's compile caches (Inductor, AOTAutograd, Triton) and openpop's saved programs live
+        there, so a second process compiling the same model loads what the first compiled. The
+        directory is created and checked for writing when the model is wrapped.
+
+        Args:
+            path (str or None): The cache directory; None disables the cache.
+        """
         if path is None:
             self._popart.set("enableEngineCaching", False)
         else:
@@ -706,28 +1087,52 @@ class Options(OptionsDict):
         return self
 
     def logDir(self, log_dir: str) -> "Options":
+        """Set the directory of IPU log files. Kept; openpop logs through ``poptorch.logger``.
+
+        Args:
+            log_dir (str): A directory.
+        """
         self.set(log_dir=log_dir)
         return self
 
     def maxRepeatLogs(self, max_lines: Optional[int]) -> "Options":
-        """How often one repeated log message is printed; None means no limit."""
+        """Set how often one repeated log message is printed. Kept.
+
+        Args:
+            max_lines (int or None): The number of repeats; None means no limit.
+        """
         self.set(max_repeat_logs=_NO_REPEAT_LIMIT if max_lines is None else max_lines)
         return self
 
     def modelName(self, name: str) -> "Options":
-        """Name of the profile report's subdirectory (default "training"/"inference")."""
+        """Name the model in profile reports: its report is written to
+        ``<profile directory>/<name>`` (default ``training`` or ``inference``).
+
+        Args:
+            name (str): The subdirectory's name.
+        """
         errors.check_type(name, str, "Options.modelName", "name")
         self.createOrSet(model_name=name)
         return self
 
     def logCycleCount(self, log_cycle_count: bool) -> "Options":
+        """Count the device cycles of each run, read with ``model.cycleCount()``.
+
+        Args:
+            log_cycle_count (bool): Whether to count cycles.
+        """
         self._popart.set("instrumentWithHardwareCycleCounter", log_cycle_count)
         return self
 
     def enableProfiling(self, profile_dir: Optional[str] = None) -> "Options":
-        """Write a profile report to ``profile_dir`` (default: the current directory).
+        """Write a profile of the model's first host calls: a Chrome/Perfetto trace, a JSON
+        summary and an HTML report, in ``<profile_dir>/<modelName>``. The same as
+        ``POPLAR_ENGINE_OPTIONS='{"autoReport.all":"true","autoReport.directory":DIR}'``.
 
         Stored as ``_Popart.options["engineOptions"]["autoReport.directory"]``.
+
+        Args:
+            profile_dir (str): The directory (default: the current directory).
         """
         if profile_dir is not None:
             errors.check_type(profile_dir, (str, os.PathLike), "Options.enableProfiling", "profile_dir")
@@ -743,11 +1148,27 @@ class Options(OptionsDict):
         return self
 
     def enableStableNorm(self, enabled: bool) -> "Options":
+        """Use a numerically more stable variance computation in normalisations. Kept; PyTorch's
+        kernels are used as they are.
+
+        Args:
+            enabled (bool): Whether to use it.
+        """
         self._popart.set("enableStableNorm", enabled)
         return self
 
     def setAvailableMemoryProportion(self, available_memory_proportion: dict[str, float]) -> "Options":
-        """Temporary-memory proportion per IPU, e.g. ``{"IPU0": 0.5}`` (stored as ``{0: 0.5}``)."""
+        """Set the proportion of each IPU's memory that matmuls and convolutions may use for
+        temporary values. Kept; no effect here.
+
+        Args:
+            available_memory_proportion (dict): ``{"IPU0": 0.5, ...}``; each value from 0 to 1
+                (stored as ``{0: 0.5}``).
+
+        Raises:
+            AssertionError: A key that is not ``"IPU<n>"``.
+            ValueError: A proportion that is not a number from 0 to 1.
+        """
         errors.check_type(available_memory_proportion, dict, "Options.setAvailableMemoryProportion",
                           "available_memory_proportion")
         per_ipu = {}
@@ -761,20 +1182,37 @@ class Options(OptionsDict):
         return self
 
     def showCompilationProgressBar(self, show: bool = True) -> "Options":
+        """Show the ``Graph compilation`` progress bar on stderr when the model compiles.
+
+        Args:
+            show (bool): True (default) or False.
+        """
         self.set(show_compilation_progress_bar=show)
         return self
 
     def openpopBackend(self, backend: str, compile_after: Optional[float] = None,
                        unit: Optional[str] = None) -> "Options":
-        """openpop extension: how host calls run. ``"eager"`` (the reference), ``"compiled"``
-        (one compiled program per host call, ``runtime/compiled/``; an error naming the construct
-        for a model it cannot compile) or ``"auto"`` (default; environment ``OPENPOP_BACKEND``):
-        eager until eager host calls have taken ``compile_after`` seconds (default: the program's
-        estimated compile time, ``runtime/compiled/compile_cost.py``; environment
-        ``OPENPOP_COMPILE_AFTER``), then compiled where possible. ``unit``: what is compiled,
-        ``"program"`` (the whole host call), ``"regions"`` (the model's blocks one by one, the host
-        call run eagerly) or ``"auto"`` (default; environment ``OPENPOP_COMPILED_UNIT``: regions for models
-        whose ops take milliseconds). See the README's "Compiled backend"."""
+        """openpop extension: choose how host calls run.
+
+        ``"eager"`` is the reference: a Python loop over the micro-batches. ``"compiled"`` runs
+        each host call through ``torch.compile`` and raises an error naming the construct for a
+        model it cannot compile exactly. ``"auto"`` (the default; environment ``OPENPOP_BACKEND``)
+        runs eagerly until the eager host calls have taken ``compile_after`` seconds, then
+        compiles where possible. See docs/guides/compiled-backend.md.
+
+        Args:
+            backend (str): ``"auto"``, ``"eager"`` or ``"compiled"``.
+            compile_after (float): Seconds of eager calls before ``auto`` compiles (default: the
+                model's estimated compile time; environment ``OPENPOP_COMPILE_AFTER``; 0 compiles
+                at once).
+            unit (str): What is compiled: ``"program"`` (the whole host call), ``"regions"`` (the
+                model's blocks one by one, the host call run eagerly) or ``"auto"`` (default;
+                environment ``OPENPOP_COMPILED_UNIT``: regions for models whose ops take
+                milliseconds).
+
+        Raises:
+            poptorch.Error: An unknown backend or unit, or a negative ``compile_after``.
+        """
         from .runtime.compiled.selection import check_backend, check_unit
         check_backend(backend)
         if unit is not None:
@@ -789,47 +1227,81 @@ class Options(OptionsDict):
         return self
 
     def relaxOptimizerAttributesChecks(self, relax: bool = True) -> "Options":
-        """Unexpected optimizer attributes: warning (False, default) or debug message (True)."""
+        """Report optimizer attributes the run does not know as a debug message instead of a
+        warning.
+
+        Args:
+            relax (bool): True (default when called) or False.
+        """
         self.set(relax_optimizer_attributes_checks=relax)
         return self
 
     def disableModuleNamescope(self) -> "Options":
+        """Stop naming ops after the modules they run in. Kept; openpop's traces name modules anyway."""
         self.set(module_namescope_enabled=False)
         return self
 
     def updatableNamedBuffers(self, buffers: list[str]) -> "Options":
-        """Names of buffers the host may update between runs."""
+        """Name the buffers that ``model.copyNamedBuffersToDevice()`` may send to the device
+        between calls. The names are checked against the model when it compiles.
+
+        Args:
+            buffers (list of str): Buffer names, as ``model.named_buffers()`` gives them.
+        """
         self.set(updatable_named_buffers=_string_list(buffers, "Options.updatableNamedBuffers", "buffers"))
         return self
 
     def deviceMap(self, devices: list[str]) -> "Options":
-        """openpop extension: the torch devices virtual IPUs run on, in the order
-        ``replica * ipus_per_replica + ipu`` (reused round-robin). Empty (default): every CUDA
-        GPU round-robin, else the CPU; the ``OPENPOP_DEVICE_MAP`` variable applies when empty."""
+        """openpop extension: set the torch devices the virtual IPUs run on.
+
+        Virtual IPU ``i`` of replica ``r`` runs on entry ``r * ipus_per_replica + i``, reused
+        round-robin. Empty (the default): ``OPENPOP_DEVICE_MAP`` if set, else every CUDA GPU
+        round-robin, else the CPU.
+
+        Args:
+            devices (list): Device names or ``torch.device`` objects, for example
+                ``["cuda:0", "cuda:1"]`` or ``["cpu"]``.
+        """
         _string_list(devices, "Options.deviceMap", "devices", (str, torch.device))
         self.set(device_map=[str(d) for d in devices])
         return self
 
     def sourceLocationExcludes(self, excludes: list[str]) -> "Options":
-        """Replace the path fragments skipped when attributing ops to source lines."""
+        """Replace the path fragments skipped when ops are attributed to source lines (in error
+        messages and traces).
+
+        Args:
+            excludes (list of str): Path fragments, for example ``["site-packages/"]``.
+        """
         self.set(source_location_excludes=_string_list(excludes, "Options.sourceLocationExcludes", "excludes"))
         return self
 
     def appendToLocationExcludes(self, *excludes: str) -> "Options":
+        """Add path fragments to those skipped when ops are attributed to source lines.
+
+        Args:
+            *excludes (str): Path fragments.
+        """
         self.set(source_location_excludes=self.source_location_excludes
                  + _string_list(excludes, "Options.appendToLocationExcludes", "excludes"))
         return self
 
     # --- loading ----------------------------------------------------------------------
     def loadFromFile(self, filepath: str) -> "Options":
-        """Apply a file of setter calls, one per line, written without ``options.``
-        (``deviceIterations(4)``, ``setExecutionStrategy(poptorch.ShardedExecution())``). Lines
-        may use ``poptorch`` (the whole API), ``torch`` and the enums by name. Blank lines and
-        lines starting with # are skipped.
+        """Apply a file of setter calls, one per line, written without ``options.``:
+        ``deviceIterations(4)``, ``Training.gradientAccumulation(2)``,
+        ``setExecutionStrategy(poptorch.ShardedExecution())``. Lines may use ``poptorch`` (the
+        whole API), ``torch`` and the enums by name; blank lines and lines starting with ``#``
+        are skipped.
 
         All or nothing: every line is checked before any is applied (a syntax error changes
-        nothing), and a line that raises undoes the lines before it (and the seeding of torch's
-        random generators by ``randomSeed``); the error names the line.
+        nothing), and a line that raises undoes the lines before it; the error names the line.
+
+        Args:
+            filepath (str): The file's path.
+
+        Raises:
+            poptorch.ConfigFileError: A line that is not valid Python, or a file that is not text.
         """
         with open(filepath, "rb") as config:
             content = config.read()
@@ -875,11 +1347,15 @@ class Options(OptionsDict):
         object.__setattr__(self, "_execution_strategy", strategy)
 
     def from_json(self, string: str) -> "Options":
-        """Apply ``{"path.to.setter": value}``: a list value is passed as the arguments,
-        a string "EnumName.Member" becomes that enum member (e.g. "OutputMode.All").
+        """Apply settings given as JSON: ``{"deviceIterations": 4, "Training.gradientAccumulation": 2}``.
 
-        All or nothing, as ``loadFromFile``: text that is not a JSON object is a ``ValueError``
-        before anything changes, and a setting that raises undoes the ones before it."""
+        Each key is a setter's or an option's path. A list value is passed as the setter's
+        arguments; a string ``"EnumName.Member"`` becomes that enum member (``"OutputMode.All"``).
+        ``POPTORCH_DEFAULT_OPTIONS`` is applied this way to every new ``Options``.
+
+        Args:
+            string (str): A JSON object.
+        """
         return self._apply_json(string, "Options.from_json")
 
     def _apply_json(self, string: str, source: str) -> "Options":
@@ -920,13 +1396,24 @@ class Options(OptionsDict):
 
     # --- copying and serialisation ----------------------------------------------------
     def clone(self) -> "Options":
-        """An unfrozen deep copy."""
+        """An unfrozen deep copy of the options.
+
+        Returns:
+            poptorch.Options: The copy.
+        """
         return copy.deepcopy(self)
 
     def toDict(self) -> dict[str, Any]:
-        """Every setting in one flat dict: the strategy's backend options, the PopART
-        options, then this object's, Training's, Precision's, Distributed's and
-        TensorLocations' values. A key set by two of them is an error."""
+        """Every setting in one flat dictionary: the execution strategy's, the PopART options, then
+        this object's and each group's values.
+
+        Returns:
+            dict: A copy of the settings.
+
+        Raises:
+            AssertionError: The output mode is still ``Default`` (it is chosen when a model is
+                wrapped), or two groups set the same key.
+        """
         if self.defaultOutputMode():
             raise AssertionError(errors.OUTPUT_MODE_NOT_PICKED)
         merged = dict(self._execution_strategy.backendOptions())

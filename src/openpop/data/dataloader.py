@@ -39,22 +39,34 @@ class DataLoader(torch.utils.data.DataLoader):
                  rebatched_worker_size: Optional[int] = None,
                  batch_sampler: Optional[Union[Sampler[Sequence], Iterable[Sequence]]] = None,
                  **kwargs):
-        """
-        :param options: the run's options; they are frozen from now on.
-        :param batch_size: the micro-batch size, multiplied into the combined batch size.
-        :param shuffle: as in torch (``None`` means ``False``); with several processes the
-            shuffle is global and needs ``options.randomSeed()``.
-        :param drop_last: drop the last incomplete combined batch (default ``True``, unlike torch).
-        :param persistent_workers: default ``num_workers > 0`` (unlike torch).
-        :param auto_distributed_partitioning: with several processes, give each process its
-            own contiguous share of a map-style dataset.
-        :param mode: ``Sync``, ``Async`` (load in a separate process) or ``AsyncRebatched``
-            (the torch workers use ``rebatched_worker_size`` and the loading process re-cuts
-            their batches into combined batches).
-        :param async_options: keyword arguments of ``AsynchronousDataAccessor``.
-        :param batch_sampler: yields micro-batches of indices; consecutive ones are joined
-            into combined batches. Excludes ``batch_size`` and ``shuffle``.
-        :param kwargs: any other argument of ``torch.utils.data.DataLoader``.
+        """A ``torch.utils.data.DataLoader`` whose batches are whole host calls.
+
+        Each batch holds ``batch_size x device_iterations x replication_factor x
+        gradient_accumulation`` samples (``options`` give the factors), in the order a
+        model wrapped with the same options splits them. Under ``poprun`` each process
+        reads its own share of the dataset.
+
+        Args:
+            options (poptorch.Options): The run's options; they are frozen from now on.
+            dataset (torch.utils.data.Dataset): A map-style or iterable dataset.
+            batch_size (int): The micro-batch size, multiplied into the combined batch size.
+            shuffle (bool): As in torch (``None`` means ``False``); with several processes the
+                shuffle is global and needs ``options.randomSeed()``.
+            num_workers (int): Loading worker processes, as in torch.
+            drop_last (bool): Drop the last incomplete combined batch (default ``True``,
+                unlike torch).
+            persistent_workers (bool): Keep the workers between epochs (default
+                ``num_workers > 0``, unlike torch).
+            auto_distributed_partitioning (bool): With several processes, give each process
+                its own contiguous share of a map-style dataset (default ``True``).
+            mode (poptorch.DataLoaderMode): ``Sync`` (default), ``Async`` (load in a separate
+                process) or ``AsyncRebatched`` (the torch workers use ``rebatched_worker_size``
+                and the loading process re-cuts their batches into combined batches).
+            async_options (dict): Keyword arguments of ``AsynchronousDataAccessor``.
+            rebatched_worker_size (int): The workers' batch size with ``AsyncRebatched``.
+            batch_sampler: Yields micro-batches of indices; consecutive ones are joined into
+                combined batches. Excludes ``batch_size`` and ``shuffle``.
+            **kwargs: Any other argument of ``torch.utils.data.DataLoader``.
         """
         if not isinstance(options, Options):
             raise AssertionError(messages.NOT_OPTIONS.format(type=type(options).__name__))
@@ -140,6 +152,7 @@ class DataLoader(torch.utils.data.DataLoader):
 
     @property
     def options(self) -> Options:
+        """The (frozen) options the loader was built with."""
         return self._options
 
     def terminate(self) -> None:

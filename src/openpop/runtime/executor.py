@@ -82,14 +82,17 @@ class PoplarExecutor:
     # ------------------------------------------------------------------ properties
     @property
     def model(self):
+        """The user's model this executor runs (``poptorch.trainingModel(model)``'s ``model``)."""
         return self._user_model
 
     @property
     def options(self):
+        """The ``poptorch.Options`` the executor runs with (frozen)."""
         return self._options
 
     @property
     def training(self) -> bool:
+        """True for a ``trainingModel``, False for an ``inferenceModel``."""
         return self._training
 
     def __getattr__(self, name):
@@ -104,9 +107,25 @@ class PoplarExecutor:
 
     # ------------------------------------------------------------------ compile
     def isCompiled(self) -> bool:
+        """Whether the model has been compiled (by ``compile()`` or its first call).
+
+        Returns:
+            bool: True once compiled, False before and after ``destroy()``.
+        """
         return self._executable is not None
 
     def compile(self, *args, **kwargs) -> None:
+        """Compile the model for these inputs without running it.
+
+        The compile traces one micro-batch to find the loss and the blocks and to check the
+        model; weights, buffers, random generators and the inputs are left as they were. With the
+        compiled backend forced (``Options.openpopBackend("compiled")``) the compiled program is
+        built here too. A second call only warns.
+
+        Args:
+            *args: The inputs, as for a call of the model (the whole host call's batch).
+            **kwargs: Keyword inputs.
+        """
         if self._executable is not None:
             logger.warning(errors.COMPILE_IGNORED)
             return
@@ -287,10 +306,17 @@ class PoplarExecutor:
             raise errors.createPoptorchError(errors.NO_EXECUTABLE)
 
     def copyWeightsToHost(self) -> None:
+        """Copy the device's weights to the user's model. A training model on the CPU trains the
+        user's parameters in place, so there is nothing to copy there.
+        """
         self._require_compiled()
         self._executable.weights.download()
 
     def copyWeightsToDevice(self) -> None:
+        """Copy the user's model's weights (and buffers) to the device, for example after
+        ``load_state_dict`` on the model itself. An inference model does this by itself when a
+        training model of the same module has trained.
+        """
         self._require_compiled()
         self._session.upload_weights()
 
@@ -299,6 +325,12 @@ class PoplarExecutor:
         return False
 
     def copyNamedBuffersToDevice(self) -> None:
+        """Copy the buffers named by ``Options.updatableNamedBuffers`` from the user's model to the
+        device.
+
+        Raises:
+            poptorch.Error: No buffers were named, or a named buffer is gone from the model.
+        """
         names = self._settings.updatable_named_buffers
         if not names:
             raise errors.createPoptorchError(errors.NO_UPDATABLE_BUFFERS)
@@ -307,6 +339,16 @@ class PoplarExecutor:
         self._session.upload_buffers(names)
 
     def load_state_dict(self, state_dict, strict: bool = True):
+        """Load a state dict into the user's model and, when the executor is attached, copy the
+        weights to the device.
+
+        Args:
+            state_dict (dict): As for ``torch.nn.Module.load_state_dict``.
+            strict (bool): As for ``torch.nn.Module.load_state_dict`` (default True).
+
+        Returns:
+            The ``torch.nn.Module.load_state_dict`` result (missing and unexpected keys).
+        """
         result = self._user_model.load_state_dict(state_dict, strict=strict)
         if self._executable is not None and self._session.attached:
             self.copyWeightsToDevice()
@@ -314,6 +356,20 @@ class PoplarExecutor:
 
     # ------------------------------------------------------------------ optimizer
     def setOptimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Use another optimizer, or the same one with new hyper-parameters, from the next call.
+
+        Hyper-parameters are read from the optimizer at every step anyway, so an LR scheduler
+        works without this call; scripts that call it behave as on PopTorch. A fresh optimizer
+        object takes over the state (momentum, Adam's moments) of the one it replaces.
+
+        Args:
+            optimizer (torch.optim.Optimizer): Over the model's parameters only.
+
+        Raises:
+            AssertionError: Called on an inference model.
+            ValueError: The new optimizer changes an attribute that was constant when the model
+                compiled, or has float16 accumulators without a running mean.
+        """
         if not self._training:
             raise AssertionError(errors.SET_OPTIMIZER_INFERENCE)
         optim = _optim()
@@ -337,15 +393,32 @@ class PoplarExecutor:
 
     # ------------------------------------------------------------------ device
     def isAttachedToDevice(self) -> bool:
+        """Whether the executor holds its device.
+
+        Returns:
+            bool: True between compile (or ``attachToDevice``) and ``detachFromDevice``.
+        """
         return self._session is not None and self._session.attached
 
     def detachFromDevice(self) -> None:
+        """Release the device. Weights on GPUs come back to the user's model on the CPU; the next
+        call attaches again.
+
+        Raises:
+            poptorch.Error: Not compiled, or not attached.
+        """
         self._require_compiled()
         if not self._session.attached:
             raise errors.createPoptorchError(errors.NOT_ATTACHED)
         self._session.detach(self._optimizer)
 
     def attachToDevice(self) -> None:
+        """Take the device again after ``detachFromDevice``; the weights are copied to it.
+
+        Raises:
+            poptorch.Error: Not compiled, or already attached.
+            AssertionError: The options say ``ConnectionType.Never``.
+        """
         self._require_compiled()
         if self._settings.connection_type == ConnectionType.Never:
             raise AssertionError(errors.ATTACH_OFFLINE)
@@ -354,6 +427,9 @@ class PoplarExecutor:
         self._session.attach(self._optimizer)
 
     def destroy(self) -> None:
+        """Release the device and forget the compiled model. A training executor also unwraps the
+        user's model, which can then be wrapped again; calling this executor again compiles anew.
+        """
         if self._session is not None:
             self._session.close(self._optimizer)
         self._executable = self._session = self._schedule = self._processes = None
@@ -390,6 +466,15 @@ class PoplarExecutor:
 
     # ------------------------------------------------------------------ introspection
     def compilationTime(self) -> datetime.timedelta:
+        """How long the compile took.
+
+        Returns:
+            datetime.timedelta: The compile's duration.
+
+        Raises:
+            poptorch.Error: Not compiled, or compiled with the progress bar turned off
+                (``compileSeconds()`` works either way).
+        """
         if self._executable is None:
             raise errors.createPoptorchError(errors.COMPILE_TIME_NOT_COMPILED)
         if not self._settings.show_compilation_progress_bar:
@@ -419,15 +504,35 @@ class PoplarExecutor:
         return copy.deepcopy(as_counters(self._perf))
 
     def getHostIpuLatency(self):
+        """Latency of the last call's steps, from the inputs' arrival to their transfer's end (host to device).
+
+        Returns:
+            tuple: ``(minimum, maximum, mean)`` seconds over the steps; zeros before a call.
+        """
         return latency(as_counters(self._perf), "input", "input_complete")
 
     def getComputeLatency(self):
+        """Latency of the last call's steps, from the inputs' transfer's end to the outputs (compute).
+
+        Returns:
+            tuple: ``(minimum, maximum, mean)`` seconds over the steps; zeros before a call.
+        """
         return latency(as_counters(self._perf), "input_complete", "output")
 
     def getIpuHostLatency(self):
+        """Latency of the last call's steps, from the outputs to their transfer's end (device to host).
+
+        Returns:
+            tuple: ``(minimum, maximum, mean)`` seconds over the steps; zeros before a call.
+        """
         return latency(as_counters(self._perf), "output", "output_complete")
 
     def getLatency(self):
+        """Latency of the last call's steps, from the inputs' arrival to the outputs' transfer's end.
+
+        Returns:
+            tuple: ``(minimum, maximum, mean)`` seconds over the steps; zeros before a call.
+        """
         return latency(as_counters(self._perf), "input", "output_complete")
 
     def getAnchoredTensor(self, short_name: str):
@@ -438,12 +543,20 @@ class PoplarExecutor:
         return memory[short_name]
 
     def getTensorNames(self):
+        """The names of the model's parameters and buffers, which ``Options.anchorTensor`` can name.
+
+        Returns:
+            list of str: Parameter names, then buffer names.
+        """
         self._require_compiled()
         params, buffers = registered_tensors(self._user_model)
         return list(params) + list(buffers)
 
     @property
     def rng_state(self):
+        """The host's random state as PopTorch gives it: the initial seed, then torch's generator
+        state as a list of integers. Assigning a list read from here restores that state.
+        """
         self._require_compiled()
         return [torch.initial_seed()] + torch.random.get_rng_state().tolist()
 
