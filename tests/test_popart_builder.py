@@ -29,7 +29,7 @@ def test_tensor_ids_follow_popart_scheme():
     assert (r, m) == ("layer/Relu:0", "layer/inner/m")
     assert parts == ["Split:0", "Split:1", "Split:2"]
     assert b.getTensorShape(m) == [2, 3] and b.getTensorShape(parts[1]) == [2, 1]
-    assert b.getTensorDtypeString(m) == "float"
+    assert b.getTensorDtypeString(m) == "float32"
     assert b.isInitializer(w0) and not b.isInitializer(i0)
     assert b.getInputTensorIds() == [i0, i1, named, w0, w1]
 

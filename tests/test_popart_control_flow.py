@@ -22,8 +22,21 @@ def _infer(builder, feeds, outputs):
     return [anchors[o] for o in outputs]
 
 
+def _strip_annotations(graph):
+    """PopART's ``__`` node attributes (``__debug_info_id``...) left out: onnx.reference's If and Loop pass
+    every attribute on to their implementation."""
+    for node in graph.node:
+        kept = [a for a in node.attribute if not a.name.startswith("__")]
+        del node.attribute[:]
+        node.attribute.extend(kept)
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                _strip_annotations(a.g)
+
+
 def _reference(builder, feeds, outputs):
     model = onnx.load_from_string(builder.getModelProto())
+    _strip_annotations(model.graph)
     for node in model.graph.node:
         if node.op_type == "Loop" and node.input[1] == "":
             # onnx.reference runs no iteration without a condition (the spec: M iterations): give it one.

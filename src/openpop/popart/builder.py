@@ -9,6 +9,7 @@ names (``__ipu_number``, ``__pipeline_stage``, ...), set either on the node prod
 (``with builder.virtualGraph(1):``).
 """
 import contextlib
+import itertools
 from collections.abc import Iterable
 from typing import Optional
 
@@ -35,6 +36,14 @@ AVAILABLE_MEMORY_ATTR = "__available_memory_proportion"
 PARTIALS_TYPE_ATTR = "__partials_type"
 SERIALIZE_MATMUL_ATTR = "__serialize_matmul_mode"
 OUTLINE_ATTR_PREFIX = "__outline_"
+PARTIALS_TYPE_OPS = ("Conv", "MatMul")
+EXCLUDE_PATTERNS_ATTR = "__exclude_patterns"
+CONV_DITHERING_ATTR = "__enable_conv_dithering"
+# PopART gives each node its builder makes a debug-info id, an attribute its attribute getters see. openpop
+# keeps it beside the node (a ``__debug_info_id`` in the ModelProto would reach onnx.reference, whose If,
+# Sum, Conv... take every attribute as an argument).
+DEBUG_INFO_ID_ATTR = "__debug_info_id"
+_DEBUG_INFO_IDS = itertools.count(1)
 
 
 def _debug_name(debugContext) -> str:
@@ -94,6 +103,7 @@ class Builder:
         self._parent = _parent
         self._graph = onnx.GraphProto(name="BuilderGraph")
         self._used_ids = set() if _parent is None else _parent._used_ids
+        self._debug_ids: dict[str, int] = {} if _parent is None else _parent._debug_ids
         self._ids_counter: dict[str, int] = {}
         self._scopes: list = []          # (attribute, value) from context managers, outer first
         self._name_scopes: list[str] = []
@@ -151,6 +161,9 @@ class Builder:
     def _select_opset(self, domain: str, version: int):
         root = self._root()
         current = root._opsets.get(domain)
+        if current is None and domain == registry.ONNX_DOMAIN:
+            # PopART fixes the ai.onnx opset given to the constructor at once.
+            current = registry_version(root._requested, domain, None)
         if current is not None and current != version:
             label = "aiOnnxOpset" if domain == registry.ONNX_DOMAIN else "aiGraphcoreOpset"
             raise popart_exception(messages.OPSET_ALREADY_DEFINED.format(
@@ -238,6 +251,8 @@ class Builder:
 
     def addUntypedInputTensor(self, debugContext="") -> str:
         """A subgraph input whose type comes from the caller (``aiGraphcore.call``)."""
+        if self._parent is None:
+            raise popart_exception(messages.UNTYPED_INPUT_ON_TOP_LEVEL)
         tensor_id = self._unique_id(self._scoped(_debug_name(debugContext) or "input"))
         self._graph.input.append(onnx.ValueInfoProto(name=tensor_id))
         return tensor_id
@@ -319,6 +334,7 @@ class Builder:
         node.attribute.extend(node_attributes)
         for attr, value in self._effective_scopes().items():
             node.attribute.append(_make_attribute(attr, value))
+        self._debug_ids[outputs[0] if outputs else node.name] = next(_DEBUG_INFO_IDS)
         self._graph.node.append(node)
         node = self._graph.node[-1]  # protobuf appends a copy: annotate the stored node
         for out in outputs:
@@ -536,13 +552,16 @@ class Builder:
         self._annotate(list(nodeOutputNames), SERIALIZE_MATMUL_ATTR, str(getattr(mode, "value", mode)))
 
     def setPartialsType(self, nodeOutputName: str, partialsType: str) -> None:
+        node = self._find_node(nodeOutputName)
+        if node.op_type not in PARTIALS_TYPE_OPS:
+            raise popart_exception(messages.PARTIALS_TYPE_UNSUPPORTED_OP.format(op_type=node.op_type))
         self._annotate(nodeOutputName, PARTIALS_TYPE_ATTR, str(partialsType))
 
     def setInplacePreferences(self, nodeOutputName: str, prefs: dict) -> None:
         self._require(nodeOutputName)  # an IPU memory hint: nothing to do on CPUs/GPUs
 
-    def _node_attribute(self, tensor_id: str, attr: str, default=None):
-        node = self._producers.get(tensor_id)
+    def _node_attribute(self, tensor_id, attr: str, default=None):
+        node = self._producers.get(tensor_id) if isinstance(tensor_id, str) else self._find_node(tensor_id)
         if node is None:
             raise popart_exception(messages.NO_PRODUCER.format(tensor_id=tensor_id))
         for a in node.attribute:
@@ -550,70 +569,151 @@ class Builder:
                 return helper.get_attribute_value(a)
         return default
 
+    def _annotation(self, tensorId, attr: str, not_set: str):
+        """The annotation ``attr`` of the node producing ``tensorId`` (or, with None, of the current scope)."""
+        if tensorId is None:
+            value = self._current_scope(attr)
+            if value is None:
+                raise popart_exception(not_set)
+            return value
+        value = self._node_attribute(tensorId, attr)
+        if value is None:
+            raise popart_exception(messages.NODE_HAS_NO_ATTRIBUTE.format(attributeName=attr))
+        return value
+
     def _current_scope(self, attr: str):
         return self._effective_scopes().get(attr)
 
-    def getVirtualGraph(self, tensorId: Optional[str] = None) -> int:
-        if tensorId is None:
-            value = self._current_scope(VIRTUAL_GRAPH_ATTR)
-        else:
-            value = self._node_attribute(tensorId, VIRTUAL_GRAPH_ATTR)
-        if value is None:
-            raise popart_exception(messages.VIRTUAL_GRAPH_NOT_SET)
-        return value
+    def getVirtualGraph(self, tensorId=None) -> int:
+        return self._annotation(tensorId, VIRTUAL_GRAPH_ATTR, messages.VIRTUAL_GRAPH_NOT_SET)
 
     def hasVirtualGraph(self, tensorId: Optional[str] = None) -> bool:
         if tensorId is None:
             return self._current_scope(VIRTUAL_GRAPH_ATTR) is not None
         return self._node_attribute(tensorId, VIRTUAL_GRAPH_ATTR) is not None
 
-    def getPipelineStage(self, tensorId: Optional[str] = None) -> int:
-        if tensorId is None:
-            value = self._current_scope(PIPELINE_STAGE_ATTR)
-        else:
-            value = self._node_attribute(tensorId, PIPELINE_STAGE_ATTR)
-        if value is None:
-            raise popart_exception(messages.PIPELINE_STAGE_NOT_SET)
-        return value
+    def getPipelineStage(self, tensorId=None) -> int:
+        return self._annotation(tensorId, PIPELINE_STAGE_ATTR, messages.PIPELINE_STAGE_NOT_SET)
 
     def hasPipelineStage(self, tensorId: Optional[str] = None) -> bool:
         if tensorId is None:
             return self._current_scope(PIPELINE_STAGE_ATTR) is not None
         return self._node_attribute(tensorId, PIPELINE_STAGE_ATTR) is not None
 
-    def getExecutionPhase(self, tensorId: Optional[str] = None) -> int:
+    def getExecutionPhase(self, tensorId=None) -> int:
+        return self._annotation(tensorId, EXECUTION_PHASE_ATTR, messages.EXECUTION_PHASE_NOT_SET)
+
+    def hasExecutionPhase(self, tensorId=None) -> bool:
         if tensorId is None:
-            value = self._current_scope(EXECUTION_PHASE_ATTR)
-        else:
-            value = self._node_attribute(tensorId, EXECUTION_PHASE_ATTR)
-        if value is None:
-            raise popart_exception(messages.EXECUTION_PHASE_NOT_SET)
-        return value
+            return self._current_scope(EXECUTION_PHASE_ATTR) is not None
+        return self._node_attribute(tensorId, EXECUTION_PHASE_ATTR) is not None
+
+    def _find_node(self, nodeOutputNames) -> onnx.NodeProto:
+        """The node whose outputs are exactly ``nodeOutputNames`` (PopART asks for all of them)."""
+        names = {nodeOutputNames} if isinstance(nodeOutputNames, str) else set(nodeOutputNames)
+        for name in names:
+            node = self._producers.get(name)
+            if node is not None and set(node.output) == names and len(node.output) == len(names):
+                return node
+            break
+        raise popart_exception(messages.NODE_NOT_FOUND.format(outputs=" ,".join(sorted(names))))
+
+    def _attributes(self, node) -> list:
+        """The node's attributes as PopART's getters see them: with its debug-info id."""
+        attrs = list(node.attribute)
+        debug_id = self._debug_ids.get(node.output[0] if node.output else node.name)
+        if debug_id is not None:
+            attrs.append(helper.make_attribute(DEBUG_INFO_ID_ATTR, debug_id))
+        return attrs
 
     def addNodeAttribute(self, attributeName: str, attributeValue, nodeOutputNames) -> None:
-        self._annotate(list(nodeOutputNames), attributeName, attributeValue)
+        """Add a new attribute to the node producing exactly ``nodeOutputNames``; PopART's types: an int
+        (or bool), a float, a string, or a list of one of them."""
+        node = self._find_node(nodeOutputNames)
+        if any(a.name == attributeName for a in self._attributes(node)):
+            raise popart_exception(messages.NODE_ALREADY_HAS_ATTRIBUTE.format(attributeName=attributeName))
+        node.attribute.append(_node_attribute_proto(attributeName, attributeValue))
 
     def nodeHasAttribute(self, attributeName: str, nodeOutputNames) -> bool:
-        return self._node_attribute(_first(nodeOutputNames), attributeName) is not None
+        return any(a.name == attributeName for a in self._attributes(self._find_node(nodeOutputNames)))
+
+    def _typed_attribute(self, attributeName: str, nodeOutputNames, attr_type, kind: str):
+        for a in self._attributes(self._find_node(nodeOutputNames)):
+            if a.name == attributeName:
+                if a.type != attr_type:
+                    raise popart_exception(messages.ATTRIBUTE_WRONG_TYPE.format(attributeName=attributeName,
+                                                                                 kind=kind))
+                return helper.get_attribute_value(a)
+        raise popart_exception(messages.NODE_HAS_NO_ATTRIBUTE.format(attributeName=attributeName))
+
+    def getInt64NodeAttribute(self, attributeName: str, nodeOutputNames) -> int:
+        return int(self._typed_attribute(attributeName, nodeOutputNames, onnx.AttributeProto.INT, "an integer"))
+
+    def getInt64VectorNodeAttribute(self, attributeName: str, nodeOutputNames) -> list[int]:
+        return [int(v) for v in self._typed_attribute(attributeName, nodeOutputNames, onnx.AttributeProto.INTS,
+                                                      "an integer vector")]
+
+    def getFloatNodeAttribute(self, attributeName: str, nodeOutputNames) -> float:
+        return float(self._typed_attribute(attributeName, nodeOutputNames, onnx.AttributeProto.FLOAT, "a float"))
+
+    def getFloatVectorNodeAttribute(self, attributeName: str, nodeOutputNames) -> list[float]:
+        return [float(v) for v in self._typed_attribute(attributeName, nodeOutputNames, onnx.AttributeProto.FLOATS,
+                                                        "a float vector")]
+
+    def getStringNodeAttribute(self, attributeName: str, nodeOutputNames) -> str:
+        return self._typed_attribute(attributeName, nodeOutputNames, onnx.AttributeProto.STRING,
+                                     "a string").decode()
+
+    def getStringVectorNodeAttribute(self, attributeName: str, nodeOutputNames) -> list[str]:
+        return [v.decode() for v in self._typed_attribute(attributeName, nodeOutputNames,
+                                                          onnx.AttributeProto.STRINGS, "a string vector")]
+
+    def getBoolNodeAttribute(self, attributeName: str, nodeOutputNames) -> bool:
+        return bool(self._typed_attribute(attributeName, nodeOutputNames, onnx.AttributeProto.INT, "a int"))
 
     def getNodeAttribute(self, attributeName: str, nodeOutputNames):
-        value = self._node_attribute(_first(nodeOutputNames), attributeName)
-        if value is None:
-            raise popart_exception(messages.NODE_HAS_NO_ATTRIBUTE.format(attributeName=attributeName))
-        return value
+        """The attribute's value whatever its type (openpop's addition; PopART has one getter per type)."""
+        for a in self._attributes(self._find_node(nodeOutputNames)):
+            if a.name == attributeName:
+                value = helper.get_attribute_value(a)
+                return value.decode() if isinstance(value, bytes) else value
+        raise popart_exception(messages.NODE_HAS_NO_ATTRIBUTE.format(attributeName=attributeName))
 
     def getAllNodeAttributeNames(self, nodeOutputNames) -> list[str]:
-        node = self._producers[_first(nodeOutputNames)]
-        return [a.name for a in node.attribute]
+        return [a.name for a in self._attributes(self._find_node(nodeOutputNames))]
 
     def removeNodeAttribute(self, attributeName: str, nodeOutputNames) -> None:
-        node = self._producers[_first(nodeOutputNames)]
+        node = self._find_node(nodeOutputNames)
+        key = node.output[0] if node.output else node.name
+        if attributeName == DEBUG_INFO_ID_ATTR and key in self._debug_ids:
+            del self._debug_ids[key]
+            return
         kept = [a for a in node.attribute if a.name != attributeName]
+        if len(kept) == len(node.attribute):
+            raise popart_exception(messages.CANNOT_REMOVE_ATTRIBUTE.format(attributeName=attributeName))
         del node.attribute[:]
         node.attribute.extend(kept)
 
+    def excludePatterns(self, nodeOutputName, patternNames: list[str]) -> None:
+        """Patterns not to apply to this node: recorded (openpop applies none of PopART's IR patterns)."""
+        self.addNodeAttribute(EXCLUDE_PATTERNS_ATTR, [str(p) for p in patternNames], nodeOutputName)
 
-def registry_version(requested: dict, domain: str, default: int) -> int:
+    def getPartialsType(self, nodeOutputName: str) -> str:
+        value = self._node_attribute(nodeOutputName, PARTIALS_TYPE_ATTR)
+        if value is None:
+            return "FLOAT"  # Poplar's default
+        return value.decode() if isinstance(value, bytes) else value
+
+    def setEnableConvDithering(self, nodeOutputName: str, enableConvDithering: int) -> None:
+        """An IPU convolution-planning hint: recorded, no effect off-IPU."""
+        if enableConvDithering not in (0, 1):
+            raise popart_exception(messages.CONV_DITHERING_NOT_BOOL)
+        node = self._find_node(nodeOutputName)
+        if node.op_type != "Conv":
+            raise popart_exception(messages.CONV_DITHERING_NOT_CONV.format(op_type=node.op_type))
+        self.addNodeAttribute(CONV_DITHERING_ATTR, int(enableConvDithering), nodeOutputName)
+
+def registry_version(requested: dict, domain: str, default):
     for key, value in requested.items():
         if registry._canon(key) == domain:
             return int(value)
@@ -648,6 +748,25 @@ def _make_attribute(key: str, value):
     if isinstance(value, (list, tuple)) and value and hasattr(value[0], "value") and not isinstance(value[0], str):
         value = [int(v) for v in value]
     return helper.make_attribute(key, value)
+
+
+def _node_attribute_proto(name: str, value) -> onnx.AttributeProto:
+    """``addNodeAttribute``'s value as PopART's overloads type it (int before float, as pybind11 tries them)."""
+    if isinstance(value, (bool, int, np.integer)):
+        return helper.make_attribute(name, int(value))
+    if isinstance(value, (float, np.floating)):
+        return helper.make_attribute(name, float(value))
+    if isinstance(value, str):
+        return helper.make_attribute(name, value)
+    if isinstance(value, (list, tuple, set, np.ndarray)):
+        items = list(value)
+        if all(isinstance(v, (bool, int, np.integer)) for v in items):
+            return helper.make_attribute(name, [int(v) for v in items], attr_type=onnx.AttributeProto.INTS)
+        if all(isinstance(v, (int, float, np.integer, np.floating)) for v in items):
+            return helper.make_attribute(name, [float(v) for v in items])
+        if all(isinstance(v, str) for v in items):
+            return helper.make_attribute(name, items)
+    raise popart_exception(messages.UNSUPPORTED_ATTRIBUTE_VALUE.format(value_type=type(value).__name__))
 
 
 def _set_attribute(node, attr: str, value) -> None:

@@ -16,10 +16,36 @@ NOT_A_SUBGRAPH_BUILDER = (
 TENSOR_UNKNOWN_TO_PARENT = "Tensor '{tensorId}' is not known to the parent graph"
 SHAPE_NOT_INFERRED = "Shape of tensor '{tensor_id}' could not be inferred"
 NO_PRODUCER = "Could not find a node that produces tensor '{tensor_id}'"
-VIRTUAL_GRAPH_NOT_SET = "Virtual graph not set"
-PIPELINE_STAGE_NOT_SET = "Pipeline stage not set"
-EXECUTION_PHASE_NOT_SET = "Execution phase not set"
-NODE_HAS_NO_ATTRIBUTE = "Node has no attribute '{attributeName}'"
+VIRTUAL_GRAPH_NOT_SET = "Virtual graph not set in current scope."
+PIPELINE_STAGE_NOT_SET = "Pipeline stage not set in current scope."
+EXECUTION_PHASE_NOT_SET = "Execution phase not set in current scope."
+NODE_HAS_NO_ATTRIBUTE = "Node does not have an attribute {attributeName}."
+NODE_ALREADY_HAS_ATTRIBUTE = "Node already has attribute {attributeName}."
+NODE_NOT_FOUND = "Could not find a node with outputs {outputs}. Must specify all outputs of a node"
+ATTRIBUTE_WRONG_TYPE = "Attribute {attributeName} is not {kind}."
+CANNOT_REMOVE_ATTRIBUTE = "Cannot remove attribute {attributeName} as it does not exist."
+UNSUPPORTED_ATTRIBUTE_VALUE = "Unsupported attribute value type {value_type}"
+UNTYPED_INPUT_ON_TOP_LEVEL = (
+    "Can not add untyped tensors to the top-level graph. Use Builder::addInputTensor(const TensorInfo &tensorInfo, "
+    "const std::string &debugPrefix) instead."
+)
+TOO_MANY_OUTPUTS = "{op_type} has an invalid number of outputs {num_outputs}. Must be between 0..{max_outputs}"
+NO_SPATIAL_DIMENSIONS = "Input tensor has no spatial dimensions"
+WINDOW_VECTOR_LENGTH = "Length of {name} vector {length} != number of spatial dimensions {spatial}"
+WINDOW_PADDING_LENGTH = "Padding vector (length {length}) does not have 2 values for each spatial dimension {spatial}"
+INVALID_SPATIAL_OUTPUT = "Window parameter values combine to give invalid spatial output shape: [{shape}]"
+KERNEL_SHAPE_MISMATCH = (
+    "kernel_shape, [{kernel}], does not match inferred shape from weight input '{weights}', [{inferred}]"
+)
+CONV_NEEDS_TWO_INPUTS = "Conv requires at least two inputs: data, and weights. {n} inputs provided."
+PAD_VECTOR_LENGTH = "Padding vector (length {length}) doesn't contain 2 entries per input dimension {rank}"
+PARTIALS_TYPE_UNSUPPORTED_OP = (
+    "Builder::setPartialsType should only be called on operators: Conv, MatMul; but was given: {op_type}"
+)
+CONV_DITHERING_NOT_BOOL = "enableConvDithering must be a bool value"
+CONV_DITHERING_NOT_CONV = (
+    "Builder::setEnableConvDithering should only be called on convolutions but was given: {op_type}"
+)
 ADD_INPUT_SHAPE_MISSING = "addInputTensor(dtype, shape): the shape is missing"
 NO_PRODUCER_TO_ANNOTATE = "Could not find a node that produces tensor '{tensor_id}' to set {attr} on"
 MODEL_PARSE_FAILED = "Failed to parse the ONNX model: {exc}"
@@ -152,9 +178,11 @@ SQUEEZE_NON_UNIT_AXIS = "cannot squeeze axis {axis} of size {axis_size}"
 OPSET_HAS_NO_OPERATOR = "'{label}' opset {version} has no operator '{name}'"
 ONNX_OPERATOR_ON_AI_GRAPHCORE = "{op_type} is an ai.onnx operator"
 CALL_ON_AI_ONNX = "call is an ai.graphcore operator"
-TOO_MANY_POSITIONAL_ARGUMENTS = (
-    "{op_type}: too many positional arguments ({n_pos}); expected {positional} then debugContext"
+INCOMPATIBLE_FUNCTION_ARGUMENTS = (
+    "{method}(): incompatible function arguments. The following argument types are supported:\n"
+    "    1. ({signature}) -> ...\n\nInvoked with: {invoked}"
 )
+SPARSE_CONSTANT_UNSUPPORTED = "constant(): is_value_sparse=True (a sparse constant) is not supported by openpop"
 
 # --- optimizers.py -----------------------------------------------------------------------------
 CLIPPING_SUBSET_UNSUPPORTED = (

@@ -4,13 +4,19 @@ Each attribute of an ``Opset`` is a method taking PopART's arguments (inputs, th
 positional attributes as PopART's bindings order them, then ``debugContext``), plus the
 control-flow ops with subgraph builders (``logical_if``, ``loop``, ``scan``) and ``call``.
 """
+import functools
+import math
+from typing import NamedTuple
+
 import numpy as np
 import onnx
 
-from . import messages, tensorinfo
+from . import messages, signatures, tensorinfo
 from .builder import Builder, DebugContext
 from .enums import ReductionType
+from .errors import popart_exception
 from .ops import registry
+from .shapes import info_of
 
 
 class Opset:
@@ -26,22 +32,43 @@ class Opset:
     def version(self) -> int:
         return self._version
 
+    def __str__(self) -> str:
+        if self._domain == registry.ONNX_DOMAIN:
+            return f"AiOnnx{self._version}"
+        return f"AiGraphcore{self._version}"
+
     def __getattr__(self, name: str):
         op_type = _op_type_for(self._domain, name, self._version)
         if op_type is None:
             label = "ai.onnx" if self._domain == registry.ONNX_DOMAIN else self._domain
             raise AttributeError(messages.OPSET_HAS_NO_OPERATOR.format(label=label, version=self._version, name=name))
-        entry = registry.lookup(self._domain, op_type)
-        positional = entry.positional if entry is not None else ()
+        params = method_parameters(self._domain, self._version, name, op_type)
         builder = self._builder
         domain = self._domain
 
-        def op(args, *pos, debugContext="", **attrs):
-            return build_op(builder, op_type, domain, args, pos, positional, attrs, debugContext)
+        version = self._version
+
+        def op(*pos, **kwargs):
+            if "args" in kwargs:
+                args = kwargs.pop("args")
+            elif pos:
+                args, pos = pos[0], pos[1:]
+            else:
+                raise _incompatible(name, params, None, pos, kwargs)
+            return build_op(builder, op_type, domain, name, args, pos, kwargs, params, version)
         op.__name__ = name
+        op.__doc__ = f"{name}(args, {', '.join(p.name for p in params)})"
         return op
 
-    def constant(self, value, debugContext="") -> str:
+    def constant(self, value, *pos, debugContext="", is_value_sparse=False):
+        """``constant(value[, is_value_sparse (opset 11)], debugContext="")``."""
+        for extra in pos:
+            if isinstance(extra, bool):
+                is_value_sparse = extra
+            else:
+                debugContext = extra
+        if is_value_sparse:
+            raise popart_exception(messages.SPARSE_CONSTANT_UNSUPPORTED)
         array = np.array(value, copy=True, order="C")  # keeps 0-d arrays 0-d (ascontiguousarray would not)
         return self._builder._add_node("Constant", self._domain, [], {"value": array}, 1,
                                        debugContext)[0]
@@ -80,7 +107,10 @@ class Opset:
 def _op_type_for(domain: str, name: str, version: int):
     if domain == registry.GRAPHCORE_DOMAIN:
         return registry.graphcore_method(name)
-    op_type = _onnx_op_names().get(name.lower())
+    lower = name.lower()
+    if lower.startswith("logical_"):  # PopART's names for ONNX And/Or/Not/Xor/If (C++ keywords)
+        lower = lower[len("logical_"):]
+    op_type = _onnx_op_names().get(lower)
     if op_type is None:
         return None
     try:
@@ -101,19 +131,122 @@ def _onnx_op_names():
     return _ONNX_NAMES
 
 
-def build_op(self, op_type, domain, args, pos, positional, attrs, debugContext):
-    """Add one node for ``builder.<opset>.<op>(args, *pos, **attrs)`` (``self``: the builder)."""
+DEBUG_PARAMETERS = frozenset(("debugContext", "debug_context", "debugPrefix", "debugName"))
+LAST_BOUND_OPSET = max(signatures.AI_ONNX)  # PopART's bindings stop at ai.onnx opset 11
+
+
+class Param(NamedTuple):
+    name: str
+    required: bool
+    kind: str  # "int", "float", "str", "ints", ... or "" (not checked)
+
+
+_DEBUG_ONLY = (Param("debugContext", False, ""),)
+
+
+@functools.cache
+def method_parameters(domain: str, version: int, method: str, op_type: str) -> tuple:
+    """The parameters of ``builder.<opset>.<method>`` after ``args``, in PopART's order (its bindings
+    for ai.graphcore and ai.onnx opsets 6-11). For the ai.onnx opsets openpop adds (12, 13), an op
+    unchanged since opset 11 keeps its opset-11 parameters; a changed one takes its ONNX attributes,
+    those without a default first, each group in name order (the order PopART's generator gives its
+    bindings)."""
+    if domain == registry.GRAPHCORE_DOMAIN:
+        entry = signatures.AI_GRAPHCORE.get(method.lower()) or signatures.AI_GRAPHCORE.get(method)
+        return _parse(entry[1]) if entry else _DEBUG_ONLY
+    bound = _bound_onnx_entry(min(version, LAST_BOUND_OPSET), method.lower())
+    if version > LAST_BOUND_OPSET:
+        schema = onnx.defs.get_schema(op_type, version, "")
+        if bound is None or schema.since_version > LAST_BOUND_OPSET:
+            return _from_schema(schema, bound)
+    return _DEBUG_ONLY if bound is None else bound
+
+
+def _bound_onnx_entry(version: int, method: str):
+    for v in range(version, min(signatures.AI_ONNX) - 1, -1):
+        entry = signatures.AI_ONNX[v].get(method)
+        if entry is not None:
+            return _parse(entry[1])
+    return None
+
+
+def _parse(text: str) -> tuple:
+    params = []
+    for word in text.split():
+        required = word.endswith("!")
+        name, _, kind = word.rstrip("!").partition(":")
+        params.append(Param(name, required, kind))
+    return tuple(params)
+
+
+_SCHEMA_KINDS = {onnx.defs.OpSchema.AttrType.INT: "int", onnx.defs.OpSchema.AttrType.FLOAT: "float",
+                 onnx.defs.OpSchema.AttrType.STRING: "str", onnx.defs.OpSchema.AttrType.INTS: "ints",
+                 onnx.defs.OpSchema.AttrType.FLOATS: "floats", onnx.defs.OpSchema.AttrType.STRINGS: "strs",
+                 onnx.defs.OpSchema.AttrType.GRAPH: "graph"}
+
+
+def _from_schema(schema, bound) -> tuple:
+    attrs = schema.attributes
+    names = sorted(n for n in attrs if attrs[n].required) + sorted(n for n in attrs if not attrs[n].required)
+    lead = (Param("num_outputs", True, "int"),) if bound and bound[0].name == "num_outputs" else ()
+    return lead + tuple(Param(n, attrs[n].required, _SCHEMA_KINDS.get(attrs[n].type, "")) for n in names) + \
+        _DEBUG_ONLY
+
+
+def _accepts(kind: str, value) -> bool:
+    """Whether PopART's binding (pybind11) would convert ``value`` for a parameter of ``kind``."""
+    if value is None or not kind:
+        return True
+    if kind == "int":
+        return isinstance(value, (int, np.integer)) or hasattr(value, "__index__")
+    if kind in ("float", "bool"):
+        return isinstance(value, (int, float, np.integer, np.floating, np.bool_))
+    if kind == "str":
+        return isinstance(value, str)
+    if kind in ("ints", "floats", "strs"):
+        if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+            return False
+        return all(_accepts(kind[:-1], v) for v in value)
+    if kind == "graph":
+        return isinstance(value, Builder)
+    return True
+
+
+def _incompatible(method: str, params, args, pos, kwargs) -> TypeError:
+    signature = ", ".join(["args: List[str]"] + [f"{p.name}: {p.kind or 'object'}" + ("" if p.required else " = ...")
+                                                 for p in params])
+    invoked = ", ".join([repr(args)] + [repr(v) for v in pos] + [f"{k}={v!r}" for k, v in kwargs.items()])
+    return TypeError(messages.INCOMPATIBLE_FUNCTION_ARGUMENTS.format(
+        method=method, signature=signature, invoked=invoked))
+
+
+def build_op(self, op_type, domain, method, args, pos, kwargs, params, version=None):
+    """Add one node for ``builder.<opset>.<method>(args, *pos, **kwargs)`` (``self``: the builder):
+    positional arguments bind to ``params`` in order, as PopART's bindings take them; arguments its
+    bindings would not accept raise PopART's ``TypeError``."""
     if isinstance(args, str):
         args = [args]
-    values = dict(zip(positional, pos))
-    if len(pos) > len(positional):
-        # A trailing positional argument beyond the known ones is PopART's debugContext.
-        if len(pos) == len(positional) + 1 and isinstance(pos[-1], (str, DebugContext)):
-            debugContext = pos[-1]
-        else:
-            raise TypeError(messages.TOO_MANY_POSITIONAL_ARGUMENTS.format(
-                op_type=op_type, n_pos=len(pos), positional=list(positional)))
-    values.update(attrs)
+    by_name = {p.name: p for p in params}
+    if len(pos) > len(params) or any(k not in by_name and k not in DEBUG_PARAMETERS for k in kwargs):
+        raise _incompatible(method, params, args, pos, kwargs)
+    values = {}
+    debugContext = ""
+    for name, value in list(zip((p.name for p in params), pos)) + list(kwargs.items()):
+        if name in DEBUG_PARAMETERS:
+            if not isinstance(value, (str, DebugContext)):
+                raise _incompatible(method, params, args, pos, kwargs)
+            debugContext = value
+            continue
+        if name in values:
+            raise _incompatible(method, params, args, pos, kwargs)
+        kind = by_name[name].kind
+        if not (_accepts(kind, value) or (op_type == "Cast" and name == "to" and isinstance(value, int))):
+            raise _incompatible(method, params, args, pos, kwargs)
+        values[name] = value
+    missing = [p.name for p in params if p.required and p.name not in values and p.name != "num_outputs"]
+    if missing:
+        raise _incompatible(method, params, args, pos, kwargs)
+    returns_list = "num_outputs" in by_name or method.lower() in _LIST_RESULTS.get(domain, ())
     num_outputs = int(values.pop("num_outputs", _FIXED_OUTPUTS.get(op_type, 1)))
     if op_type == "Cast" and isinstance(values.get("to"), str):  # PopART: cast([x], "FLOAT")
         values["to"] = tensorinfo.onnx_type(values["to"].upper())
@@ -121,16 +254,87 @@ def build_op(self, op_type, domain, args, pos, positional, attrs, debugContext):
         values["lambda"] = float(values["lambda"])
     if domain == registry.GRAPHCORE_DOMAIN:
         _graphcore_defaults(op_type, values)
+    elif version is not None:
+        _verify_onnx(self, op_type, version, list(args), values, num_outputs)
     outs = self._add_node(op_type, domain, list(args), values, num_outputs, debugContext)
-    # Ops taking ``num_outputs`` (MaxPool, Dropout, BatchNormalization, Split, LSTM...) return a
-    # list in PopART's bindings, even of one id; scripts index it.
-    if num_outputs == 1 and "num_outputs" not in positional and op_type not in _FIXED_OUTPUTS:
-        return outs[0]
-    return outs
+    return outs if returns_list else outs[0]
 
 
-# Ops whose PopART binding always returns several outputs (no num_outputs argument).
-_FIXED_OUTPUTS = {"TopK": 2, "GroupNormalization": 3}
+# Ops whose PopART binding returns a list of ids without taking num_outputs.
+_LIST_RESULTS = {
+    registry.ONNX_DOMAIN: frozenset(("topk", "unique", "dynamicquantizelinear")),
+    registry.GRAPHCORE_DOMAIN: frozenset(("batchnormalization", "groupnormalization", "multiconv", "lstm", "call",
+                                          "reducemedian", "sort", "splinebasis", "ctcbeamsearchdecoder")),
+}
+# How many outputs those ops have.
+_FIXED_OUTPUTS = {"TopK": 2, "GroupNormalization": 3, "Sort": 2, "ReduceMedian": 2, "DynamicQuantizeLinear": 3}
+
+
+def _verify_onnx(builder, op_type: str, version: int, args: list, values: dict, num_outputs: int) -> None:
+    """The checks PopART's builder makes as it adds an ai.onnx node: output count, and the window
+    parameters of convolutions and pools and the pads of Pad-2 against the input shapes when known."""
+    schema = onnx.defs.get_schema(op_type, version, "")
+    if num_outputs > schema.max_output:
+        raise popart_exception(messages.TOO_MANY_OUTPUTS.format(op_type=op_type, num_outputs=num_outputs,
+                                                                max_outputs=schema.max_output))
+    if op_type in ("Conv", "AveragePool", "MaxPool"):
+        _verify_window(builder, op_type, args, values)
+    elif op_type == "Pad" and schema.since_version < 11 and args:
+        shape = _known_shape(builder, args[0])
+        pads = list(values.get("pads") or [])
+        if shape is not None and len(pads) != 2 * len(shape):
+            raise popart_exception(messages.PAD_VECTOR_LENGTH.format(length=len(pads), rank=len(shape)))
+
+
+def _known_shape(builder, tensor_id):
+    type_proto = builder._inference.types.get(tensor_id) if tensor_id else None
+    info = info_of(type_proto) if type_proto is not None else None
+    return None if info is None else info.shape()
+
+
+def _verify_window(builder, op_type: str, args: list, values: dict) -> None:
+    kernel = list(values.get("kernel_shape") or [])
+    if op_type == "Conv":
+        if len(args) < 2:
+            raise popart_exception(messages.CONV_NEEDS_TWO_INPUTS.format(n=len(args)))
+        weights = _known_shape(builder, args[1])
+        if weights is not None:
+            inferred = weights[2:]
+            if kernel and kernel != inferred:
+                raise popart_exception(messages.KERNEL_SHAPE_MISMATCH.format(
+                    kernel=" ".join(map(str, kernel)), weights=args[1], inferred=" ".join(map(str, inferred))))
+            kernel = inferred
+        else:
+            kernel = []
+    shape = _known_shape(builder, args[0]) if args else None
+    if shape is None:
+        return
+    spatial = len(shape) - 2
+    if spatial < 1:
+        raise popart_exception(messages.NO_SPATIAL_DIMENSIONS)
+    strides = list(values.get("strides") or [])
+    pads = list(values.get("pads") or [])
+    dilations = list(values.get("dilations") or [])
+    if strides and len(strides) != spatial:
+        raise popart_exception(messages.WINDOW_VECTOR_LENGTH.format(name="strides", length=len(strides),
+                                                                    spatial=spatial))
+    if pads and len(pads) != 2 * spatial:
+        raise popart_exception(messages.WINDOW_PADDING_LENGTH.format(length=len(pads), spatial=spatial))
+    if dilations and len(dilations) != spatial:
+        raise popart_exception(messages.WINDOW_VECTOR_LENGTH.format(name="dilations", length=len(dilations),
+                                                                    spatial=spatial))
+    if not kernel or len(kernel) != spatial or values.get("auto_pad", "NOTSET") not in ("NOTSET", b"NOTSET"):
+        return
+    pads = pads or [0] * (2 * spatial)
+    strides = strides or [1] * spatial
+    dilations = dilations or [1] * spatial
+    ceil = bool(values.get("ceil_mode", 0))
+    out = []
+    for i in range(spatial):
+        span = shape[2 + i] + pads[i] + pads[i + spatial] - dilations[i] * (kernel[i] - 1) - 1
+        out.append((math.ceil if ceil else math.floor)(span / strides[i]) + 1)
+    if any(o < 0 for o in out):
+        raise popart_exception(messages.INVALID_SPATIAL_OUTPUT.format(shape=" ".join(map(str, out))))
 
 
 def _graphcore_defaults(op_type: str, values: dict) -> None:

@@ -20,14 +20,18 @@ def node_label(node) -> str:
     return f"{node.op_type} node '{node.name or outs}' (outputs: {outs})"
 
 
-def strip_annotations(node):
-    """``node`` without PopART's ``__`` annotation attributes (ONNX's schemas do not know them)."""
-    if not any(a.name.startswith(ANNOTATION_PREFIX) for a in node.attribute):
+def strip_annotations(node, schema=None):
+    """``node`` without PopART's ``__`` annotation attributes (ONNX's schemas do not know them), nor, given
+    the op's ``schema``, attributes it does not define (``builder.addNodeAttribute`` adds any name; PopART's
+    non-strict ONNX inference ignores them)."""
+    def keep(a):
+        return not a.name.startswith(ANNOTATION_PREFIX) and (schema is None or a.name in schema.attributes)
+    if all(keep(a) for a in node.attribute):
         return node
     clean = onnx.NodeProto()
     clean.CopyFrom(node)
     del clean.attribute[:]
-    clean.attribute.extend(a for a in node.attribute if not a.name.startswith(ANNOTATION_PREFIX))
+    clean.attribute.extend(a for a in node.attribute if keep(a))
     return clean
 
 
@@ -90,14 +94,19 @@ class ShapeInference:
         except Exception:
             raise popart_exception(messages.NO_ONNX_OPERATOR_IN_OPSET.format(
                 node=node_label(node), op_type=node.op_type, version=version)) from None
-        clean = strip_annotations(node)
+        clean = strip_annotations(node, schema)
+        types = {k: self.types[k] for k in node.input if k}
+        constants = {k: self.constants[k] for k in node.input if k in self.constants}
+        opsets = [helper.make_opsetid("", version)]
         try:
-            out = shape_inference.infer_node_outputs(
-                schema, clean, {k: self.types[k] for k in node.input if k},
-                {k: self.constants[k] for k in node.input if k in self.constants},
-                opset_imports=[helper.make_opsetid("", version)])
+            out = shape_inference.infer_node_outputs(schema, clean, types, constants, opset_imports=opsets)
         except Exception as exc:  # onnx.shape_inference.InferenceError and friends
-            raise popart_exception(messages.SHAPE_INFERENCE_FAILED.format(node=node_label(node), exc=exc)) from None
+            # PopART runs ONNX's inference non-strictly: an input type outside the op's constraints
+            # (Max of int32 and float, And of floats...) still gives the output shapes.
+            out = _infer_despite_types(schema, clean, types, constants, opsets)
+            if out is None:
+                raise popart_exception(messages.SHAPE_INFERENCE_FAILED.format(node=node_label(node),
+                                                                              exc=exc)) from None
         result = dict(out)
         if any(info_of(t) is None for t in result.values()) and registry.lookup("", node.op_type) is not None:
             # Data-dependent shapes (Reshape of a computed shape, ...): evaluate on meta tensors.
@@ -143,6 +152,61 @@ class ShapeInference:
             if name and value is not None:
                 result[name] = type_of(tensorinfo.popart_name(value.dtype), value.shape)
         return result
+
+
+def _infer_despite_types(schema, node, types: dict, constants: dict, opsets):
+    """ONNX's output types and shapes for ``node`` with the inputs of each type constraint given one
+    type: the first such input's if the constraint allows it, else the constraint's first allowed type
+    (the outputs of that constraint then keep the first input's type). None if that does not help."""
+    allowed = {c.type_param_str: list(c.allowed_type_strs) for c in schema.type_constraints}
+    params = list(schema.inputs)
+    targets = {}
+    kept = {}  # constraint -> the first input's type, where the constraint does not allow it
+    retyped = dict(types)
+    for i, name in enumerate(node.input):
+        if not name or name not in types or not params:
+            continue
+        param = params[min(i, len(params) - 1)]  # a variadic last input covers the rest
+        choices = allowed.get(param.type_str)
+        elem = types[name].tensor_type.elem_type
+        if not choices or not elem:
+            continue
+        if param.type_str not in targets:
+            current = f"tensor({_ONNX_TYPE_STR.get(elem, '')})"
+            first = choices[0]
+            if current in choices:
+                targets[param.type_str] = elem
+            elif first.startswith("tensor("):
+                targets[param.type_str] = getattr(onnx.TensorProto, first[len("tensor("):-1].upper(), 0)
+                kept[param.type_str] = elem
+            else:
+                return None
+        target = targets[param.type_str]
+        if elem != target:
+            if not target or name in constants:
+                return None
+            proto = onnx.TypeProto()
+            proto.CopyFrom(types[name])
+            proto.tensor_type.elem_type = target
+            retyped[name] = proto
+    if retyped == types:
+        return None
+    try:
+        out = dict(shape_inference.infer_node_outputs(schema, node, retyped, constants, opset_imports=opsets))
+    except Exception:
+        return None
+    outputs = list(schema.outputs)
+    for i, name in enumerate(node.output):
+        if name in out and outputs and outputs[min(i, len(outputs) - 1)].type_str in kept:
+            out[name].tensor_type.elem_type = kept[outputs[min(i, len(outputs) - 1)].type_str]
+    return out
+
+
+_ONNX_TYPE_STR = {onnx.TensorProto.FLOAT: "float", onnx.TensorProto.DOUBLE: "double",
+                  onnx.TensorProto.FLOAT16: "float16", onnx.TensorProto.BFLOAT16: "bfloat16",
+                  onnx.TensorProto.BOOL: "bool", onnx.TensorProto.STRING: "string",
+                  **{getattr(onnx.TensorProto, n.upper()): n for n in
+                     ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")}}
 
 
 def _constant_value(node):

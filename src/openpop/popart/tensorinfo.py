@@ -25,6 +25,7 @@ _TYPES = {
     "BFLOAT16": (onnx.TensorProto.BFLOAT16, None, torch.bfloat16),
 }
 _BY_ONNX = {v[0]: k for k, v in _TYPES.items()}
+_LCASE = {"FLOAT": "float32", "DOUBLE": "float64"}  # the others are their name in lower case
 _BY_NUMPY = {np.dtype(v[1]): k for k, v in _TYPES.items() if v[1] is not None}
 _BY_TORCH = {v[2]: k for k, v in _TYPES.items()}
 
@@ -86,7 +87,8 @@ class TensorInfo:
         return self._dtype
 
     def data_type_lcase(self) -> str:
-        return self._dtype.lower()
+        """PopART's lower-case name, numpy's spelling: ``float32``, ``float16``, ``int32``, ``bool``..."""
+        return _LCASE.get(self._dtype, self._dtype.lower())
 
     def dim(self, i: int) -> int:
         return self._shape[i]
