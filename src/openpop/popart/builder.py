@@ -20,6 +20,7 @@ from onnx import helper, numpy_helper
 from . import messages, tensorinfo
 from .enums import RecomputeType
 from .errors import popart_exception
+from .model_checks import check_text_fields
 from .ops import registry
 from .shapes import ShapeInference, info_of
 
@@ -786,12 +787,15 @@ def load_model(model) -> onnx.ModelProto:
             proto.ParseFromString(bytes(model))
         except Exception as exc:
             raise popart_exception(messages.MODEL_PARSE_FAILED.format(exc=exc)) from None
+        check_text_fields(proto, "model")
         return proto
     if isinstance(model, str):
         try:
-            return onnx.load(model)
+            proto = onnx.load(model)
         except FileNotFoundError:
             raise popart_exception(messages.MODEL_FILE_MISSING.format(model=model)) from None
         except Exception as exc:
             raise popart_exception(messages.MODEL_LOAD_FAILED.format(model=model, exc=exc)) from None
+        check_text_fields(proto, "model")
+        return proto
     raise popart_exception(messages.NOT_AN_ONNX_MODEL.format(model_type=type(model).__name__))

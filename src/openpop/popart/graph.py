@@ -41,7 +41,7 @@ class GraphProgram:
         self.opsets = {registry._canon(o.domain): o.version for o in model.opset_import}
         self.opsets.setdefault(registry.ONNX_DOMAIN, 10)
         self.opsets.setdefault(registry.GRAPHCORE_DOMAIN, 1)
-        self.initializers: dict[str, np.ndarray] = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+        self.initializers: dict[str, np.ndarray] = {i.name: _initializer_array(i) for i in graph.initializer}
         self.input_ids: list[str] = [v.name for v in graph.input if v.name not in self.initializers]
         self.output_ids: list[str] = [v.name for v in graph.output]
         self.nodes = _topological(graph)
@@ -100,6 +100,17 @@ class GraphProgram:
         if info is None:
             raise popart_exception(messages.INPUT_TENSOR_HAS_NO_COMPLETE_SHAPE.format(tensor_id=tensor_id))
         return info
+
+
+def _initializer_array(init: onnx.TensorProto) -> np.ndarray:
+    """An initializer's values; PopART's error where its data does not fit its type and shape."""
+    try:
+        return numpy_helper.to_array(init)
+    except (TypeError, ValueError, KeyError) as exc:  # KeyError: a data type ONNX does not have
+        raise popart_exception(messages.INITIALIZER_UNREADABLE.format(
+            name=init.name, data_type=onnx.TensorProto.DataType.Name(init.data_type)
+            if init.data_type in onnx.TensorProto.DataType.values() else init.data_type,
+            dims=list(init.dims), exc=exc)) from None
 
 
 def inputs_of(node) -> list[str]:

@@ -280,3 +280,16 @@ BODY_READ_SHAPE_UNKNOWN = "{node}: the shape of '{name}' (read by its body) is u
 UNKNOWN_DATA_TYPE = "Unknown data type '{dtype}'. Known: {known}"
 NO_POPART_DATA_TYPE = "Data type {dtype!r} has no PopART equivalent"
 TENSOR_INFO_ARGUMENTS = "TensorInfo takes (dtype, shape) or a numpy array"
+
+# --- graph.py, sessions.py: the model's own data -------------------------------------------------
+INITIALIZER_UNREADABLE = (
+    "Initializer '{name}' of the ONNX model cannot be read: its data does not fit its type {data_type} and "
+    "shape {dims} ({exc}). Export the model again (or fix the initializer)"
+)
+ZERO_SIZED_INPUT = (
+    "Input tensor '{tensor_id}' has shape {shape}, which has no elements: give it a shape of at least one "
+    "element (popart.InputShapeInfo, or the model's input)"
+)
+MODEL_FIELD_NOT_TEXT = (
+    "Failed to parse the ONNX model: {field} is not UTF-8 text (the file is damaged, or not an ONNX model)"
+)

@@ -109,6 +109,10 @@ class _Session:
         self._program = GraphProgram(model)
         self._program.check_supported()
         self._infos = _infer_all(self._program)
+        for tensor_id in self._program.input_ids:
+            if self._infos[tensor_id].nelms() == 0:
+                raise popart_exception(messages.ZERO_SIZED_INPUT.format(
+                    tensor_id=tensor_id, shape=self._infos[tensor_id].shape()))
         # ---- options
         if int(options.replicatedGraphCount) < 1:
             raise popart_exception(messages.REPLICATION_BELOW_ONE)

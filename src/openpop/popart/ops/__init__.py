@@ -41,7 +41,8 @@ def run_node(node, inputs: list[Optional[torch.Tensor]], opset: int, *, training
 def unsupported_message(node, opset: int) -> str:
     domain = node.domain or registry.ONNX_DOMAIN
     return messages.UNSUPPORTED_OP.format(op_type=node.op_type, domain=domain, opset=opset,
-                                          node_name=node.name or node.output[0], outputs=", ".join(node.output))
+                                          node_name=node.name or next(iter(node.output), ""),
+                                          outputs=", ".join(node.output))
 
 
 def supported_operations(include_internal: bool = False):
