@@ -20,7 +20,7 @@ group has it; a ``_Popart`` key when ``popart.SessionOptions`` has the field (an
 field of a dotted key). ::
 
     python examples/graphcore/census.py PATH/TO/examples [PATH/TO/tutorials ...] \
-        [--markdown docs/ipu-api-census.md]
+        [--markdown docs/compatibility/ipu-api-census.md]
 
 The exit status is 1 when any name does not resolve, so the census can gate a change.
 """

@@ -45,7 +45,11 @@ def virtual_ipus(count: int) -> list[torch.device]:
 
 
 class IPUAccelerator(pl.accelerators.Accelerator):
-    """Virtual IPUs on the host's CPU or GPUs (see the module docstring)."""
+    """Lightning's ``accelerator="ipu"``: openpop's virtual IPUs on the host's CPU or GPUs.
+
+    ``devices`` is the number of replicas (a power of two; ``"auto"`` is 4); each replica's
+    virtual IPUs map onto torch devices through the device map (``OPENPOP_DEVICE_MAP``).
+    """
 
     def setup_device(self, device: torch.device) -> None:
         pass

@@ -54,7 +54,16 @@ def normalise(precision: Any) -> str:
 
 
 class IPUPrecision(pl.plugins.precision.Precision):
-    """Precision plugin of ``IPUStrategy`` (see the module docstring)."""
+    """The precision plugin of ``IPUStrategy``.
+
+    Args:
+        precision: ``"32-true"`` (default), ``"16-mixed"`` (autocast with dynamic loss
+            scaling), ``"bf16-mixed"``, ``"16-true"`` or ``"bf16-true"``, or Lightning's
+            other spellings of them.
+
+    Raises:
+        ValueError: Another precision.
+    """
 
     def __init__(self, precision: Any = "32-true") -> None:
         name = normalise(precision)

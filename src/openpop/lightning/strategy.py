@@ -81,7 +81,30 @@ _EVALUATION_STAGES = {TrainerFn.VALIDATING: RunningStage.VALIDATING, TrainerFn.T
 
 
 class IPUStrategy(pl.strategies.ParallelStrategy):
-    """Lightning's loops on openpop's virtual IPUs (see the module docstring)."""
+    """Lightning's strategy for ``accelerator="ipu"``: the Trainer's loops on openpop's virtual IPUs.
+
+    One Lightning batch is one host call of ``batch_size x device_iterations x devices x
+    accumulate_grad_batches`` samples, and each of its ``device_iterations`` optimizer steps is
+    a step in Lightning's sense. ``Trainer(accelerator="ipu", devices=N)`` makes one; pass it
+    explicitly to set the arguments below.
+
+    Args:
+        accelerator: Lightning's accelerator (default: ``IPUAccelerator``).
+        device_iterations (int): Optimizer steps per host call (default 1).
+        autoreport (bool): Write a profile of each stage's first host calls (default False).
+        autoreport_dir (str): Where (default: the Trainer's ``default_root_dir``).
+        parallel_devices (list): Lightning's; the replicas' devices.
+        cluster_environment: Lightning's.
+        checkpoint_io: Lightning's.
+        precision_plugin: Lightning's (default: ``IPUPrecision`` for the Trainer's precision).
+        training_opts (poptorch.Options): Options for training; they win over what the Trainer
+            implies, which fills in only what they leave unset.
+        inference_opts (poptorch.Options): Options for validation, test and predict.
+
+    Raises:
+        ValueError: ``device_iterations`` is not an integer of at least 1.
+        TypeError: Options that are not ``poptorch.Options``.
+    """
 
     strategy_name = "ipu_strategy"
 
