@@ -15,10 +15,10 @@ from helpers.processes import wait_gone
 class Job:
     """poprun running ``poprun_programs.py ARGS`` with two instances; knows their pids."""
 
-    def __init__(self, *program_args):
+    def __init__(self, *program_args, **env):
         self.process = subprocess.Popen(
             poprun_command("--num-instances", "2", "--num-replicas", "2", "python", PROGRAMS, *program_args),
-            env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            env=environment(**env), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.pids = {}
         while len(self.pids) < 2:
             line = self.process.stdout.readline()
@@ -31,6 +31,19 @@ class Job:
         started = time.monotonic()
         _out, err = self.process.communicate(timeout=seconds)
         return self.process.returncode, err, time.monotonic() - started
+
+    def wait_for(self, *paths, seconds=180):
+        """Until every file of ``paths`` exists (the program's own signal; the limit only stops a hang)."""
+        deadline = time.monotonic() + seconds
+        while not all(os.path.exists(p) for p in paths):
+            assert self.process.poll() is None, "poprun ended early: " + self.process.communicate()[1]
+            assert time.monotonic() < deadline, f"not all of {paths} after {seconds} s"
+            time.sleep(0.05)
+
+
+def poprun_errors(stderr):
+    """poprun's own error lines, without their time and pid."""
+    return [line.split(" POPRUN [E] ", 1)[1] for line in stderr.splitlines() if " POPRUN [E] " in line]
 
 
 @pytest.mark.slow
@@ -82,3 +95,30 @@ def test_instances_whose_models_differ_fail_before_training():
     lines = result.stdout.splitlines()
     assert ("[1,0]<stdout>:instance 0: weights unchanged" in lines
             or "[1,1]<stdout>:instance 1: weights unchanged" in lines)
+
+
+@pytest.mark.slow
+def test_kill_9_inside_the_all_reduce_names_the_instance_and_leaves_nothing(tmp_path):
+    job = Job("killed-in-allreduce", str(tmp_path), OMP_NUM_THREADS="1")
+    try:
+        job.wait_for(tmp_path / "in-all-reduce-0", tmp_path / "in-all-reduce-1")
+        children = [int((tmp_path / f"child-{rank}").read_text()) for rank in (0, 1)]
+        os.kill(job.pids[1], signal.SIGKILL)  # instance 1 is inside the all-reduce instance 0 waits in
+        code, err, seconds = job.finish()
+    finally:
+        if job.process.poll() is None:
+            job.process.kill()
+    assert seconds < 60 and code == 128 + 9, err
+    errors = poprun_errors(err)
+    assert errors[0] == f"instance 1 (rank 1, pid {job.pids[1]}) was killed by SIGKILL (exit status -9)", err
+    # Instance 0 either failed in the all-reduce first or was stopped by poprun: never "killed by SIGTERM".
+    assert errors[1] in (f"instance 0 (rank 0, pid {job.pids[0]}) exited with status 1",
+                         f"instance 0 (rank 0, pid {job.pids[0]}) was stopped by poprun (SIGTERM) after "
+                         "instance 1 failed"), err
+    assert errors[2].startswith("the job was stopped: instance 1 failed first"), err
+    if "exited with status 1" in errors[1]:
+        assert ("the all-reduce of step 2's gradients across the 2 poprun instances failed on instance 0: another "
+                "instance stopped during it") in err
+    # The child of the killed instance is in no running instance's process group: poprun stops it.
+    assert wait_gone(list(job.pids.values()) + children, 5.0) == []
+    assert f"the instances left running: pid {children[1]} (" in err

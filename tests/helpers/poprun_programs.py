@@ -6,6 +6,12 @@ Commands:
   fail-after SECONDS RANK  instance RANK raises after SECONDS; the others sleep
   sleep SECONDS            print the pid, then sleep (Ctrl-C / kill -9 tests)
   stuck-collective         instance 1 never joins the all-reduce instance 0 waits in
+  killed-in-allreduce DIR  each instance starts a child process and trains; in step 2's gradient all-reduce
+                           both write DIR/in-all-reduce-<instance> and instance 1 stays there (for a kill -9)
+  bert-stalled-checkpoint STEP DIR ARGS...
+                           openpop-bert ARGS; instance 0's write of step_STEP.pt keeps a copy of the whole
+                           checkpoint in DIR/uninterrupted.pt, writes half of it, writes its pid to
+                           DIR/writing and stays there (for a kill -9 during the write)
   mismatch                 instance 1 builds a wider model than instance 0
   lightning OUTDIR         Trainer(accelerator="ipu") in every instance, with a checkpoint callback
   replicas N|popdist       one training call with plain Options().replicationFactor(N), or with
@@ -169,6 +175,71 @@ def stuck_collective():
     GlobalReplication(dist.get_world_size(), dist.get_rank(), mean=True).all_reduce([parameter])
 
 
+def killed_in_allreduce(outdir):
+    import subprocess
+    import threading
+
+    import popdist
+    import popdist.poptorch
+    import poptorch
+    from openpop.runtime.distributed_reduce import GlobalReplication
+    popdist.init()
+    rank = popdist.getInstanceIndex()
+    # A process of the instance's own, as a data-loader worker would be.
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"])
+    with open(os.path.join(outdir, f"child-{rank}"), "w") as stream:
+        stream.write(str(child.pid))
+    print(f"pid {os.getpid()}", flush=True)
+    real = GlobalReplication.all_reduce
+
+    def all_reduce(self, params):
+        if self.steps == 1:  # the second step's gradients
+            with open(os.path.join(outdir, f"in-all-reduce-{rank}"), "w") as stream:
+                stream.write(str(os.getpid()))
+            if rank == 1:
+                threading.Event().wait()  # inside the all-reduce until killed
+        return real(self, params)
+
+    GlobalReplication.all_reduce = all_reduce
+    torch.manual_seed(0)
+    model = Net()
+    options = popdist.poptorch.Options()
+    options.showCompilationProgressBar(False)
+    training = poptorch.trainingModel(model, options, poptorch.optim.SGD(model.parameters(), lr=0.1))
+    for _step in range(3):
+        training(torch.randn(2, 8), torch.tensor([0, 1]))
+    print(f"instance {rank} done: instance 1 was not killed", flush=True)
+
+
+def bert_stalled_checkpoint(step, outdir, bert_args):
+    import io
+    import threading
+
+    from openpop.bert import checkpoint, train
+    real = checkpoint.atomic_write
+
+    def atomic_write(path, write):
+        if os.path.basename(path) != f"step_{step}.pt":
+            return real(path, write)
+        whole = io.BytesIO()
+        write(whole)  # what an uninterrupted run writes
+        with open(os.path.join(outdir, "uninterrupted.pt"), "wb") as stream:
+            stream.write(whole.getvalue())
+
+        def half_then_stay(stream):
+            data = whole.getvalue()
+            stream.write(data[:len(data) // 2])
+            stream.flush()
+            with open(os.path.join(outdir, "writing"), "w") as marker:
+                marker.write(str(os.getpid()))
+            threading.Event().wait()  # inside the write until killed
+
+        return real(path, half_then_stay)
+
+    checkpoint.atomic_write = atomic_write
+    sys.exit(train.main(bert_args))
+
+
 def mismatch():
     import popdist
     import popdist.poptorch
@@ -278,6 +349,10 @@ if __name__ == "__main__":
         sleep(float(arguments[0]))
     elif command == "stuck-collective":
         stuck_collective()
+    elif command == "killed-in-allreduce":
+        killed_in_allreduce(arguments[0])
+    elif command == "bert-stalled-checkpoint":
+        bert_stalled_checkpoint(int(arguments[0]), arguments[1], arguments[2:])
     elif command == "mismatch":
         mismatch()
     elif command == "lightning":

@@ -7,6 +7,16 @@ Ctrl-C (SIGINT) or SIGTERM on poprun does the same. Each instance runs in its ow
 the agent signals its whole process group, so children of the program (data loader workers)
 go too.
 
+The report names the instance that failed first: an instance killed by a signal (``kill -9``,
+the OOM killer, a crash) before one that exited with an error (typically a collective that
+lost that instance), and the instances the agent stopped with SIGTERM last, as stopped by
+poprun. poprun's exit status is the first instance's (128 + N for a signal N).
+
+No process outlives poprun: every instance's environment carries ``OPENPOP_POPRUN_JOB=<random>``
+and, once the agent is done, whatever still runs with it (the children of an instance that was
+killed: the agent signals the groups of running instances only; daemons) gets SIGTERM, then
+SIGKILL after ``SHUTDOWN_SECONDS`` (:mod:`openpop.leftover_processes`), with a warning naming them.
+
 Output: the agent redirects each instance's stdout/stderr to files; ``TaggedLogs`` tails them
 with torch's ``TailLog`` onto poprun's stdout/stderr, every line tagged ``[1,<instance>]<stdout>:``
 or ``[1,<instance>]<stderr>:`` (mpirun's ``--tag-output``), only instance N's with
@@ -19,9 +29,12 @@ import signal
 import sys
 import tempfile
 
+from .. import leftover_processes
 from . import instance as instance_env
+from . import messages
 
 SHUTDOWN_SECONDS = 10
+JOB_MARK = "OPENPOP_POPRUN_JOB"
 INSTANCE_SHIM = os.path.join(os.path.dirname(os.path.abspath(__file__)), "instance.py")
 
 
@@ -67,14 +80,54 @@ def _exit_status(exitcode: int) -> int:
 
 def _describe(rank: int, failure) -> str:
     if failure.exitcode < 0:
-        try:
-            name = signal.Signals(-failure.exitcode).name
-        except ValueError:
-            name = f"signal {-failure.exitcode}"
-        status = f"was killed by {name} (exit status {failure.exitcode})"
+        status = f"was killed by {_signal_name(-failure.exitcode)} (exit status {failure.exitcode})"
     else:
         status = f"exited with status {failure.exitcode}"
     return f"instance {rank} (rank {rank}, pid {failure.pid}) {status}"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def failure_report(failures: dict, first_rank: int) -> tuple:
+    """``(lines, exit status)`` for the agent's failures (``{rank: ProcessFailure}``, in the order
+    it saw them; ``first_rank``: its first failure).
+
+    The agent sees the instances that ended by themselves, then stops the others with SIGTERM
+    and adds them; instances that ended in the same poll come in rank order and its timestamps
+    are whole seconds. So the cause is chosen by how the instances ended: killed by a signal
+    other than SIGTERM (it came from outside: ``kill -9``, the OOM killer, a crash) before an
+    exit status (an error, often a collective that lost the killed instance), SIGTERM last (the
+    agent's; when every instance got one it came from outside, and the agent's first counts).
+    """
+    def kind(rank):
+        code = failures[rank].exitcode
+        return 2 if code == -signal.SIGTERM else 0 if code < 0 else 1
+
+    order = list(failures)
+    if first_rank in order:  # the agent's first, then its order
+        order.remove(first_rank)
+        order.insert(0, first_rank)
+    ranked = sorted(order, key=kind)
+    cause = ranked[0]
+    lines = [_describe(cause, failures[cause])]
+    stopped = []
+    for rank in ranked[1:]:
+        if kind(rank) == 2 and kind(cause) != 2:
+            stopped.append(rank)
+            lines.append(f"instance {rank} (rank {rank}, pid {failures[rank].pid}) was stopped by poprun (SIGTERM) "
+                         f"after instance {cause} failed")
+        else:
+            lines.append(_describe(rank, failures[rank]))
+    summary = f"the job was stopped: instance {cause} failed first"
+    if stopped:
+        summary += f"; poprun stopped instance{'s' if len(stopped) > 1 else ''} {', '.join(map(str, stopped))}"
+    lines.append(summary)
+    return lines, _exit_status(failures[cause].exitcode) or 1
 
 
 def launch(plan, log) -> int:
@@ -94,6 +147,7 @@ def launch(plan, log) -> int:
     if args.executable_cache_path:
         environment["POPTORCH_CACHE_DIR"] = args.executable_cache_path
     environment.update(plan.mpi_env)
+    environment[JOB_MARK] = leftover_processes.new_mark()
     for name, value in sorted(environment.items()):
         log.debug(f"instance environment: {name}={value}")
     os.environ.update(environment)  # the agent gives its workers a copy of this process's environment
@@ -116,13 +170,10 @@ def launch(plan, log) -> int:
         elastic_launch(config, sys.executable)(INSTANCE_SHIM, *command)
         return 0
     except ChildFailedError as failed:
-        first_rank, first = failed.get_first_failure()
-        log.error(_describe(first_rank, first))
-        for rank, failure in sorted(failed.failures.items()):
-            if rank != first_rank:
-                log.error(_describe(rank, failure))
-        log.error(f"the job was stopped: {len(failed.failures)} instance(s) failed")
-        return _exit_status(first.exitcode) or 1
+        lines, status = failure_report(failed.failures, failed.get_first_failure()[0])
+        for line in lines:
+            log.error(line)
+        return status
     except SignalException as stopped:
         log.error(f"poprun received {signal.Signals(stopped.sigval).name}: every instance was stopped")
         return 128 + int(stopped.sigval)
@@ -131,5 +182,9 @@ def launch(plan, log) -> int:
                   f"{args.rendezvous_timeout:g} s (an unreachable host, or poprun not started on every host): {exc}")
         return 1
     finally:
+        left = leftover_processes.stop_marked(JOB_MARK, environment[JOB_MARK], SHUTDOWN_SECONDS)
+        if left:
+            log.warning(messages.LEFTOVER_PROCESSES_STOPPED.format(
+                count=len(left), processes=", ".join(f"pid {pid} ({command})" for pid, command in left)))
         logs.stop()
         shutil.rmtree(log_dir, ignore_errors=True)

@@ -30,6 +30,7 @@ OUTPUT_INSTANCE_OUT_OF_RANGE = (
 PET_NNODES_VALUE = "PET_NNODES={value!r} is not a number of nodes"
 CONFIGURATION_UNREADABLE = "cannot read the configuration {path}: {exc}"
 ENV_VARIABLE_FORMAT = "{option}: -x needs NAME or NAME=VALUE"
+LEFTOVER_PROCESSES_STOPPED = "stopped {count} process(es) the instances left running: {processes}"
 NOT_AMONG_HOSTS = "this machine ({hostname}) is not among the hosts {hosts}: run poprun on each of them"
 NO_MASTER_ADDRESS = (
     "PET_NNODES > 1 but no PET_MASTER_ADDR/PET_MASTER_PORT (or MASTER_ADDR/MASTER_PORT) in the "

@@ -31,7 +31,8 @@ torch.distributed (the group ``popdist.init()`` / ``openpop.distributed.process_
 
 A collective that does not complete within the process group's timeout
 (``OPENPOP_COLLECTIVE_TIMEOUT``, poprun ``--collective-timeout``) raises ``CollectiveTimeout``
-naming the collective, the step and the instance.
+naming the collective, the step and the instance; so does one that loses another instance on
+the way (gloo's "Connection closed by peer": that instance was killed or crashed), saying so.
 """
 import os
 import weakref
@@ -51,6 +52,10 @@ OVERLAP_ENV = "OPENPOP_ALLREDUCE_OVERLAP"
 
 class CollectiveTimeout(RuntimeError):
     """A collective across processes failed or did not complete in time."""
+
+
+# gloo's words when the other end of a connection went away (the process died).
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
 
 
 def _bucket_bytes() -> int:
@@ -297,7 +302,9 @@ class GlobalReplication:
         try:
             return call()
         except RuntimeError as exc:  # gloo/NCCL timeouts and closed connections
-            raise CollectiveTimeout(messages.COLLECTIVE_FAILED.format(
+            text = messages.COLLECTIVE_PEER_GONE if any(words in str(exc) for words in _PEER_GONE) \
+                else messages.COLLECTIVE_FAILED
+            raise CollectiveTimeout(text.format(
                 what=what, n=self.num_processes, process_id=self.process_id,
                 timeout=process_group.collective_timeout(), error=exc)) from exc
 

@@ -76,6 +76,9 @@ MODELS_DIFFER = ("Instance {process}'s model differs from instance 0's: {differe
 COLLECTIVE_FAILED = ("{what} across the {n} poprun instances failed on instance {process_id} (timeout "
                      "{timeout:g} s): another instance is stuck or has stopped. Set OPENPOP_COLLECTIVE_TIMEOUT "
                      "or poprun --collective-timeout to change the timeout. ({error})")
+COLLECTIVE_PEER_GONE = ("{what} across the {n} poprun instances failed on instance {process_id}: another "
+                        "instance stopped during it (its connection closed); poprun's log names the instance "
+                        "that failed first. ({error})")
 
 # --- POPLAR_ENGINE_OPTIONS ------------------------------------------------------
 ENGINE_OPTIONS_JSON = ("{source} is not valid JSON ({error} at character {pos}): {text!r}. "
