@@ -722,6 +722,20 @@ def test_state_dict_round_trip_through_torch_save(name):
                 assert value.dtype == opt.state[next(iter(model.parameters()))][key].dtype
 
 
+def test_loaded_and_copied_optimizers_have_the_groups_of_a_new_one():
+    """torch's Optimizer.__setstate__ adds a "differentiable" default that LAMB was built without;
+    it must not reach LAMB's groups (a resumed BERT run's checkpoint differed from an uninterrupted
+    run's, and PopTorch warned of the unexpected group attribute on every resume)."""
+    for name, factory in sorted(FACTORIES.items()):
+        opt = factory(make_model().parameters())
+        keys = [set(group) for group in opt.param_groups]
+        loaded = factory(make_model().parameters())
+        loaded.load_state_dict(opt.state_dict())
+        assert [set(group) for group in loaded.param_groups] == keys, name
+        assert [set(group) for group in copy.deepcopy(opt).param_groups] == keys, name
+        assert set(loaded.defaults) == set(opt.defaults), name
+
+
 @pytest.mark.parametrize("ours, theirs", [
     (lambda p: optim.SGD(p, lr=0.05, momentum=0.9), lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9)),
     (lambda p: optim.SGD(p, lr=0.05, momentum=0.9, use_combined_accum=True, velocity_scaling=16.0),

@@ -184,7 +184,8 @@ def _run(config: BertRunConfig, stream) -> TrainingResult:
                     checkpoint_file=checkpoint_file, start_step=start_step, training_steps=config.training_steps))
     result.start_step = start_step
     if config.checkpoint_output_dir:
-        removed = ckpt.remove_stale_checkpoint_files(config.checkpoint_output_dir)
+        # The instance that writes checkpoints cleans up after killed writes, and says so.
+        removed = instances.on_first(ckpt.remove_stale_checkpoint_files, config.checkpoint_output_dir)
         if removed:
             log(f"Removed {len(removed)} temporary file(s) left in {config.checkpoint_output_dir} by checkpoint "
                 "writes that were killed")

@@ -200,7 +200,14 @@ class Optimizer:
         return state
 
     def __setstate__(self, state):
+        # torch's __setstate__ adds defaults["differentiable"]; an optimizer built without it
+        # (LAMB) must not gain it in every group on load_state_dict or unpickling: a resumed run's
+        # groups would differ from an uninterrupted run's, and PopTorch warns of the attribute.
+        defaults = state.get("defaults", self.__dict__.get("defaults"))
+        added = defaults is not None and "differentiable" not in defaults
         super().__setstate__(state)
+        if added:
+            self.defaults.pop("differentiable", None)
         self._fill_group_defaults()
 
     # --- step ---------------------------------------------------------------------------
