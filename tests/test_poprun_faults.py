@@ -1,15 +1,19 @@
 """Faults under poprun: an instance killed or raising ends the job with a line naming it, Ctrl-C
-stops everything, a collective one instance never joins times out; no process is left behind."""
+stops everything, a collective one instance never joins times out, a host that does not answer
+fails the launch early; no process is left behind."""
 import os
 import re
 import signal
+import socket
 import subprocess
 import time
 
 import pytest
 
+from openpop.distributed import reachability
+
 from helpers.poprun_runner import PROGRAMS, environment, poprun_command, run_poprun
-from helpers.processes import wait_gone
+from helpers.processes import free_port, wait_gone
 
 
 class Job:
@@ -122,3 +126,51 @@ def test_kill_9_inside_the_all_reduce_names_the_instance_and_leaves_nothing(tmp_
     # The child of the killed instance is in no running instance's process group: poprun stops it.
     assert wait_gone(list(job.pids.values()) + children, 5.0) == []
     assert f"the instances left running: pid {children[1]} (" in err
+
+
+def _silent_host(address):
+    """A listening socket on ``address`` whose accept queue is full: the kernel drops every further
+    SYN, as for a host that is down or behind a firewall that drops packets. Returns (sockets, port)."""
+    listener = socket.socket()
+    listener.bind((address, 0))
+    listener.listen(0)
+    filler = socket.create_connection(listener.getsockname(), timeout=5)
+    return (listener, filler), listener.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_a_host_that_does_not_answer_fails_the_launch_within_30_seconds():
+    sockets, port = _silent_host("127.0.0.3")
+    started = time.monotonic()
+    process = subprocess.Popen(
+        poprun_command("--host", "127.0.0.1,127.0.0.3", "--rendezvous-port", str(port), "--num-instances", "2",
+                       "--num-replicas", "2", "python", "-c", "print('started')"),
+        env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = process.communicate(timeout=40)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        for sock in sockets:
+            sock.close()
+    assert time.monotonic() - started < 30
+    assert process.returncode == 1 and "started" not in out
+    assert poprun_errors(err) == [
+        f"host 127.0.0.3 does not answer: no reply from 127.0.0.3:{port} (the rendezvous port) within 15 s "
+        "(timed out). Check that 127.0.0.3 is up and reachable from this host (ping, ssh), that no firewall drops "
+        f"TCP port {port} between the hosts (--rendezvous-port), and that --host names the right machine; "
+        "--host-answer-timeout 0 skips this check"], err
+
+
+def test_a_refusal_is_an_answer_and_silence_is_not():
+    # Nothing listens on the port: the host refuses at once, it is up (its poprun may start later).
+    started = time.monotonic()
+    assert reachability.silent_hosts(["127.0.0.1", "localhost"], free_port(), 10.0) == []
+    assert time.monotonic() - started < 10.0
+    sockets, port = _silent_host("127.0.0.3")
+    try:
+        assert reachability.silent_hosts(["127.0.0.1", "127.0.0.3"], port, 1.0) == [
+            ("127.0.0.3", "127.0.0.3", "timed out")]
+    finally:
+        for sock in sockets:
+            sock.close()

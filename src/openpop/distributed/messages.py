@@ -7,6 +7,7 @@ NO_ADASUM = "Adasum is not part of openpop's horovod compatibility layer"
 # --- poprun ---------------------------------------------------------------------
 YES_NO_VALUE = "expected yes/no or 1/0, got {text!r}"
 SECONDS_NOT_POSITIVE = "expected a positive number of seconds, got {text!r}"
+SECONDS_NEGATIVE = "expected a finite number of seconds >= 0, got {text!r}"
 HOST_NAMES_NO_HOST = "--host {spec!r} names no host"
 HOSTFILE_EMPTY = "the hostfile {path} names no host"
 CONFIGURATION_UNKNOWN_OPTIONS = "the configuration {path} has unknown options: {unknown}"
@@ -31,6 +32,11 @@ PET_NNODES_VALUE = "PET_NNODES={value!r} is not a number of nodes"
 CONFIGURATION_UNREADABLE = "cannot read the configuration {path}: {exc}"
 ENV_VARIABLE_FORMAT = "{option}: -x needs NAME or NAME=VALUE"
 LEFTOVER_PROCESSES_STOPPED = "stopped {count} process(es) the instances left running: {processes}"
+HOST_NOT_ANSWERING = (
+    "host {host} does not answer: no reply from {address}:{port} (the rendezvous port) within {seconds:g} s "
+    "({reason}). Check that {host} is up and reachable from this host (ping, ssh), that no firewall drops TCP "
+    "port {port} between the hosts (--rendezvous-port), and that {where} names the right machine; "
+    "--host-answer-timeout 0 skips this check")
 NOT_AMONG_HOSTS = "this machine ({hostname}) is not among the hosts {hosts}: run poprun on each of them"
 NO_MASTER_ADDRESS = (
     "PET_NNODES > 1 but no PET_MASTER_ADDR/PET_MASTER_PORT (or MASTER_ADDR/MASTER_PORT) in the "

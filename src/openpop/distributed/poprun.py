@@ -21,11 +21,14 @@ What differs from Graphcore's poprun (also in docs/guides/scale-out.md):
   runs ``--num-instances / PET_NNODES`` instances.
 
 openpop options: ``--collective-timeout SECONDS`` (default 600; also ``OPENPOP_COLLECTIVE_TIMEOUT``),
-``--rendezvous-port`` (multi-host, default 29400), ``--rendezvous-timeout`` (seconds, default 300).
+``--rendezvous-port`` (multi-host, default 29400), ``--rendezvous-timeout`` (seconds, default 300),
+``--host-answer-timeout`` (seconds, default 15: a host of ``--host`` that does not answer at all by
+then stops the launch instead of the rendezvous waiting for it; see ``reachability.py``).
 """
 import argparse
 import datetime
 import json
+import math
 import os
 import re
 import shlex
@@ -33,10 +36,11 @@ import socket
 import sys
 
 from . import instance as instance_env
-from . import messages
+from . import messages, reachability
 from .topology import topology_table
 
 USAGE_ERROR = 2
+HOST_ANSWER_SECONDS = 15.0
 
 
 # mpirun arguments that poprun itself passes or that change nothing here.
@@ -81,6 +85,16 @@ def _seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(messages.SECONDS_VALUE.format(text=text)) from None
     if value <= 0:
         raise argparse.ArgumentTypeError(messages.SECONDS_NOT_POSITIVE.format(text=text))
+    return value
+
+
+def _seconds_or_zero(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(messages.SECONDS_VALUE.format(text=text)) from None
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(messages.SECONDS_NEGATIVE.format(text=text))
     return value
 
 
@@ -139,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="openpop: port of the c10d rendezvous on the first host (multi-host; default 29400)")
     add("--rendezvous-timeout", type=_seconds, default=300.0,
         help="openpop: seconds to wait for every host to join (default 300)")
+    add("--host-answer-timeout", type=_seconds_or_zero, default=HOST_ANSWER_SECONDS,
+        help="openpop: seconds for every other host to answer at the rendezvous port before the launch "
+             f"stops (multi-host; default {HOST_ANSWER_SECONDS:g}; 0: no check)")
     add("program", nargs="?")
     add("program_args", nargs=argparse.REMAINDER)
     return parser
@@ -436,8 +453,26 @@ def main(argv=None) -> int:
     if args.print_topology or args.vv:
         sys.stdout.write(plan.topology())
         sys.stdout.flush()
+    if not _hosts_answer(plan, log):
+        return 1
     from .launch import launch
     return launch(plan, log)
+
+
+def _hosts_answer(plan, log) -> bool:
+    """Whether every other host of ``--host`` answers at the rendezvous port (``reachability``);
+    logs the ones that do not."""
+    args = plan.args
+    if not plan.multi_node or plan.kubeflow or not args.host_answer_timeout:
+        return True
+    others = [host for host in dict.fromkeys(plan.hosts) if host != plan.local_addr]
+    log.debug(f"checking that {', '.join(others)} answer at port {args.rendezvous_port}")
+    silent = reachability.silent_hosts(others, args.rendezvous_port, args.host_answer_timeout)
+    for host, address, reason in silent:
+        log.error(messages.HOST_NOT_ANSWERING.format(
+            host=host, address=address, port=args.rendezvous_port, seconds=args.host_answer_timeout,
+            reason=reason, where="--host" if args.host else "the hostfile"))
+    return not silent
 
 
 if __name__ == "__main__":
