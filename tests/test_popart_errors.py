@@ -23,6 +23,7 @@ def test_input_element_count_error_text_and_no_state_change():
     opts.accumulationFactor = 2
     session = _training(builder, loss, {loss: popart.AnchorReturnType("All")}, bps=3, opts=opts)
     session.prepareDevice()
+    session.weightsFromHost()
     before = {i: np.zeros_like(w) for i, w in zip(ids, [a for wb in mlp_weights() for a in wb])}
     expected = ("Unexpected number of input elements for Tensor x. Expected 192, but received 160.\n"
                 "To disable this check at your own risk, use IStepIO::enableRuntimeAsserts.\n"

@@ -11,6 +11,7 @@ from .dataflow import AnchorReturnType, DataFlow
 from .devices import DeviceInfo, DeviceManager
 from .enums import *  # noqa: F403
 from .errors import OutOfMemoryException, popart_exception, popart_internal_exception, poplar_exception
+from .names import RESERVED_PREFIXES
 from .optimizers import SGD, Adam, Adaptive, ClipNormSettings, ConstSGD, OptimizerValue
 from .options import (
     AccumulateOuterFragmentSettings,
@@ -34,36 +35,19 @@ __version__ = "3.4.0+openpop"
 DataType = None  # PopART exposes data types as strings ("FLOAT", ...); kept for ``hasattr`` checks
 
 
-def reservedGradientPrefix() -> str:
-    return GRADIENT_PREFIX
+def _reserved_prefix(name: str, value: str):
+    def prefix() -> str:
+        return value
+    prefix.__name__ = prefix.__qualname__ = name
+    prefix.__doc__ = f"PopART's prefix of the tensors its IR names so: ``{value}``."
+    return prefix
 
 
-def reservedUpdatedVarPrefix() -> str:
-    return UPDATED_VAR_PREFIX
-
-
-def reservedAccumPrefix() -> str:
-    return "Accum___"
-
-
-def reservedAcclPrefix() -> str:
-    return "Accl___"
-
-
-def reservedStashedPrefix() -> str:
-    return "Stashed___"
-
-
-def reservedRestoredPrefix() -> str:
-    return "Restored___"
-
-
-def reservedLossScalingPrefix() -> str:
-    return "lossScaling_"
-
-
-def reservedDefaultWeightDecayScaleFactor0Prefix() -> str:
-    return "weightDecayScaleFactor0___default___"
+# popart.reservedGradientPrefix(), reservedAccl1Prefix(), ...: every one PopART's Python module has.
+for _name, _value in RESERVED_PREFIXES.items():
+    globals()[_name] = _reserved_prefix(_name, _value)
+assert RESERVED_PREFIXES["reservedGradientPrefix"] == GRADIENT_PREFIX
+assert RESERVED_PREFIXES["reservedUpdatedVarPrefix"] == UPDATED_VAR_PREFIX
 
 
 def getSupportedOperations(includeInternal: bool = False):

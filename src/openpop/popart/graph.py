@@ -371,6 +371,9 @@ class OnnxGraphModule(torch.nn.Module):
             return fetched
         loss = env[self.loss]
         loss = state.seed_tap(loss if loss.dim() == 0 else loss.sum())
+        if torch.is_grad_enabled() and not loss.requires_grad and loss.is_floating_point():
+            # Nothing trainable under the loss (all weights constants): PopART trains it as a no-op.
+            loss = loss.detach().requires_grad_(True)
         return (identity_loss(loss, reduction="none"),) + fetched
 
 

@@ -54,6 +54,18 @@ MODEL_LOAD_FAILED = "Failed to load an ONNX model from '{model}': {exc}"
 ADD_INPUT_UNEXPECTED_ARGUMENT = "addInputTensor(): unexpected argument {extra!r}"
 ADD_INITIALIZED_INPUT_UNEXPECTED_ARGUMENT = "addInitializedInputTensor(): unexpected argument {extra!r}"
 
+# --- sessions.py (PopART's Session) -------------------------------------------------------------
+WEIGHTS_FROM_HOST_BEFORE_RUN = (
+    "Must call weightsFromHost before run as the model has initializers and the session has been created in "
+    "training mode"
+)
+
+# --- patterns.py -------------------------------------------------------------------------------
+UNKNOWN_PATTERN = "Unknown pattern {name}{hint}"
+UNKNOWN_PATTERN_NAME = "Unknown pattern {name}."
+MANDATORY_PATTERN = "Pattern '{name}' is mandatory and cannot be disabled"
+PATTERN_MUST_BE_ENABLED = "Pattern '{name}' must be enabled"
+
 # --- dataflow.py -------------------------------------------------------------------------------
 INVALID_ANCHOR_RETURN_TYPE = "Invalid anchor return type ID supplied: {artString}"
 BATCHES_PER_STEP_BELOW_ONE = "batchesPerStep must be at least 1, got {batchesPerStep}"

@@ -135,6 +135,8 @@ class Optimizer:
         unknown = [w for w in self._specific if w not in params]
         if unknown:
             raise popart_exception(messages.INSERT_SPECIFIC_NOT_A_WEIGHT.format(unknown=unknown[0]))
+        if not groups:  # a model without trainable weights trains (PopART: gradients, no updates)
+            groups.append({"params": []})
         return groups
 
     def check_update(self, new: "Optimizer") -> None:

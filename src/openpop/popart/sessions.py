@@ -103,6 +103,8 @@ class _Session:
         self._options = options
         self.dataFlow = dataFlow
         self._patterns = patterns
+        if patterns is not None and hasattr(patterns, "check_mandatory"):
+            patterns.check_mandatory()
         model = load_model(fnModel)
         if inputShapeInfo is not None:
             _apply_input_shapes(model, inputShapeInfo)
@@ -168,6 +170,7 @@ class _Session:
         else:
             self._executor = inferenceModel(self._module, self._poptorch_options)
         self._prepared = False
+        self._weights_from_host_called = False
         self._random_seed = None
         self._steps_run = 0
 
@@ -268,6 +271,7 @@ class _Session:
     # ------------------------------------------------------------------ weights
     def weightsFromHost(self) -> None:
         self._require_prepared("weightsFromHost()")
+        self._weights_from_host_called = True
         with torch.no_grad():
             for name, tensor in self._weights.items():
                 tensor.copy_(torch.from_numpy(self._host_weights[name]).to(tensor.device))
@@ -302,8 +306,8 @@ class _Session:
 
     def modelToHost(self, fn: str) -> None:
         """Write the model with the device's current weights to the ONNX file ``fn``."""
-        if self._prepared:
-            self.weightsToHost()
+        self._require_prepared("weightsToHost(const std::map<TensorId, MutableVoidData> &)")
+        self.weightsToHost()
         proto = onnx.ModelProto()
         proto.CopyFrom(self._program.model)
         for init in proto.graph.initializer:
@@ -362,6 +366,8 @@ class _Session:
                 raise popart_exception(messages.STEPIO_TYPE.format(
                     stepio_type=type(stepio).__name__))
         self._require_prepared("run()")
+        if self._training and self._host_weights and not self._weights_from_host_called:
+            raise popart_exception(messages.WEIGHTS_FROM_HOST_BEFORE_RUN)
         inputs = self._gather_inputs(stepio)
         n = self._micro_batches_per_run()
         self._module.state.reset()
