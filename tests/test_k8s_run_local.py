@@ -231,3 +231,78 @@ def test_poprun_manifest_trains_with_run_local(pods, tmp_path, capsys, monkeypat
                              local, "--master-port", free_port())
     assert code == 0, out + err
     assert "training_steps: 4" in out
+
+
+def _stoppable_job(tmp_path, name="stopped"):
+    """Master and worker each start a child in their process group and one in a session of its own
+    (as poprun's agent starts its instances), write the three pids, and wait."""
+    code = (
+        "import os, subprocess, sys, time, pathlib; "
+        "sleep = [sys.executable, '-c', 'import time; time.sleep(120)']; "
+        "child = subprocess.Popen(sleep); detached = subprocess.Popen(sleep, start_new_session=True); "
+        f"pathlib.Path(r'{tmp_path}', os.environ['HOSTNAME'] + '.tmp').write_text("
+        "f'{os.getpid()} {child.pid} {detached.pid}'); "
+        f"pathlib.Path(r'{tmp_path}', os.environ['HOSTNAME'] + '.tmp').rename("
+        f"pathlib.Path(r'{tmp_path}', os.environ['HOSTNAME'])); "
+        "time.sleep(120)"
+    )
+    return write_manifest(tmp_path, pytorchjob(name, 2, 1, [sys.executable, "-c", code]))
+
+
+@pytest.mark.parametrize("target", ["worker pod", "run-local"])
+def test_sigterm_stops_the_job_with_143_and_leaves_nothing(target, tmp_path):
+    """SIGTERM is how Kubernetes stops a pod: to one pod (its main process, as the kubelet sends it) or
+    to openpop-k8s itself, every pod stops, the exit status is 143 and no process is left."""
+    manifest = _stoppable_job(tmp_path)
+    run = subprocess.Popen([sys.executable, "-m", "openpop.k8s", "run-local", str(manifest),
+                            "--master-port", str(free_port())],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        worker = _wait_for(tmp_path / "stopped-worker-0")
+        master = _wait_for(tmp_path / "stopped-master-0")
+        os.kill(worker[0] if target == "worker pod" else run.pid, signal.SIGTERM)
+        _out, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 128 + signal.SIGTERM, err
+    if target == "worker pod":
+        assert ("openpop-k8s: pod stopped-worker-0 was killed by SIGTERM (how Kubernetes stops a pod): every pod "
+                "was stopped") in err.splitlines()
+    else:
+        assert "openpop-k8s: received SIGTERM: all pods stopped" in err.splitlines()
+    assert wait_gone(worker + master, 5.0) == []  # the detached children too
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_poprun_module() is None, reason="openpop's poprun is not importable yet")
+def test_sigterm_to_a_poprun_pod_stops_the_job_with_143_and_leaves_nothing(tmp_path, monkeypatch):
+    """The pods of a converted IPUJob run poprun: SIGTERM to one pod's poprun stops its instances,
+    that pod exits 143, the other pod (poprun and instance) is stopped and nothing is left."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    programs = str(Path(__file__).resolve().parent / "helpers" / "poprun_programs.py")
+    manifest = write_manifest(tmp_path, pytorchjob("pr", 2, 1, [
+        sys.executable, "-m", _poprun_module(), "--num-instances", "2", "--num-replicas", "2",
+        sys.executable, programs, "sleep", "300"]))
+    run = subprocess.Popen([sys.executable, "-m", "openpop.k8s", "run-local", str(manifest),
+                            "--master-port", str(free_port())],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        instances = {}  # pod -> instance pid, from the instances' "pid N" lines
+        while len(instances) < 2:
+            line = run.stdout.readline()
+            assert line, "run-local ended early: " + run.stderr.read()
+            pod, _, text = line.partition(" | ")
+            if "<stdout>:pid " in text:
+                instances[pod.strip()] = int(text.rsplit(" ", 1)[1])
+        poprun = {pod: int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+                  for pod, pid in instances.items()}  # an instance's parent is its pod's poprun
+        os.kill(poprun["pr-worker-0"], signal.SIGTERM)
+        _out, err = run.communicate(timeout=60)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 128 + signal.SIGTERM, err
+    assert ("openpop-k8s: pod pr-worker-0 exited with code 143 after a SIGTERM (how Kubernetes stops a pod): "
+            "every pod was stopped") in err.splitlines()
+    assert wait_gone(list(instances.values()) + list(poprun.values()), 5.0) == []

@@ -1,7 +1,9 @@
 """``openpop-k8s``: IPU-era Kubernetes jobs on Kubeflow (convert, render, validate, run-local).
 
 Exit codes: 0 done; 1 a job run by ``run-local`` failed; 2 bad input (the error names the
-offending field's path; nothing is written to stdout).
+offending field's path; nothing is written to stdout); 143 ``run-local`` was stopped by SIGTERM
+(to one of its pods, or to ``openpop-k8s`` itself: what Kubernetes sends to stop a pod); 130
+Ctrl-C.
 """
 
 import argparse
@@ -15,11 +17,16 @@ from openpop.k8s.errors import ManifestError
 from openpop.k8s.ipujob import is_ipujob, parse_ipujob
 from openpop.k8s.render import plan_from_command
 from openpop.k8s.report import ConversionReport, ReportLine
-from openpop.k8s.run_local import JobFailed, prepare_local_job
+from openpop.k8s.run_local import JobFailed, JobStopped, prepare_local_job
 from openpop.k8s.validation import validate_kubeflow_job
 
 EXIT_JOB_FAILED = 1
 EXIT_BAD_INPUT = 2
+EXIT_SIGTERM = 128 + signal.SIGTERM
+
+
+class _Terminated(Exception):
+    """openpop-k8s received SIGTERM."""
 
 
 def _positive_int(text):
@@ -128,7 +135,7 @@ def _run_local(args):
         except ManifestError as exc:
             path = f"document {index}: {exc.path}" if len(documents) > 1 else exc.path
             raise ManifestError(path, exc.reason) from None
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         for job, notes in jobs:
             for note in notes:
@@ -141,8 +148,8 @@ def _run_local(args):
         signal.signal(signal.SIGTERM, previous)
 
 
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt
+def _raise_terminated(signum, frame):
+    raise _Terminated
 
 
 def main(argv=None):
@@ -160,9 +167,15 @@ def main(argv=None):
     except ManifestError as exc:
         print(f"openpop-k8s: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except JobStopped as exc:
+        print(f"openpop-k8s: {exc}", file=sys.stderr)
+        return EXIT_SIGTERM
     except JobFailed as exc:
         print(f"openpop-k8s: error: {exc}", file=sys.stderr)
         return EXIT_JOB_FAILED
+    except _Terminated:
+        print(messages.RUN_LOCAL_TERMINATED, file=sys.stderr)
+        return EXIT_SIGTERM
     except KeyboardInterrupt:
         print("openpop-k8s: interrupted: all pods stopped", file=sys.stderr)
         return 130

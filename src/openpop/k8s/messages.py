@@ -77,6 +77,10 @@ RENDER_NO_NAME = "required: the job's name (a DNS-1035 label)"
 # --- run_local ------------------------------------------------------------------
 CONTAINER_WITHOUT_COMMAND = (
     "the container has no command: locally there is no image entrypoint to run; give --command")
+RUN_LOCAL_TERMINATED = "openpop-k8s: received SIGTERM: all pods stopped"
+POD_STOPPED_BY_SIGTERM = "pod {pod} {how} (how Kubernetes stops a pod): every pod was stopped"
+POD_KILLED_BY_SIGTERM = "was killed by SIGTERM"
+POD_EXITED_AFTER_SIGTERM = "exited with code 143 after a SIGTERM"
 
 # --- sdk_models -----------------------------------------------------------------
 NO_MODEL_CLASS = "no model class {name}"

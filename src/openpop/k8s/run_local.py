@@ -17,10 +17,15 @@ What differs from a cluster, on purpose:
 * the image is not pulled and restart policies are not applied: a pod that fails fails
   the job, at once.
 
-When a pod's main process exits, whatever it left in its process group is killed (a
-container's processes end with it). When a pod fails, the other pods' groups get SIGTERM,
-then SIGKILL after a grace period; the job fails naming the pod and its exit code. No
-process outlives ``run-local``.
+When a pod's main process exits, whatever it left is killed (a container's processes end
+with it): its process group, and every process whose environment carries the pod's mark
+``OPENPOP_RUN_LOCAL_POD=<random>-<index>``, which finds what left the group (poprun's instances
+run in sessions of their own; daemons) (:mod:`openpop.leftover_processes`). When a pod fails,
+the other pods' groups get SIGTERM, then SIGKILL after a grace period; the job fails naming
+the pod and its exit code. A pod stopped by SIGTERM (what Kubernetes sends to stop a pod: it
+was killed by SIGTERM or exited with 143) stops the job the same way, as ``JobStopped``:
+``openpop-k8s`` exits 143, as it does when it receives SIGTERM itself. SIGTERM and Ctrl-C
+wait while the pods are being stopped. No process outlives ``run-local``.
 """
 
 import os
@@ -33,6 +38,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from openpop import leftover_processes
 from openpop.k8s import messages
 from openpop.k8s.controller_env import job_pods
 from openpop.k8s.errors import ManifestError
@@ -40,6 +46,7 @@ from openpop.k8s.validation import validate_kubeflow_job
 
 LOCAL_ADDRESS = "127.0.0.1"
 GRACE_SECONDS = 5.0
+POD_MARK = "OPENPOP_RUN_LOCAL_POD"
 _ADDRESS_VARIABLES = ("MASTER_ADDR", "PET_MASTER_ADDR")
 _VAR_REF = re.compile(r"\$\$|\$\(([-._a-zA-Z][-._a-zA-Z0-9]*)\)")
 
@@ -59,6 +66,19 @@ class JobFailed(RuntimeError):
         else:
             how = f"exited with code {returncode}"
         super().__init__(f"pod {pod} {how}: the job failed")
+
+
+class JobStopped(JobFailed):
+    """A pod was stopped by SIGTERM (killed by it, or exited with 128 + 15): the job is stopped."""
+
+    def __init__(self, pod, returncode):
+        super().__init__(pod, returncode)
+        how = messages.POD_KILLED_BY_SIGTERM if returncode < 0 else messages.POD_EXITED_AFTER_SIGTERM
+        self.args = (messages.POD_STOPPED_BY_SIGTERM.format(pod=pod, how=how),)
+
+
+def stopped_by_sigterm(returncode) -> bool:
+    return returncode in (-signal.SIGTERM, 128 + signal.SIGTERM)
 
 
 def expand_references(text, env):
@@ -128,6 +148,13 @@ def _relay(stream, prefix, out, lock):
     stream.close()
 
 
+def _block_stop_signals():
+    """Block SIGTERM and SIGINT in this (main) thread; the previous mask, or None elsewhere."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+
+
 def _signal_group(process, sig):
     try:
         os.killpg(process.pid, sig)
@@ -147,11 +174,14 @@ class LocalJob:
         self.processes = []
         self.relays = []
         self._lock = threading.Lock()
+        job = leftover_processes.new_mark()
+        self.marks = [f"{job}-{index}" for index in range(len(pods))]
 
     def start(self):
         width = max(len(pod.name) for pod in self.pods)
-        for pod, argv, env in zip(self.pods, self.argvs, self.envs):
+        for pod, argv, env, mark in zip(self.pods, self.argvs, self.envs, self.marks):
             cwd = pod.working_dir if pod.working_dir and os.path.isdir(pod.working_dir) else self.cwd
+            env = dict(env, **{POD_MARK: mark})
             process = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                        start_new_session=True)
@@ -162,34 +192,46 @@ class LocalJob:
             relay.start()
             self.relays.append(relay)
 
+    def _end_pod(self, index):
+        """SIGKILL what pod ``index`` left: its process group and the processes with its mark."""
+        _signal_group(self.processes[index], signal.SIGKILL)
+        leftover_processes.stop_marked(POD_MARK, self.marks[index], grace=0)
+
     def stop(self):
         """SIGTERM every pod's group still running, SIGKILL after the grace period, then
-        SIGKILL what any group still holds."""
-        for process in self.processes:
-            if process.poll() is None:
-                _signal_group(process, signal.SIGTERM)
-        deadline = time.monotonic() + GRACE_SECONDS
-        for process in self.processes:
-            try:
-                process.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        for process in self.processes:
-            _signal_group(process, signal.SIGKILL)
-            process.wait()
-        for relay in self.relays:
-            relay.join(timeout=2)
+        SIGKILL what any pod still holds. SIGTERM and SIGINT wait until it is done."""
+        blocked = _block_stop_signals()
+        try:
+            for process in self.processes:
+                if process.poll() is None:
+                    _signal_group(process, signal.SIGTERM)
+            deadline = time.monotonic() + GRACE_SECONDS
+            for process in self.processes:
+                try:
+                    process.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+            for index, process in enumerate(self.processes):
+                self._end_pod(index)
+                process.wait()
+            for relay in self.relays:
+                relay.join(timeout=2)
+        finally:
+            if blocked is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
     def run(self):
         self.start()
         finished = set()
         try:
             while len(finished) < len(self.processes):
-                for pod, process in zip(self.pods, self.processes):
+                for index, (pod, process) in enumerate(zip(self.pods, self.processes)):
                     if pod.name in finished or process.poll() is None:
                         continue
                     finished.add(pod.name)
-                    _signal_group(process, signal.SIGKILL)  # what the pod left behind
+                    self._end_pod(index)  # what the pod left behind
+                    if stopped_by_sigterm(process.returncode):
+                        raise JobStopped(pod.name, process.returncode)
                     if process.returncode != 0:
                         raise JobFailed(pod.name, process.returncode)
                 time.sleep(0.05)
