@@ -19,17 +19,21 @@ from pathlib import Path
 OPENPOP = "openpop"
 POPTORCH = "ipu-stack"
 POPRUN = "poprun"
+RUN_LOCAL = "run-local"
 
 GROUP_TITLES = {
     OPENPOP: "openpop's settings",
     POPTORCH: "Graphcore's variables that openpop honours",
     POPRUN: "Set by poprun for each instance",
+    RUN_LOCAL: "Set by openpop-k8s run-local for each pod",
 }
 GROUP_INTROS = {
     OPENPOP: "openpop's own switches. Where an `Options` method sets the same thing, the method wins.",
     POPTORCH: "Variables that PopTorch and Poplar read on IPUs; they mean the same here.",
     POPRUN: ("`poprun` sets these in every instance it launches. You do not normally set them; they are "
              "listed so that a script or a launcher of your own (torchrun) can read or provide them."),
+    RUN_LOCAL: ("`openpop-k8s run-local` sets these in every pod it runs, besides the variables the Kubeflow "
+                "controller injects."),
 }
 
 
@@ -165,6 +169,15 @@ VARIABLES = (
            "Instances in the job, as mpirun set it; `poptorch.Options().Distributed` reads it (with "
            "`OMPI_COMM_WORLD_RANK`, the instance's index).",
            group=POPRUN, see="guides/scale-out.md#instances"),
+    EnvVar("OPENPOP_POPRUN_JOB", "set by poprun (a random value per run)",
+           "Marks the processes of one poprun job: when the job ends, poprun stops every process still "
+           "running with this value in its environment (children of a killed instance, daemons). A "
+           "process that drops it from its environment is not found.",
+           group=POPRUN, see="guides/faults.md#nothing-outlives-the-job"),
+    EnvVar("OPENPOP_RUN_LOCAL_POD", "set by run-local (a random value per pod)",
+           "Marks the processes of one pod: when the pod's main process ends, every process with this "
+           "value in its environment is killed with it, as a container's processes end with it.",
+           group=RUN_LOCAL, see="guides/faults.md#nothing-outlives-the-job"),
 )
 
 BY_NAME = {variable.name: variable for variable in VARIABLES}
