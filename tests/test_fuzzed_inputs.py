@@ -9,10 +9,13 @@ no database, no deadline); each test keeps its max_examples small (``OPENPOP_FUZ
 multiplies them, to fuzz harder by hand). Examples fuzzing once found a raw exception with are kept
 as ``@example``s.
 """
+import contextlib
+import copy
 import io
 import json
 import os
 import re
+import signal
 import tempfile
 
 import pytest
@@ -36,6 +39,24 @@ RAW_TYPES = (KeyError, IndexError, UnicodeError, RecursionError, ZeroDivisionErr
 def examples(count):
     """``count`` examples, times ``OPENPOP_FUZZ_SCALE`` (e.g. 20 to fuzz harder by hand)."""
     return max(1, round(count * float(os.environ.get("OPENPOP_FUZZ_SCALE", "1"))))
+
+
+class Hang(BaseException):
+    """Raised into a parser that ran past its time (BaseException: no ``except Exception`` swallows it)."""
+
+
+@contextlib.contextmanager
+def no_hang(seconds=20):
+    """Fail, instead of waiting forever, when the code inside runs past ``seconds`` (main thread only)."""
+    def expire(signum, frame):
+        raise Hang(f"still running after {seconds} s: a hang")
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def assert_clear(error, allowed):
@@ -106,7 +127,8 @@ def _load(options, content):
             stream.write(content)
         before = options_state(options)
         try:
-            options.loadFromFile(path)
+            with no_hang():
+                options.loadFromFile(path)
         except Exception as error:
             assert_same_state(before, options_state(options))
             return error
@@ -292,11 +314,9 @@ _K8S_SEEDS = {name: open(os.path.join(K8S_DATA, name), encoding="utf-8").read()
 
 def run_k8s(*argv):
     """``openpop-k8s argv...`` in-process: (exit code, stdout, stderr); no exception may escape."""
-    import contextlib
-
     from openpop.k8s.cli import main
     out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    with no_hang(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         code = main([str(arg) for arg in argv])
     return code, out.getvalue(), err.getvalue()
 
@@ -517,3 +537,313 @@ def test_onnx_models_with_wrong_opsets_ops_and_shapes(opset, op_type, domain, we
                         input_type=input_type, extra_domain=extra_domain)
     _popart_attempt(lambda: popart.Builder(model.SerializeToString()).getTensorShape("Y"))
     _popart_attempt(lambda: _run_session(model.SerializeToString()))
+
+
+# =========================================================================== poprun's command line
+_POPRUN_VALUES = ["1", "2", "4", "0", "-1", "3", "x", "", "yes", "no", "on", "nan", "inf", "-inf", "1e9",
+                  "1000000000000", "1" + "0" * 30, "0.5", "--tag-output", "-x A=1", "-x", "-x =1", "'", "--", "-"]
+_POPRUN_HOSTS = ["localhost", "localhost,localhost", "h[0-2]", "h[a-b]", "h[1-]", "h[3-1]", "[", ",", "h[01-03]",
+                 "localhost[]", "h[-1]", "h[0-99999999999]", "unknown-host"]
+
+
+@st.composite
+def poprun_command_lines(draw, directory):
+    """poprun's options in any order, with values good and bad, then maybe a program."""
+    from openpop.distributed import poprun
+    options = sorted({name for action in poprun.build_parser()._actions for name in action.option_strings})
+    files = {"--import-config": "config.json", "--export-config": "exported.json", "--hostfile": "hosts",
+             "--host-file": "hosts"}
+    argv = []
+    for _ in range(draw(st.integers(0, 5))):
+        option = draw(st.sampled_from(options))
+        if option in ("-h", "--help", "--version"):
+            continue
+        if option in files:
+            value = os.path.join(directory, files[option])
+        elif option in ("-H", "--host"):
+            value = draw(st.sampled_from(_POPRUN_HOSTS))
+        else:
+            value = draw(st.sampled_from(_POPRUN_VALUES))
+        argv += draw(st.sampled_from([[option, value], [f"{option}={value}"], [option]]))
+    return argv + draw(st.sampled_from([[], ["python3", "-c", "pass"], ["train.py", "--num-replicas", "2"]]))
+
+
+_POPRUN_CONFIG = st.one_of(
+    st.dictionaries(st.sampled_from(["num_replicas", "num_instances", "ipus_per_replica", "host", "print_topology",
+                                     "mpi_global_args", "collective_timeout", "only_output_from_instance",
+                                     "no_such_option", "program"]),
+                    st.one_of(st.integers(-2, 4), st.sampled_from(["2", "x", "yes", None, True, [1], {}, 1.5])),
+                    max_size=3).map(json.dumps),
+    st.sampled_from(["[]", "[1, 2]", "\"text\"", "{", "null", "", "\xff"]))
+
+
+def run_poprun_in_process(argv):
+    """``poprun argv...`` in-process with the launch replaced: (exit code, stdout, stderr). Hosts are
+    this machine only when named localhost, and none is probed on the network."""
+    from unittest import mock
+
+    from openpop.distributed import launch, poprun
+    out, err = io.StringIO(), io.StringIO()
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("PET_", "OMPI_", "POPDIST_", "TORCHELASTIC_", "MASTER_"))}
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.dict(os.environ, clean, clear=True))
+        stack.enter_context(mock.patch.object(launch, "launch", lambda plan, log: 0))
+        stack.enter_context(mock.patch.object(poprun, "is_this_machine", lambda host: host == "localhost"))
+        stack.enter_context(mock.patch.object(poprun, "check_resolvable", lambda host: None))
+        if hasattr(poprun, "_hosts_answer"):
+            stack.enter_context(mock.patch.object(poprun, "_hosts_answer", lambda plan, log: True))
+        stack.enter_context(contextlib.redirect_stdout(out))
+        stack.enter_context(contextlib.redirect_stderr(err))
+        stack.enter_context(no_hang())
+        code = poprun.main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
+@settings(max_examples=examples(150))
+@given(data=st.data(), config=_POPRUN_CONFIG, hosts=st.lists(st.sampled_from(["localhost", "# c", "", "h1"]),
+                                                               max_size=3))
+@example(data=None, config="[1, 2]", hosts=[])  # --import-config of a JSON list: set_defaults(**list)
+def test_poprun_command_lines(data, config, hosts):
+    """Launch (here: replaced) or exit 2 with one ``poprun: error:`` line; never a traceback, never a hang."""
+    with tempfile.TemporaryDirectory() as directory:
+        with open(os.path.join(directory, "config.json"), "w", encoding="utf-8", errors="surrogateescape") as stream:
+            stream.write(config)
+        with open(os.path.join(directory, "hosts"), "w", encoding="utf-8") as stream:
+            stream.write("\n".join(hosts))
+        argv = data.draw(poprun_command_lines(directory)) if data is not None else \
+            ["--import-config", os.path.join(directory, "config.json"), "python3"]
+        code, _out, err = run_poprun_in_process(argv)
+        assert code in (0, 2), (argv, code, err)
+        if code == 2:
+            assert err.startswith("poprun: error: ") and err.count("\n") == 1, (argv, err)
+            assert not RAW_WORDS.search(err), (argv, err)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--host", "node[a-b]", "python3"], "the range 'a-b' is not FIRST-LAST in whole numbers"),
+    (["--host", "node[3-]", "python3"], "the range '3-' is not FIRST-LAST in whole numbers"),
+    (["--host", "node[3-1]", "python3"], "the range '3-1' counts down"),
+    (["--host", "node[0-99999999999]", "python3"], "names more than 4096 hosts"),  # was: a list of 10**11 names
+    (["--only-output-from-instance", "--", "python3"], "expected one argument, got '--'"),  # was: a list, a TypeError
+    (["--num-replicas=--", "python3"], "expected one argument, got '--'"),
+    (["--collective-timeout", "nan", "python3"], "expected a finite number of seconds, got 'nan'"),
+    (["--rendezvous-timeout", "inf", "python3"], "expected a finite number of seconds, got 'inf'"),
+    (["--rendezvous-port", "70000", "python3"], "expected a port number from 1 to 65535"),
+])
+def test_poprun_bad_command_lines_found_by_fuzzing(argv, message):
+    code, out, err = run_poprun_in_process(argv)
+    assert (code, out) == (2, "") and err.startswith("poprun: error: ") and message in err, err
+
+
+@pytest.mark.parametrize("config, message", [
+    ("[1, 2]", "must be a JSON object of options (as --export-config writes it), not a list"),  # was: TypeError
+    ('{"num_instances": 0}', "--num-instances 0: expected a positive integer"),  # was: ZeroDivisionError
+    ('{"num_replicas": [2]}', "--num-replicas [2]: expected a single value"),
+    ('{"version_format": "xml"}', "--version-format 'xml': expected one of text, full-json, full-text"),
+    ('{"verbose": "yes"}', "--verbose 'yes': expected true or false"),
+])
+def test_poprun_import_config_values_are_checked_like_the_command_line(tmp_path, config, message):
+    path = tmp_path / "config.json"
+    path.write_text(config)
+    code, _out, err = run_poprun_in_process(["--import-config", str(path), "python3"])
+    assert code == 2 and message in err, err
+
+
+def test_poprun_exported_config_imports_again(tmp_path):
+    exported = tmp_path / "exported.json"
+    assert run_poprun_in_process(["--num-instances", "2", "--num-replicas", "4", "--print-topology", "yes",
+                                  "--collective-timeout", "30", "--export-config", str(exported)])[0] == 0
+    code, out, err = run_poprun_in_process(["--import-config", str(exported), "python3"])
+    assert code == 0, err
+    assert "| instances |" in out  # print_topology came back as a yes
+
+
+def test_poprun_topology_of_a_huge_system_is_one_line():
+    code, out, _err = run_poprun_in_process(["--num-replicas", "1" + "0" * 30, "--print-topology", "yes", "python3"])
+    assert code == 0 and out.count("\n") == 1 and "more than 1024 to draw" in out  # was: a hang
+
+
+# =========================================================================== openpop-bert's data and checkpoints
+def _bert_config(**overrides):
+    from openpop.bert.config import make_config
+    settings_ = dict(dataset="pretraining", device_iterations=1, gradient_accumulation=2, ipus_per_replica=1,
+                     layers_per_ipu=[3], sequence_length=32, mask_tokens=5, disable_progress_bar=True)
+    settings_.update(overrides)
+    return make_config("unit_test", **settings_)
+
+
+_SENTENCES = st.lists(st.one_of(st.text(max_size=40), st.sampled_from(["", "The cat sat on the mat.",
+                                                                         "A second sentence follows here.",
+                                                                         "\t", "\u00e9t\u00e9 \u4e2d\u6587 ok"])),
+                      max_size=40).map(lambda lines: "\n".join(lines).encode("utf-8", "surrogatepass"))
+
+
+@settings(max_examples=examples(12))
+@given(content=st.one_of(_SENTENCES, st.binary(max_size=200)), vocab=st.booleans())
+@example(content=b"caf\xe9\n", vocab=False)
+@example(content=b"[PAD]\n[UNK]\n", vocab=True)
+@example(content=b"[UNK]\n[PAD]\n[CLS]\n[SEP]\n[MASK]\n", vocab=True)
+def test_bert_input_and_vocab_files(content, vocab):
+    """An input text file (or a vocab file) of any content: a dataset, or DataError naming the file."""
+    from openpop.bert import data
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "vocab.txt" if vocab else "corpus.txt")
+        with open(path, "wb") as stream:
+            stream.write(content)
+        corpus = os.path.join(directory, "text.txt")
+        with open(corpus, "w", encoding="utf-8") as stream:
+            stream.write("A first sentence of text.\nAnd a second one.\n\nAnother document here.\nIt ends.\n" * 4)
+        config = _bert_config(input_files=[corpus if vocab else path], vocab_file=path if vocab else None,
+                              data_cache_dir=os.path.join(directory, "cache"))
+        try:
+            with no_hang(60):
+                data.get_dataset(config)
+        except Exception as error:
+            assert_clear(error, data.DataError)
+
+
+@pytest.fixture(scope="module")
+def bert_checkpoint(tmp_path_factory):
+    """A checkpoint of the unit_test model, and a function giving the run that resumes it."""
+    import torch
+
+    from openpop.bert import checkpoint
+    from openpop.bert.model import PipelinedBertForPretraining
+    from openpop.bert.optimization import get_lr_scheduler, get_optimizer
+    directory = tmp_path_factory.mktemp("checkpoint")
+    config = _bert_config(dataset="generated", checkpoint_output_dir=str(directory),
+                          resume_training_from_checkpoint=True)
+
+    def fresh():
+        model = PipelinedBertForPretraining(config)
+        optimizer = get_optimizer(config, model)
+        return model, optimizer, get_lr_scheduler(optimizer, config)
+
+    model, optimizer, scheduler = fresh()
+    path = checkpoint.save_checkpoint(str(directory), 1, config, model, optimizer, scheduler)
+    with open(path, "rb") as stream:
+        return Saved((config, torch.load(path, weights_only=True), stream.read(), fresh))
+
+
+class Saved(tuple):
+    def __repr__(self):  # Hypothesis prints its arguments: not the whole checkpoint
+        return "<the unit_test checkpoint>"
+
+
+def _restore(config, path, fresh):
+    """What openpop-bert does with a checkpoint before its first step. Each step either applies or
+    raises CheckpointError leaving what it loads into (weights; optimizer and schedule) as it was."""
+    import torch
+
+    from openpop.bert import checkpoint
+    model, optimizer, scheduler = fresh()
+    rng = torch.get_rng_state()
+    try:
+        with no_hang(60):
+            state = checkpoint.load_checkpoint(path, config)
+            weights = copy.deepcopy(model.state_dict())
+            try:
+                checkpoint.load_weights(model, state, path)
+            except checkpoint.CheckpointError:
+                assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items()), "weights half loaded"
+                raise
+            training = copy.deepcopy((optimizer.state_dict(), scheduler.state_dict()))
+            try:
+                checkpoint.restore_training_state(state, optimizer, scheduler, path)
+            except checkpoint.CheckpointError:
+                assert repr(training) == repr((optimizer.state_dict(), scheduler.state_dict())), "half restored"
+                raise
+            torch.set_rng_state(state["rng_state"])
+    except Exception as error:
+        assert_clear(error, checkpoint.CheckpointError)
+        assert torch.equal(rng, torch.get_rng_state())
+        return error
+    finally:
+        torch.set_rng_state(rng)
+    return None
+
+
+@settings(max_examples=examples(25))
+@given(cut=st.one_of(st.none(), st.integers(0, 10**6)), flips=st.lists(st.tuples(st.integers(0, 10**6),
+                                                                                    st.integers(0, 255)), max_size=3))
+def test_bert_checkpoint_files_truncated_or_damaged(bert_checkpoint, cut, flips):
+    config, _state, content, fresh = bert_checkpoint
+    data_ = bytearray(content if cut is None else content[:cut % len(content)])
+    for offset, value in flips:
+        if data_:
+            data_[offset % len(data_)] = value
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "step_1.pt")
+        with open(path, "wb") as stream:
+            stream.write(bytes(data_))
+        _restore(config, path, fresh)
+
+
+_ENTRY_VALUES = st.one_of(st.none(), st.integers(-2, 3), st.text(max_size=4), st.sampled_from(
+    ["tensor", "bytes", "list", "dict", "float"]))
+
+
+@settings(max_examples=examples(40))
+@given(changes=st.lists(st.tuples(st.sampled_from(["format", "step", "config_name", "config", "model_config", "model",
+                                                   "optimizer", "scheduler", "rng_state", "model.key",
+                                                   "model.shape", "optimizer.state", "optimizer.param_groups",
+                                                   "scheduler.last_epoch", "config.micro_batch_size",
+                                                   "model_config.hidden_size"]),
+                                  st.booleans(), _ENTRY_VALUES), min_size=1, max_size=3))
+@example(changes=[("model_config", False, None)])                  # was: KeyError 'model_config'
+@example(changes=[("model_config", True, "list")])                 # was: AttributeError 'list'.get
+@example(changes=[("model.shape", True, None)])                    # was: RuntimeError from load_state_dict
+@example(changes=[("rng_state", True, "bytes")])                   # was: TypeError from set_rng_state
+@example(changes=[("scheduler", True, 3)])                          # was: TypeError in restore_training_state
+@example(changes=[("step", True, "x")])                             # was: ValueError from int()
+def test_bert_checkpoints_with_missing_or_wrong_entries(bert_checkpoint, changes):
+    """A checkpoint written by something else, or edited: resumed, or CheckpointError before anything changes."""
+    import torch
+    config, state, _content, fresh = bert_checkpoint
+    state = copy_state(state)
+    for key, replace, value in changes:
+        value = {"tensor": torch.zeros(3), "bytes": b"\x00\x01", "list": [1, 2], "dict": {"a": 1},
+                 "float": 1.5}.get(value, value) if isinstance(value, str) else value
+        holder, _, inner = key.partition(".")
+        if inner and isinstance(state.get(holder), dict):
+            target = state[holder]
+            name = next(iter(target)) if inner in ("key", "shape") else inner
+            if inner == "shape" and isinstance(target.get(name), torch.Tensor):
+                target[name] = torch.zeros(2, 2)
+            elif inner == "key" or not replace:
+                target.pop(name, None)
+            else:
+                target[name] = value
+        elif replace:
+            state[holder] = value
+        else:
+            state.pop(holder, None)
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "step_1.pt")
+        torch.save(state, path)
+        _restore(config, path, fresh)
+
+
+def copy_state(state):
+    return copy.deepcopy(state)
+
+
+def test_openpop_bert_resuming_a_checkpoint_with_other_shapes_is_one_error_line(bert_checkpoint, tmp_path, capsys):
+    """Through the command line: the weights are checked before any is loaded (was: load_state_dict's
+    RuntimeError with every mismatch, after the data was built)."""
+    import torch
+
+    from openpop.bert import train
+    _config, state, _content, _fresh = bert_checkpoint
+    state = copy_state(state)
+    name = next(iter(state["model"]))
+    state["model"][name] = torch.zeros(2, 2)
+    torch.save(state, tmp_path / "step_1.pt")
+    argv = ["--config", "unit_test", "--dataset", "generated", "--device-iterations", "1", "--gradient-accumulation",
+            "2", "--ipus-per-replica", "1", "--layers-per-ipu", "3", "--sequence-length", "32", "--mask-tokens", "5",
+            "--training-steps", "2", "--disable-progress-bar", "--checkpoint-input-dir", str(tmp_path),
+            "--resume-training-from-checkpoint"]
+    assert train.main(argv) == 1
+    err = capsys.readouterr().err
+    assert f"does not hold this model's weights (other shapes: {name})" in err and "Traceback" not in err, err

@@ -11,6 +11,7 @@ raises ``CheckpointError`` naming the file; Ctrl-C during a write raises ``Keybo
 Temporary files of writes that were killed are removed when the next run starts
 (``remove_stale_checkpoint_files``).
 """
+import copy
 import errno
 import os
 import re
@@ -105,12 +106,13 @@ def load_checkpoint(path: str, config: BertRunConfig) -> dict:
             messages.CHECKPOINT_DAMAGED.format(path=path, exc_type=type(exc).__name__)) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(messages.NOT_A_CHECKPOINT.format(path=path, format=FORMAT))
+    _check_entries(state, path)
     theirs, ours = state["model_config"], config.model_dict()
     different = [f"{k}={theirs.get(k)!r} (this run: {ours[k]!r})" for k in ours if theirs.get(k) != ours[k]]
     if different:
         raise CheckpointError(messages.CHECKPOINT_OTHER_MODEL.format(
             path=path, different=', '.join(different), config_name=state.get('config_name')))
-    saved_run, this_run = state.get("config", {}), config.as_dict()
+    saved_run, this_run = state.get("config") or {}, config.as_dict()
     changed = [f"{k}={saved_run.get(k)!r} (this run: {this_run.get(k)!r})" for k in RESUME_MUST_MATCH
                if k in saved_run and saved_run.get(k) != this_run.get(k)]
     if changed:
@@ -124,10 +126,72 @@ RESUME_MUST_MATCH = ("micro_batch_size", "gradient_accumulation", "device_iterat
                      "lr_warmup", "loss_scaling", "weight_decay", "sequence_length", "mask_tokens")
 
 
-def restore_training_state(state: dict, optimizer, scheduler) -> int:
-    """Load optimizer and schedule state; return the number of steps already done."""
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler_state = dict(state["scheduler"])
+def _check_entries(state: dict, path: str) -> None:
+    """The entries a resumed run reads, each of the type ``save_checkpoint`` writes: a damaged or
+    hand-edited checkpoint fails here, before the run builds anything, not inside torch later."""
+    def damaged(entry, expected):
+        return CheckpointError(messages.CHECKPOINT_ENTRY.format(path=path, entry=entry, expected=expected))
+
+    step = state.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise damaged("step", messages.EXPECTED_STEP_COUNT)
+    for entry in ("model_config", "model", "optimizer", "scheduler"):
+        if not isinstance(state.get(entry), dict):
+            raise damaged(entry, messages.EXPECTED_DICT)
+    if not isinstance(state.get("config", {}), dict):
+        raise damaged("config", messages.EXPECTED_DICT)
+    if not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state["model"].items()):
+        raise damaged("model", messages.EXPECTED_TENSORS)
+    optimizer = state["optimizer"]
+    if not (isinstance(optimizer.get("state"), dict) and isinstance(optimizer.get("param_groups"), list)
+            and all(isinstance(group, dict) for group in optimizer["param_groups"])):
+        raise damaged("optimizer", messages.EXPECTED_OPTIMIZER_STATE)
+    rng = state.get("rng_state")
+    reference = torch.get_rng_state()
+    if not isinstance(rng, torch.Tensor) or rng.dtype != reference.dtype or rng.shape != reference.shape:
+        raise damaged("rng_state", messages.EXPECTED_RNG_STATE)
+
+
+def load_weights(model, state: dict, path: str) -> None:
+    """The checkpoint's weights into ``model``, after checking that every name and shape fits
+    (``load_state_dict`` would copy what fits before raising for the rest)."""
+    ours = model.state_dict()
+    theirs = state["model"]
+    missing = sorted(set(ours) - set(theirs))
+    unexpected = sorted(set(theirs) - set(ours))
+    wrong = sorted(name for name in set(ours) & set(theirs) if theirs[name].shape != ours[name].shape)
+    if missing or unexpected or wrong:
+        problems = [f"{title}: {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}"
+                    for title, names in (("missing", missing), ("unexpected", unexpected), ("other shapes", wrong))
+                    if names]
+        raise CheckpointError(messages.CHECKPOINT_WEIGHTS.format(path=path, problems="; ".join(problems)))
+    model.load_state_dict(theirs)
+
+
+def restore_training_state(state: dict, optimizer, scheduler, path: str = "the checkpoint") -> int:
+    """Load optimizer and schedule state; return the number of steps already done. A state that does
+    not fit them raises ``CheckpointError`` and leaves both as they were."""
+    ours = {k: v for k, v in scheduler.state_dict().items() if k != "lr_lambdas"}
+    theirs = state["scheduler"]
+    if set(theirs) != set(ours) or any(_kind(theirs[k]) != _kind(v) for k, v in ours.items()):
+        raise CheckpointError(messages.CHECKPOINT_SCHEDULE.format(path=path))
+    saved = copy.deepcopy(optimizer.state_dict())
+    try:
+        optimizer.load_state_dict(state["optimizer"])
+    except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as exc:
+        optimizer.load_state_dict(saved)
+        raise CheckpointError(messages.CHECKPOINT_OPTIMIZER.format(
+            path=path, error=f"{type(exc).__name__}: {exc}")) from None
+    scheduler_state = dict(theirs)
     scheduler_state["lr_lambdas"] = [None] * len(optimizer.param_groups)
     scheduler.load_state_dict(scheduler_state)
-    return int(state["step"])
+    return state["step"]
+
+
+def _kind(value):
+    """What a schedule entry is, for comparing a saved schedule with this run's."""
+    if isinstance(value, bool):
+        return bool
+    if isinstance(value, (int, float)):
+        return float
+    return type(value)

@@ -15,6 +15,23 @@ CHECKPOINT_UNWRITABLE = "could not write checkpoint {path}: {problem}. Fix: {fix
 NO_CHECKPOINT_IN_DIRECTORY = (
     "no checkpoint (step_N.pt) in {source}: train with --checkpoint-output-dir {source} first, or point "
     "--checkpoint-input-dir at a checkpoint file")
+CHECKPOINT_ENTRY = (
+    "checkpoint {path} is damaged or not an openpop-bert checkpoint: its '{entry}' is not {expected}. Delete it "
+    "and resume from an earlier step_N.pt, or start without --resume-training-from-checkpoint")
+EXPECTED_STEP_COUNT = "a number of steps"
+EXPECTED_DICT = "a dict"
+EXPECTED_TENSORS = "a state dict of tensors"
+EXPECTED_OPTIMIZER_STATE = "an optimizer state dict"
+EXPECTED_RNG_STATE = "torch's random generator state"
+CHECKPOINT_WEIGHTS = (
+    "checkpoint {path} does not hold this model's weights ({problems}). Delete it and resume from an earlier "
+    "step_N.pt, or start without --resume-training-from-checkpoint")
+CHECKPOINT_OPTIMIZER = (
+    "checkpoint {path}: its optimizer state does not fit this run's optimizer ({error}). Run with the "
+    "checkpoint's settings, or start without --resume-training-from-checkpoint")
+CHECKPOINT_SCHEDULE = (
+    "checkpoint {path}: its learning-rate schedule state is not one this run's schedule has (its entries "
+    "differ). Run with the checkpoint's settings, or start without --resume-training-from-checkpoint")
 CHECKPOINT_DAMAGED = (
     "checkpoint {path} is damaged or not an openpop-bert checkpoint ({exc_type}). Delete it and resume "
     "from an earlier step_N.pt, or start without --resume-training-from-checkpoint")

@@ -200,13 +200,13 @@ def _run(config: BertRunConfig, stream) -> TrainingResult:
 
     model = PipelinedBertForPretraining(config).parallelize(log).train()
     if state is not None:
-        model.load_state_dict(state["model"])
+        ckpt.load_weights(model, state, checkpoint_file)
         if not config.resume_training_from_checkpoint:
             log(f"Loaded weights from {checkpoint_file}")
     optimizer = get_optimizer(config, model)
     scheduler = get_lr_scheduler(optimizer, config)
     if state is not None and config.resume_training_from_checkpoint:
-        ckpt.restore_training_state(state, optimizer, scheduler)
+        ckpt.restore_training_state(state, optimizer, scheduler, checkpoint_file)
         log(f"Resuming training from {checkpoint_file} at step {start_step}")
     poptorch_model = poptorch.trainingModel(model, opts, optimizer=optimizer)
     result.model = model

@@ -64,6 +64,19 @@ NO_EFFECT_REASONS = {
 MPIRUN_ARGUMENTS_IGNORED = (
     "mpirun arguments ignored (instances are started by torchrun's agent and talk through torch.distributed, "
     "not MPI): {arguments}")
+HOST_RANGE_NOT_NUMBERS = "--host {spec!r}: the range {item!r} is not FIRST-LAST in whole numbers (e.g. node[0-3])"
+HOST_RANGE_BACKWARDS = "--host {spec!r}: the range {item!r} counts down: write the lower number first"
+TOO_MANY_HOSTS = "--host {spec!r} names more than {limit} hosts"
+SECONDS_NOT_FINITE = "expected a finite number of seconds, got {text!r}"
+OPTION_VALUE_ENDS_OPTIONS = "argument {option}: expected one argument, got '--' (which ends poprun's options)"
+PORT_VALUE = "expected a port number from 1 to 65535, got {text!r}"
+CONFIGURATION_NOT_OBJECT = (
+    "the configuration {path} must be a JSON object of options (as --export-config writes it), not a {type}")
+CONFIGURATION_BAD_VALUE = "the configuration {path}: {option} {value!r}: {problem}"
+CONFIGURATION_NOT_BOOLEAN = "expected true or false"
+CONFIGURATION_NOT_STRINGS = "expected a list of strings"
+CONFIGURATION_NOT_SCALAR = "expected a single value"
+CONFIGURATION_NOT_A_CHOICE = "expected one of {choices}"
 
 # --- popdist --------------------------------------------------------------------
 NON_UNIFORM_REPLICAS = "popdist.{function}() can only be used with a uniform number of replicas per instance"

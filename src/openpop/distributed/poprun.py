@@ -40,6 +40,7 @@ from . import messages, reachability
 from .topology import topology_table
 
 USAGE_ERROR = 2
+MAX_HOSTS = 4096  # a --host range longer than this is a typo (Graphcore's largest systems had 256 hosts)
 HOST_ANSWER_SECONDS = 15.0
 
 
@@ -83,8 +84,20 @@ def _seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(messages.SECONDS_VALUE.format(text=text)) from None
+    if not math.isfinite(value):  # nan would pass any comparison; inf overflows torch's timedelta
+        raise argparse.ArgumentTypeError(messages.SECONDS_NOT_FINITE.format(text=text))
     if value <= 0:
         raise argparse.ArgumentTypeError(messages.SECONDS_NOT_POSITIVE.format(text=text))
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(messages.PORT_VALUE.format(text=text))
     return value
 
 
@@ -149,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--collective-timeout", type=_seconds, default=None,
         help="openpop: seconds before a collective that some instance never joins fails "
              f"(default ${instance_env.COLLECTIVE_TIMEOUT} or {instance_env.DEFAULT_COLLECTIVE_TIMEOUT:g})")
-    add("--rendezvous-port", type=_positive, default=29400,
+    add("--rendezvous-port", type=_port, default=29400,
         help="openpop: port of the c10d rendezvous on the first host (multi-host; default 29400)")
     add("--rendezvous-timeout", type=_seconds, default=300.0,
         help="openpop: seconds to wait for every host to join (default 300)")
@@ -185,9 +198,10 @@ def normalise_argv(argv, parser) -> list:
             out.extend(argv[i:])
             break
         if "=" not in token and token in takes_value and i + 1 < len(argv):
-            out.append(f"{token}={argv[i + 1]}")
-            i += 2
-            continue
+            token, i = f"{token}={argv[i + 1]}", i + 1
+        name, _, value = token.partition("=")
+        if value == "--" and name in takes_value:  # argparse would read it as no value at all, not as "--"
+            raise UsageError(messages.OPTION_VALUE_ENDS_OPTIONS.format(option=name))
         out.append(token)
         i += 1
     return out
@@ -205,12 +219,20 @@ def expand_hosts(spec: str) -> list:
         for item in ranges.split(","):
             if "-" in item:
                 first, last = item.split("-", 1)
+                if not (re.fullmatch(r"[0-9]+", first) and re.fullmatch(r"[0-9]+", last)):
+                    raise UsageError(messages.HOST_RANGE_NOT_NUMBERS.format(spec=spec, item=item))
+                if int(last) < int(first):
+                    raise UsageError(messages.HOST_RANGE_BACKWARDS.format(spec=spec, item=item))
+                if len(hosts) + int(last) - int(first) >= MAX_HOSTS:
+                    raise UsageError(messages.TOO_MANY_HOSTS.format(spec=spec, limit=MAX_HOSTS))
                 width = len(first)
                 for n in range(int(first), int(last) + 1):
                     hosts.append(f"{prefix}{str(n).zfill(width)}{suffix}")
             else:
                 hosts.append(f"{prefix}{item}{suffix}")
     hosts = [h for h in hosts if h]
+    if len(hosts) > MAX_HOSTS:
+        raise UsageError(messages.TOO_MANY_HOSTS.format(spec=spec, limit=MAX_HOSTS))
     if not hosts:
         raise UsageError(messages.HOST_NAMES_NO_HOST.format(spec=spec))
     return hosts
@@ -408,11 +430,47 @@ def _import_config(parser, argv):
             values = json.load(stream)
     except (OSError, ValueError) as exc:
         raise UsageError(messages.CONFIGURATION_UNREADABLE.format(path=path, exc=exc)) from None
-    dests = {action.dest for action in parser._actions}
-    unknown = sorted(set(values) - dests)
+    parser.set_defaults(**_config_values(parser, values, path))
+
+
+def _config_values(parser, values, path) -> dict:
+    """``--import-config``'s options as the command line would give them: each checked by its option's
+    type and choices (``set_defaults`` alone would skip both for values that are not strings)."""
+    if not isinstance(values, dict):
+        raise UsageError(messages.CONFIGURATION_NOT_OBJECT.format(path=path, type=type(values).__name__))
+    actions = {action.dest: action for action in parser._actions if action.dest != "help"}
+    unknown = sorted(set(values) - set(actions))
     if unknown:
         raise UsageError(messages.CONFIGURATION_UNKNOWN_OPTIONS.format(path=path, unknown=', '.join(unknown)))
-    parser.set_defaults(**values)
+    converted = {}
+    for dest, value in values.items():
+        action = actions[dest]
+        name = action.option_strings[-1] if action.option_strings else dest
+        try:
+            converted[dest] = _config_value(action, value)
+        except (argparse.ArgumentTypeError, TypeError, ValueError) as exc:
+            raise UsageError(messages.CONFIGURATION_BAD_VALUE.format(path=path, option=name, value=value,
+                                                                     problem=exc)) from None
+    return converted
+
+
+def _config_value(action, value):
+    if value is None:
+        return None
+    if action.nargs == 0:  # --version, -v, --vv: true or false
+        if not isinstance(value, bool):
+            raise TypeError(messages.CONFIGURATION_NOT_BOOLEAN)
+        return value
+    if action.nargs == argparse.REMAINDER:  # the program's arguments
+        if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+            raise TypeError(messages.CONFIGURATION_NOT_STRINGS)
+        return value
+    if isinstance(value, (list, dict)):
+        raise TypeError(messages.CONFIGURATION_NOT_SCALAR)
+    result = action.type(str(value)) if action.type is not None else str(value)
+    if action.choices is not None and result not in action.choices:
+        raise ValueError(messages.CONFIGURATION_NOT_A_CHOICE.format(choices=", ".join(action.choices)))
+    return result
 
 
 def _export_config(args) -> None:

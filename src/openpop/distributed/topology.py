@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 TITLE = "poprun topology"
 LABEL_WIDTH = 11  # " instances "
+MAX_DRAWN = 1024  # cells per row: a larger system gets one line (a table with a cell per replica would not fit)
 
 
 def _centre(text: str, width: int) -> str:
@@ -24,7 +25,11 @@ def _spans(count: int, parts: int) -> list[int]:
 
 
 def topology_table(hosts: Sequence[str], num_instances: int, num_replicas: int, num_ilds: int = 1) -> str:
-    """The table for ``num_instances`` instances spread evenly over ``hosts``."""
+    """The table for ``num_instances`` instances spread evenly over ``hosts`` (one line beyond
+    ``MAX_DRAWN`` replicas, instances, ILDs or hosts)."""
+    if max(num_replicas, num_instances, num_ilds, len(hosts)) > MAX_DRAWN:
+        return (f" {TITLE}: {len(hosts)} host(s), {num_ilds} ILD(s), {num_instances} instance(s), "
+                f"{num_replicas} replicas (more than {MAX_DRAWN} to draw)\n")
     rows = [
         ("hosts", list(hosts), _spans(num_replicas, len(hosts))),
         ("ILDs", [str(i) for i in range(num_ilds)], _spans(num_replicas, num_ilds)),
