@@ -174,3 +174,24 @@ def test_a_refusal_is_an_answer_and_silence_is_not():
     finally:
         for sock in sockets:
             sock.close()
+
+
+def test_ctrl_c_while_a_host_does_not_answer_starts_nothing():
+    sockets, port = _silent_host("127.0.0.3")
+    process = subprocess.Popen(
+        poprun_command("--vv", "--host", "127.0.0.1,127.0.0.3", "--rendezvous-port", str(port), "--num-instances",
+                       "2", "--num-replicas", "2", "python", "-c", "print('started')"),
+        env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in process.stderr:  # poprun says when it starts waiting for the hosts
+            if "POPRUN [D] checking that the other hosts answer" in line:
+                break
+        process.send_signal(signal.SIGINT)
+        out, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        for sock in sockets:
+            sock.close()
+    assert process.returncode == 130 and "started" not in out
+    assert poprun_errors(err) == ["interrupted while checking that the hosts answer: nothing was started"], err

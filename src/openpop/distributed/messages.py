@@ -32,6 +32,7 @@ PET_NNODES_VALUE = "PET_NNODES={value!r} is not a number of nodes"
 CONFIGURATION_UNREADABLE = "cannot read the configuration {path}: {exc}"
 ENV_VARIABLE_FORMAT = "{option}: -x needs NAME or NAME=VALUE"
 LEFTOVER_PROCESSES_STOPPED = "stopped {count} process(es) the instances left running: {processes}"
+INTERRUPTED_BEFORE_LAUNCH = "interrupted while checking that the hosts answer: nothing was started"
 HOST_NOT_ANSWERING = (
     "host {host} does not answer: no reply from {address}:{port} (the rendezvous port) within {seconds:g} s "
     "({reason}). Check that {host} is up and reachable from this host (ping, ssh), that no firewall drops TCP "

@@ -511,8 +511,12 @@ def main(argv=None) -> int:
     if args.print_topology or args.vv:
         sys.stdout.write(plan.topology())
         sys.stdout.flush()
-    if not _hosts_answer(plan, log):
-        return 1
+    try:
+        if not _hosts_answer(plan, log):
+            return 1
+    except KeyboardInterrupt:  # Ctrl-C while waiting for a host: nothing was started
+        log.error(messages.INTERRUPTED_BEFORE_LAUNCH)
+        return 128 + 2
     from .launch import launch
     return launch(plan, log)
 
@@ -524,7 +528,7 @@ def _hosts_answer(plan, log) -> bool:
     if not plan.multi_node or plan.kubeflow or not args.host_answer_timeout:
         return True
     others = [host for host in dict.fromkeys(plan.hosts) if host != plan.local_addr]
-    log.debug(f"checking that {', '.join(others)} answer at port {args.rendezvous_port}")
+    log.debug(f"checking that the other hosts answer at port {args.rendezvous_port}: {', '.join(others)}")
     silent = reachability.silent_hosts(others, args.rendezvous_port, args.host_answer_timeout)
     for host, address, reason in silent:
         log.error(messages.HOST_NOT_ANSWERING.format(
