@@ -155,3 +155,13 @@ def test_constructor_opset_is_fixed():
                                            "already defined as 9"):
         b.aiOnnxOpset8.add([a, a])
     assert b.aiOnnxOpset9.add([a, a])
+
+
+def test_arguments_are_converted_as_pybind_converts_them():
+    b = popart.Builder()
+    x = b.addInputTensor(popart.TensorInfo("FLOAT", [2, 3]))
+    w = b.addInitializedInputTensor(np.ones([3, 4], np.float32))
+    c = b.addInitializedInputTensor(np.zeros([4], np.float32))
+    g = b.aiOnnx.gemm([x, w, c], 1, 1, False, False)  # ints for the float alpha/beta, bools for the ints
+    assert _attrs(b, g) == {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0}
+    assert b.getTensorShape(g) == [2, 4]

@@ -209,7 +209,6 @@ UPDATED_OPTIMIZER_TYPE_DIFFERS = (
     "({self_type})"
 )
 ADAM_NO_BIAS_L2_UNSUPPORTED = "AdamNoBias with L2Regularization is not supported by openpop"
-ADAPTIVE_PER_WEIGHT_UNSUPPORTED = "Adaptive: per-weight values are not supported by openpop"
 CLIP_NORM_SETTINGS_TYPE = "clip_norm_settings must be popart.ClipNormSettings objects"
 INVALID_WEIGHT_SPECIFIC_PARAMETER = "Invalid weight-specific optimizer parameter '{k}' for {weightId}"
 CONSTANT_OPTIMIZER_VALUE_CHANGED = (

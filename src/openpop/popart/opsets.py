@@ -212,6 +212,21 @@ def _accepts(kind: str, value) -> bool:
     return True
 
 
+def _converted(kind: str, value):
+    """``value`` as the binding's C++ parameter holds it (``gemm(..., 1, 1)``: alpha 1.0)."""
+    if value is None:
+        return value
+    if kind == "float":
+        return float(value)
+    if kind == "int":
+        return int(value)
+    if kind == "floats":
+        return [float(v) for v in value]
+    if kind == "ints":
+        return [int(v) for v in value]
+    return value
+
+
 def _incompatible(method: str, params, args, pos, kwargs) -> TypeError:
     signature = ", ".join(["args: List[str]"] + [f"{p.name}: {p.kind or 'object'}" + ("" if p.required else " = ...")
                                                  for p in params])
@@ -242,7 +257,7 @@ def build_op(self, op_type, domain, method, args, pos, kwargs, params, version=N
         kind = by_name[name].kind
         if not (_accepts(kind, value) or (op_type == "Cast" and name == "to" and isinstance(value, int))):
             raise _incompatible(method, params, args, pos, kwargs)
-        values[name] = value
+        values[name] = _converted(kind, value)
     missing = [p.name for p in params if p.required and p.name not in values and p.name != "num_outputs"]
     if missing:
         raise _incompatible(method, params, args, pos, kwargs)

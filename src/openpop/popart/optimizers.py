@@ -11,7 +11,8 @@ values come from ``insertSpecific``. A constant value cannot be changed later by
 * ``Adam`` -> ``AdamW`` (``WeightDecayMode.Decay``), ``Adam`` (``L2Regularization``), ``bias_correction=False``
   for ``AdamNoBias``; ``LAMB`` for ``Lamb``/``LambNoBias`` (with ``maxWeightNorm``); torch's ``Adamax``
   for ``AdaMax``.
-* ``Adaptive`` -> torch's ``Adagrad`` / openpop's ``RMSprop`` (centered or not) / torch's ``Adadelta``.
+* ``Adaptive`` -> PopART's own equations for AdaGrad, RMSProp (TensorFlow's variant too), centered RMSProp
+  and AdaDelta (``_AdaptiveUpdate``).
 """
 import math
 from typing import Optional
@@ -238,26 +239,132 @@ class Adam(Optimizer):
 
 
 class Adaptive(Optimizer):
+    """PopART's adaptive optimizers (AdaGrad, RMSProp, centered RMSProp, AdaDelta) with its update
+    equations, weight-decay modes, momentum, TensorFlow's RMSProp variant and per-weight values; see
+    ``_AdaptiveUpdate``."""
     _keys = {"defaultLearningRate": 0.01, "defaultWeightDecay": 0.0, "defaultAlpha": 0.99, "defaultMomentum": 0.0,
              "defaultEps": 1e-6, "lossScaling": 1.0}
+    _global = ("lossScaling",)
+    _per_group = {"lr": "defaultLearningRate", "weight_decay": "defaultWeightDecay", "alpha": "defaultAlpha",
+                  "momentum": "defaultMomentum", "eps": "defaultEps"}
 
     def __init__(self, values: Optional[dict] = None, mode=AdaptiveMode.RMSProp,
-                 weight_decay_mode=WeightDecayMode.L2Regularization,
-                 accum_type=None, accl1_type=None, accl2_type=None, accl3_type=None, rmspropTFVariant=False,
-                 debugContext="adaptive"):
+                 weight_decay_mode=WeightDecayMode.Decay, accum_type=None, accl1_type="FLOAT", accl2_type="FLOAT",
+                 accl3_type=None, rmsprop_tf_variant=False, debugContext="adaptive", *, rmspropTFVariant=None):
         super().__init__(dict(values or {}), (), debugContext)
         self.mode = AdaptiveMode(int(mode))
-        if self.hasSpecific():
-            raise popart_exception(messages.ADAPTIVE_PER_WEIGHT_UNSUPPORTED)
+        self.weight_decay_mode = WeightDecayMode(int(weight_decay_mode))
+        self.rmsprop_tf_variant = bool(rmsprop_tf_variant if rmspropTFVariant is None else rmspropTFVariant)
+        self.accl_types = (_dtype_or_none(accl1_type), _dtype_or_none(accl2_type), _dtype_or_none(accl3_type))
+
+    def _uses_momentum(self, weight_id=None) -> bool:
+        value, const = self._defaults["defaultMomentum"]
+        if weight_id is not None and "defaultMomentum" in self._specific.get(weight_id, {}):
+            value, const = self._specific[weight_id]["defaultMomentum"]
+        return not const or value > 0.0
 
     def to_torch(self, params: dict[str, torch.nn.Parameter]):
-        from .. import optim
-        plist = list(params.values())
-        lr, wd, eps = self.value("defaultLearningRate"), self.value("defaultWeightDecay"), self.value("defaultEps")
-        if self.mode == AdaptiveMode.AdaGrad:
-            return torch.optim.Adagrad(plist, lr=lr, weight_decay=wd, eps=eps)
-        if self.mode == AdaptiveMode.AdaDelta:
-            return torch.optim.Adadelta(plist, lr=lr, rho=self.value("defaultAlpha"), eps=eps, weight_decay=wd)
-        return optim.RMSprop(plist, lr=lr, alpha=self.value("defaultAlpha"), eps=eps, weight_decay=wd,
-                             momentum=self.value("defaultMomentum"), centered=self.mode == AdaptiveMode.CenteredRMSProp,
-                             loss_scaling=self.value("lossScaling"))
+        groups = self._groups(params, list(self._per_group.values()))
+        for g in groups:
+            weight = g.pop("popart_weight", None)
+            for torch_key, key in self._per_group.items():
+                if key in g:
+                    g[torch_key] = g.pop(key)
+            g["use_momentum"] = self._uses_momentum(weight)
+        return _AdaptiveUpdate(groups, mode=self.mode, decay=self.weight_decay_mode == WeightDecayMode.Decay,
+                               tf_variant=self.rmsprop_tf_variant, accl_types=self.accl_types,
+                               loss_scaling=self.value("lossScaling"),
+                               **{k: self.value(key) for k, key in self._per_group.items()},
+                               use_momentum=self._uses_momentum())
+
+
+def _dtype_or_none(name):
+    """An accumulator's data type (a PopART name or DataType), None for "the weight's"."""
+    if name is None:
+        return None
+    name = str(getattr(name, "name", name)).upper()
+    if name in ("UNDEFINED", ""):
+        return None
+    from .tensorinfo import torch_dtype
+    return torch_dtype(name)
+
+
+class _AdaptiveUpdate(torch.optim.Optimizer):
+    """PopART's Adaptive update for a weight ``w`` with gradient ``g`` (unscaled by the loss scaling),
+    accumulators ``a1`` (float32 by default; TensorFlow's variant starts it at ones), ``a2`` (float32)
+    and ``a3`` (the weight's type):
+
+    * L2 regularisation: ``g += wd * w``;
+    * ``a1 += g^2`` (AdaGrad) or ``a1 = alpha * a1 + (1 - alpha) * g^2``;
+    * centered RMSProp: ``a2 = alpha * a2 + (1 - alpha) * g``;
+    * updater ``u``: AdaDelta ``sqrt(a2 + eps) / sqrt(a1 + eps) * g`` then ``a2 = alpha * a2 + (1 - alpha) * u^2``;
+      otherwise ``g / (sqrt(r) + eps)``, TensorFlow's variant ``g / sqrt(r + eps)``, with ``r = a1`` (centered:
+      ``a1 - a2^2``);
+    * momentum (non-zero or not constant): ``a3 = m * a3 + u`` (TensorFlow's variant: ``+ lr * u``), ``u = a3``;
+    * decay mode: ``w = (1 - lr * wd) * w - lr * u`` (TensorFlow's variant with momentum: ``w * (1 - wd) - u``);
+      L2 mode: ``w -= lr * u`` (``w -= u``).
+    """
+
+    def __init__(self, params, *, mode, decay: bool, tf_variant: bool, accl_types, loss_scaling: float, lr: float,
+                 weight_decay: float, alpha: float, momentum: float, eps: float, use_momentum: bool):
+        super().__init__(params, dict(lr=lr, weight_decay=weight_decay, alpha=alpha, momentum=momentum, eps=eps,
+                                      use_momentum=use_momentum))
+        self.mode = mode
+        self.decay = decay
+        self.tf_variant = tf_variant
+        self.accl_types = accl_types
+        self.loss_scaling = loss_scaling
+
+    def _state(self, p, name, dtype, fill=0.0):
+        state = self.state[p]
+        if name not in state:
+            state[name] = torch.full_like(p, fill, dtype=dtype or p.dtype, memory_format=torch.preserve_format)
+        return state[name]
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        assert closure is None
+        accl1_type, accl2_type, accl3_type = self.accl_types
+        for group in self.param_groups:
+            lr, wd, alpha, m, eps = (float(group[k]) for k in ("lr", "weight_decay", "alpha", "momentum", "eps"))
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = p.grad
+                if not self.decay and wd != 0.0:
+                    g = g + wd * p
+                a1 = self._state(p, "accl1", accl1_type, 1.0 if self.tf_variant else 0.0)
+                ga = g.to(a1.dtype)
+                if self.mode == AdaptiveMode.AdaGrad:
+                    a1.addcmul_(ga, ga)
+                else:
+                    a1.mul_(alpha).addcmul_(ga, ga, value=1.0 - alpha)
+                if self.mode == AdaptiveMode.AdaDelta:
+                    a2 = self._state(p, "accl2", accl2_type)
+                    u = (a2.to(a1.dtype) + eps).sqrt().div_((a1 + eps).sqrt()).mul_(ga)
+                    a2.mul_(alpha).addcmul_(u.to(a2.dtype), u.to(a2.dtype), value=1.0 - alpha)
+                else:
+                    rms = a1
+                    if self.mode == AdaptiveMode.CenteredRMSProp:
+                        a2 = self._state(p, "accl2", accl2_type)
+                        a2.mul_(alpha).add_(g.to(a2.dtype), alpha=1.0 - alpha)
+                        rms = a1 - a2.to(a1.dtype).square()
+                    u = ga / ((rms + eps).sqrt() if self.tf_variant else rms.sqrt().add_(eps))
+                u = u.to(g.dtype)
+                lr_in_updater = False
+                if group["use_momentum"]:
+                    a3 = self._state(p, "accl3", accl3_type)
+                    if self.tf_variant:
+                        u = u * lr
+                        lr_in_updater = True
+                    a3.mul_(m).add_(u.to(a3.dtype))
+                    u = a3
+                u = u.to(p.dtype)
+                if lr_in_updater:
+                    if self.decay and wd != 0.0:
+                        p.mul_(1.0 - wd)
+                    p.sub_(u)
+                else:
+                    if self.decay and wd != 0.0:
+                        p.mul_(1.0 - lr * wd)
+                    p.add_(u, alpha=-lr)
