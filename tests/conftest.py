@@ -3,6 +3,7 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 
 import pytest
 import torch
@@ -34,6 +35,10 @@ else:
     _hypothesis_settings.register_profile("openpop", deadline=None, derandomize=True, database=None,
                                           max_examples=20, print_blob=False)
     _hypothesis_settings.load_profile("openpop")
+    # Hypothesis's pytest plugin writes a patch of a failure's examples under its home directory
+    # (.hypothesis/ in the working directory by default): keep the checkout clean.
+    from hypothesis.configuration import set_hypothesis_home_dir
+    set_hypothesis_home_dir(os.path.join(tempfile.gettempdir(), "openpop-hypothesis"))
 
 
 @pytest.fixture(autouse=True)
