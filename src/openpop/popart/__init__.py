@@ -46,8 +46,6 @@ def _reserved_prefix(name: str, value: str):
 # popart.reservedGradientPrefix(), reservedAccl1Prefix(), ...: every one PopART's Python module has.
 for _name, _value in RESERVED_PREFIXES.items():
     globals()[_name] = _reserved_prefix(_name, _value)
-assert RESERVED_PREFIXES["reservedGradientPrefix"] == GRADIENT_PREFIX
-assert RESERVED_PREFIXES["reservedUpdatedVarPrefix"] == UPDATED_VAR_PREFIX
 
 
 def getSupportedOperations(includeInternal: bool = False):

@@ -323,7 +323,10 @@ class _AdaptiveUpdate(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
-        assert closure is None
+        loss = None
+        if closure is not None:  # (torch's optimizers' contract: re-evaluate the model first)
+            with torch.enable_grad():
+                loss = closure()
         accl1_type, accl2_type, accl3_type = self.accl_types
         for group in self.param_groups:
             lr, wd, alpha, m, eps = (float(group[k]) for k in ("lr", "weight_decay", "alpha", "momentum", "eps"))
@@ -368,3 +371,4 @@ class _AdaptiveUpdate(torch.optim.Optimizer):
                     if self.decay and wd != 0.0:
                         p.mul_(1.0 - lr * wd)
                     p.add_(u, alpha=-lr)
+        return loss
