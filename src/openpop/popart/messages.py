@@ -184,6 +184,8 @@ UNSUPPORTED_PAD_MODE = "unsupported pad mode '{mode}'"
 PAD_TOO_MANY_DIMENSIONS = "{mode} padding of more than the 3 last dimensions is not supported"
 SLICE_STEP_ZERO = "slice steps must not be 0"
 SPLIT_NOT_EVEN = "cannot split an axis of size {axis_size} into {count} equal parts"
+BUCKETIZE_BOUNDARIES_RANK = "The boundaries tensor is not a 1-D tensor. The boundaries tensor rank = {rank}."
+ABORT_OP = "Abort op: the program aborted"
 SQUEEZE_NON_UNIT_AXIS = "cannot squeeze axis {axis} of size {axis_size}"
 
 # --- opsets.py ---------------------------------------------------------------------------------

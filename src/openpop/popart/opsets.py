@@ -271,7 +271,13 @@ def build_op(self, op_type, domain, method, args, pos, kwargs, params, version=N
         _graphcore_defaults(op_type, values)
     elif version is not None:
         _verify_onnx(self, op_type, version, list(args), values, num_outputs)
-    outs = self._add_node(op_type, domain, list(args), values, num_outputs, debugContext)
+    extra = []
+    if op_type.startswith("Reduce") and values.get("axes") is not None and len(values["axes"]) == 0:
+        # PopART writes given axes even when empty: no axis reduced (absent axes: all of them).
+        extra.append(onnx.helper.make_attribute("axes", [], attr_type=onnx.AttributeProto.INTS))
+    outs = self._add_node(op_type, domain, list(args), values, num_outputs, debugContext, extra)
+    if not outs:
+        return None  # abort: no output
     return outs if returns_list else outs[0]
 
 
@@ -282,7 +288,8 @@ _LIST_RESULTS = {
                                           "reducemedian", "sort", "splinebasis", "ctcbeamsearchdecoder")),
 }
 # How many outputs those ops have.
-_FIXED_OUTPUTS = {"TopK": 2, "GroupNormalization": 3, "Sort": 2, "ReduceMedian": 2, "DynamicQuantizeLinear": 3}
+_FIXED_OUTPUTS = {"TopK": 2, "GroupNormalization": 3, "Sort": 2, "ReduceMedian": 2, "DynamicQuantizeLinear": 3,
+                  "Abort": 0}
 
 
 def _verify_onnx(builder, op_type: str, version: int, args: list, values: dict, num_outputs: int) -> None:

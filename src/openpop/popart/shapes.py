@@ -94,6 +94,9 @@ class ShapeInference:
         except Exception:
             raise popart_exception(messages.NO_ONNX_OPERATOR_IN_OPSET.format(
                 node=node_label(node), op_type=node.op_type, version=version)) from None
+        if node.op_type.startswith("Reduce") and any(a.name == "axes" and a.type == onnx.AttributeProto.INTS
+                                                     and not a.ints for a in node.attribute):
+            return {node.output[0]: self.types[node.input[0]]}  # PopART: empty axes reduce nothing
         clean = strip_annotations(node, schema)
         types = {k: self.types[k] for k in node.input if k}
         constants = {k: self.constants[k] for k in node.input if k in self.constants}

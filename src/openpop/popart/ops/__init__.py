@@ -6,7 +6,7 @@ from onnx import helper
 
 from .. import messages
 from ..errors import popart_exception
-from . import activations, control, elementwise, graphcore, linalg, nn, reductions, registry, rnn, shape
+from . import activations, control, elementwise, graphcore, graphcore_misc, linalg, nn, reductions, registry, rnn, shape
 from .registry import OpContext, lookup
 
 

@@ -11,7 +11,8 @@ def _axes(ctx, inputs, attrs, op_type):
     if ctx.opset >= 13 and op_type == "ReduceSum":
         return ints(inputs[1]) if len(inputs) > 1 and inputs[1] is not None else None
     axes = attrs.get("axes")
-    return list(axes) if axes else None
+    # PopART: axes given, even empty, are the axes reduced (none: the identity); absent: all of them.
+    return None if axes is None else list(axes)
 
 
 def _reduction(op_type, fn):
