@@ -84,3 +84,22 @@ def test_training_runs_only_after_weights_from_host():
         session.run(stepio)
     session.weightsFromHost()
     session.run(stepio)
+
+
+def test_variable_settings_arithmetic():
+    """PopART's user guide (replication_popart.py): groups, representatives and read-back counts."""
+    grouped = popart.VariableSettings(popart.CommGroup(popart.CommGroupType.Consecutive, 2),
+                                      popart.VariableRetrievalMode.OnePerGroup)
+    every = popart.VariableSettings(popart.CommGroup(popart.CommGroupType.Consecutive, 2),
+                                    popart.VariableRetrievalMode.AllReplicas)
+    assert grouped.getGroupCount(4) == 2 and grouped.getRealGroupSize(4) == 2
+    assert grouped.numReplicasReturningVariable(4) == 2 and every.numReplicasReturningVariable(4) == 4
+    assert grouped.groups(4) == [[0, 1], [2, 3]]
+    orthogonal = popart.VariableSettings(popart.CommGroup(popart.CommGroupType.Orthogonal, 2))
+    assert orthogonal.groups(4) == [[0, 2], [1, 3]] and orthogonal.getStride(4) == 2
+    assert grouped.shapeOnReplica([2, 3, 5], 4) == [3, 5] and grouped.shapeOnHost([3, 5], 4) == [2, 3, 5]
+    assert popart.VariableSettings().getGroupCount(8) == 1
+    strided = popart.VariableSettings(2, 2)
+    assert strided.getGroupCount(8) == 4 and strided.groups(8) == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    b = popart.Builder()
+    assert b.addInitializedInputTensor(np.zeros([2, 3, 5], np.float32), grouped)

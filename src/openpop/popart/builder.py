@@ -23,6 +23,7 @@ from .errors import popart_exception
 from .model_checks import check_text_fields
 from .ops import registry
 from .shapes import ShapeInference, info_of
+from .variables import VariableSettings
 
 DEFAULT_AI_ONNX_OPSET = 10
 DEFAULT_AI_GRAPHCORE_OPSET = 1
@@ -65,14 +66,6 @@ class DebugContext:
 
 class InputSettings:
     """Accepted for compatibility (tile set, exchange strategy, replicated stream mode)."""
-
-    def __init__(self, *args, **kwargs):
-        self.args = args
-        self.kwargs = kwargs
-
-
-class VariableSettings:
-    """Replica grouping of a variable; accepted (every replica holds the same value here)."""
 
     def __init__(self, *args, **kwargs):
         self.args = args
