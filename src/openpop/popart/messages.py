@@ -164,7 +164,16 @@ UNSUPPORTED_RESIZE_MODE = "unsupported resize mode '{mode}'"
 PADS_COUNT = "pads has {n_pads} values, expected {expected}"
 SPATIAL_RANK_UNSUPPORTED = "{spatial} spatial dimensions are not supported"
 CONV_TRANSPOSE_ASYMMETRIC_PADS = "asymmetric pads are not supported for ConvTranspose"
-RESIZE_NON_SPATIAL = "only spatial dimensions can be resized"
+RESIZE_SCALES_AND_SIZES = (
+    "Resize op has inputs for `sizes` and `scales`. Only one of these tensors should be present. If `sizes` is "
+    "needed, please pass an empty string as the name of `scales` in the input list ( resize([X, roi, '', sizes]) ). "
+    "If the proto is not generated from the PopART Builder, please confirm that only one of the two tensors shall "
+    "have data."
+)
+RESIZE_SCALES_RANK = (
+    "The number of dimensions of the resize op scales ({scales}) must match the number of dimensions of the "
+    "input ({rank})"
+)
 
 # --- ops/reductions.py -------------------------------------------------------------------------
 TOPK_K_TOO_LARGE = "K ({k}) is larger than the axis size ({axis_size})"

@@ -97,6 +97,11 @@ class ShapeInference:
         if node.op_type.startswith("Reduce") and any(a.name == "axes" and a.type == onnx.AttributeProto.INTS
                                                      and not a.ints for a in node.attribute):
             return {node.output[0]: self.types[node.input[0]]}  # PopART: empty axes reduce nothing
+        if node.op_type in _META_FIRST:
+            try:
+                return self._meta(node)
+            except popart_exception:
+                pass
         clean = strip_annotations(node, schema)
         types = {k: self.types[k] for k in node.input if k}
         constants = {k: self.constants[k] for k in node.input if k in self.constants}
@@ -107,6 +112,8 @@ class ShapeInference:
             # PopART runs ONNX's inference non-strictly: an input type outside the op's constraints
             # (Max of int32 and float, And of floats...) still gives the output shapes.
             out = _infer_despite_types(schema, clean, types, constants, opsets)
+            if out is None and node.op_type in _META_FALLBACK:
+                out = self._meta(node)  # Resize with '' scales, float16 scales: PopART takes them
             if out is None:
                 raise popart_exception(messages.SHAPE_INFERENCE_FAILED.format(node=node_label(node),
                                                                               exc=exc)) from None
@@ -155,6 +162,13 @@ class ShapeInference:
             if name and value is not None:
                 result[name] = type_of(tensorinfo.popart_name(value.dtype), value.shape)
         return result
+
+
+# Ops whose PopART form ONNX's inference refuses: their output shapes come from openpop's implementation.
+_META_FALLBACK = ("Resize",)
+# Ops whose output shape PopART computes differently from ONNX's inference: ask the implementation first
+# (Resize: floor(size * scale) in float32, 10 * 0.7 -> 7, where ONNX's double arithmetic gives 6).
+_META_FIRST = ("Resize", "Upsample")
 
 
 def _infer_despite_types(schema, node, types: dict, constants: dict, opsets):

@@ -1,10 +1,12 @@
 """Convolutions, pooling, normalisations, dropout and resizing (NCHW, 1-3 spatial dims)."""
 import math
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from .. import messages
+from ..errors import popart_exception
 from .common import fail, ints
 from .registry import GRAPHCORE_DOMAIN, register
 
@@ -203,46 +205,119 @@ def dropout(ctx, inputs, attrs):
 
 @register("Resize", non_differentiable_inputs=(1, 2, 3))
 def resize(ctx, inputs, attrs):
+    """PopART's Resize: every dimension can be resized; opset 10 takes ``scales`` (input 1), 11 ``scales``
+    or ``sizes`` (inputs 2, 3). Coordinates are ``half_pixel`` unless given, nearest rounding is PopART's
+    ``pytorch`` mode in opset 10 and ``round_prefer_floor`` after."""
     x = inputs[0]
     if ctx.opset == 10:
-        scales = inputs[1]
-        sizes = None
+        scales, sizes = inputs[1], None
     else:
         scales = inputs[2] if len(inputs) > 2 else None
         sizes = inputs[3] if len(inputs) > 3 else None
-    return _resize(ctx, x, scales, sizes, attrs)
+    if scales is not None and scales.numel() and sizes is not None and sizes.numel():
+        raise popart_exception(messages.RESIZE_SCALES_AND_SIZES)
+    if sizes is not None and sizes.numel():
+        out = ints(sizes)
+        factors = [np.float32(o) / np.float32(i) for o, i in zip(out, x.shape)]
+    else:
+        factors = [np.float32(v) for v in scales.reshape(-1).tolist()]
+        out = [math.floor(np.float32(i) * f) for i, f in zip(x.shape, factors)]
+    if len(factors) != x.dim():
+        fail(ctx, messages.RESIZE_SCALES_RANK.format(scales=len(factors), rank=x.dim()))
+    nearest = attrs.get("nearest_mode", "pytorch" if ctx.opset == 10 else "round_prefer_floor")
+    return _resize(ctx, x, factors, out, attrs.get("mode", "nearest"), nearest,
+                   attrs.get("coordinate_transformation_mode", "half_pixel"))
 
 
 @register("Upsample", non_differentiable_inputs=(1,))
 def upsample(ctx, inputs, attrs):
-    return _resize(ctx, inputs[0], inputs[1], None, attrs)
+    """PopART turns Upsample into its Resize with the ``pytorch`` nearest mode and ``half_pixel``."""
+    x = inputs[0]
+    scales = attrs["scales"] if "scales" in attrs else inputs[1].reshape(-1).tolist()
+    factors = [np.float32(v) for v in scales]
+    out = [math.floor(np.float32(i) * f) for i, f in zip(x.shape, factors)]
+    return _resize(ctx, x, factors, out, attrs.get("mode", "nearest"), "pytorch", "half_pixel")
 
 
-def _resize(ctx, x, scales, sizes, attrs):
-    mode = attrs.get("mode", "nearest")
-    spatial = x.dim() - 2
-    if sizes is not None and sizes.numel():
-        out = ints(sizes)[2:]
-    else:
-        factors = [float(v) for v in scales.reshape(-1).tolist()]
-        if factors[:2] != [1.0, 1.0]:
-            fail(ctx, messages.RESIZE_NON_SPATIAL)
-        out = [math.floor(s * f) for s, f in zip(x.shape[2:], factors[2:])]
-    if mode == "nearest":
-        coord = attrs.get("coordinate_transformation_mode", "half_pixel" if ctx.opset >= 11 else "asymmetric")
-        nearest = attrs.get("nearest_mode", "round_prefer_floor")
-        if coord == "asymmetric" and nearest in ("floor", "round_prefer_floor") and ctx.opset < 11:
-            return F.interpolate(x, size=out, mode="nearest")
-        if coord == "asymmetric" and nearest == "floor":
-            return F.interpolate(x, size=out, mode="nearest")
-        if coord == "half_pixel" and nearest in ("round_prefer_ceil", "round_prefer_floor"):
-            return F.interpolate(x, size=out, mode="nearest-exact")
-        return F.interpolate(x, size=out, mode="nearest")
-    if mode == "linear":
-        torch_mode = {1: "linear", 2: "bilinear", 3: "trilinear"}[spatial]
-        align = attrs.get("coordinate_transformation_mode", "half_pixel") == "align_corners"
-        return F.interpolate(x, size=out, mode=torch_mode, align_corners=align)
-    if mode == "cubic":
-        align = attrs.get("coordinate_transformation_mode", "half_pixel") == "align_corners"
-        return F.interpolate(x, size=out, mode="bicubic", align_corners=align)
-    fail(ctx, messages.UNSUPPORTED_RESIZE_MODE.format(mode=mode))
+def _coordinate(i, transform, scale, size, nearest=None):
+    """PopART's source coordinate of output index ``i`` (float32, as its backend)."""
+    i, scale = np.float32(i), np.float32(scale)
+    if nearest == "pytorch":
+        return i / scale
+    if transform in ("half_pixel", "tf_half_pixel_for_nn"):
+        shift = np.float32(0.0) if transform == "tf_half_pixel_for_nn" else np.float32(0.5)
+        return (i + np.float32(0.5)) / scale - shift
+    if transform == "pytorch_half_pixel":
+        return (i + np.float32(0.5)) / scale - np.float32(0.5) if np.float32(size) * scale > 1 else np.float32(0)
+    if transform == "asymmetric":
+        return i / scale
+    if transform == "align_corners":
+        length = np.float32(size) * scale
+        return np.float32(0) if length == 1 else i * np.float32(size - 1) / (length - np.float32(1))
+    raise ValueError(transform)
+
+
+def _round(x, nearest):
+    """PopART's rounding of a coordinate: C's round (half away from zero) for round_prefer_ceil."""
+    if nearest == "round_prefer_ceil":
+        return math.floor(x + 0.5) if x >= 0 else -math.floor(-x + 0.5)
+    if nearest == "round_prefer_floor":
+        return math.floor(x) if x - math.floor(x) <= 0.5 else math.ceil(x)
+    if nearest == "ceil":
+        return math.ceil(x)
+    return math.floor(x)  # floor, pytorch
+
+
+def _nearest_1d(x, dim, scale, out, nearest, transform):
+    size = x.shape[dim]
+    rounded = round(float(scale))
+    if (abs(rounded - float(scale)) <= 1e-5 and rounded >= 0 and nearest not in ("floor", "ceil")
+            and transform == "half_pixel"):
+        return torch.repeat_interleave(x, rounded, dim=dim)
+    index = [min(max(_round(_coordinate(i, transform, scale, size, nearest), nearest), 0), size - 1)
+             for i in range(out)]
+    return torch.index_select(x, dim, torch.tensor(index, device=x.device))
+
+
+def _cubic_coefficients(ratio, a=-0.75):
+    r = float(ratio)
+    return [((a * (r + 1) - 5 * a) * (r + 1) + 8 * a) * (r + 1) - 4 * a,
+            ((a + 2) * r - (a + 3)) * r * r + 1,
+            ((a + 2) * (1 - r) - (a + 3)) * (1 - r) * (1 - r) + 1,
+            ((a * ((1 - r) + 1) - 5 * a) * ((1 - r) + 1) + 8 * a) * ((1 - r) + 1) - 4 * a]
+
+
+def _resize(ctx, x, factors, out, mode, nearest, transform):
+    """One dimension at a time, as PopART's backend: nearest gathers (or repeats for whole scales with
+    half_pixel), linear mixes the floor and ceil neighbours, cubic four neighbours with A = -0.75
+    (indices clamped to the input)."""
+    if mode not in ("nearest", "linear", "cubic"):
+        fail(ctx, messages.UNSUPPORTED_RESIZE_MODE.format(mode=mode))
+    y = x
+    for dim in range(x.dim()):
+        scale, size = factors[dim], y.shape[dim]
+        if (out[dim] == size) if (mode == "nearest" and nearest == "pytorch") else (scale == 1.0):
+            continue
+        if mode == "nearest":
+            y = _nearest_1d(y, dim, scale, out[dim], nearest, transform)
+            continue
+        coords = [_coordinate(i, transform, scale, size) for i in range(out[dim])]
+        if mode == "linear":
+            lo = _nearest_1d(y, dim, scale, out[dim], "floor", transform)
+            hi = _nearest_1d(y, dim, scale, out[dim], "ceil", transform)
+            c = [float(max(v, 0.0) - math.floor(max(v, 0.0))) for v in coords]
+            shape = [1] * y.dim()
+            shape[dim] = out[dim]
+            coeff = torch.tensor(c, dtype=y.dtype, device=y.device).reshape(shape)
+            y = lo * (1 - coeff) + hi * coeff
+            continue
+        terms = []
+        weights = [_cubic_coefficients(v - math.floor(v)) for v in coords]
+        for k in range(4):
+            index = [min(max(math.floor(v) - 1 + k, 0), size - 1) for v in coords]
+            shape = [1] * y.dim()
+            shape[dim] = out[dim]
+            w = torch.tensor([wk[k] for wk in weights], dtype=y.dtype, device=y.device).reshape(shape)
+            terms.append(torch.index_select(y, dim, torch.tensor(index, device=y.device)) * w)
+        y = terms[0] + terms[1] + terms[2] + terms[3]
+    return y
