@@ -11,6 +11,7 @@ from .dataflow import AnchorReturnType, DataFlow
 from .devices import DeviceInfo, DeviceManager
 from .enums import *  # noqa: F403
 from .errors import OutOfMemoryException, popart_exception, popart_internal_exception, poplar_exception
+from .graphtransformer import GraphTransformer
 from .names import RESERVED_PREFIXES
 from .optimizers import SGD, Adam, Adaptive, ClipNormSettings, ConstSGD, OptimizerValue
 from .options import (

@@ -108,6 +108,7 @@ class Builder:
         self._subgraphs: list[Builder] = []
         self._outer = set()  # enclosing graphs' tensors this subgraph reads
         self._replication_factor = 1
+        self._loaded = modelProtoOrFilename is not None
         if modelProtoOrFilename is not None:
             self._load(modelProtoOrFilename)
         self._inference = ShapeInference(self._effective_opsets())
@@ -116,6 +117,8 @@ class Builder:
     # ------------------------------------------------------------------ loading
     def _load(self, model) -> None:
         proto = load_model(model)
+        from .external_data import check_locations  # PopART checks the model (ONNX's checker) as it loads it
+        check_locations(proto)
         self._graph.CopyFrom(proto.graph)
         for opset in proto.opset_import:
             self._opsets[registry._canon(opset.domain)] = opset.version
@@ -370,14 +373,19 @@ class Builder:
 
     # ------------------------------------------------------------------ model
     def _model(self) -> onnx.ModelProto:
-        self.getTensorShapesKnown()
+        try:
+            self.getTensorShapesKnown()
+        except popart_exception:
+            if self._parent is not None or not self._loaded:
+                raise
+            # A loaded model ONNX's inference refuses (PopART's own non-standard uses of ops): kept as it is.
         graph = onnx.GraphProto()
         graph.CopyFrom(self._graph)
         del graph.value_info[:]
         outputs = {o.name for o in graph.output}
         del graph.output[:]
-        for o in self._graph.output:
-            graph.output.append(self._value_info(o.name))
+        for o in self._graph.output:  # typed by inference, else as given (a loaded model's)
+            graph.output.append(self._value_info(o.name) if o.name in self._inference.types else o)
         for node in graph.node:
             for out in node.output:
                 if out not in outputs and out in self._inference.types:
@@ -405,6 +413,15 @@ class Builder:
         if human_readable:
             return str(model)
         return model.SerializeToString()
+
+    def saveInitializersExternally(self, ids, filename: str) -> None:
+        """Move the data of initializers ``ids`` to the file ``filename`` (the model points at it)."""
+        from . import external_data
+
+        class _Model:  # the builder's graph, as external_data reads a model
+            graph = self._graph
+        external_data.save_externally(_Model, list(ids), filename)
+        self._initializers = {tp.name: tp for tp in self._graph.initializer}
 
     def saveModelProto(self, filename: str) -> None:
         with open(filename, "wb") as f:
@@ -784,7 +801,7 @@ def load_model(model) -> onnx.ModelProto:
         return proto
     if isinstance(model, str):
         try:
-            proto = onnx.load(model)
+            proto = onnx.load(model, load_external_data=False)  # PopART reads external data itself
         except FileNotFoundError:
             raise popart_exception(messages.MODEL_FILE_MISSING.format(model=model)) from None
         except Exception as exc:

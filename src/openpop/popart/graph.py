@@ -22,7 +22,7 @@ import torch
 from onnx import numpy_helper
 
 from ..runtime.losses import identity_loss  # openpop's loss marker
-from . import fusion, messages, tensorinfo
+from . import external_data, fusion, messages, tensorinfo
 from . import recompute as recompute_module
 from .enums import RecomputationType
 from .errors import popart_exception
@@ -105,7 +105,7 @@ class GraphProgram:
 def _initializer_array(init: onnx.TensorProto) -> np.ndarray:
     """An initializer's values; PopART's error where its data does not fit its type and shape."""
     try:
-        return numpy_helper.to_array(init)
+        return external_data.to_array(init)
     except (TypeError, ValueError, KeyError) as exc:  # KeyError: a data type ONNX does not have
         raise popart_exception(messages.INITIALIZER_UNREADABLE.format(
             name=init.name, data_type=onnx.TensorProto.DataType.Name(init.data_type)

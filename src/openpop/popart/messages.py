@@ -60,6 +60,37 @@ WEIGHTS_FROM_HOST_BEFORE_RUN = (
     "training mode"
 )
 
+# --- external_data.py, graphtransformer.py ---------------------------------------------------------
+EXTERNAL_DATA_MISSING = (
+    "Data of TensorProto ( tensor name: {name}) should be stored in {location}, but it doesn't exist or is not "
+    "accessible."
+)
+EXTERNAL_NO_LOCATION = "No location information for externally stored tensor '{name}'"
+EXTERNAL_FILE_UNKNOWN = "Unrecognised file name '{location}' for externally stored tensor '{name}'"
+EXTERNAL_BAD_LENGTH = "Invalid 'length' information ({length}) for externally stored tensor '{name}'"
+EXTERNAL_BAD_OFFSET = "Invalid 'offset' information ({offset}) for externally stored tensor '{name}'"
+EXTERNAL_SIZE_CHANGED = "Externally stored tensor '{name}' holds {length} bytes, its new value {size}"
+EXTERNAL_PARENT_MISSING = "Saving tensor data to file {fn}, but its parent directory does not exist"
+EXTERNAL_APPEND_MISSING = "TensorIds '{ids}' to be saved externally to existing file {fn}, but file doesn't exist"
+NOT_AN_INITIALIZER = "Tensor '{id}' is not an initializer"
+ALREADY_EXTERNAL = "Tensor '{id}' already has an external data_location"
+EXTERNAL_NO_DATA = "Tensor '{id}' has no data to save externally"
+EXTERNAL_RELOCATE_EXISTS = (
+    "Updating externally saved tensor location from file '{from_location}' to file '{to_location}', but file "
+    "'{to_location}' already exists"
+)
+EXTERNAL_RELOCATE_MISSING = (
+    "Updating externally saved tensor location from file '{from_location}' to file '{to_location}', but file "
+    "'{from_location}' does not exist"
+)
+EXTERNAL_RELOCATE_NONE = "No ONNX model initializers have external location set to '{from_location}'"
+NOT_IN_INITIALIZERS = "TensorId {id} not in the model initalizers"
+CANNOT_CONVERT_TYPE = "cannot set tensor type {name} to type {expected}"
+INT64_TOO_LARGE = (
+    "In convertINT64TensorToINT32, cannot cast int64 to int32: number is too large. If you are sure you want still "
+    "want to convert your tensor data, you can set 'clip' to 'true'."
+)
+
 # --- patterns.py -------------------------------------------------------------------------------
 UNKNOWN_PATTERN = "Unknown pattern {name}{hint}"
 UNKNOWN_PATTERN_NAME = "Unknown pattern {name}."

@@ -44,7 +44,7 @@ from ..enums import OutputMode
 from ..enums import ReductionType as PoptorchReduction
 from ..models import inferenceModel, trainingModel
 from ..options import Options
-from . import distributed, messages, placement, tensorinfo
+from . import distributed, external_data, messages, placement, tensorinfo
 from .builder import load_model
 from .dataflow import DataFlow
 from .devices import DeviceInfo
@@ -312,8 +312,15 @@ class _Session:
         proto.CopyFrom(self._program.model)
         for init in proto.graph.initializer:
             if init.name in self._host_weights:
-                init.CopyFrom(numpy_helper.from_array(self._host_weights[init.name], init.name))
+                if external_data.is_external(init):  # back into its file, the model keeps pointing there
+                    external_data.write_back(init, self._host_weights[init.name])
+                else:
+                    init.CopyFrom(numpy_helper.from_array(self._host_weights[init.name], init.name))
         onnx.save(proto, fn)
+
+    def updateExternallySavedTensorLocations(self, fromLocation: str, toLocation: str) -> None:
+        """Copy the file of externally saved weights, and write them there from now on."""
+        external_data.relocate(self._program.model, fromLocation, toLocation)
 
     def resetHostWeights(self, modelProtoOrFilename, ignoreWeightsInModelWithoutCorrespondingHostWeight=False):
         """Replace the host weights by the initializers of another copy of the model (then call
@@ -321,7 +328,7 @@ class _Session:
         if not self._training and self._options.constantWeights:
             raise popart_exception(messages.RESET_HOST_WEIGHTS_WITH_CONSTANT_WEIGHTS)
         proto = load_model(modelProtoOrFilename)
-        found = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
+        found = {i.name: external_data.to_array(i) for i in proto.graph.initializer}
         for name, value in found.items():
             if name not in self._host_weights:
                 if ignoreWeightsInModelWithoutCorrespondingHostWeight:

@@ -8,7 +8,7 @@ import onnx
 import torch
 from onnx import helper, numpy_helper, shape_inference
 
-from . import messages, tensorinfo
+from . import external_data, messages, tensorinfo
 from .errors import popart_exception
 from .ops import registry
 
@@ -137,7 +137,7 @@ class ShapeInference:
                 inputs.append(None)
                 continue
             if name in self.constants:
-                inputs.append(torch.from_numpy(numpy_helper.to_array(self.constants[name]).copy()))
+                inputs.append(torch.from_numpy(external_data.to_array(self.constants[name]).copy()))
                 continue
             info = info_of(self.types[name])
             if info is None:
@@ -200,7 +200,7 @@ def _infer_despite_types(schema, node, types: dict, constants: dict, opsets):
                 return None
         target = targets[param.type_str]
         if elem != target:
-            if not target or name in constants:
+            if not target:
                 return None
             proto = onnx.TypeProto()
             proto.CopyFrom(types[name])
@@ -208,6 +208,7 @@ def _infer_despite_types(schema, node, types: dict, constants: dict, opsets):
             retyped[name] = proto
     if retyped == types:
         return None
+    constants = {k: v for k, v in constants.items() if retyped[k] is types[k]}  # retyped: its data no longer fits
     try:
         out = dict(shape_inference.infer_node_outputs(schema, node, retyped, constants, opset_imports=opsets))
     except Exception:
