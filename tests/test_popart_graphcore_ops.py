@@ -91,3 +91,27 @@ def test_sequenceslice_groupedgather_normalize_image():
     assert norm.dtype == np.float16 and norm.shape == (2, 2, 4)
     np.testing.assert_allclose(norm[..., :3], want, rtol=1e-2)
     assert not norm[..., 3].any()
+
+
+def test_ctcloss_matches_torch_and_multiconv_runs_each_convolution():
+    rng = np.random.default_rng(0)
+    log_probs = torch.log_softmax(torch.tensor(rng.random([6, 2, 3], dtype=np.float32)), 2).numpy()
+    targets = np.array([[1, 2], [2, 2]], np.uint32)
+    lengths, target_lengths = np.full([2], 6, np.uint32), np.array([2, 1], np.uint32)
+    (loss,), b, outs = _run(lambda b, i: b.aiGraphcore.ctcloss([i["lp"], i["t"], i["l"], i["tl"]],
+                                                               popart.ReductionType.Sum, 0),
+                            {"lp": log_probs, "t": targets, "l": lengths, "tl": target_lengths})
+    want = torch.nn.functional.ctc_loss(torch.tensor(log_probs), torch.tensor(targets.astype(np.int64)),
+                                        torch.tensor(lengths.astype(np.int64)),
+                                        torch.tensor(target_lengths.astype(np.int64)), reduction="sum")
+    assert b.getTensorShape(outs[0]) == []
+    np.testing.assert_allclose(loss, want.numpy(), rtol=1e-5)
+    x1, w1 = rng.random([1, 2, 5, 5], dtype=np.float32), rng.random([3, 2, 3, 3], dtype=np.float32)
+    x2, w2 = rng.random([1, 1, 8], dtype=np.float32), rng.random([2, 1, 2], dtype=np.float32)
+    (c1, c2), _, _ = _run(lambda b, i: b.aiGraphcore.multiconv([[i["x1"], i["w1"]], [i["x2"], i["w2"]]],
+                                                               pads=[[1, 1, 1, 1], [0, 0]], strides=[[1, 1], [2]]),
+                          {"x1": x1, "w1": w1, "x2": x2, "w2": w2})
+    np.testing.assert_allclose(c1, torch.nn.functional.conv2d(torch.tensor(x1), torch.tensor(w1), padding=1).numpy(),
+                               rtol=1e-5)
+    np.testing.assert_allclose(c2, torch.nn.functional.conv1d(torch.tensor(x2), torch.tensor(w2), stride=2).numpy(),
+                               rtol=1e-5)

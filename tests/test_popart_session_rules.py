@@ -103,3 +103,26 @@ def test_variable_settings_arithmetic():
     assert strided.getGroupCount(8) == 4 and strided.groups(8) == [[0, 2], [1, 3], [4, 6], [5, 7]]
     b = popart.Builder()
     assert b.addInitializedInputTensor(np.zeros([2, 3, 5], np.float32), grouped)
+
+
+def test_sessions_refuse_what_popart_refuses():
+    b = popart.Builder()
+    x = b.addInputTensor(popart.TensorInfo("FLOAT", [2, 3]))
+    out = b.aiOnnx.relu([x])
+    b.addOutputTensor(out)
+    device = popart.DeviceManager().createCpuDevice()
+    with pytest.raises(popart.popart_exception, match="^User must specify an anchor tensor when doing inference.$"):
+        popart.InferenceSession(fnModel=b.getModelProto(), dataFlow=popart.DataFlow(1, {}), deviceInfo=device)
+    with pytest.raises(popart.popart_exception, match="^Failed to load a ModelProto from the string 'nothing'"):
+        popart.InferenceSession(fnModel="nothing", dataFlow=popart.DataFlow(1, {}), deviceInfo=device)
+    w = b.addInitializedInputTensor(np.ones([2, 3], np.float32))
+    vector_loss = b.aiGraphcore.identityloss([b.aiOnnx.mul([out, w])], reduction=popart.ReductionType.NoReduction)
+    with pytest.raises(popart.popart_exception, match=f"^Loss tensor, '{vector_loss}', must be a scalar tensor$"):
+        _training(b.getModelProto(), vector_loss, vector_loss)
+    probs = b.aiOnnx.softmax([b.addInputTensor(popart.TensorInfo("FLOAT", [2, 4, 3]))], axis=2)
+    labels = b.addInputTensor(popart.TensorInfo("INT32", [2, 5]))
+    nll = b.aiGraphcore.nllloss([probs, labels])
+    with pytest.raises(popart.popart_exception, match=r"^The label tensor \(INT32   \[2 5\]\) must have shape \[2 4\] "
+                                                      r"to match all but the final dimension of the probabilities "
+                                                      r"tensor \(FLOAT   \[2 4 3\]\)$"):
+        _training(b.getModelProto(), nll, nll)

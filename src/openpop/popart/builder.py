@@ -803,7 +803,8 @@ def load_model(model) -> onnx.ModelProto:
         try:
             proto = onnx.load(model, load_external_data=False)  # PopART reads external data itself
         except FileNotFoundError:
-            raise popart_exception(messages.MODEL_FILE_MISSING.format(model=model)) from None
+            # PopART: a string that names no file is a serialized ModelProto, or its error
+            raise popart_exception(messages.MODEL_FILE_MISSING.format(model=model[:100])) from None
         except Exception as exc:
             raise popart_exception(messages.MODEL_LOAD_FAILED.format(model=model, exc=exc)) from None
         check_text_fields(proto, "model")

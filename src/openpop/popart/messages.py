@@ -49,7 +49,10 @@ CONV_DITHERING_NOT_CONV = (
 ADD_INPUT_SHAPE_MISSING = "addInputTensor(dtype, shape): the shape is missing"
 NO_PRODUCER_TO_ANNOTATE = "Could not find a node that produces tensor '{tensor_id}' to set {attr} on"
 MODEL_PARSE_FAILED = "Failed to parse the ONNX model: {exc}"
-MODEL_FILE_MISSING = "Failed to load an ONNX model from '{model}': no such file"
+MODEL_FILE_MISSING = (
+    "Failed to load a ModelProto from the string '{model}'.\nCheck that it is either a valid path to an existing "
+    "onnx model file, or is a valid onnx ModelProto string."
+)
 MODEL_LOAD_FAILED = "Failed to load an ONNX model from '{model}': {exc}"
 ADD_INPUT_UNEXPECTED_ARGUMENT = "addInputTensor(): unexpected argument {extra!r}"
 ADD_INITIALIZED_INPUT_UNEXPECTED_ARGUMENT = "addInitializedInputTensor(): unexpected argument {extra!r}"
@@ -185,7 +188,6 @@ LOOP_RAN_NO_ITERATION = "Loop node '{node_name}' ran no iteration: its scan outp
 FMOD_ZERO_ON_FLOATS = "fmod must be 1 for floating-point inputs"
 
 # --- ops/graphcore.py --------------------------------------------------------------------------
-NLL_RANKS = "probs of rank {probs_rank} and labels of rank {labels_rank}: expected rank(labels) + 1"
 ALLREDUCE_ACROSS_LOCAL_REPLICAS_UNSUPPORTED = (
     "replicatedallreduce of activations across local replicas is not supported by openpop"
 )
@@ -236,6 +238,23 @@ INCOMPATIBLE_FUNCTION_ARGUMENTS = (
     "{method}(): incompatible function arguments. The following argument types are supported:\n"
     "    1. ({signature}) -> ...\n\nInvoked with: {invoked}"
 )
+MULTICONV_NO_INPUTS = "MultiConvOp '{name}' has no input tensors. Provide at least one set of inputs"
+MULTICONV_TOO_FEW_INPUTS = (
+    "Each convolution of MultiConvOp '{name}' must have at least two inputs - data and weights"
+)
+MULTICONV_TOO_MANY_INPUTS = (
+    "Each convolution of MultiConvOp '{name}' can have at most three inputs - data, weights, and bias"
+)
+MULTICONV_PARAMETER_SETS = (
+    "For MultiConvOp '{name}', number of {param} parameter sets ({sets}) does not match the number of input sets "
+    "({inputs})"
+)
+NLL_LABEL_SHAPE = (
+    "The label tensor ({labels}) must have shape [{expected}] to match all but the final dimension of the "
+    "probabilities tensor ({probs})"
+)
+INFERENCE_WITHOUT_ANCHORS = "User must specify an anchor tensor when doing inference."
+LOSS_NOT_SCALAR = "Loss tensor, '{loss}', must be a scalar tensor"
 SPARSE_CONSTANT_UNSUPPORTED = "constant(): is_value_sparse=True (a sparse constant) is not supported by openpop"
 
 # --- optimizers.py -----------------------------------------------------------------------------

@@ -96,12 +96,50 @@ class Opset:
             "scan_input_directions": list(scan_input_directions), "scan_output_axes": list(scan_output_axes),
             "scan_output_directions": list(scan_output_directions)}, debugContext)
 
+    def multiconv(self, args, dilations=(), inDilations=(), pads=(), outPads=(), strides=(),
+                  availableMemoryProportions=(), partialsTypes=(), planType=None, perConvReservedTiles=None,
+                  cycleBackOff=None, enableConvDithering=(), debugContext=""):
+        """Several convolutions in one op: ``args`` a list of [data, weights(, bias)], each window parameter a
+        list with one entry per convolution (or empty); returns one output per convolution."""
+        if self._domain != registry.GRAPHCORE_DOMAIN:
+            raise AttributeError(messages.OPSET_HAS_NO_OPERATOR.format(label="ai.onnx", version=self._version,
+                                                                       name="multiconv"))
+        name = _debug_name_of(debugContext)
+        if not args:
+            raise popart_exception(messages.MULTICONV_NO_INPUTS.format(name=name))
+        for conv_inputs in args:
+            if len(conv_inputs) < 2:
+                raise popart_exception(messages.MULTICONV_TOO_FEW_INPUTS.format(name=name))
+            if len(conv_inputs) > 3:
+                raise popart_exception(messages.MULTICONV_TOO_MANY_INPUTS.format(name=name))
+        params = {"dilations": dilations, "inDilations": inDilations, "pads": pads, "outPads": outPads,
+                  "strides": strides, "availableMemoryProportions": availableMemoryProportions,
+                  "partialsTypes": partialsTypes, "enableConvDithering": enableConvDithering}
+        for param, values in params.items():
+            if len(values) not in (0, len(args)):
+                raise popart_exception(messages.MULTICONV_PARAMETER_SETS.format(
+                    name=name, param=param, sets=len(values), inputs=len(args)))
+        for i, conv_inputs in enumerate(args):  # PopART checks each convolution as Conv's builder does
+            _verify_window(self._builder, "Conv", list(conv_inputs), {
+                k: (params[k][i] if params[k] else []) for k in ("strides", "pads", "dilations")})
+        flat = [t for conv_inputs in args for t in (list(conv_inputs) + [""])[:3]]
+        attributes = {k: [int(v) for values in params[k] for v in values]
+                      for k in ("strides", "pads", "outPads", "dilations", "inDilations")}
+        attributes["numConvs"] = len(args)
+        if planType is not None:
+            attributes["planType"] = str(planType)
+        return self._builder._add_node("MultiConv", self._domain, flat, attributes, len(args), debugContext)
+
     def call(self, args, num_outputs: int, callee: Builder, debugContext=""):
         if self._domain != registry.GRAPHCORE_DOMAIN:
             raise AttributeError(messages.CALL_ON_AI_ONNX)
         outs = self._builder._add_node("Call", self._domain, list(args), {"callee": callee}, int(num_outputs),
                                        debugContext)
         return outs
+
+
+def _debug_name_of(debugContext) -> str:
+    return debugContext if isinstance(debugContext, str) else str(getattr(debugContext, "name", "") or "")
 
 
 def _op_type_for(domain: str, name: str, version: int):

@@ -123,6 +123,8 @@ class _Session:
         if not training and self.accumulationFactor > 1:
             raise popart_exception(messages.ACCUMULATION_IN_INFERENCE)
         dataFlow.validate()
+        if not training and dataFlow.nAnchors() == 0:
+            raise popart_exception(messages.INFERENCE_WITHOUT_ANCHORS)
         self._bps = dataFlow.batchesPerStep()
         self._instances = distributed.instances(options)
         # ---- loss and anchors
@@ -132,6 +134,8 @@ class _Session:
                 raise popart_exception(messages.LOSS_TYPE.format(loss_type=type(loss).__name__))
             if loss not in self._infos:
                 raise popart_exception(messages.LOSS_NOT_IN_MODEL.format(loss=loss))
+            if self._infos[loss].nelms() > 1:
+                raise popart_exception(messages.LOSS_NOT_SCALAR.format(loss=loss))
             self._loss = loss
         self._trainable = self._program.trainable_initializers()
         self._check_anchors()

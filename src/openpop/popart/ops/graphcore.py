@@ -4,8 +4,15 @@ import torch
 
 from .. import messages
 from ..enums import ReductionType
+from ..errors import popart_exception
 from .common import fail, int_index
 from .registry import GRAPHCORE_DOMAIN, register
+
+
+def _info(t) -> str:
+    """A tensor as PopART prints its TensorInfo: ``INT32   [2 5]``."""
+    from ..tensorinfo import popart_name
+    return f"{popart_name(t.dtype):<8}[{' '.join(map(str, t.shape))}]"
 
 
 def _reduce(ctx, x, attrs, count=None):
@@ -35,9 +42,10 @@ def nll_loss(ctx, inputs, attrs):
     on the last axis) at ``labels``. With ``ignoreIndex``, Mean divides by the count of
     non-ignored labels."""
     probs, labels = inputs
+    if list(labels.shape) != list(probs.shape[:-1]):
+        raise popart_exception(messages.NLL_LABEL_SHAPE.format(
+            labels=_info(labels), expected=" ".join(map(str, probs.shape[:-1])), probs=_info(probs)))
     labels = int_index(labels)
-    if probs.dim() != labels.dim() + 1:
-        fail(ctx, messages.NLL_RANKS.format(probs_rank=probs.dim(), labels_rank=labels.dim()))
     flat = probs.reshape(-1, probs.shape[-1])
     flat_labels = labels.reshape(-1)
     ignore = attrs.get("ignoreIndex")

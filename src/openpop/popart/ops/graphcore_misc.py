@@ -203,3 +203,39 @@ def abort(ctx, inputs, attrs):
         return []
     fail(ctx, messages.ABORT_OP)
 
+
+
+@register("Ctc", GRAPHCORE_DOMAIN, non_differentiable_inputs=(1, 2, 3), method="ctcloss")
+def ctc_loss(ctx, inputs, attrs):
+    """Connectionist temporal classification loss of ``log_probs`` [T, N, C] for ``targets`` [N, S], with the
+    inputs' and targets' lengths [N], as torch's ``CTCLoss`` (Mean: each loss over its target length)."""
+    log_probs, targets, input_lengths, target_lengths = inputs
+    reduction = attrs.get("reduction", 1)
+    if isinstance(reduction, (bytes, str)):
+        reduction = {"sum": 0, "mean": 1, "none": 2, "noreduction": 2}[
+            (reduction.decode() if isinstance(reduction, bytes) else reduction).lower()]
+    if log_probs.device.type == "meta":  # shape inference: torch has no meta kernel for ctc_loss
+        shape = [log_probs.shape[1]] if int(reduction) == 2 else []
+        return torch.empty(shape, dtype=log_probs.dtype, device="meta")
+    loss = F.ctc_loss(log_probs, targets.long(), input_lengths.long(), target_lengths.long(),
+                      blank=int(attrs.get("blank", 0)), reduction={0: "sum", 1: "mean", 2: "none"}[int(reduction)],
+                      zero_infinity=bool(attrs.get("zeroInfinity", 0)))
+    return loss.to(log_probs.dtype)
+
+
+@register("MultiConv", GRAPHCORE_DOMAIN)
+def multi_conv(ctx, inputs, attrs):
+    """Several convolutions in one op: inputs (data, weights, bias or '') per convolution, their window
+    parameters concatenated in ``strides``, ``pads``, ``dilations`` (as PopART's builder writes them)."""
+    from .nn import conv
+    outputs, offsets = [], {"strides": 0, "pads": 0, "dilations": 0}
+    for i in range(int(attrs.get("numConvs", len(inputs) // 3))):
+        x, w, b = inputs[3 * i], inputs[3 * i + 1], inputs[3 * i + 2]
+        spatial = x.dim() - 2
+        own = {}
+        for key, per_conv in (("strides", spatial), ("pads", 2 * spatial), ("dilations", spatial)):
+            if attrs.get(key):
+                own[key] = list(attrs[key][offsets[key]:offsets[key] + per_conv])
+                offsets[key] += per_conv
+        outputs.append(conv(ctx, [x, w] + ([b] if b is not None else []), own))
+    return outputs
