@@ -165,3 +165,27 @@ def test_arguments_are_converted_as_pybind_converts_them():
     g = b.aiOnnx.gemm([x, w, c], 1, 1, False, False)  # ints for the float alpha/beta, bools for the ints
     assert _attrs(b, g) == {"alpha": 1.0, "beta": 1.0, "transA": 0, "transB": 0}
     assert b.getTensorShape(g) == [2, 4]
+
+
+def test_call_takes_parent_tensors_added_as_inputs_and_checks_counts():
+    b = popart.Builder()
+    i0, i1, i2 = (b.addInputTensor(popart.TensorInfo("INT32", [2])) for _ in range(3))
+    sub = b.createSubgraphBuilder()
+    sub.addInputTensorFromParentGraph(i0)
+    sub.addInputTensorFromParentGraph(i1)
+    sub.addOutputTensor(sub.aiOnnx.add([i0, i1]))
+    act = b.aiGraphcore.call([i0, i1], 1, sub)[0]
+    out = b.aiGraphcore.call([act, i2], 1, sub)[0]  # the callee's inputs bind by position
+    b.addOutputTensor(out)
+    session = popart.InferenceSession(b.getModelProto(), popart.DataFlow(1, {out: popart.AnchorReturnType("All")}),
+                                      popart.DeviceManager().createCpuDevice())
+    session.prepareDevice()
+    anchors = session.initAnchorArrays()
+    session.run(popart.PyStepIO({i0: np.array([2, -1], np.int32), i1: np.array([-4, 3], np.int32),
+                                 i2: np.array([1, 2], np.int32)}, anchors))
+    np.testing.assert_array_equal(anchors[out], [-1, 4])
+    with pytest.raises(popart.popart_exception, match="^For CallOp 'debug', number of outputs \\(2\\) does not "
+                                                      "match that of the callee subgraph \\(1\\)$"):
+        b.aiGraphcore.call([i0, i1], 2, sub, "debug")
+    with pytest.raises(popart.popart_exception, match="^For CallOp '', number of inputs \\(3\\) does not match"):
+        b.aiGraphcore.call([i0, i1, i2], 1, sub)

@@ -98,6 +98,7 @@ class Builder:
         self._graph = onnx.GraphProto(name="BuilderGraph")
         self._used_ids = set() if _parent is None else _parent._used_ids
         self._debug_ids: dict[str, int] = {} if _parent is None else _parent._debug_ids
+        self._parent_inputs: list[tuple[int, str]] = []  # (position among the inputs, id) of parent tensors
         self._ids_counter: dict[str, int] = {}
         self._scopes: list = []          # (attribute, value) from context managers, outer first
         self._name_scopes: list[str] = []
@@ -281,7 +282,7 @@ class Builder:
         if tensor_id not in self._inference.types and tensor_id not in self._producers \
                 and tensor_id not in self._outer and not any(v.name == tensor_id for v in self._graph.input):
             if self._parent is not None and self._parent._knows(tensor_id):
-                self.addInputTensorFromParentGraph(tensor_id)  # ONNX's outer-scope reference
+                self._read_from_parent(tensor_id)  # ONNX's outer-scope reference
                 return
             raise popart_exception(messages.TENSOR_UNKNOWN_TO_BUILDER.format(tensor_id=tensor_id))
 
@@ -293,7 +294,12 @@ class Builder:
             return False
 
     def addInputTensorFromParentGraph(self, tensorId: str) -> None:
-        """Let this subgraph read the enclosing graph's tensor ``tensorId`` by its name."""
+        """Let this subgraph read the enclosing graph's tensor ``tensorId`` by its name. PopART makes it an
+        input of the subgraph: a callee (``aiGraphcore.call``) takes it in this place among its inputs."""
+        self._read_from_parent(tensorId)
+        self._parent_inputs.append((len(self._graph.input), tensorId))
+
+    def _read_from_parent(self, tensorId: str) -> None:
         if self._parent is None:
             raise popart_exception(messages.NOT_A_SUBGRAPH_BUILDER)
         if not self._parent._knows(tensorId):
@@ -438,6 +444,19 @@ class Builder:
         for value in graph.output:  # typed outputs: ONNX infers If/Loop/Scan outputs from them
             if not value.type.tensor_type.elem_type and value.name in self._inference.types:
                 value.type.CopyFrom(self._inference.types[value.name])
+        return graph
+
+    def _callee_graph(self) -> onnx.GraphProto:
+        """This subgraph as ``aiGraphcore.call`` runs it: the parent tensors added with
+        ``addInputTensorFromParentGraph`` are inputs, where they were added."""
+        graph = self._subgraph()
+        if not self._parent_inputs:
+            return graph
+        inputs = list(graph.input)
+        for position, tensor_id in sorted(self._parent_inputs, key=lambda p: p[0], reverse=True):
+            inputs.insert(position, self._value_info(tensor_id))
+        del graph.input[:]
+        graph.input.extend(inputs)
         return graph
 
     def getTensorShapesKnown(self) -> None:

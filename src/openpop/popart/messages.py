@@ -255,6 +255,12 @@ NLL_LABEL_SHAPE = (
 )
 INFERENCE_WITHOUT_ANCHORS = "User must specify an anchor tensor when doing inference."
 LOSS_NOT_SCALAR = "Loss tensor, '{loss}', must be a scalar tensor"
+CALL_OUTPUT_COUNT_MISMATCH = (
+    "For CallOp '{name}', number of outputs ({n}) does not match that of the callee subgraph ({callee})"
+)
+CALL_INPUT_COUNT_MISMATCH = (
+    "For CallOp '{name}', number of inputs ({n}) does not match that of the callee subgraph ({callee})"
+)
 SPARSE_CONSTANT_UNSUPPORTED = "constant(): is_value_sparse=True (a sparse constant) is not supported by openpop"
 
 # --- optimizers.py -----------------------------------------------------------------------------

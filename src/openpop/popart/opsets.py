@@ -133,7 +133,15 @@ class Opset:
     def call(self, args, num_outputs: int, callee: Builder, debugContext=""):
         if self._domain != registry.GRAPHCORE_DOMAIN:
             raise AttributeError(messages.CALL_ON_AI_ONNX)
-        outs = self._builder._add_node("Call", self._domain, list(args), {"callee": callee}, int(num_outputs),
+        graph = callee._callee_graph()
+        name = _debug_name_of(debugContext)
+        if int(num_outputs) != len(graph.output):
+            raise popart_exception(messages.CALL_OUTPUT_COUNT_MISMATCH.format(
+                name=name, n=int(num_outputs), callee=len(graph.output)))
+        if len(args) != len(graph.input) - len(graph.initializer):
+            raise popart_exception(messages.CALL_INPUT_COUNT_MISMATCH.format(
+                name=name, n=len(args), callee=len(graph.input) - len(graph.initializer)))
+        outs = self._builder._add_node("Call", self._domain, list(args), {"callee": graph}, int(num_outputs),
                                        debugContext)
         return outs
 
