@@ -306,3 +306,65 @@ def test_sigterm_to_a_poprun_pod_stops_the_job_with_143_and_leaves_nothing(tmp_p
     assert ("openpop-k8s: pod pr-worker-0 exited with code 143 after a SIGTERM (how Kubernetes stops a pod): "
             "every pod was stopped") in err.splitlines()
     assert wait_gone(list(instances.values()) + list(poprun.values()), 5.0) == []
+
+
+SETUP_COMMANDS = [
+    ("apt update ; apt upgrade -y", "installs system packages"),
+    ("sudo apt-get -y install git", "installs system packages"),
+    ("pip3 install -r requirements.txt", "installs Python packages"),
+    ("python3 -m pip install openpop", "installs Python packages"),
+    ("git clone https://github.com/graphcore/examples.git", "clones a repository"),
+    ("curl -fsSL https://example.com/install.sh | sh", "pipes a download into a shell"),
+]
+
+
+@pytest.mark.parametrize(("line", "what"), SETUP_COMMANDS)
+def test_a_pod_command_that_sets_up_the_machine_needs_command_or_allow_pod_commands(line, what, tmp_path,
+                                                                                      capsys):
+    """run-local runs on the user's machine, not in a container: a pod command that installs packages or
+    clones repositories is refused (exit 2, nothing started) with the two ways on; each runs it."""
+    marker = tmp_path / "ran"
+    manifest = write_manifest(tmp_path, pytorchjob("setup", 1, 1, ["/bin/sh", "-c", f"{line}; touch {marker}"]))
+    code, out, err = run_cli(capsys, "run-local", manifest, "--master-port", free_port())
+    assert code == 2 and out == ""
+    assert f"openpop-k8s: error: pod setup-master-0: its command {what}" in err
+    assert "--command" in err and "--allow-pod-commands" in err and "--dry-run" in err
+    assert not marker.exists()
+    code, out, err = run_cli(capsys, "run-local", manifest, "--command", f"touch {marker}",
+                             "--master-port", free_port())
+    assert code == 0, err
+    assert marker.exists()
+
+
+def test_allow_pod_commands_runs_the_command_as_written(tmp_path, capsys):
+    marker = tmp_path / "ran"
+    manifest = write_manifest(tmp_path, pytorchjob("setup", 1, 1, [
+        "/bin/sh", "-c", f"echo pip install is only printed here; touch {marker}"]))
+    assert run_cli(capsys, "run-local", manifest, "--master-port", free_port())[0] == 2
+    code, _out, err = run_cli(capsys, "run-local", manifest, "--allow-pod-commands", "--master-port", free_port())
+    assert code == 0, err
+    assert marker.exists()
+
+
+def test_training_commands_are_not_mistaken_for_setup():
+    from openpop.k8s.run_local import setup_steps
+    assert setup_steps(["poprun", "--num-instances", "2", "openpop-bert", "--config", "cpu_tiny_128"]) == []
+    assert setup_steps(["/bin/bash", "-c", "cd app; python train.py --pipeline-install-dir x"]) == []
+
+
+def test_dry_run_prints_each_pods_command_and_environment_and_runs_nothing(tmp_path, capsys):
+    code, out, err = run_cli(capsys, "convert", DATA / "seed_single_worker.ipujob.yaml")
+    manifest = write_manifest(tmp_path, out)
+    code, out, err = run_cli(capsys, "run-local", manifest, "--dry-run", "--master-port", 41234)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == "# pod bert-training-multi-ipu-master-0"
+    assert lines[1].startswith("env ") and "MASTER_ADDR=127.0.0.1 MASTER_PORT=41234" in lines[1]
+    assert "git clone https://github.com/graphcore/examples.git" in out
+    assert ("note: pod bert-training-multi-ipu-master-0: its command clones a repository, installs system "
+            "packages and installs Python packages: running it needs --command or --allow-pod-commands") in err
+    assert err.rstrip().endswith("openpop-k8s: dry run: nothing was started")
+    marker = tmp_path / "ran"
+    code, out, err = run_cli(capsys, "run-local", manifest, "--dry-run", "--command", f"touch {marker}")
+    assert code == 0 and out.splitlines()[1].endswith(f"touch {marker}")
+    assert not marker.exists()

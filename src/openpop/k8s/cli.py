@@ -90,6 +90,12 @@ def build_parser():
                                        "container's command and args")
     run.add_argument("--master-port", type=_positive_int,
                      help="the rendezvous port to use instead of the job's (23456 / 29400)")
+    run.add_argument("--dry-run", action="store_true",
+                     help="print each pod's command line and environment; run nothing")
+    run.add_argument("--allow-pod-commands", action="store_true",
+                     help="run a pod command that installs packages or clones repositories "
+                          "(apt, pip install, git clone, curl | sh) on this machine as written; "
+                          "refused without it or --command")
     return parser
 
 
@@ -131,10 +137,19 @@ def _run_local(args):
     for index, document in enumerate(documents):
         try:
             jobs.append(prepare_local_job(document, command=args.command,
-                                          master_port=args.master_port))
+                                          master_port=args.master_port,
+                                          allow_pod_commands=args.allow_pod_commands,
+                                          dry_run=args.dry_run))
         except ManifestError as exc:
             path = f"document {index}: {exc.path}" if len(documents) > 1 else exc.path
             raise ManifestError(path, exc.reason) from None
+    if args.dry_run:
+        for job, notes in jobs:
+            for note in notes:
+                print(f"openpop-k8s: note: {note}", file=sys.stderr)
+            print("\n".join(job.describe()))
+        print("openpop-k8s: dry run: nothing was started", file=sys.stderr)
+        return
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
     try:
         for job, notes in jobs:

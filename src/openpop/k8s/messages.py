@@ -77,6 +77,11 @@ RENDER_NO_NAME = "required: the job's name (a DNS-1035 label)"
 # --- run_local ------------------------------------------------------------------
 CONTAINER_WITHOUT_COMMAND = (
     "the container has no command: locally there is no image entrypoint to run; give --command")
+POD_COMMAND_SETS_UP = (
+    "its command {what} ({snippet!r}): run-local would do that on this machine, not in a container. "
+    "Give --command with the line to run instead (e.g. --command 'openpop-bert --config ...'), or "
+    "--allow-pod-commands to run the pod's command as written; --dry-run shows what would run")
+DRY_RUN_SETUP_NOTE = "pod {pod}: its command {what}: running it needs --command or --allow-pod-commands"
 RUN_LOCAL_TERMINATED = "openpop-k8s: received SIGTERM: all pods stopped"
 POD_STOPPED_BY_SIGTERM = "pod {pod} {how} (how Kubernetes stops a pod): every pod was stopped"
 POD_KILLED_BY_SIGTERM = "was killed by SIGTERM"

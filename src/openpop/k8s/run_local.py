@@ -49,6 +49,20 @@ GRACE_SECONDS = 5.0
 POD_MARK = "OPENPOP_RUN_LOCAL_POD"
 _ADDRESS_VARIABLES = ("MASTER_ADDR", "PET_MASTER_ADDR")
 _VAR_REF = re.compile(r"\$\$|\$\(([-._a-zA-Z][-._a-zA-Z0-9]*)\)")
+_OPTIONS = r"(?:\s+-\S+)*"  # flags between a tool and its verb: apt -y install, pip3 -q install
+# What an image's build steps do and a pod's command often repeats at start-up (IPUJob examples
+# clone Graphcore's repositories and apt/pip install into the container): on this machine it would
+# change the user's system, so run-local asks for --command or --allow-pod-commands first.
+_SETUP_STEPS = (
+    (re.compile(r"\b(?:sudo\s+)?(?:apt|apt-get|aptitude|yum|dnf|zypper|apk)" + _OPTIONS +
+                r"\s+(?:update|upgrade|dist-upgrade|full-upgrade|install|add)\b"), "installs system packages"),
+    (re.compile(r"\b(?:pip|pip3|pip3\.\d+|uv\s+pip|python3?(?:\.\d+)?\s+-m\s+pip)" + _OPTIONS +
+                r"\s+install\b"), "installs Python packages"),
+    (re.compile(r"\b(?:conda|mamba|micromamba)" + _OPTIONS + r"\s+install\b"), "installs conda packages"),
+    (re.compile(r"\bgit" + _OPTIONS + r"\s+clone\b"), "clones a repository"),
+    (re.compile(r"\b(?:curl|wget)\b[^|;&\n]*\|\s*(?:sudo\s+)?(?:ba|z|da|k)?sh\b"),
+     "pipes a download into a shell"),
+)
 
 
 @dataclass
@@ -140,6 +154,23 @@ def pod_argv(pod, env, command_override=None):
     return [expand_references(word, env) for word in argv]
 
 
+def setup_steps(argv):
+    """What in a pod's command line would install packages or fetch code on this machine:
+    ``[(what, the words that do it)]``, in the order the command does them, one per kind."""
+    line = " ".join(argv)
+    found = []
+    for pattern, what in _SETUP_STEPS:
+        match = pattern.search(line)
+        if match:
+            found.append((match.start(), what, match.group(0)))
+    return [(what, snippet) for _, what, snippet in sorted(found)]
+
+
+def _joined(steps):
+    whats = [what for what, _ in steps]
+    return whats[0] if len(whats) == 1 else ", ".join(whats[:-1]) + " and " + whats[-1]
+
+
 def _relay(stream, prefix, out, lock):
     for line in iter(stream.readline, b""):
         with lock:
@@ -192,6 +223,20 @@ class LocalJob:
             relay.start()
             self.relays.append(relay)
 
+    def describe(self):
+        """What ``run()`` would start, one shell line per pod: ``cd DIR && env VAR=value ... argv``
+        with the variables that differ from this shell's environment."""
+        lines = []
+        for pod, argv, env in zip(self.pods, self.argvs, self.envs):
+            cwd = pod.working_dir if pod.working_dir and os.path.isdir(pod.working_dir) else self.cwd
+            changed = [f"{key}={value}" for key, value in sorted(env.items()) if os.environ.get(key) != value]
+            words = (["env", *changed] if changed else []) + list(argv)
+            line = shlex.join(words)
+            if cwd:
+                line = f"cd {shlex.quote(str(cwd))} && {line}"
+            lines.append(f"# pod {pod.name}\n{line}")
+        return lines
+
     def _end_pod(self, index):
         """SIGKILL what pod ``index`` left: its process group and the processes with its mark."""
         _signal_group(self.processes[index], signal.SIGKILL)
@@ -241,16 +286,31 @@ class LocalJob:
                 for pod, process in zip(self.pods, self.processes)]
 
 
-def prepare_local_job(manifest, command=None, master_port=None, out=None, cwd=None):
-    """Validate ``manifest`` and build (without starting) its :class:`LocalJob`; notes on stderr."""
+def prepare_local_job(manifest, command=None, master_port=None, out=None, cwd=None,
+                      allow_pod_commands=False, dry_run=False):
+    """Validate ``manifest`` and build (without starting) its :class:`LocalJob`; notes on stderr.
+
+    A pod command that installs packages or clones repositories (:func:`setup_steps`) is refused
+    unless ``command`` replaces it or ``allow_pod_commands`` is given; with ``dry_run`` it is
+    a note instead (nothing runs).
+    """
     kind = validate_kubeflow_job(manifest)
     pods = job_pods(manifest, kind)
     envs, argvs, notes = [], [], []
     for pod in pods:
         env, pod_notes = pod_environment(pod, master_port)
         envs.append(env)
-        argvs.append(pod_argv(pod, env, command))
+        argv = pod_argv(pod, env, command)
+        argvs.append(argv)
         notes.extend(pod_notes)
+        if command is None and not allow_pod_commands:
+            steps = setup_steps(argv)
+            if steps and dry_run:
+                notes.append(messages.DRY_RUN_SETUP_NOTE.format(
+                    pod=pod.name, what=_joined(steps)))
+            elif steps:
+                raise ManifestError(f"pod {pod.name}", messages.POD_COMMAND_SETS_UP.format(
+                    what=_joined(steps), snippet=steps[0][1]))
     image = pods[0].container.get("image")
     if image:
         notes.append(f"image {image} is not pulled: the commands run on this machine")
