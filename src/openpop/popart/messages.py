@@ -264,10 +264,11 @@ CALL_INPUT_COUNT_MISMATCH = (
 SPARSE_CONSTANT_UNSUPPORTED = "constant(): is_value_sparse=True (a sparse constant) is not supported by openpop"
 
 # --- optimizers.py -----------------------------------------------------------------------------
-CLIPPING_SUBSET_UNSUPPORTED = (
-    "Gradient clipping of a subset of the weights is not supported by openpop; use "
-    "ClipNormSettings.clipAllWeights"
+CLIP_ALL_WEIGHTS_NOT_ALONE = (
+    "Multiple clip groups specified, but one has the mode 'ClipAllWeights'. When using "
+    "ClipNormSettings.clipAllWeights(...), only one group should be specified."
 )
+CLIP_WEIGHT_NOT_UPDATED = "No Ir::Tensor with TensorId '{id}' in Tensors::get(..)"
 OPTIMIZER_VALUE_NOT_A_PAIR = "Optimizer values are (value, isConst) pairs, got {v!r}"
 UNKNOWN_OPTIMIZER_PARAMETER = "Unknown optimizer parameter '{unknown}' for {self_type}; valid: {keys}"
 INSERT_SPECIFIC_NOT_A_WEIGHT = "insertSpecific: '{unknown}' is not a trainable weight of the model"
@@ -281,7 +282,6 @@ INVALID_WEIGHT_SPECIFIC_PARAMETER = "Invalid weight-specific optimizer parameter
 CONSTANT_OPTIMIZER_VALUE_CHANGED = (
     "updateOptimizerFromHost: '{name}'{of_weight} is constant ({value}) and cannot be changed"
 )
-LAMB_CLIPPING_UNSUPPORTED = "Gradient clipping is not supported with Lamb by openpop"
 ADAMAX_DECOUPLED_DECAY_UNSUPPORTED = (
     "AdaMax with decoupled weight decay is not supported by openpop; use WeightDecayMode.L2Regularization"
 )

@@ -13,6 +13,10 @@ values come from ``insertSpecific``. A constant value cannot be changed later by
   for ``AdaMax``.
 * ``Adaptive`` -> PopART's own equations for AdaGrad, RMSProp (TensorFlow's variant too), centered RMSProp
   and AdaDelta (``_AdaptiveUpdate``).
+
+Gradient clipping (``ClipNormSettings``) as PopART's ClipWeightGradientsByNorm: one group of every weight is
+the optimizer's ``max_grad_norm`` (the compiled backend runs it); subsets of the weights, several groups, LAMB
+and AdaMax clip each group by its own global norm in a step pre-hook (``_ClipByNorm``).
 """
 import math
 from typing import Optional
@@ -118,11 +122,42 @@ class Optimizer:
         return consts
 
     def _max_grad_norm(self, weight_ids) -> float:
-        if not self._clip:
-            return math.inf
+        """The clip norm of one group holding every weight (the optimizer's own ``max_grad_norm``),
+        or inf when there is none or the groups are subsets (``_clip_groups``)."""
         if len(self._clip) == 1 and (self._clip[0].all_weights or set(self._clip[0].weightIds) >= set(weight_ids)):
             return self._clip[0].maxNorm
-        raise popart_exception(messages.CLIPPING_SUBSET_UNSUPPORTED)
+        return math.inf
+
+    def _clip_groups(self, params: dict) -> list:
+        """PopART's clipping groups as (parameters, max norm), checked as PopART checks them
+        (ClipWeightGradientsByNorm: one ClipAllWeights group alone, every weight a tensor of the model
+        that the optimizer updates)."""
+        if len(self._clip) > 1 and any(s.all_weights for s in self._clip):
+            raise popart_exception(messages.CLIP_ALL_WEIGHTS_NOT_ALONE)
+        groups = []
+        for s in self._clip:
+            if s.all_weights:
+                groups.append((list(params.values()), s.maxNorm))
+                continue
+            for w in s.weightIds:
+                if w not in params:
+                    raise popart_exception(messages.CLIP_WEIGHT_NOT_UPDATED.format(id=w))
+            groups.append(([params[w] for w in s.weightIds], s.maxNorm))
+        return groups
+
+    def _with_clipping(self, optimizer, params: dict, native: bool = True):
+        """Attach the clipping groups to a built torch optimizer. One group of every weight is the
+        optimizer's own ``max_grad_norm`` where it has one (``native``: openpop's optimizers; the
+        compiled backend runs it); subsets, several groups and other optimizers clip in a step
+        pre-hook, each group scaled by PopART's factor ``maxNorm / max(maxNorm, ||g||)``."""
+        groups = self._clip_groups(params)
+        if not groups:
+            return optimizer
+        if native and len(groups) == 1 and self._max_grad_norm(list(params)) != math.inf:
+            optimizer.max_grad_norm = groups[0][1]
+            return optimizer
+        optimizer.register_step_pre_hook(_ClipByNorm(groups))
+        return optimizer
 
     def _groups(self, params: dict[str, torch.nn.Parameter], keys: list[str]):
         """One parameter group for the weights on defaults, one per weight with specific values."""
@@ -176,12 +211,12 @@ class SGD(Optimizer):
                 if key in g:
                     g[torch_key] = g.pop(key)
             g.pop("popart_weight", None)
-        return OpenpopSGD(groups, lr=self.value("defaultLearningRate"), momentum=self.value("defaultMomentum"),
-                          dampening=self.value("defaultDampening"), weight_decay=self.value("defaultWeightDecay"),
-                          nesterov=bool(self.value("nesterov")), loss_scaling=self.value("lossScaling"),
-                          velocity_scaling=self.value("defaultVelocityScaling"),
-                          use_combined_accum=self.accumulatorAndMomentum == SGDAccumulatorAndMomentum.Combined,
-                          max_grad_norm=self._max_grad_norm(list(params)))
+        optimizer = OpenpopSGD(groups, lr=self.value("defaultLearningRate"), momentum=self.value("defaultMomentum"),
+                               dampening=self.value("defaultDampening"), weight_decay=self.value("defaultWeightDecay"),
+                               nesterov=bool(self.value("nesterov")), loss_scaling=self.value("lossScaling"),
+                               velocity_scaling=self.value("defaultVelocityScaling"),
+                               use_combined_accum=self.accumulatorAndMomentum == SGDAccumulatorAndMomentum.Combined)
+        return self._with_clipping(optimizer, params)
 
 
 class ConstSGD(SGD):
@@ -219,23 +254,41 @@ class Adam(Optimizer):
         common = dict(lr=self.value("defaultLearningRate"), betas=(self.value("defaultBeta1"),
                                                                    self.value("defaultBeta2")),
                       eps=self.value("defaultEps"), weight_decay=self.value("defaultWeightDecay"))
-        clip = self._max_grad_norm(list(params))
         scaling = self.value("lossScaling")
         if self.mode in (AdamMode.Lamb, AdamMode.LambNoBias):
-            if clip != math.inf:
-                raise popart_exception(messages.LAMB_CLIPPING_UNSUPPORTED)
-            return optim.LAMB(groups, bias_correction=self.mode == AdamMode.Lamb, loss_scaling=scaling,
-                              max_weight_norm=self.value("maxWeightNorm"), **common)
+            return self._with_clipping(optim.LAMB(groups, bias_correction=self.mode == AdamMode.Lamb,
+                                                  loss_scaling=scaling, max_weight_norm=self.value("maxWeightNorm"),
+                                                  **common), params)
         if self.mode == AdamMode.AdaMax:
             if self.weight_decay_mode == WeightDecayMode.Decay and self.value("defaultWeightDecay"):
                 raise popart_exception(messages.ADAMAX_DECOUPLED_DECAY_UNSUPPORTED)
-            return torch.optim.Adamax(groups, **common)
+            return self._with_clipping(torch.optim.Adamax(groups, **common), params, native=False)
         bias = self.mode == AdamMode.Adam
         if self.weight_decay_mode == WeightDecayMode.Decay:
-            return optim.AdamW(groups, loss_scaling=scaling, bias_correction=bias, max_grad_norm=clip, **common)
+            return self._with_clipping(optim.AdamW(groups, loss_scaling=scaling, bias_correction=bias, **common),
+                                       params)
         if not bias:
             raise popart_exception(messages.ADAM_NO_BIAS_L2_UNSUPPORTED)
-        return optim.Adam(groups, loss_scaling=scaling, max_grad_norm=clip, **common)
+        return self._with_clipping(optim.Adam(groups, loss_scaling=scaling, **common), params)
+
+
+class _ClipByNorm:
+    """A step pre-hook clipping each group's gradients (in place) by its global norm, as PopART's
+    ClipWeightGradientsByNorm transform: ``g *= maxNorm / max(maxNorm, sqrt(sum ||g_i||^2))``."""
+
+    def __init__(self, groups):
+        self.groups = groups
+
+    @torch.no_grad()
+    def __call__(self, optimizer, args, kwargs):
+        for params, max_norm in self.groups:
+            grads = [p.grad for p in params if p.grad is not None]
+            if not grads:
+                continue
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]))
+            factor = max_norm / torch.clamp(norm, min=max_norm)
+            for g in grads:
+                g.mul_(factor.to(device=g.device, dtype=g.dtype))
 
 
 class Adaptive(Optimizer):
