@@ -130,9 +130,51 @@ def failure_report(failures: dict, first_rank: int) -> tuple:
     return lines, _exit_status(failures[cause].exitcode) or 1
 
 
+class _ExitBarrierNoise(logging.Filter):
+    """Torch's agent logs ``Error waiting on exit barrier`` with the traceback of a
+    ``DistNetworkError`` when the agent hosting the rendezvous store ends first: after the last
+    agent of a multi-host (or multi-pod) job checks in, the others may exit before it waits, and
+    its wait finds the store closed ("Broken pipe", "Connection was likely closed"). This host's
+    instances have finished by then, and their outcome is already known, so the record becomes
+    one line at ``-vv``. Any other exit-barrier error (a timeout: an agent that never arrived)
+    is logged as torch logs it."""
+
+    def __init__(self, log):
+        super().__init__()
+        self.log = log
+
+    def filter(self, record):
+        if not str(record.msg).startswith("Error waiting on exit barrier"):
+            return True
+        from torch.distributed import DistNetworkError
+        error = record.exc_info[1] if record.exc_info else None
+        if not isinstance(error, DistNetworkError):
+            return True
+        self.log.debug(f"exit barrier: another host's agent ended first and closed the rendezvous store "
+                       f"({str(error).splitlines()[0] if str(error) else type(error).__name__}); "
+                       f"this host's instances had finished")
+        return False
+
+
+def _import_torch_quietly(log):
+    """Import torch with its C++ log level at ERROR in this process (the agent) unless the user set
+    ``TORCH_CPP_LOG_LEVEL`` or asked for ``-vv``: the store client's C++ warnings (a closed socket
+    at the exit barrier, with ~20 lines of C++ frames) would otherwise follow a successful job.
+    c10 reads the variable once, at import; the instances get the user's environment unchanged."""
+    if "torch" in sys.modules or "TORCH_CPP_LOG_LEVEL" in os.environ or log.verbosity >= 2:
+        import torch
+        return torch
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+    try:
+        import torch
+    finally:
+        del os.environ["TORCH_CPP_LOG_LEVEL"]
+    return torch
+
+
 def launch(plan, log) -> int:
     """Run this host's instances to the end; poprun's exit status."""
-    import torch
+    torch = _import_torch_quietly(log)
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
@@ -141,6 +183,9 @@ def launch(plan, log) -> int:
     args = plan.args
     logging.getLogger("torch.distributed.elastic").setLevel(
         logging.INFO if log.verbosity >= 2 else logging.WARNING if log.verbosity else logging.CRITICAL)
+    exit_barrier_filter = _ExitBarrierNoise(log)
+    agent_logger = logging.getLogger("torch.distributed.elastic.agent.server.api")
+    agent_logger.addFilter(exit_barrier_filter)
     host_gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     environment = instance_env.launch_environment(args.num_replicas, args.ipus_per_replica, args.num_instances,
                                                   host_gpus, plan.timeout)
@@ -182,6 +227,7 @@ def launch(plan, log) -> int:
                   f"{args.rendezvous_timeout:g} s (an unreachable host, or poprun not started on every host): {exc}")
         return 1
     finally:
+        agent_logger.removeFilter(exit_barrier_filter)
         left = leftover_processes.stop_marked(JOB_MARK, environment[JOB_MARK], SHUTDOWN_SECONDS)
         if left:
             log.warning(messages.LEFTOVER_PROCESSES_STOPPED.format(
