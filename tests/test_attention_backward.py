@@ -155,9 +155,9 @@ def test_compiled_attention_program_matches_eager_without_flash_backward():
             x, t = torch.randn(8, 12, 16, generator=generator), torch.randn(8, 12, generator=generator)
             with torch.profiler.profile() as prof:
                 losses.append(pop(x, t)[1])
-        assert pop._backend.last == backend
+        assert pop._dispatch.compiled.last == backend
         if backend == "compiled":
-            assert "cpp_wrapper" not in pop._backend._program.compiler.options
+            assert "cpp_wrapper" not in pop._dispatch.compiled._program.compiler.options
         kernels = {event.key for event in prof.key_averages()}
         assert any("flash_attention_for_cpu" in k for k in kernels)  # the forward keeps the kernel
         ran_flash_backward = any("flash_attention_for_cpu_backward" in k for k in kernels)

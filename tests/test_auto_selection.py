@@ -35,16 +35,16 @@ def first_call(model, features=6, outputs=2, ga=1, cache=None):
     pop = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.01))
     rows = 2 * ga * 3
     pop(torch.randn(rows, features), torch.randn(rows, outputs))
-    assert pop._backend.last == "eager"
+    assert pop._dispatch.compiled.last == "eager"
     return pop
 
 
 def test_estimate_orders_programs_by_size(fresh):
     """More ops per micro-batch: a larger estimate; accumulation adds the micro-batch loop (one
     copy of forward + backward, not GA); the estimate is the budget of eager seconds."""
-    small = first_call(Regressor())._backend.selection
-    deep = first_call(FourBlocks(), 8, 8)._backend.selection
-    accumulated = first_call(FourBlocks(), 8, 8, ga=4)._backend.selection
+    small = first_call(Regressor())._dispatch.compiled.selection
+    deep = first_call(FourBlocks(), 8, 8)._dispatch.compiled.selection
+    accumulated = first_call(FourBlocks(), 8, 8, ga=4)._dispatch.compiled.selection
     assert small.cost.ops < deep.cost.ops == accumulated.cost.ops
     assert (small.cost.unrolled, accumulated.cost.unrolled) == (1, 1)
     assert (deep.cost.micro_batch_loop, accumulated.cost.micro_batch_loop) == (False, True)
@@ -61,8 +61,8 @@ def test_a_stepwise_program_unrolls_its_micro_batches():
 
 
 def test_auto_compiles_later_for_a_costlier_model(fresh):
-    small = first_call(Regressor())._backend.selection
-    deep = first_call(FourBlocks(), 8, 8)._backend.selection
+    small = first_call(Regressor())._dispatch.compiled.selection
+    deep = first_call(FourBlocks(), 8, 8)._dispatch.compiled.selection
     for selection in (small, deep):
         selection.eager_seconds = small.cost.seconds  # as if that much eager time had passed
     with logged(logging.INFO) as messages:
@@ -101,20 +101,20 @@ def test_explicit_compile_after_wins_over_the_estimate(monkeypatch):
 
 def test_a_program_compiled_before_is_estimated_warm(fresh, tmp_path, monkeypatch):
     """Compiled in this process, or into the executable cache by another: a fraction of the cost."""
-    cold = first_call(Regressor(), cache=tmp_path)._backend.selection.cost
+    cold = first_call(Regressor(), cache=tmp_path)._dispatch.compiled.selection.cost
     compile_cost.compiled(cold, CompileCache.at(str(tmp_path)))
-    again = first_call(Regressor())._backend.selection.cost
+    again = first_call(Regressor())._dispatch.compiled.selection.cost
     assert again.warm and again.seconds == pytest.approx(cold.seconds * compile_cost.WARM_FRACTION)
     compile_cost._compiled_here.clear()  # as another process: only the cache directory knows
-    assert first_call(Regressor(), cache=tmp_path)._backend.selection.cost.warm
-    assert not first_call(Regressor())._backend.selection.cost.warm
-    assert not first_call(Regressor(), ga=2, cache=tmp_path)._backend.selection.cost.warm  # another program
+    assert first_call(Regressor(), cache=tmp_path)._dispatch.compiled.selection.cost.warm
+    assert not first_call(Regressor())._dispatch.compiled.selection.cost.warm
+    assert not first_call(Regressor(), ga=2, cache=tmp_path)._dispatch.compiled.selection.cost.warm  # another program
     with monkeypatch.context() as patch:  # another openpop traces another program: a cache miss
         patch.setattr(compile_cost, "program_source", lambda: "other openpop")
-        assert not first_call(Regressor(), cache=tmp_path)._backend.selection.cost.warm
+        assert not first_call(Regressor(), cache=tmp_path)._dispatch.compiled.selection.cost.warm
     compile_cost.compiled(cold)  # without an executable cache: Inductor's own directory
     compile_cost._compiled_here.clear()
-    assert first_call(Regressor())._backend.selection.cost.warm
+    assert first_call(Regressor())._dispatch.compiled.selection.cost.warm
 
 
 def test_backend_from_env_default(monkeypatch):
@@ -137,6 +137,6 @@ class FailsInTheProbe(Regressor):
 
 
 def test_a_probe_that_raises_leaves_the_eager_call_alone(fresh):
-    selection = first_call(FailsInTheProbe())._backend.selection
+    selection = first_call(FailsInTheProbe())._dispatch.compiled.selection
     assert selection.estimated and selection.cost is None
     assert selection.budget == 30.0

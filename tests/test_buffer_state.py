@@ -426,7 +426,7 @@ def test_host_reassigning_a_buffer_between_calls_is_seen_and_kept():
 ])
 def test_compiled_program_carries_buffers_as_the_oracle(one_thread, make, data):
     pop = train_against_oracle(make, data, 4, 2, backend="compiled", unit="program")
-    assert pop._backend.last == "compiled"
+    assert pop._dispatch.compiled.last == "compiled"
 
 
 class Wrapped(torch.nn.Module):
@@ -449,4 +449,4 @@ class Wrapped(torch.nn.Module):
 def test_compiled_regions_train_as_the_oracle(one_thread, make, data):
     """The regions (TGN's memory module among them) write their buffers inside compiled code."""
     pop = train_against_oracle(make, data, 4, 2, backend="compiled", unit="regions")
-    assert pop._backend.last == "compiled" and pop._backend.regions.regions
+    assert pop._dispatch.compiled.last == "compiled" and pop._dispatch.compiled.regions.regions

@@ -221,7 +221,7 @@ def test_looping_programs_are_saved_and_loaded(tmp_path):
         pop = poptorch.trainingModel(model, opts, poptorch.optim.SGD(model.parameters(), lr=0.1))
         with watch_compiles() as outcome:
             results.append(pop(*make_data(2 * 2 * 3)))
-        assert pop._backend.last == "compiled"
+        assert pop._dispatch.compiled.last == "compiled"
         outcomes.append(outcome)
     fresh, loaded = outcomes  # saved whole (saved_programs.py), or, where torch cannot save it, by Inductor
     assert fresh.programs_saved == 1 or fresh.fx_graph_misses > 0, fresh

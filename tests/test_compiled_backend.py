@@ -85,7 +85,7 @@ def test_training_matches_oracle(case):
     for call in range(2):
         x, t = make_data(di * ga * r * 3, seed=call)
         out, losses = pop(x, t)
-        assert pop._backend.last == "compiled"
+        assert pop._dispatch.compiled.last == "compiled"
         ref_losses = train_loop(reference, ref_opt, (x, t), regressor_loss, di, ga, r, reduction,
                                 max_grad_norm=0.05 if clip else None)
         torch.testing.assert_close(losses.reshape(-1), ref_losses, rtol=1e-5, atol=1e-6)
@@ -124,7 +124,7 @@ def test_output_modes_and_lr_changes_match_eager(mode):
         new = poptorch.optim.SGD(model.parameters(), lr=0.01, momentum=0.5)
         pop.setOptimizer(new)
         outs.append(pop(*make_data(4 * 2 * 2, seed=9)))
-        assert pop._backend.last == backend
+        assert pop._dispatch.compiled.last == backend
         results[backend] = outs, [p.detach().clone() for p in model.parameters()]
     for eager, compiled in zip(results["eager"][0], results["compiled"][0]):
         for a, b in zip(eager, compiled):
@@ -139,9 +139,9 @@ def test_inference_matches_oracle_and_follows_host_weights():
     pop = poptorch.inferenceModel(model, compiled_options(3, 1, 2))
     x, t = make_data(3 * 2 * 4)
     pop.compile(x, t)  # compiles the inference program without running it
-    assert pop._backend._program.compiler.runs == 0
+    assert pop._dispatch.compiled._program.compiler.runs == 0
     out, loss = pop(x, t)
-    assert pop._backend.last == "compiled" and pop._backend._program.compiler.runs == 1
+    assert pop._dispatch.compiled.last == "compiled" and pop._dispatch.compiled._program.compiler.runs == 1
     with torch.no_grad():
         torch.testing.assert_close(out, model(x, t)[0], rtol=1e-6, atol=1e-6)
         ref_losses = torch.stack([model(xm, tm)[1] for xm, tm in zip(x.split(4), t.split(4))])
@@ -225,7 +225,7 @@ def test_unsupported_model_auto_logs_once_forced_raises(model_class, construct, 
         _, loss = pop(x, t)
         _, ref_loss = eager(x, t)
         torch.testing.assert_close(loss, ref_loss)
-    assert pop._backend.last == "eager"
+    assert pop._dispatch.compiled.last == "eager"
     lines = [m for m in warnings_logged() if "compiled backend does not support" in m]
     assert len(lines) == 1 and construct in lines[0]
 
@@ -249,7 +249,7 @@ def test_frozen_parameters_and_hooks_added_after_compiling_are_noticed():
         assert torch.equal(value, state[key])
     handle.remove()
     pop(x, t)
-    assert pop._backend.last == "compiled"
+    assert pop._dispatch.compiled.last == "compiled"
 
 
 def test_calls_inside_saved_tensors_hooks_run_eagerly(warnings_logged):
@@ -267,7 +267,7 @@ def test_calls_inside_saved_tensors_hooks_run_eagerly(warnings_logged):
                     pop(x, t)
             else:
                 pop(x, t)
-            backends.append(pop._backend.last)
+            backends.append(pop._dispatch.compiled.last)
         weights[hooked] = [p.detach().clone() for p in model.parameters()]
     assert backends == ["compiled", "eager", "compiled"] and saved
     assert sum("saved_tensors_hooks" in m for m in warnings_logged()) == 1
@@ -284,13 +284,13 @@ def test_auto_compiles_after_its_eager_budget(capfd, monkeypatch):
     pop = poptorch.trainingModel(model, opts)
     x, t = make_data(2 * 3)
     pop(x, t)
-    assert pop._backend.last == "eager"
-    assert len(FINISHED_BAR.findall(capfd.readouterr().err)) == 1 and pop._backend.compile_seconds == 0
-    pop._backend.selection.compile_after = 0.0  # as if an hour of eager calls had passed
+    assert pop._dispatch.compiled.last == "eager"
+    assert len(FINISHED_BAR.findall(capfd.readouterr().err)) == 1 and pop._dispatch.compiled.compile_seconds == 0
+    pop._dispatch.compiled.selection.compile_after = 0.0  # as if an hour of eager calls had passed
     reference = copy.deepcopy(model)
     _, loss = pop(x, t)
-    assert pop._backend.last == "compiled"
-    assert len(FINISHED_BAR.findall(capfd.readouterr().err)) == 1 and pop._backend.compile_seconds > 0
+    assert pop._dispatch.compiled.last == "compiled"
+    assert len(FINISHED_BAR.findall(capfd.readouterr().err)) == 1 and pop._dispatch.compiled.compile_seconds > 0
     ref_losses = train_loop(reference, torch.optim.SGD(reference.parameters(), lr=0.01), (x, t),
                             regressor_loss, 2, 1, 1)
     torch.testing.assert_close(loss, ref_losses, rtol=1e-6, atol=1e-6)
@@ -298,7 +298,7 @@ def test_auto_compiles_after_its_eager_budget(capfd, monkeypatch):
     monkeypatch.delenv("OPENPOP_COMPILE_AFTER", raising=False)
     again = poptorch.trainingModel(Regressor(), compiled_options(2, backend="auto"))
     again(x, t)
-    assert again._backend.selection.cost.warm
+    assert again._dispatch.compiled.selection.cost.warm
 
 
 FINISHED_BAR = re.compile(r"^Graph compilation: 100%", re.MULTILINE)
@@ -315,16 +315,16 @@ def test_compile_compiles_the_program_and_changes_nothing(capfd):
     x, t = make_data(2 * 3)
     rng = torch.random.get_rng_state()
     pop.compile(x, t)
-    program = pop._backend._program
+    program = pop._dispatch.compiled._program
     assert program is not None and program.compiled and not program.ran and program.compiler.runs == 0
-    compile_seconds = pop._backend.compile_seconds
+    compile_seconds = pop._dispatch.compiled.compile_seconds
     assert compile_seconds > 0 and pop.compileSeconds() > compile_seconds
     assert len(FINISHED_BAR.findall(capfd.readouterr().err)) == 1
     for p, q in zip(model.parameters(), reference.parameters()):
         assert torch.equal(p, q)
     assert not optimizer.state and torch.equal(torch.random.get_rng_state(), rng)
     _, losses = pop(x, t)
-    assert pop._backend.last == "compiled" and pop._backend.compile_seconds == compile_seconds
+    assert pop._dispatch.compiled.last == "compiled" and pop._dispatch.compiled.compile_seconds == compile_seconds
     assert program.compiler.runs == 1
     assert "Graph compilation" not in capfd.readouterr().err
     ref_losses = train_loop(reference, torch.optim.Adam(reference.parameters(), lr=0.01), (x, t),
@@ -333,7 +333,7 @@ def test_compile_compiles_the_program_and_changes_nothing(capfd):
 
     lazy = poptorch.trainingModel(Regressor(), compiled_options(di=2).showCompilationProgressBar(True))
     lazy(x, t)
-    assert lazy._backend.last == "compiled" and lazy._backend.compile_seconds > 0
+    assert lazy._dispatch.compiled.last == "compiled" and lazy._dispatch.compiled.compile_seconds > 0
     assert len(FINISHED_BAR.findall(capfd.readouterr().err)) == 1
 
 
@@ -470,7 +470,7 @@ def test_traced_calls_run_eagerly_and_training_is_unchanged(tmp_path):
         with window:
             for call in range(3):
                 pop(*make_data(4, seed=call))
-                backends.append(pop._backend.last)
+                backends.append(pop._dispatch.compiled.last)
         weights[traced] = [p.detach().clone() for p in model.parameters()]
     assert backends == ["compiled", "eager", "compiled"]
     events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]

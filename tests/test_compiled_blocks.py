@@ -43,7 +43,7 @@ def test_four_blocks_train_compiled_as_eager_and_oracle(style, strategy, ga, mod
     calls = [(torch.randn(STEPS * ga * 2, 8), torch.randn(STEPS * ga * 2, 8)) for _ in range(2)]
 
     pop, compiled = train(model, options(strategy, ga, mode, "compiled"), calls)
-    assert pop._backend.last == "compiled"
+    assert pop._dispatch.compiled.last == "compiled"
     assert [b.ipu for b in pop.executionPlan().blocks] == [0, 1, 2, 3]
     _, eager = train(eager_model, options(strategy, ga, mode, "eager"), calls)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
@@ -85,5 +85,5 @@ def test_concurrent_stages_decline_with_their_reason(monkeypatch, warnings_logge
     auto.openpopBackend("auto", compile_after=0.0)
     pop = poptorch.trainingModel(FourBlocks("begin_block"), auto)
     pop(x, t)
-    assert pop._backend.last == "eager"
+    assert pop._dispatch.compiled.last == "eager"
     assert any("OPENPOP_CONCURRENT_STAGES=on" in m for m in warnings_logged())

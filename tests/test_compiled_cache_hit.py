@@ -53,7 +53,7 @@ def test_cache_hits_skip_dynamos_frame_evaluation_and_guards_still_retrace(monke
         torch.testing.assert_close(loss, expected[0], rtol=1e-5, atol=1e-6)
 
     call(0)
-    program_call = pop._backend._program._compiled
+    program_call = pop._dispatch.compiled._program._compiled
     dynamo = program_call._compiled
     program_call._compiled = lambda *args: through_dynamo.append(1) or dynamo(*args)
     call(1)

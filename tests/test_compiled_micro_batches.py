@@ -54,7 +54,7 @@ def test_training_traces_one_forward_whatever_the_micro_batch_count(traced_graph
     for call in range(2):
         x, t = make_data(di * ga * r * 3, seed=call)
         _, losses = pop(x, t)
-        assert pop._backend.last == "compiled"
+        assert pop._dispatch.compiled.last == "compiled"
         ref_losses = train_loop(reference, ref_opt, (x, t), regressor_loss, di, ga, r, "mean")
         torch.testing.assert_close(losses.reshape(-1), ref_losses, rtol=1e-5, atol=1e-6)
     assert [linear_calls(graph) for graph in traced_graphs] == [2]
@@ -69,6 +69,6 @@ def test_inference_replicas_trace_one_forward(traced_graphs):
     pop = poptorch.inferenceModel(model, opts)
     x, t = make_data(2 * 2 * 3)
     out, _ = pop(x, t)
-    assert pop._backend.last == "compiled"
+    assert pop._dispatch.compiled.last == "compiled"
     torch.testing.assert_close(out, model(x, t)[0], rtol=1e-5, atol=1e-6)
     assert [linear_calls(graph) for graph in traced_graphs] == [2]

@@ -46,7 +46,7 @@ def run_both(make_model, make_options, make_optimizer, di, calls=3):
             dynamic = pop._precision.dynamic
             counts = (dynamic.finite_steps, dynamic.skipped_steps) if dynamic else ()
             outs[-1] += (pop._optimizer.loss_scaling, *counts, *(pop.getAnchoredTensor(n) for n in ANCHORS))
-        assert pop._backend.last == backend
+        assert pop._dispatch.compiled.last == backend
         results[backend] = outs, [p.detach().clone() for p in model.parameters()], pop
     return results
 
@@ -84,7 +84,7 @@ def test_autocast_matches_eager(monkeypatch, dtype, automatic):
     assert output.dtype == dtype and loss.dtype == torch.float32  # autocast's dtype flow
     anchored = results["compiled"][0][0][-len(ANCHORS):]
     assert [tuple(a.shape) for a in anchored] == [(4, 8, 6), (2, 2), (2,), (8,), (2, 8)]
-    assert not results["compiled"][2]._backend._program.stepwise
+    assert not results["compiled"][2]._dispatch.compiled._program.stepwise
     if automatic:
         assert [out[2:5] for out in results["compiled"][0]] == [(1024.0, 1, 1), (4096.0, 1, 1), (16384.0, 1, 1)]
     assert_same(results, rtol=1e-2, atol=1e-3)
@@ -106,7 +106,7 @@ def test_half_weights_and_automatic_loss_scaling_match_eager():
                                   accum_type=torch.float16, loss_scaling=2.0 ** 10)
 
     results = run_both(lambda: Regressor().half(), make_options, make_optimizer, di=4)
-    assert results["compiled"][2]._backend._program.stepwise
+    assert results["compiled"][2]._dispatch.compiled._program.stepwise
     assert [out[2:5] for out in results["compiled"][0]] == [(1024.0, 1, 1), (4096.0, 1, 1), (16384.0, 1, 1)]
     assert_same(results, rtol=1e-3, atol=1e-4)
     eager, compiled = (results[b][2]._optimizer.state_dict()["state"] for b in ("eager", "compiled"))

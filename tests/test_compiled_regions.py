@@ -126,10 +126,11 @@ def test_a_region_the_model_does_not_call_gives_way_to_the_regions_under_it():
     pop = training(model)
     x, t = torch.randn(DI * GA * 2, 8), torch.randn(DI * GA * 2)
     pop.compile(x, t)
-    assert pop._backend.regions.regions == [model.wrapper.body]
+    assert pop._dispatch.compiled.regions.regions == [model.wrapper.body]
     graphs = counters["stats"]["unique_graphs"]
     pop(x, t)
-    assert counters["stats"]["unique_graphs"] == graphs and pop._backend.last == "compiled"  # compiled by compile()
+    # compiled by compile()
+    assert counters["stats"]["unique_graphs"] == graphs and pop._dispatch.compiled.last == "compiled"
 
 
 class SharedInside(torch.nn.Module):
@@ -150,7 +151,7 @@ def test_a_module_found_twice_is_one_region_and_the_model_is_left_as_it_was():
     pop = training(model)
     x, t = torch.randn(DI * GA * 2, 8), torch.randn(DI * GA * 2)
     pop(x, t)
-    assert pop._backend.regions.regions == [model.lin, model.wrapper.other]
+    assert pop._dispatch.compiled.regions.regions == [model.lin, model.wrapper.other]
     assert all("forward" not in m.__dict__ for m in model.modules())
 
 
@@ -192,7 +193,7 @@ def test_recomputation_wraps_the_compiled_forwards(monkeypatch):
         losses[backend] = pop(x, t)
         losses[backend + " checkpoints"] = len(checkpoints)
         assert all("forward" not in m.__dict__ for m in model.modules())
-    assert pop._backend.regions.regions == list(model.layers)
+    assert pop._dispatch.compiled.regions.regions == list(model.layers)
     assert losses["compiled checkpoints"] == losses["eager checkpoints"] > 0
     torch.testing.assert_close(losses["compiled"], losses["eager"], rtol=1e-5, atol=1e-6)
 
@@ -211,7 +212,7 @@ def test_training_matches_the_eager_backend_and_a_hand_written_loop():
         hand_losses = train_loop(hand_model, hand_optimizer, (x, t), stack_loss, DI, GA, 1)
         torch.testing.assert_close(compiled_loss, eager_loss, rtol=1e-5, atol=1e-6)
         assert torch.isfinite(hand_losses).all()
-    assert compiled._backend.last == "compiled" and compiled._backend.selection.unit == "regions"
+    assert compiled._dispatch.compiled.last == "compiled" and compiled._dispatch.compiled.selection.unit == "regions"
     # embed, one graph for the three identical layers, head: forward and backward compiled once each
     assert counters["stats"]["unique_graphs"] - graphs == 3
     for ours, theirs in zip(model.parameters(), hand_model.parameters()):
@@ -255,7 +256,7 @@ def test_inference_matches_eager_and_keeps_a_forward_the_user_set():
     with torch.no_grad():
         expected = model(x)
     torch.testing.assert_close(inference(x), expected, rtol=1e-5, atol=1e-6)
-    assert inference._backend.last == "compiled"
+    assert inference._dispatch.compiled.last == "compiled"
     assert model.head.__dict__["forward"] is own
     assert all("forward" not in m.__dict__ for m in model.modules() if m is not model.head)
 
@@ -269,14 +270,14 @@ def test_auto_unit_follows_the_probes_flops_per_op(monkeypatch, per_op, unit):
     x, t = data()
     with logged(logging.INFO) as messages:
         pop(x, t)  # eager: the probe chose the unit and estimated the compile
-    assert pop._backend.last == "eager"
-    assert pop._backend.selection.unit == unit
+    assert pop._dispatch.compiled.last == "eager"
+    assert pop._dispatch.compiled.selection.unit == unit
     assert any(f"unit {unit!r}" in m for m in messages())
-    cost = pop._backend.selection.cost
+    cost = pop._dispatch.compiled.selection.cost
     assert bool(cost.regions) == (unit == "regions")
     if unit == "regions":
         share, graphs = distinct_share(model, find_regions(model))
-        assert (cost.ops, cost.regions) == (round(pop._backend._ops * share), graphs)
+        assert (cost.ops, cost.regions) == (round(pop._dispatch.compiled._ops * share), graphs)
         assert cost.seconds == pytest.approx(compile_cost.FIXED_SECONDS + compile_cost.SECONDS_PER_OP * cost.ops
                                              + compile_cost.REGION_SECONDS * (graphs - 1))
 
@@ -293,7 +294,7 @@ def test_the_executable_cache_remembers_the_unit(monkeypatch, tmp_path):
         pop = poptorch.trainingModel(model, opts, poptorch.optim.SGD(model.parameters(), lr=0.05))
         with logged(logging.INFO) as messages:
             pop(x, t)
-        chosen.append(pop._backend.selection.unit)
+        chosen.append(pop._dispatch.compiled.selection.unit)
     assert chosen == ["regions", "regions"]
     assert any("chosen before for this model" in m for m in messages())
 

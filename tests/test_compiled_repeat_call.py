@@ -48,7 +48,7 @@ def test_repeated_calls_bind_nothing_and_match_the_oracle(binding_calls):
         expected = train_loop(reference, oracle, (x, t), regressor_loss, 1, 1, 1)
         torch.testing.assert_close(calls[-1][1], expected[0], rtol=1e-5, atol=1e-6)
     assert bound == [0]  # only the first call, which compiled the program
-    assert pop._backend.last == "compiled"
+    assert pop._dispatch.compiled.last == "compiled"
     counters = pop.getPerfCounters()  # the one step's timestamps, as on the general path
     assert sorted(counters) == ["input", "input_complete", "output", "output_complete"]
     assert [len(v[0]) for v in counters.values()] == [1] * 4
@@ -82,7 +82,7 @@ def _calls_unlike_the_last(backend, calls):
         pop(*make_data(8, seed=8))
     for key, value in model.state_dict().items():
         assert torch.equal(value, state[key])
-    return [p.detach().clone() for p in model.parameters()], pop._backend.last
+    return [p.detach().clone() for p in model.parameters()], pop._dispatch.compiled.last
 
 
 def test_calls_unlike_the_last_take_the_general_path(binding_calls, warnings_logged):
@@ -115,7 +115,7 @@ def test_repeated_calls_keep_an_inference_model_of_the_same_weights_in_sync():
         with torch.no_grad():
             expected = model(x, t)
         torch.testing.assert_close(inference(x, t)[0], expected[0], rtol=0, atol=0)
-    assert pop._backend.repeat is not None and pop._backend.last == "compiled"
+    assert pop._dispatch.compiled.repeat is not None and pop._dispatch.compiled.last == "compiled"
 
 
 def test_a_repeated_call_that_fails_changes_nothing():
@@ -131,8 +131,8 @@ def test_a_repeated_call_that_fails_changes_nothing():
         x, t = make_data(4, seed=seed)
         pop(x, t)
         train_loop(reference, oracle, (x, t), regressor_loss, 1, 1, 1)
-    assert pop._backend.repeat.plain
-    program = pop._backend._program
+    assert pop._dispatch.compiled.repeat.plain
+    program = pop._dispatch.compiled._program
     run = program._compiled
 
     def fails_after_running(*args):
@@ -203,7 +203,7 @@ def test_repeated_calls_see_every_change_to_the_optimizer(binding_calls):
     step(12)
     step(13)
     assert bound == [0, 12]
-    assert pop._backend.repeat.plain
+    assert pop._dispatch.compiled.repeat.plain
 
 
 def test_repeated_calls_read_parameters_whose_data_was_replaced(binding_calls):
@@ -231,5 +231,5 @@ def test_repeated_calls_read_parameters_whose_data_was_replaced(binding_calls):
         torch.testing.assert_close(calls[-1][1], expected[0], rtol=1e-5, atol=1e-6)
         for a, b in zip(model.parameters(), reference.parameters()):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-    assert bound == [0] and pop._backend.last == "compiled"
+    assert bound == [0] and pop._dispatch.compiled.last == "compiled"
     assert model.fc1.weight.stride() == (1, 8)

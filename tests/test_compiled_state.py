@@ -57,7 +57,7 @@ def train(backend, base, di, ga, r, calls=2, seed=5):
     pop = poptorch.trainingModel(model, options(backend, di, ga, r, seed),
                                  torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
     outs = [pop(*make_data(di * ga * r * 4, seed=call)) for call in range(calls)]
-    assert pop._backend.last == backend
+    assert pop._dispatch.compiled.last == backend
     replicas = pop._executable.replica_buffers
     names = [name for name, _ in model.named_buffers(remove_duplicate=False)]  # the executor's order
     stored = {n: b.clone() for n, b in zip(names, replicas.values[1])} if replicas.per_replica else {}
@@ -136,7 +136,7 @@ def test_eval_inference_draws_nothing_and_keeps_statistics(base):
     x, t = make_data(8)
     rng = torch.get_rng_state()
     out, _, dropped = pop(x, t)
-    assert pop._backend.last == "compiled"
+    assert pop._dispatch.compiled.last == "compiled"
     assert torch.equal(torch.get_rng_state(), rng)
     with torch.no_grad():
         expected = reference(x, t)
@@ -150,7 +150,7 @@ def test_a_failing_call_changes_nothing(compiled):
     """The program's buffers are committed only after it finished; the generators it advanced
     are put back."""
     pop = compiled[4]
-    program = pop._backend._program
+    program = pop._dispatch.compiled._program
     run = program._compiled
 
     def fails_after_running(*args):

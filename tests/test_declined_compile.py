@@ -54,9 +54,9 @@ def test_a_declined_compile_leaves_the_eager_host_call_as_it_was(monkeypatch, ca
     pop(x, y)
     pop(x, y)
     before = python_calls(lambda: pop(x, y))
-    pop._backend.selection.compile_after = 0.0  # the rental is paid: the next call compiles
+    pop._dispatch.compiled.selection.compile_after = 0.0  # the rental is paid: the next call compiles
     pop(x, y)
-    assert pop._backend.selection.declined and pop._backend.last == "eager"
+    assert pop._dispatch.compiled.selection.declined and pop._dispatch.compiled.last == "eager"
     pop(x, y)
     after = python_calls(lambda: pop(x, y))
     name = selection_module.__file__

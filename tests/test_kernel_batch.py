@@ -44,7 +44,7 @@ def test_program_kernels_are_built_as_one_library_and_train_as_eager(tmp_path):
     pop = poptorch.trainingModel(model, opts, poptorch.optim.Adam(model.parameters(), lr=0.01))
     x, t = make_data(2 * 3)
     losses = torch.stack([pop(x, t)[1] for _ in range(2)])
-    assert pop._backend.last == "compiled"
+    assert pop._dispatch.compiled.last == "compiled"
 
     sources = _sources(tmp_path)
     batches = [s for s in sources if "namespace openpop_kernel_0" in s]

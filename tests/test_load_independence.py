@@ -57,7 +57,7 @@ def auto(model, calls=1, compile_after=None):
     x, t = torch.randn(6, 6), torch.randn(6, 2)
     for _ in range(calls):
         pop(x, t)
-    assert pop._backend.last == "eager"
+    assert pop._dispatch.compiled.last == "eager"
     return pop
 
 
@@ -66,7 +66,7 @@ def test_a_small_model_gets_the_program_however_busy_the_machine(fresh, request,
     if load != "idle":
         request.getfixturevalue(load)
     pop = auto(Regressor())
-    backend = pop._backend
+    backend = pop._dispatch.compiled
     flops_per_op = backend._flops / backend._ops
     assert flops_per_op < regions_module.REGIONS_FLOPS_PER_OP["cpu"]
     assert backend.selection.cost.regions == 0  # the estimate is the program's: unit "program"
@@ -77,7 +77,7 @@ def test_the_rental_counts_the_same_eager_seconds_under_load(fresh, slow_clock):
     """Each eager call adds its counted estimate, whatever the clock says; the estimate grows
     with the work of the call (ops and FLOPs of a micro-batch, times the micro-batches)."""
     pop = auto(Regressor(), calls=3, compile_after=1e9)
-    backend = pop._backend
+    backend = pop._dispatch.compiled
     per_call = compile_cost.eager_call_seconds(backend._ops, backend._flops, pop._geometry.batches_per_call, "cpu")
     assert backend.selection.eager_seconds == pytest.approx(3 * per_call)
     assert 0 < per_call < 1  # (the slow clock would have made it 3 x 20 s)
@@ -91,11 +91,11 @@ def test_auto_compiles_at_the_same_call_on_a_busy_machine(fresh, monkeypatch):
             if clock is not None:
                 patch.setattr(time, "perf_counter", clock)
             pop = auto(Regressor(), calls=1, compile_after=1e9)
-            selection = pop._backend.selection
-            selection.compile_after = 4.5 * pop._backend._eager_call_seconds  # between calls 4 and 5
+            selection = pop._dispatch.compiled.selection
+            selection.compile_after = 4.5 * pop._dispatch.compiled._eager_call_seconds  # between calls 4 and 5
             calls = 1
             while not selection.wants_compiled():
-                pop._backend.record_eager(100.0)  # what the executor passes: wall seconds, ignored
+                pop._dispatch.compiled.record_eager()  # an eager call: counted, no wall seconds at all
                 calls += 1
             return calls
 
@@ -117,5 +117,5 @@ class NoRegions(torch.nn.Module):
 def test_auto_never_chooses_regions_for_a_model_without_them(fresh, monkeypatch):
     """A forced compiled run would then raise "a model without regions to compile"."""
     monkeypatch.setitem(regions_module.REGIONS_FLOPS_PER_OP, "cpu", 0.0)  # the rule says regions
-    assert auto(Regressor())._backend.selection.unit == "regions"
-    assert auto(NoRegions())._backend.selection.unit == "program"
+    assert auto(Regressor())._dispatch.compiled.selection.unit == "regions"
+    assert auto(NoRegions())._dispatch.compiled.selection.unit == "program"

@@ -124,7 +124,7 @@ def test_pass_rewrites_large_float32_products_only():
 def test_regions_install_the_pass_by_the_choice(monkeypatch):
     cpu = torch.device("cpu")
     for choice, installed in (("onednn", True), ("aten", False)):
-        monkeypatch.setattr(regions, "gemm_choice", lambda choice=choice: choice)
+        monkeypatch.setattr(onednn_matmuls, "gemm_choice", lambda choice=choice: choice)
         for training in (True, False):
             passes = regions.compile_options(cpu, training).get("post_grad_custom_post_pass")
             assert (passes is not None and OneDnnMatmuls in [type(p) for p in passes]) == installed
@@ -137,7 +137,7 @@ class MlpLoss(Mlp):
 
 
 def test_training_with_onednn_regions_matches_eager_and_a_hand_loop(monkeypatch):
-    monkeypatch.setattr(regions, "gemm_choice", lambda: "onednn")
+    monkeypatch.setattr(onednn_matmuls, "gemm_choice", lambda: "onednn")
     torch.manual_seed(0)
     model = MlpLoss()
     eager_model, hand_model = copy.deepcopy(model), copy.deepcopy(model)
@@ -150,7 +150,7 @@ def test_training_with_onednn_regions_matches_eager_and_a_hand_loop(monkeypatch)
     executors[0].compile(x, t)
     with torch.profiler.profile() as profile:
         compiled_losses = executors[0](x, t)
-    assert executors[0]._backend.last == "compiled"
+    assert executors[0]._dispatch.compiled.last == "compiled"
     calls = {e.key: e.count for e in profile.key_averages()}
     assert calls.get("openpop::onednn_linear", 0) == 2 * 2 * (2 + 3)  # DI x GA x (forward 2, backward 3)
     eager_losses = executors[1](x, t)

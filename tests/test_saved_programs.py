@@ -51,10 +51,10 @@ def train(activation, backend, cache=None, calls=3, flip_after=None):
         if call == flip_after:
             model.activation = "tanh"
         losses.append(executor(*data())[1].tolist())
-    program = getattr(executor._backend, "_program", None)
+    program = getattr(executor._dispatch.compiled, "_program", None)
     saved = getattr(program, "saved", None)
     return {"losses": losses, "weights": [p.tolist() for p in model.parameters()],
-            "source": getattr(saved, "source", None), "probed_on": executor._backend.probed_on,
+            "source": getattr(saved, "source", None), "probed_on": executor._dispatch.compiled.probed_on,
             "executor": executor}
 
 
@@ -112,7 +112,7 @@ def test_a_value_the_trace_read_changing_between_calls_retraces(tmp_path, monkey
     assert_same(compiled, train("relu", "eager", calls=2, flip_after=1), exact=False)
 
     executor = compiled["executor"]
-    program, digest = executor._backend._program, executor._backend._ops_digest
+    program, digest = executor._dispatch.compiled._program, executor._dispatch.compiled._ops_digest
     key = program_key(executor, program, digest, {})
     assert program_key(executor, program, digest, {}) == key
     monkeypatch.setattr(compile_cost, "program_source", lambda: "other openpop")

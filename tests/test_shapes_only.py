@@ -80,15 +80,15 @@ def built(model, cache=None, features=6, outputs=2):
 def test_a_probe_on_shapes_reports_what_a_real_probe_reports(model_class, tmp_path):
     model = model_class()
     pop, inputs = built(model, tmp_path, *((8, 8) if model_class is Attention else ()))
-    backend = pop._backend
+    backend = pop._dispatch.compiled
     state = [b.clone() for b in model.buffers()], torch.random.get_rng_state()
-    shaped = backend._probe(pop, inputs, pop._executable, ShapesOnly())
+    shaped = backend._probe(pop._view, inputs, pop._executable, ShapesOnly())
     ops = backend._ops, backend._ops_digest
     for before, after in zip(state[0], model.buffers()):
         assert torch.equal(before, after)  # (the counter ran for real under the fake mode: restored)
     assert torch.equal(state[1], torch.random.get_rng_state())
 
-    real = backend._probe(pop, inputs, pop._executable)
+    real = backend._probe(pop._view, inputs, pop._executable)
     assert shaped == real
     assert (backend._ops, backend._ops_digest) == ops
     if model_class is Stateful:
@@ -100,31 +100,31 @@ def test_a_probe_on_shapes_reports_what_a_real_probe_reports(model_class, tmp_pa
 
 def test_a_saved_program_is_found_without_a_real_probe(tmp_path):
     pop, inputs = built(Stateful(), tmp_path)
-    program = pop._backend._program_for(pop, inputs, pop._executable)
-    assert pop._backend.probed_on == "values"  # nothing saved: the real probe says what is compiled
+    program = pop._dispatch.compiled._program_for(pop._view, inputs, pop._executable)
+    assert pop._dispatch.compiled.probed_on == "values"  # nothing saved: the real probe says what is compiled
     leave_saved(program)
 
     pop, inputs = built(Stateful(), tmp_path)
-    again = pop._backend._program_for(pop, inputs, pop._executable)
-    assert pop._backend.probed_on == "shapes" and again.saved.path == program.saved.path
+    again = pop._dispatch.compiled._program_for(pop._view, inputs, pop._executable)
+    assert pop._dispatch.compiled.probed_on == "shapes" and again.saved.path == program.saved.path
 
     pop, inputs = built(Stateful("tanh"), tmp_path)
-    other = pop._backend._program_for(pop, inputs, pop._executable)
-    assert pop._backend.probed_on == "values" and other.saved.path != program.saved.path
+    other = pop._dispatch.compiled._program_for(pop._view, inputs, pop._executable)
+    assert pop._dispatch.compiled.probed_on == "values" and other.saved.path != program.saved.path
 
     pop, inputs = built(Stateful(dropout=0.0), tmp_path)  # same ops but no draw: another program
-    other = pop._backend._program_for(pop, inputs, pop._executable)
+    other = pop._dispatch.compiled._program_for(pop._view, inputs, pop._executable)
     assert other.saved.path != program.saved.path
 
 
 def test_a_model_fake_tensors_cannot_run_is_probed_for_real(tmp_path):
     pop, inputs = built(ReadsAValue(), tmp_path)
-    assert pop._backend._probe_shapes(pop, inputs, pop._executable) is None
-    program = pop._backend._program_for(pop, inputs, pop._executable)
+    assert pop._dispatch.compiled._probe_shapes(pop._view, inputs, pop._executable) is None
+    program = pop._dispatch.compiled._program_for(pop._view, inputs, pop._executable)
     leave_saved(program)
     pop, inputs = built(ReadsAValue(), tmp_path)
-    assert pop._backend._program_for(pop, inputs, pop._executable).saved.path == program.saved.path
-    assert pop._backend.probed_on == "values"
+    assert pop._dispatch.compiled._program_for(pop._view, inputs, pop._executable).saved.path == program.saved.path
+    assert pop._dispatch.compiled.probed_on == "values"
 
 
 @pytest.mark.parametrize("model_class", [Stateful, ReadsAValue])

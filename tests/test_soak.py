@@ -69,7 +69,7 @@ def test_host_calls_keep_memory_fds_and_objects_flat(backend, one_thread):
     before = _state()
     calls(400)
     after = _state()
-    assert training._backend.last == backend
+    assert training._dispatch.compiled.last == backend
     assert after["fds"] == before["fds"]
     assert after["shm"] == before["shm"]
     # Any Python object kept per call (a tensor, a trace record, a cache entry) shows here: the
@@ -177,7 +177,7 @@ def test_a_dropped_compiled_model_releases_its_program(one_thread):
         training = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.01))
         for seed in range(3):
             training(*(torch.randn(16, n, generator=torch.Generator().manual_seed(seed)) for n in (32, 4)))
-        assert training._backend.last == "compiled"
+        assert training._dispatch.compiled.last == "compiled"
 
     build_run_drop()
     graphs, guards = _live("GraphModule"), _live("CheckFunctionManager")

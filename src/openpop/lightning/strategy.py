@@ -281,7 +281,7 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
         executor = trainingModel(self._step_module, self._options.training, optimizer)
         per_step = PerStepHooks(trainer, optimizer, self.precision_plugin, self._options.training.device_iterations,
                                 self._options.training.Training.gradient_accumulation,
-                                lambda: getattr(executor._precision.dynamic, "skipped_steps", 0))
+                                executor.skippedSteps)
         return executor, per_step
 
     @override
@@ -454,7 +454,7 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
             _rank_zero.rank_zero_warn(message)
         if runner.training:
             self._options.training = options
-            return trainingModel(self._step_module, options, runner.executor._optimizer)
+            return trainingModel(self._step_module, options, runner.executor.getOptimizer())
         self._options.inference = options
         return inferenceModel(self._step_module, options)
 

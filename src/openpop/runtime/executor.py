@@ -3,11 +3,12 @@ optimizer steps (training) or batches (inference), each over ``gradient_accumula
 micro-batches, then returns the outputs chosen by the output mode.
 
 Compiling (the first call) traces one micro-batch into an ``Executable`` (``executable.py``)
-and opens a ``DeviceSession`` (``session.py``: placement, replicas, locks); a schedule
-(``schedules.py``) runs each step's micro-batches, a ``GradientReduction`` (``gradients.py``)
-turns their gradients into the step's, and the optimizer applies it.
+and opens a ``DeviceSession`` (``session.py``: placement, replicas, locks). Each host call then
+goes to ``dispatch.py``, which runs it on a backend (``backend_contract.py``): the eager one
+(``eager.py``: the schedule runs each step's micro-batches, a ``GradientReduction`` turns their
+gradients into the step's, the optimizer applies it) or the compiled one (``compiled/``), which
+see the executor only through a read-only ``CallView`` (``call_view.py``).
 """
-import contextlib
 import copy
 import datetime
 import inspect
@@ -18,22 +19,22 @@ import torch
 from .. import errors
 from ..enums import ConnectionType, MeanReductionStrategy
 from ..log import logger
-from . import context, messages, trace
+from . import messages
 from .anchors import AnchoredTensors
 from .args import BoundInputs, InputSignature, prepare_tensors
+from .backend_contract import DECLINED
+from .call_view import CallView
 from .compile_cache import CompileCache
-from .compiled import DECLINED, REGIONS, CompiledBackend
 from .compiled.onednn_matmuls import setting_from_env as gemm_setting_from_env
+from .dispatch import Dispatch
 from .distributed_reduce import GlobalReplication, check_job_replicas
 from .executable import Executable, trace_model
-from .gradients import GradientReduction, MeanPolicy, ReplicaSum
 from .host_memory import retain_freed_memory, setting_from_env
-from .outputs import OutputCollector
-from .perf import PerfRecorder, as_counters, empty_counters, latency
+from .perf import as_counters, empty_counters, latency
 from .precision import RunPrecision
 from .progress import CompilationProgress
 from .saved import read_saved_executor, write_saved_executor
-from .schedules import CallState, MicroBatchInputs, schedule_for
+from .schedules import schedule_for
 from .session import DeviceSession, move_optimizer_state
 from .settings import RunSettings, executor_options
 from .weights import CopiedWeights, SharedWeights, registered_tensors
@@ -68,10 +69,9 @@ class PoplarExecutor:
         self._processes = None   # GlobalReplication or SingleProcess (training), once compiled
         self._warned = set()
         self._signature = inspect.signature(model.forward)
-        self._perf = empty_counters()
         self._precision = RunPrecision(run_options)
-        self._last_run_seconds = None
-        self._backend = CompiledBackend(run_options)
+        self._dispatch = Dispatch(run_options)
+        self._view = CallView(self)  # what the backends see of this executor
         self._compile_seconds = 0.0
         self._optimizer_snapshot = None  # constant optimizer attributes as compiled (training)
         self._compile_cache = compile_cache  # for compile_cache_for() around torch.compile
@@ -149,7 +149,7 @@ class PoplarExecutor:
         model, settings = self._model, self._settings
         weights = SharedWeights(model) if self._training else CopiedWeights(model, torch.device("cpu"))
         # A compiled program from the executable cache needs no values from the trace (shapes_only.py)
-        shapes_only = self._compile_cache is not None and self._backend.selection.wants_compiled()
+        shapes_only = self._compile_cache is not None and self._dispatch.compiled.selection.wants_compiled()
         traced = trace_model(model, inputs, settings, self._precision, weights, shapes_only)
         with weights.active():
             anchors = AnchoredTensors(settings.anchored_tensors, model, settings.output_mode,
@@ -170,23 +170,25 @@ class PoplarExecutor:
             self._processes.join(model, self._optimizer)
         self._executable, self._session = executable, session
         self._schedule = schedule_for(settings, executable, session, self._precision)
-        backend_seconds = self._backend.compile_seconds
-        if self._backend.selection.wants_compiled() and settings.connection_type != ConnectionType.Never:
+        compiled = self._dispatch.compiled
+        backend_seconds = compiled.compile_seconds
+        if compiled.selection.wants_compiled() and settings.connection_type != ConnectionType.Never:
             if ahead_callers is None:
-                self._backend.progress, bar = bar, None
+                compiled.take_progress(bar)
+                bar = None
             else:
                 self._compile_ahead(inputs, ahead_callers)
         if bar is not None:
             bar.finish()
         run_post_compile_hooks()
         # (the backend's compile counts in compileSeconds() as the backend's)
-        self._compile_seconds = time.perf_counter() - started - (self._backend.compile_seconds - backend_seconds)
+        self._compile_seconds = time.perf_counter() - started - (compiled.compile_seconds - backend_seconds)
 
     def _compile_ahead(self, inputs: BoundInputs, callers) -> None:
         """The compiled backend's program compiled now; a failure leaves the executor uncompiled."""
         try:
             self._session.move_inputs(inputs, callers)
-            self._backend.compile_ahead(self, inputs, self._executable)
+            self._dispatch.compile_ahead(self._view, inputs, self._executable)
         except BaseException:
             self._executable = self._session = self._schedule = None
             raise
@@ -218,9 +220,8 @@ class PoplarExecutor:
 
     # ------------------------------------------------------------------ running
     def __call__(self, *args, **kwargs):
-        repeat = self._backend.repeat  # a call like the last compiled one: few checks (compiled/repeat_call.py)
-        if repeat is not None and not kwargs:
-            result = repeat.run(self, args)
+        if not kwargs:  # a call like the last compiled one: few checks (compiled/repeat_call.py)
+            result = self._dispatch.repeat(self._view, args)
             if result is not DECLINED:
                 return result
         if self._settings.connection_type == ConnectionType.Never:
@@ -237,68 +238,9 @@ class PoplarExecutor:
         session.move_inputs(inputs, callers)
         if not self._training:
             session.upload_weights_if_stale()
-        # The compiled backend runs the call unless it declines, or unless the call is traced: a
-        # compiled program has no stages to trace, so traced calls run eagerly (same results).
-        result = DECLINED if trace.records_next_call(self) else self._backend.run(self, inputs, self._executable)
-        self._backend._finish_progress()  # (a traced first call: the executor's compile is over)
-        regions = result is REGIONS  # the eager host call with the model's compiled regions (compiled/regions.py)
-        if result is not DECLINED and not regions:
-            trace.count_untraced_call(self)
-            callers.write_back()
-            return result
-        started = time.perf_counter()
-        host_call = session.host_call(self._optimizer, self._precision) if self._training else contextlib.nullcontext()
-        with session.running(self._training, self._precision, host_call), \
-                contextlib.nullcontext() if self._training else torch.no_grad(), \
-                self._backend.regions.installed(self._optimizer) if regions else contextlib.nullcontext():
-            result = self._run(inputs, self._executable, host_call)
-        self._last_run_seconds = time.perf_counter() - started
-        self._backend.record_eager(self._last_run_seconds, regions)
+        result = self._dispatch.run(self._view, inputs, self._executable)
         callers.write_back()
         return result
-
-    @trace.host_call
-    def _run(self, inputs: BoundInputs, executable: Executable, host_call):
-        """One host call: per step, the schedule runs its micro-batches, the gradient reduction
-        says whether the optimizer applies the step, anchors and outputs are collected."""
-        geometry, schedule = self._geometry, self._schedule
-        call = CallState(MicroBatchInputs(inputs, geometry), OutputCollector(
-            self._settings.output_mode, self._settings.output_return_period, geometry), self._gradients())
-        perf = PerfRecorder()
-        executable.anchors.start_call()
-        for step in range(geometry.device_iterations):
-            perf.start()
-            context.begin_step()
-            schedule.start_step(call)
-            schedule.step(call, step)
-            if schedule.finish_step(call):
-                with trace.span("optimizer_step"):
-                    host_call.update(step, self._precision.optimizer_step, self._optimizer)
-            if executable.anchors:
-                executable.replica_buffers.switch_to(0)  # anchored buffers are replica 0's, as the host's
-                executable.anchors.record(step, geometry.device_iterations)
-            perf.computed()
-        schedule.finish_call(call)
-        executable.replica_buffers.switch_to(0)
-        executable.anchors.finish_call()
-        with trace.span("output_collection"):
-            result = call.collector.result()
-        self._perf = perf.finish()
-        return result
-
-    def _gradients(self):
-        """This call's gradient reduction (training; None for inference)."""
-        if not self._training:
-            return None
-        optimizer, executable = self._optimizer, self._executable
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        scaler = self._precision.loss_scaler(optimizer)
-        replicas = self._session.replicas
-        policy = MeanPolicy.choose(self._settings, params, scaler.automatic, replicas.own_weights)
-        return GradientReduction(
-            policy, self._geometry.micro_batches_per_step, params, scaler, trainable=executable.trainable,
-            replica_sum=ReplicaSum(replicas, self._processes, executable.trainable,
-                                   self._geometry.micro_batches_per_step))
 
     # ------------------------------------------------------------------ weights
     def _require_compiled(self):
@@ -388,6 +330,19 @@ class PoplarExecutor:
                 optimizer.state[param] = state
         self._optimizer = optimizer
 
+    def getOptimizer(self):
+        """openpop extension: the optimizer the next step applies (the last ``setOptimizer``'s).
+
+        Returns:
+            torch.optim.Optimizer: None for an inference model.
+        """
+        return self._optimizer
+
+    def skippedSteps(self) -> int:
+        """openpop extension: how many optimizer steps automatic loss scaling has skipped so far
+        (their gradients were not finite); 0 without it."""
+        return getattr(self._precision.dynamic, "skipped_steps", 0)
+
     def _snapshot_options(self):
         return {"force_variable": ["loss_scaling"] if self._settings.automatic_loss_scaling else ()}
 
@@ -433,7 +388,7 @@ class PoplarExecutor:
         if self._session is not None:
             self._session.close(self._optimizer)
         self._executable = self._session = self._schedule = self._processes = None
-        self._backend.reset()
+        self._dispatch.reset()
         if self._training:
             unwrap(self._user_model, self)
 
@@ -484,7 +439,7 @@ class PoplarExecutor:
     def compileSeconds(self):
         """openpop extension: seconds the compile pass took (None before compile); unlike
         ``compilationTime()`` it does not need the progress bar option."""
-        return None if self._executable is None else self._compile_seconds + self._backend.compile_seconds
+        return None if self._executable is None else self._compile_seconds + self._dispatch.compiled.compile_seconds
 
     def executionPlan(self):
         """openpop extension: the ``ExecutionPlan`` (blocks, stages, IPUs, devices) built at
@@ -495,13 +450,18 @@ class PoplarExecutor:
         """Wall time of the last host call in cycles of a 1.85 GHz IPU clock (there is no IPU)."""
         if not self._settings.cycle_counter:
             raise errors.createPoptorchError(errors.CYCLE_COUNT_DISABLED)
-        if self._last_run_seconds is None:
+        seconds = self._dispatch.last_run_seconds
+        if seconds is None:
             raise errors.createPoptorchError(errors.CYCLE_COUNT_NOT_RUN)
-        return int(self._last_run_seconds * 1.85e9)
+        return int(seconds * 1.85e9)
+
+    def _perf_counters(self) -> dict:
+        perf = self._dispatch.last_run
+        return empty_counters() if perf is None else as_counters(perf)
 
     def getPerfCounters(self):
         """Per-step timestamps (seconds since the epoch) of the last host call, by input tensor."""
-        return copy.deepcopy(as_counters(self._perf))
+        return copy.deepcopy(self._perf_counters())
 
     def getHostIpuLatency(self):
         """Latency of the last call's steps, from the inputs' arrival to their transfer's end (host to device).
@@ -509,7 +469,7 @@ class PoplarExecutor:
         Returns:
             tuple: ``(minimum, maximum, mean)`` seconds over the steps; zeros before a call.
         """
-        return latency(as_counters(self._perf), "input", "input_complete")
+        return latency(self._perf_counters(), "input", "input_complete")
 
     def getComputeLatency(self):
         """Latency of the last call's steps, from the inputs' transfer's end to the outputs (compute).
@@ -517,7 +477,7 @@ class PoplarExecutor:
         Returns:
             tuple: ``(minimum, maximum, mean)`` seconds over the steps; zeros before a call.
         """
-        return latency(as_counters(self._perf), "input_complete", "output")
+        return latency(self._perf_counters(), "input_complete", "output")
 
     def getIpuHostLatency(self):
         """Latency of the last call's steps, from the outputs to their transfer's end (device to host).
@@ -525,7 +485,7 @@ class PoplarExecutor:
         Returns:
             tuple: ``(minimum, maximum, mean)`` seconds over the steps; zeros before a call.
         """
-        return latency(as_counters(self._perf), "output", "output_complete")
+        return latency(self._perf_counters(), "output", "output_complete")
 
     def getLatency(self):
         """Latency of the last call's steps, from the inputs' arrival to the outputs' transfer's end.
@@ -533,7 +493,7 @@ class PoplarExecutor:
         Returns:
             tuple: ``(minimum, maximum, mean)`` seconds over the steps; zeros before a call.
         """
-        return latency(as_counters(self._perf), "input", "output_complete")
+        return latency(self._perf_counters(), "input", "output_complete")
 
     def getAnchoredTensor(self, short_name: str):
         """The tensor anchored as ``short_name`` (``Options.anchorTensor``) by the last call."""

@@ -27,6 +27,7 @@ REGIONS_CONCURRENT = ("pipelined stages that run concurrently with the compiled 
                       "micro-batches one after another (use unit='program' or 'auto')")
 UNIT_REMEMBERED = "openpop compiled backend: unit %r (chosen before for this model, executable cache %s)"
 UNIT_CHOSEN = "openpop compiled backend: unit %r (the probe micro-batch does %.3g FLOPs per aten op)"
+HOST_CALLS_RUN_ON = "openpop host calls run on the %s backend (%s)"
 COMPILED_FORCED = ("Options.openpopBackend('compiled') cannot run this model: {reason}. "
                    "Use openpopBackend('auto') or 'eager' to run it eagerly.")
 AUTO_COMPILES = ("openpop auto backend: compiling this model now: its eager host calls took %.1f s, the "
@@ -97,6 +98,8 @@ CPU_GEMM_CHOICE = ("compiled float32 GEMMs on this CPU: aten {aten:.0f} vs oneDN
                    "({env}=onednn|aten overrides)")
 GENERATOR_STATE_BYTES = ("a CPU generator state of {size} bytes, not at least {expected}: not the layout the dropout "
                          "mask kernel reads (aten's bernoulli_ stays)")
+UNKNOWN_PASS = ("{env}={value!r} names {unknown}, not an openpop pass: set it to a comma-separated list of "
+                "{known} (or unset it)")
 CPU_GEMM_NO_ONEDNN = "{env}=onednn: this torch has no oneDNN (torch.backends.mkldnn); compiled GEMMs stay aten's"
 HOST_MEMORY_ENV = "{env}={value!r} is not valid: set it to auto, retain or release (or unset it for auto)."
 HOST_MEMORY_RETAINED = ("host memory: freed memory stays in the process (glibc {version}: mallopt M_MMAP_MAX 0, "

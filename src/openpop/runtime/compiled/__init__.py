@@ -12,7 +12,7 @@
 * ``backend.py``         ``CompiledBackend.run``: what the executor calls
 * ``repeat_call.py``     the executor's fast path for a host call like the last compiled one
 """
+from ..backend_contract import DECLINED, REGIONS
 from .backend import CompiledBackend
-from .selection import DECLINED, REGIONS
 
 __all__ = ["DECLINED", "REGIONS", "CompiledBackend"]

@@ -24,10 +24,11 @@ import operator
 
 import torch
 
+from ...torch_compat import flash_attention_cpu_backward
 from .graph_pass import SourceKeyedPass
 
 MAX_SCORES = 128 * 128
-FLASH_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+FLASH_BACKWARD = flash_attention_cpu_backward
 
 
 def attention_backward(grad_out, query, key, value, out, logsumexp, is_causal=False, attn_mask=None, scale=None):
@@ -74,7 +75,7 @@ def _arguments(node):
 
 def _rewrite(module) -> bool:
     """Rewrite the eligible nodes of ``module``'s graph in place; True if any was."""
-    from torch._inductor.pattern_matcher import fwd_only
+    from ...torch_compat import fwd_only
     graph, changed = module.graph, False
     for node in list(graph.find_nodes(op="call_function", target=FLASH_BACKWARD)):
         found = _arguments(node)

@@ -32,7 +32,9 @@ from torch.utils.hooks import RemovableHandle
 
 from ... import errors
 from ...log import logger
+from ...torch_compat import set_grad_enabled
 from .. import context, messages
+from ..backend_contract import DECLINED, REGIONS, Backend
 from ..compile_cache import compile_cache_for
 from ..perf import UniformCounters
 from ..progress import CompilationProgress
@@ -59,13 +61,16 @@ from .program_options import compile_kwargs, forward_contexts
 from .regions import CompiledRegions, distinct_share, find_regions, regions_pay
 from .repeat_call import RepeatCall
 from .saved_programs import DIRECTORY, SUFFIX, SavedProgram, program_key
-from .selection import DECLINED, REGIONS, Selection
+from .selection import Selection
 
 
-class CompiledBackend:
+class CompiledBackend(Backend):
     """One executor's compiled backend (see the module docstring)."""
 
+    name = "compiled"
+
     def __init__(self, options):
+        super().__init__()
         self.selection = Selection.from_options(options)
         self._program = None
         self._arguments = None  # ProgramArguments of _program
@@ -83,7 +88,7 @@ class CompiledBackend:
         self._eager_call_seconds = None  # a host call's cost estimated from the probe (the ski rental)
         self.regions = None  # CompiledRegions, once the unit "regions" has compiled
 
-    def record_eager(self, seconds: float, regions: bool = False) -> None:
+    def record_eager(self, regions: bool = False) -> None:
         """A host call the eager backend ran: on its own, or with the compiled ``regions``."""
         if regions:
             self.last = "compiled"
@@ -93,64 +98,73 @@ class CompiledBackend:
         self.selection.record_eager(compile_cost.UNPROBED_CALL_SECONDS if estimate is None else estimate)
         self.last = "eager"
 
+    def take_progress(self, bar) -> None:
+        """The executor's compile bar, finished by the host call that compiles the program (or by
+        ``finish_progress`` when that call runs eagerly)."""
+        self.progress = bar
+
+    def eager_context(self, call):
+        """The compiled regions installed (``regions.py``) for a host call the eager backend runs."""
+        return self.regions.installed(call.optimizer)
+
     def reset(self) -> None:
         """The executor was destroyed: its programs go too."""
         self._program = self._arguments = self.repeat = None
         self._key = None
         self.regions = None
 
-    def run(self, executor, inputs, compiled):
+    def run(self, call, inputs, compiled):
         if self.selection.needs_estimate:
-            self._estimate(executor, inputs, compiled)
+            self._estimate(call, inputs, compiled)
         if not self.selection.wants_compiled():
-            self._finish_progress()
+            self.finish_progress()
             return DECLINED
         if saved_tensor_hooks_active():  # this call only, as a trace window's calls
             if not self._told_saved_tensor_hooks:
                 logger.warning(messages.EAGER_SAVED_TENSOR_HOOKS)
                 self._told_saved_tensor_hooks = True
-            self._finish_progress()
+            self.finish_progress()
             return DECLINED
-        if self._unit(executor, inputs, compiled) == "regions":
-            return self._compile_regions(executor, inputs, compiled)
-        return self._run(executor, inputs, compiled, dry_run=False)
+        if self._unit(call, inputs, compiled) == "regions":
+            return self._compile_regions(call, inputs, compiled)
+        return self._run(call, inputs, compiled, dry_run=False)
 
-    def compile_ahead(self, executor, inputs, compiled) -> None:
+    def compile_ahead(self, call, inputs, compiled) -> None:
         """``compile()``: build and compile the program now, changing nothing (module docstring)."""
         if self.selection.wants_compiled():
-            if self._unit(executor, inputs, compiled) == "regions":
-                self._compile_regions(executor, inputs, compiled)
+            if self._unit(call, inputs, compiled) == "regions":
+                self._compile_regions(call, inputs, compiled)
                 return
             rng = RngState()
             try:
-                self._run(executor, inputs, compiled, dry_run=True)
+                self._run(call, inputs, compiled, dry_run=True)
             finally:
                 rng.restore()
 
-    def _run(self, executor, inputs, compiled, dry_run):
+    def _run(self, call, inputs, compiled, dry_run):
         changed = [module for module, mode in compiled.training_flags if module.training != mode]
         with _compiled_modes(changed) if changed else contextlib.nullcontext():
             try:
-                program = self._program_for(executor, inputs, compiled)
+                program = self._program_for(call, inputs, compiled)
             except Ineligible as exc:
-                self._finish_progress()
+                self.finish_progress()
                 return self._decline(str(exc))
             only = program.compiler.compiling_only() if dry_run else contextlib.nullcontext()
             if program.ran:  # (compiled and has run once)
                 with only:
-                    result = self.run_tensors(executor, self._arguments.tensors(inputs), compiled, program, dry_run)
+                    result = self.run_tensors(call, self._arguments.tensors(inputs), compiled, program, dry_run)
                 if not dry_run and result is not DECLINED:
-                    self._expect_repeats(executor, inputs, compiled, program)
+                    self._expect_repeats(call, inputs, compiled, program)
                 return result
             compiling = not program.compiled  # (else compile() compiled it without running it)
             progress, handed = self.progress, self.progress is not None
-            if progress is None and compiling and not dry_run and executor._settings.show_compilation_progress_bar:
+            if progress is None and compiling and not dry_run and call.settings.show_compilation_progress_bar:
                 progress = CompilationProgress()
             self.progress = None
             started = time.perf_counter()
             try:  # torch.compile compiles now: with the executable cache, if enabled
-                with compile_cache_for(executor._compile_cache), _torch_warnings_ignored(), only:
-                    result = self._execute(executor, self._arguments.tensors(inputs), compiled, program, dry_run)
+                with compile_cache_for(call.compile_cache), _torch_warnings_ignored(), only:
+                    result = self._execute(call, self._arguments.tensors(inputs), compiled, program, dry_run)
             except Exception as exc:  # torch.compile's errors have many types
                 self.reset()
                 if handed and not self.selection.forced:  # the executor's compile itself succeeded
@@ -162,59 +176,59 @@ class CompiledBackend:
         program.compiled = True
         program.ran = program.ran or not dry_run
         if compiling:
-            self._compiled(executor)
+            self._compiled(call)
         if progress is not None:
             progress.finish()
         if not dry_run:
-            self._expect_repeats(executor, inputs, compiled, program)
+            self._expect_repeats(call, inputs, compiled, program)
         return result
 
     # ------------------------------------------------------------------ the unit
-    def _unit(self, executor, inputs, compiled) -> str:
+    def _unit(self, call, inputs, compiled) -> str:
         """``"program"`` or ``"regions"`` (``selection.py``), chosen once: ``auto`` from the
         probe's FLOPs per aten op, counted, not timed (a model the probe rejects, or one without
         regions to compile, gets the program, which declines the first)."""
         unit = self.selection.unit
         if unit != "auto":
             return unit
-        cache = executor._compile_cache  # (the executable cache remembers the choice: no probe then)
-        unit = compile_cost.remembered_unit(executor, inputs, cache) if cache is not None else None
-        if unit == "regions" and executor._schedule.concurrent:  # (not in the marker's key)
+        cache = call.compile_cache  # (the executable cache remembers the choice: no probe then)
+        unit = compile_cost.remembered_unit(call, inputs, cache) if cache is not None else None
+        if unit == "regions" and call.schedule.concurrent:  # (not in the marker's key)
             unit = None
         if unit is not None:
             logger.info(messages.UNIT_REMEMBERED, unit, cache.path)
         else:
             if self._flops is None:
                 try:
-                    self._probe(executor, inputs, compiled)
+                    self._probe(call, inputs, compiled)
                 except Exception:  # Ineligible, or the model's own error: the program path says which
                     self.selection.unit = "program"
                     return "program"
             per_op = self._flops / max(self._ops, 1)
-            unit = "regions" if regions_pay(per_op, _device_type(executor)) and not executor._schedule.concurrent \
-                and find_regions(executor._model) else "program"
+            unit = "regions" if regions_pay(per_op, _device_type(call)) and not call.schedule.concurrent \
+                and find_regions(call.model) else "program"
             logger.info(messages.UNIT_CHOSEN, unit, per_op)
             if cache is not None:
-                compile_cost.remember_unit(executor, inputs, cache, unit)
+                compile_cost.remember_unit(call, inputs, cache, unit)
         self.selection.unit = unit
         return unit
 
-    def _compile_regions(self, executor, inputs, compiled):
+    def _compile_regions(self, call, inputs, compiled):
         """The unit ``regions``: compiled at the first call (``regions.py``); returns ``REGIONS``, the
         executor then runs the host call eagerly with the compiled regions installed."""
         if self.regions is not None:
             return REGIONS
-        if executor._schedule.concurrent:
-            self._finish_progress()
+        if call.schedule.concurrent:
+            self.finish_progress()
             return self._decline(messages.REGIONS_CONCURRENT)
         progress, self.progress = self.progress, None
-        if progress is None and executor._settings.show_compilation_progress_bar:
+        if progress is None and call.settings.show_compilation_progress_bar:
             progress = CompilationProgress()
         started = time.perf_counter()
-        regions = CompiledRegions(executor._session.replicas.models, executor._training)
+        regions = CompiledRegions(call.session.replicas.models, call.training)
         try:
-            with compile_cache_for(executor._compile_cache), _torch_warnings_ignored():
-                regions.compile(executor, inputs, compiled)
+            with compile_cache_for(call.compile_cache), _torch_warnings_ignored():
+                regions.compile(call, inputs, compiled)
         except Exception as exc:  # torch.compile's errors have many types
             return self._decline(messages.INELIGIBLE_REGIONS.format(error=_first_line(exc)), exc)
         finally:
@@ -224,60 +238,60 @@ class CompiledBackend:
         if not regions.regions:
             return self._decline(messages.REGIONS_NONE)
         self.regions = regions
-        self._compiled(executor)
+        self._compiled(call)
         return REGIONS
 
-    def _expect_repeats(self, executor, inputs, compiled, program):
+    def _expect_repeats(self, call, inputs, compiled, program):
         """After a compiled call on the general path: the next call like it takes the fast path
         (``repeat_call.py``), with what this call found (program, optimizer, hooks seen)."""
-        possible = RepeatCall.possible(executor, inputs, compiled)
-        self.repeat = RepeatCall(self, executor, inputs, compiled, program) if possible else None
+        possible = RepeatCall.possible(call, inputs, compiled)
+        self.repeat = RepeatCall(self, call, inputs, compiled, program) if possible else None
 
-    def _estimate(self, executor, inputs, compiled):
+    def _estimate(self, call, inputs, compiled):
         """``auto``: what compiling this model will cost, from a counted probe (``compile_cost.py``).
         A model that fails the checks, or whose probe raises (the eager call then shows the error
         as it always did), gets no estimate; compiling it declines it later, as before."""
         changed = [module for module, mode in compiled.training_flags if module.training != mode]
         with _compiled_modes(changed) if changed else contextlib.nullcontext():
             try:
-                self._probe(executor, inputs, compiled)
+                self._probe(call, inputs, compiled)
             except Exception:  # Ineligible, or the model's own error
                 self.selection.set_cost(None)
                 return
-        loops = not forward_contexts(executor)[1]
+        loops = not forward_contexts(call)[1]
         regions = None
-        if self._unit(executor, inputs, compiled) == "regions":
-            share, graphs = distinct_share(executor._model, find_regions(executor._model))
-            fused = executor._training and FusedUpdate.supports(executor._optimizer)  # (its kernel: one more)
+        if self._unit(call, inputs, compiled) == "regions":
+            share, graphs = distinct_share(call.model, find_regions(call.model))
+            fused = call.training and FusedUpdate.supports(call.optimizer)  # (its kernel: one more)
             regions = (share, graphs + fused)
-        self.selection.set_cost(compile_cost.estimate(executor, self._ops, executor._compile_cache, loops, regions))
+        self.selection.set_cost(compile_cost.estimate(call, self._ops, call.compile_cache, loops, regions))
 
-    def _probe(self, executor, inputs, compiled, shapes=None):
+    def _probe(self, call, inputs, compiled, shapes=None):
         """``eligibility.counted_probe``, its ops hashed with the executable cache on; ``shapes``:
         on fake tensors (``shapes_only.py``)."""
-        probed, counter, self._ops_digest = counted_probe(executor, inputs, compiled, shapes,
-                                                          hashed=executor._compile_cache is not None)
+        probed, counter, self._ops_digest = counted_probe(call, inputs, compiled, shapes,
+                                                          hashed=call.compile_cache is not None)
         self._ops, self._flops = counter.ops, counter.flops
         self._eager_call_seconds = compile_cost.eager_call_seconds(
-            counter.ops, counter.flops, executor._geometry.batches_per_call, _device_type(executor))
+            counter.ops, counter.flops, call.geometry.batches_per_call, _device_type(call))
         self.probed_on = "values" if shapes is None else "shapes"
         return probed
 
-    def _probe_shapes(self, executor, inputs, compiled):
+    def _probe_shapes(self, call, inputs, compiled):
         """The probe on fake tensors, or None when the model cannot run on them (``shapes_only.py``)."""
         try:
-            return self._probe(executor, inputs, compiled, ShapesOnly())
+            return self._probe(call, inputs, compiled, ShapesOnly())
         except Exception as exc:  # a value read, an op without a meta kernel, Ineligible: run it for real
             logger.debug(messages.SHAPES_ONLY_FAILED, _first_line(exc))
             return None
 
-    def _compiled(self, executor):
-        """A program has compiled: compiling it again (another executor, process) is cheap."""
+    def _compiled(self, call):
+        """A program has compiled: compiling it again (another call, process) is cheap."""
         if self._ops is not None:
             regions = None if self.regions is None else (self.regions.share, self.regions.graphs)
-            compile_cost.compiled(compile_cost.estimate(executor, self._ops, regions=regions), executor._compile_cache)
+            compile_cost.compiled(compile_cost.estimate(call, self._ops, regions=regions), call.compile_cache)
 
-    def _finish_progress(self):
+    def finish_progress(self):
         """The call that was to compile runs eagerly: the executor's compile has finished."""
         if self.progress is not None:
             self.progress.finish()
@@ -291,43 +305,43 @@ class CompiledBackend:
         return DECLINED
 
     # ------------------------------------------------------------------ building
-    def _program_for(self, executor, inputs, compiled):
-        optimizer = executor._optimizer
-        key = (id(compiled), signature(optimizer) if executor._training else None)
+    def _program_for(self, call, inputs, compiled):
+        optimizer = call.optimizer
+        key = (id(compiled), signature(optimizer) if call.training else None)
         if self._key == key:
-            self._check_changes(executor)
-            if executor._training and self._program.optim.optimizer is not optimizer:
+            self._check_changes(call)
+            if call.training and self._program.optim.optimizer is not optimizer:
                 self._program.optim.bind(optimizer)
             return self._program
         self._hooks_seen = RemovableHandle.next_id
         program = None
-        contexts, stepwise = forward_contexts(executor)
+        contexts, stepwise = forward_contexts(call)
         # Saved whole with the executable cache (saved_programs.py); not stepwise programs, whose
         # dry run (compile()) needs their steps' placeholder outputs.
-        cache = executor._compile_cache if not (stepwise and executor._geometry.device_iterations > 1) else None
+        cache = call.compile_cache if not (stepwise and call.geometry.device_iterations > 1) else None
         shapes_digest = None  # the saved program's key hashes the ops of the probe on fake tensors
         if cache is not None:
-            shaped = self._probe_shapes(executor, inputs, compiled)
+            shaped = self._probe_shapes(call, inputs, compiled)
             if shaped is not None:
                 shapes_digest = self._ops_digest
-                program = self._build(executor, inputs, compiled, shaped, contexts, stepwise, cache)
+                program = self._build(call, inputs, compiled, shaped, contexts, stepwise, cache)
                 if not program.saved.on_disk():  # compiled here: what it holds comes from a real run
                     program = None
         if program is None:
-            probed = self._probe(executor, inputs, compiled)
+            probed = self._probe(call, inputs, compiled)
             self._ops_digest = shapes_digest or self._ops_digest
-            program = self._build(executor, inputs, compiled, probed, contexts, stepwise, cache)
+            program = self._build(call, inputs, compiled, probed, contexts, stepwise, cache)
         self._program, self._key = program, key
-        self._arguments = ProgramArguments(executor._model, program.trained_names, program.frozen_names)
+        self._arguments = ProgramArguments(call.model, program.trained_names, program.frozen_names)
         return program
 
-    def _build(self, executor, inputs, compiled, probed, contexts, stepwise, cache):
+    def _build(self, call, inputs, compiled, probed, contexts, stepwise, cache):
         """The program of ``probed`` (``eligibility.Probed``), keyed for the executable ``cache``."""
         from .program import Layout, Program  # torch's while_loop and Inductor: only when compiling
-        optimizer = executor._optimizer
-        model = executor._model
+        optimizer = call.optimizer
+        model = call.model
         names = [n for n, _ in model.named_parameters()]
-        if executor._training:
+        if call.training:
             functional = FunctionalOptimizer(optimizer)
             by_id = {id(p): n for n, p in model.named_parameters()}
             trained = [by_id[id(p)] for p in functional.params]
@@ -335,13 +349,13 @@ class CompiledBackend:
             functional, trained = None, names
         frozen = [n for n in names if n not in set(trained)]
         micro_batch_leaves = getattr(model, "compiled_micro_batch_leaves", None)
-        layout = Layout(executor, inputs, probed.spec, probed.leaves, micro_batch_leaves() if micro_batch_leaves else 0)
+        layout = Layout(call, inputs, probed.spec, probed.leaves, micro_batch_leaves() if micro_batch_leaves else 0)
         device = next(iter(model.parameters()), torch.empty(0)).device
-        kwargs = compile_kwargs(device, executor._geometry, probed.draws_random, half_casts=bool(contexts),
-                                loops=not stepwise, ops=self._ops, training=executor._training)
-        scaling = ScalingState(executor._precision.dynamic if executor._training else None,
-                               executor._geometry.device_iterations)
-        sets = executor._geometry.replication_factor if compiled.replica_buffers.per_replica else 1
+        kwargs = compile_kwargs(device, call.geometry, probed.draws_random, half_casts=bool(contexts),
+                                loops=not stepwise, ops=self._ops, training=call.training)
+        scaling = ScalingState(call.precision.dynamic if call.training else None,
+                               call.geometry.device_iterations)
+        sets = call.geometry.replication_factor if compiled.replica_buffers.per_replica else 1
         compiler = ProgramCompiler(kwargs.get("options"))
 
         def traced(fn):
@@ -357,32 +371,32 @@ class CompiledBackend:
         program = Program(model, layout, functional, compiled.loss_index, trained, frozen,
                           traced if cache is None else compile_fn,
                           contexts, stepwise, scaling,
-                          anchored_in_program(compiled.anchors, model, trained, executor._training,
+                          anchored_in_program(compiled.anchors, model, trained, call.training,
                                               probed.updated_buffers),
                           buffer_names=probed.updated_buffers, buffer_sets=sets, draws_random=probed.draws_random)
         program.compiler = compiler
         if cache is not None:
-            saved_as = program_key(executor, program, self._ops_digest, kwargs.get("options", {}))
+            saved_as = program_key(call, program, self._ops_digest, kwargs.get("options", {}))
             program.saved = saved[0]
             program.saved.path = os.path.join(cache.path, DIRECTORY, saved_as + SUFFIX)
         program.host_call_result = getattr(model, "compiled_host_call_result", None)
         return program
 
-    def _check_changes(self, executor):
+    def _check_changes(self, call):
         """What the user may have changed since the program was built (cheap: hooks are looked
         for only when a hook handle was created since)."""
-        if (executor._training and not all(p.requires_grad for p in self._program.optim.params)) \
+        if (call.training and not all(p.requires_grad for p in self._program.optim.params)) \
                 or RemovableHandle.next_id != self._hooks_seen:
-            for reason in changing_reasons(executor):
+            for reason in changing_reasons(call):
                 raise Ineligible(reason)
             self._hooks_seen = RemovableHandle.next_id
 
     # ------------------------------------------------------------------ running
-    def run_tensors(self, executor, tensors, compiled, program, dry_run=False):
+    def run_tensors(self, call, tensors, compiled, program, dry_run=False):
         """Run a compiled program that has run before on ``tensors`` (``ProgramArguments.tensors``):
         the host call's result, or ``DECLINED`` when torch's recompile limit sends the model eager."""
         try:
-            return self._execute(executor, tensors, compiled, program, dry_run)
+            return self._execute(call, tensors, compiled, program, dry_run)
         except Exception as exc:
             return self.past_recompile_limit(exc)
 
@@ -395,40 +409,40 @@ class CompiledBackend:
         self.reset()
         return self._decline(messages.INELIGIBLE_RECOMPILES.format(error=_first_line(exc)), exc)
 
-    def _execute(self, executor, tensors, compiled, program, dry_run=False):
+    def _execute(self, call, tensors, compiled, program, dry_run=False):
         started = time.time()
         grad_enabled = torch.is_grad_enabled()
-        torch._C._set_grad_enabled(False)  # torch.no_grad(), without its object per call
+        set_grad_enabled(False)  # torch.no_grad(), without its object per call
         try:
-            with context.running(executor._training):
+            with context.running(call.training):
                 if compiled.weights.shares_host_tensors:
-                    outs = self._run_on_parameters(executor, compiled, program, tensors, dry_run)
+                    outs = self._run_on_parameters(call, compiled, program, tensors, dry_run)
                 else:
                     with compiled.weights.active():
-                        outs = self._run_on_parameters(executor, compiled, program, tensors, dry_run)
+                        outs = self._run_on_parameters(call, compiled, program, tensors, dry_run)
         finally:
-            torch._C._set_grad_enabled(grad_enabled)
+            set_grad_enabled(grad_enabled)
         if dry_run:
             return None
-        if executor._training:
-            bump_weights_version(executor._user_model)
+        if call.training:
+            bump_weights_version(call.user_model)
         result = program.finish(outs)
         if program.host_call_result is not None:
             result = program.host_call_result(result)
         done = time.time()
-        executor._perf = UniformCounters(started, done, executor._geometry.device_iterations)
-        executor._last_run_seconds = done - started
+        self.last_run = UniformCounters(started, done, call.geometry.device_iterations)
+        self.last_run_seconds = done - started
         self.last = "compiled"
         return result
 
-    def _run_on_parameters(self, executor, compiled, program, tensors, dry_run):
+    def _run_on_parameters(self, call, compiled, program, tensors, dry_run):
         """``host_call.run_program`` on the parameters the model holds now."""
         trained, frozen = self._arguments.parameters()
         for p in (*trained, *frozen):
             if p.is_cuda:
-                with executor._precision.running(executor._model):  # CUDA matmul partials, as eager
-                    return run_program(executor, compiled, program, tensors, trained, frozen, dry_run)
-        return run_program(executor, compiled, program, tensors, trained, frozen, dry_run)
+                with call.precision.running(call.model):  # CUDA matmul partials, as eager
+                    return run_program(call, compiled, program, tensors, trained, frozen, dry_run)
+        return run_program(call, compiled, program, tensors, trained, frozen, dry_run)
 
 
 @contextlib.contextmanager
@@ -460,7 +474,7 @@ def _first_line(exc) -> str:
     return f"{type(exc).__name__}: {text[:300]}"
 
 
-def _device_type(executor) -> str:
+def _device_type(call) -> str:
     """The device type the executor's model computes on (its first parameter's; else the CPU)."""
-    parameter = next(executor._model.parameters(), None)
+    parameter = next(call.model.parameters(), None)
     return parameter.device.type if parameter is not None else "cpu"

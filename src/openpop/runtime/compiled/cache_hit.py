@@ -41,11 +41,11 @@ forward's precision contexts, the user's own module globals and any global Dynam
 import re
 import types
 
-import torch
-from torch._dynamo import eval_frame
+from ...torch_compat import dynamo_c_eval_frame
+from ...torch_compat import dynamo_eval_frame as eval_frame
 
-_cache_entries = getattr(torch._C._dynamo.eval_frame, "_debug_get_cache_entry_list", None)
-_eval_frame_callback = getattr(torch._C._dynamo.eval_frame, "get_eval_frame_callback", lambda: True)
+_cache_entries = getattr(dynamo_c_eval_frame, "_debug_get_cache_entry_list", None)
+_eval_frame_callback = getattr(dynamo_c_eval_frame, "get_eval_frame_callback", lambda: True)
 _KEPT_UNDER_SELF = ("self.model", "self.forward_contexts")
 _OWN_PACKAGES = ("torch", "openpop", "poptorch", "popart", "popdist")
 _CALLS = re.compile(r"^([\w.]+\()+")  # a guard name's leading calls: dict(type(self.model)...

@@ -37,10 +37,10 @@ import re
 import tempfile
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import flop_registry
 
 from ...atomic_file import atomic_write
+from ...torch_compat import TorchDispatchMode
 from ..shapes_only import is_metadata
 
 # Calibration (benchmarks/compile_cost.py; docs/guides/compiled-backend.md "When auto compiles"):
@@ -132,21 +132,21 @@ def unrolled_micro_batches(geometry, loops=True) -> int:
     return 1 if loops else geometry.micro_batches_per_step
 
 
-def estimate(executor, ops: int, cache=None, loops=True, regions=None) -> CompileCost:
-    """The compile cost of ``executor``'s program, from ``ops`` counted in its probe (``loops``:
+def estimate(call, ops: int, cache=None, loops=True, regions=None) -> CompileCost:
+    """The compile cost of ``call``'s program, from ``ops`` counted in its probe (``loops``:
     whether the program loops over micro-batches or unrolls them); ``regions``, for the unit
     "regions": ``(share, graphs)`` from ``regions.distinct_share`` - the share of the model compiled
     as distinct code scales ``ops``, each distinct region adds ``REGION_SECONDS``."""
-    model = executor._model
-    print_ = _fingerprint(executor, ops, regions is not None)
+    model = call.model
+    print_ = _fingerprint(call, ops, regions is not None)
     warm = print_ in _compiled_here or os.path.exists(_marker(cache, print_))
     if regions is not None:
         share, graphs = regions
         return CompileCost(round(ops * share), 1, 0, warm, print_, regions=graphs)
-    tensors = sum(1 for p in model.parameters() if p.requires_grad) if executor._training else 0
-    optimizer = type(executor._optimizer).__name__ if executor._training else ""
-    unrolled = unrolled_micro_batches(executor._geometry, loops)
-    loop = loops and executor._geometry.micro_batches_per_step > 1
+    tensors = sum(1 for p in model.parameters() if p.requires_grad) if call.training else 0
+    optimizer = type(call.optimizer).__name__ if call.training else ""
+    unrolled = unrolled_micro_batches(call.geometry, loops)
+    loop = loops and call.geometry.micro_batches_per_step > 1
     return CompileCost(ops, unrolled, tensors, warm, print_, optimizer, loop)
 
 
@@ -188,19 +188,19 @@ def program_source() -> str:
     return digest.hexdigest()[:12]
 
 
-def remembered_unit(executor, inputs, cache):
+def remembered_unit(call, inputs, cache):
     """The unit ``auto`` chose for this model and these inputs when it compiled into the executable
     ``cache`` before (``remember_unit``), or None."""
     try:
-        with open(_unit_marker(executor, inputs, cache)) as marker:
+        with open(_unit_marker(call, inputs, cache)) as marker:
             unit = marker.read().strip()
     except OSError:
         return None
     return unit if unit in ("program", "regions") else None
 
 
-def remember_unit(executor, inputs, cache, unit) -> None:
-    marker = _unit_marker(executor, inputs, cache)
+def remember_unit(call, inputs, cache, unit) -> None:
+    marker = _unit_marker(call, inputs, cache)
     try:
         os.makedirs(os.path.dirname(marker), exist_ok=True)
         atomic_write(marker, lambda stream: stream.write(unit.encode()))  # (processes share the cache)
@@ -208,23 +208,23 @@ def remember_unit(executor, inputs, cache, unit) -> None:
         pass
 
 
-def _unit_marker(executor, inputs, cache):
+def _unit_marker(call, inputs, cache):
     """What the unit's rule saw, without running the model: its structure, the inputs' shapes,
     the geometry, the optimizer, this openpop and torch (the machine is the cache's)."""
     shapes = [(tuple(t.shape), str(t.dtype)) for t in inputs.leaves if isinstance(t, torch.Tensor)]
-    precision = executor._precision
-    key = repr([_fingerprint(executor, None), shapes, str(precision.autocast_dtype), precision.autocast_enabled])
+    precision = call.precision
+    key = repr([_fingerprint(call, None), shapes, str(precision.autocast_dtype), precision.autocast_enabled])
     return os.path.join(cache.path, PROGRAMS_DIR, "unit-" + hashlib.sha1(key.encode()).hexdigest()[:20])
 
 
-def _fingerprint(executor, ops, regions=False) -> str:
+def _fingerprint(call, ops, regions=False) -> str:
     """The program's identity as far as a compile cache sees it: what it computes, not its values."""
-    model, geometry = executor._model, executor._geometry
-    parts = [type(model).__qualname__, executor._training, ops, regions, torch.__version__, program_source(),
+    model, geometry = call.model, call.geometry
+    parts = [type(model).__qualname__, call.training, ops, regions, torch.__version__, program_source(),
              torch.get_num_threads(),
              geometry.device_iterations, geometry.gradient_accumulation, geometry.replication_factor]
     parts += [(name, tuple(t.shape), str(t.dtype), t.requires_grad)
               for name, t in [*model.named_parameters(), *model.named_buffers()]]
-    if executor._training:
-        parts += [type(executor._optimizer).__qualname__, len(executor._optimizer.param_groups)]
+    if call.training:
+        parts += [type(call.optimizer).__qualname__, len(call.optimizer.param_groups)]
     return hashlib.sha1(repr(parts).encode()).hexdigest()[:20]

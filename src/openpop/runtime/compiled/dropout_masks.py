@@ -113,7 +113,7 @@ _STATE_BYTES = 24 + 624 * 8  # (GeneratorState in _SOURCE)
 def _kernel():
     """The compiled ``openpop_bernoulli_mask``, built and cached by Inductor's C++ code cache
     (with loop vectorisation, which Inductor's own flags turn off)."""
-    from torch._inductor.codecache import CppCodeCache
+    from ...torch_compat import CppCodeCache
     library = CppCodeCache.load(_SOURCE, needs_vec_isa=True, extra_flags=("-ftree-loop-vectorize",))
     function = library.openpop_bernoulli_mask
     function.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_double]
@@ -153,9 +153,9 @@ _PROBES = ((1, 0, 0.5), (7, 3, 0.9), (625, 624, 0.1), (1250, 1, 0.9), (20000, 77
 def draws_like_aten() -> bool:
     """Whether ``bernoulli_mask`` equals aten's ``bernoulli_`` on this machine: masks and the
     generator's state after them (aten's serial kernel; not its MKL path)."""
-    from torch.utils._python_dispatch import _disable_current_modes
+    from ...torch_compat import disable_current_modes
     try:
-        with _disable_current_modes(), torch.inference_mode(False):  # (called while Dynamo traces)
+        with disable_current_modes(), torch.inference_mode(False):  # (called while Dynamo traces)
             for elements, before, p in _PROBES:
                 theirs = torch.Generator().manual_seed(elements)
                 torch.rand(before, generator=theirs)

@@ -21,6 +21,7 @@ import dataclasses
 import torch
 
 from ...enums import OutputMode
+from ...torch_compat import NormBase, global_module_hooks, top_saved_tensors_default_hooks
 from .. import context, messages
 from ..anchors import GRADIENT
 from ..losses import as_scalar
@@ -37,51 +38,51 @@ class Ineligible(Exception):
     """The reason, naming the construct, why a model runs eagerly."""
 
 
-def static_reasons(executor, executable):
+def static_reasons(call, executable):
     """Reasons known without running the model (first one wins)."""
     layout = executable.layout
-    settings = executor._settings
-    precision = executor._precision
+    settings = call.settings
+    precision = call.precision
     checks = [
         (layout.multi_device, messages.INELIGIBLE_STAGE_DEVICES.format(
             devices=", ".join(str(d) for d in layout.device_map.distinct_devices(0)))),
         (layout.replicas_apart, "replicas on devices of their own"),
         (layout.concurrent, messages.INELIGIBLE_CONCURRENT_STAGES.format(env=CONCURRENCY_ENV)),
-        (getattr(executor._processes, "num_processes", 1) > 1, "replicas in several processes (popdist)"),
+        (getattr(call.processes, "num_processes", 1) > 1, "replicas in several processes (popdist)"),
         (executable.track_losses, "a loss that the model does not return as one of its outputs"),
         (precision.fp_exceptions, "Precision.enableFloatingPointExceptions"),
         (precision.stochastic_rounding, "Precision.enableStochasticRounding"),
-        (any(t.dtype == torch.float64 for t in list(executor._model.parameters()) + list(executor._model.buffers())),
+        (any(t.dtype == torch.float64 for t in list(call.model.parameters()) + list(call.model.buffers())),
          "float64 weights or buffers"),
         (OutputMode(settings.output_mode) == OutputMode.EveryN
-         and executor._geometry.device_iterations % max(1, settings.output_return_period) != 0,
+         and call.geometry.device_iterations % max(1, settings.output_return_period) != 0,
          "OutputMode.EveryN with a period that does not divide deviceIterations"),
     ]
     for failed, reason in checks:
         if failed:
             yield reason
-    for module in executor._model.modules():
-        if module.training and isinstance(module, torch.nn.modules.batchnorm._NormBase) \
+    for module in call.model.modules():
+        if module.training and isinstance(module, NormBase) \
                 and module.track_running_stats and module.momentum is None:
             yield messages.INELIGIBLE_CUMULATIVE_AVERAGE.format(module=type(module).__name__)
-    if executor._training:
-        reason = unsupported_reason(executor._optimizer)
+    if call.training:
+        reason = unsupported_reason(call.optimizer)
         if reason is not None:
             yield reason
-        registered = {id(p) for p in executor._model.parameters()}
-        if any(id(p) not in registered for g in executor._optimizer.param_groups for p in g["params"]):
+        registered = {id(p) for p in call.model.parameters()}
+        if any(id(p) not in registered for g in call.optimizer.param_groups for p in g["params"]):
             yield "optimizer parameters that the model does not register"
-    yield from changing_reasons(executor)
+    yield from changing_reasons(call)
 
 
-def changing_reasons(executor):
+def changing_reasons(call):
     """Reasons the user can create between host calls: a parameter frozen, a hook added."""
-    if executor._training:
-        frozen = {id(p) for g in executor._optimizer.param_groups for p in g["params"] if not p.requires_grad}
+    if call.training:
+        frozen = {id(p) for g in call.optimizer.param_groups for p in g["params"] if not p.requires_grad}
         if frozen:
             yield messages.INELIGIBLE_FROZEN.format(
-                name=next(n for n, p in executor._model.named_parameters() if id(p) in frozen))
-    reason = hooks_reason(executor._model)
+                name=next(n for n, p in call.model.named_parameters() if id(p) in frozen))
+    reason = hooks_reason(call.model)
     if reason is not None:
         yield reason
 
@@ -90,7 +91,7 @@ def saved_tensor_hooks_active() -> bool:
     """Whether the caller runs inside ``torch.autograd.graph.saved_tensors_hooks`` (e.g. to measure
     activations): the program keeps no autograd graph for them to see, and ``torch.func.grad``
     refuses to be traced under them (leaving functorch's state broken for the eager run after)."""
-    return torch._C._autograd._top_saved_tensors_default_hooks(False) is not None
+    return top_saved_tensors_default_hooks(False) is not None
 
 
 _HOOK_KINDS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
@@ -99,9 +100,8 @@ _HOOK_KINDS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_
 def hooks_reason(model):
     """The first module hook a user registered, named; openpop's own hooks (blocks, BERT's
     recomputation checkpoints) are traced as part of the model."""
-    from torch.nn.modules import module as torch_module
     for kind in _HOOK_KINDS:
-        if any(not _openpops(h) for h in getattr(torch_module, "_global" + kind, {}).values()):
+        if any(not _openpops(h) for h in global_module_hooks(kind).values()):
             return messages.INELIGIBLE_HOOKS.format(kind=kind.strip("_"), module="every module (global)")
     for name, module in model.named_modules():
         for kind in _HOOK_KINDS:
@@ -114,8 +114,8 @@ def _openpops(hook) -> bool:
     return (getattr(hook, "__module__", None) or type(hook).__module__).startswith("openpop.")
 
 
-def check_static(executor, executable):
-    for reason in static_reasons(executor, executable):
+def check_static(call, executable):
+    for reason in static_reasons(call, executable):
         raise Ineligible(reason)
 
 
@@ -129,12 +129,12 @@ class Probed:
     draws_random: bool  # the micro-batch advanced a random generator
 
 
-def probe(executor, micro_args, micro_kwargs, micro_inputs, executable, shapes=None, modes=()):
+def probe(call, micro_args, micro_kwargs, micro_inputs, executable, shapes=None, modes=()):
     """Run one micro-batch eagerly, leaving no trace (``micro_inputs``, name -> tensor, are the
     copies in the arguments), under the dispatch ``modes`` (op counters). ``shapes``: a
     ``shapes_only.ShapesOnly`` whose fake tensors the inputs are - the run computes no values and
     random draws are told by the ops drawing. Returns ``Probed``; raises ``Ineligible``."""
-    model = executor._model
+    model = call.model
     versions = {name: tensor._version for name, tensor in micro_inputs.items()}
     buffers = list(model.buffers())
     snapshot = BufferSnapshot(buffers, model)
@@ -143,14 +143,14 @@ def probe(executor, micro_args, micro_kwargs, micro_inputs, executable, shapes=N
     cuda_rng = [torch.cuda.get_rng_state(d) for d in devices]
     statistics = NormStatistics()
     try:
-        with context.running(executor._training, tracing=True) as ctx, \
-                torch.set_grad_enabled(executor._training), statistics, recorded(modes, shapes):
+        with context.running(call.training, tracing=True) as ctx, \
+                torch.set_grad_enabled(call.training), statistics, recorded(modes, shapes):
             ctx.compiled = True
-            with executor._precision.forward(model, tracing=True):
+            with call.precision.forward(model, tracing=True):
                 output = model(*micro_args, **micro_kwargs)
             flat, spec = flatten_output(output)
-            if executor._training:
-                params = [p for g in executor._optimizer.param_groups for p in g["params"]]
+            if call.training:
+                params = [p for g in call.optimizer.param_groups for p in g["params"]]
                 grads = torch.autograd.grad(as_scalar(flat[executable.loss_index]), params, allow_unused=True)
             host_io = getattr(ctx, "host_io", None)
         # (a buffer reassigned in forward is updated too: its registered tensor gets the new value)
@@ -173,7 +173,7 @@ def probe(executor, micro_args, micro_kwargs, micro_inputs, executable, shapes=N
         raise Ineligible(messages.INELIGIBLE_HOST_IO.format(host_io=host_io))
     if not all(isinstance(leaf, torch.Tensor) for leaf in flat):
         raise Ineligible(messages.INELIGIBLE_OUTPUTS)
-    if executor._training:
+    if call.training:
         names = {id(p): n for n, p in model.named_parameters()}
         unused = [names[id(p)] for p, g in zip(params, grads) if g is None]
         if unused:
@@ -182,23 +182,23 @@ def probe(executor, micro_args, micro_kwargs, micro_inputs, executable, shapes=N
                   [name for name, b in model.named_buffers() if id(b) in updated], draws_random)
 
 
-def counted_probe(executor, inputs, executable, shapes=None, hashed=False):
+def counted_probe(call, inputs, executable, shapes=None, hashed=False):
     """``(Probed, counter, digest)``: the checks and ``probe`` of the call's first micro-batch, its
     aten ops and FLOPs counted (``compile_cost.OpCounter``) and, ``hashed``, hashed (``digest``,
     ``saved_programs.OpRecorder``; else None). ``shapes``: on fake tensors."""
-    check_static(executor, executable)
+    check_static(call, executable)
     if not all(isinstance(leaf, torch.Tensor) for leaf in inputs.leaves):
         raise Ineligible(messages.INELIGIBLE_INPUTS)
     counter = OpCounter()
     recorder = OpRecorder() if hashed else None
     with executable.weights.active():
-        (micro_args, micro_kwargs), micro_inputs = first_micro_batch(executor, inputs, shapes)
-        probed = probe(executor, micro_args, micro_kwargs, micro_inputs, executable, shapes,
+        (micro_args, micro_kwargs), micro_inputs = first_micro_batch(call, inputs, shapes)
+        probed = probe(call, micro_args, micro_kwargs, micro_inputs, executable, shapes,
                        [counter] if recorder is None else [counter, recorder])
     return probed, counter, recorder.digest if recorder is not None else None
 
 
-def first_micro_batch(executor, inputs, shapes=None):
+def first_micro_batch(call, inputs, shapes=None):
     """``((args, kwargs), {name: tensor})`` of the call's first micro-batch, as copies: a model
     that changes its inputs in place must not change the caller's tensors when probed (``shapes``:
     as its fake tensors, ``shapes_only.ShapesOnly``)."""
@@ -207,7 +207,7 @@ def first_micro_batch(executor, inputs, shapes=None):
     copies = {}
     for pos in inputs.tensor_positions:
         tensor = leaves[pos]
-        micro = tensor if tensor.dim() == 0 else executor._geometry.split(tensor)[0, 0, 0]
+        micro = tensor if tensor.dim() == 0 else call.geometry.split(tensor)[0, 0, 0]
         with torch.inference_mode(False):  # a normal tensor: its in-place changes are counted
             copy = micro.clone() if shapes is None else shapes.fake(micro)
             leaves[pos] = copies[names.get(id(tensor), f"#{pos}")] = copy

@@ -21,6 +21,7 @@ import contextlib
 
 import torch
 
+from ... import torch_compat
 from ...optim import _base
 from ...optim.adam import _AdamBase
 from ...optim.lamb import LAMB, MAX_WEIGHT_NORM
@@ -122,7 +123,7 @@ class FusedUpdate:
         kernel = _compiled()
         hypers = {}  # per step count (bias correction; parameters of a group usually share one)
         rest = []  # (param, grad) the optimizer's own update takes
-        with torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+        with torch_compat.dynamo_config.patch(recompile_limit=RECOMPILE_LIMIT):
             for param, grad, state, step in zip(params, grads, states, steps):
                 if not (_fusable(param, grad) and step.dtype == torch.float32):
                     rest.append((param, grad))
@@ -151,7 +152,7 @@ class FusedUpdate:
             for p in group["params"]:
                 n = p.numel()
                 classes.setdefault((p.dim(), min(n, 2), n > 4096, choices), (group, p, choices))
-        with torch.no_grad(), torch._dynamo.config.patch(recompile_limit=RECOMPILE_LIMIT):
+        with torch.no_grad(), torch_compat.dynamo_config.patch(recompile_limit=RECOMPILE_LIMIT):
             for group, p, choices in classes.values():
                 if not _fusable(p):
                     continue

@@ -1,7 +1,7 @@
 """The base of openpop's Inductor post-grad passes: keyed by the source file that defines them."""
 import sys
 
-from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
+from ...torch_compat import CustomGraphPass, get_hash_for_files
 
 
 class SourceKeyedPass(CustomGraphPass):

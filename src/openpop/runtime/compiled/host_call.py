@@ -4,6 +4,7 @@ committed - parameters, buffers, optimizer state, loss scaler, anchors - or, for
 dry run, nothing committed."""
 import torch
 
+from ...torch_compat import foreach_copy_
 from . import step_hooks
 from .cuda_graphs import mark_step_begin
 from .generator_states import generators_kept_on_error
@@ -11,19 +12,19 @@ from .generator_states import generators_kept_on_error
 _ONE = torch.tensor(1.0)
 
 
-def run_program(executor, compiled, program, tensors, trained, frozen, dry_run):
+def run_program(call, compiled, program, tensors, trained, frozen, dry_run):
     """Run ``program`` and (unless ``dry_run``) commit its results to the parameters, buffers,
     optimizer, loss scaler and anchors; returns its output leaves."""
     functional = program.optim
-    hooks = step_hooks.of(executor._optimizer) if program.per_step_hyper else None
+    hooks = step_hooks.of(call.optimizer) if program.per_step_hyper else None
     if functional is not None:
         state = functional.state_in(placeholders=dry_run)
-        scaling = program.scaling.inputs(functional.loss_scale(), executor._precision.dynamic)
+        scaling = program.scaling.inputs(functional.loss_scale(), call.precision.dynamic)
         hyper = functional.hyper() if hooks is None else functional.hyper_steps(
-            hooks.begin_compiled_call(executor._geometry.device_iterations, functional.hyper_values))
+            hooks.begin_compiled_call(call.geometry.device_iterations, functional.hyper_values))
     else:
         state, hyper, scaling = [], [], {"scale": _ONE}
-    buffers = _buffer_sets(executor._model, program, compiled.replica_buffers)
+    buffers = _buffer_sets(call.model, program, compiled.replica_buffers)
     graphed = mark_step_begin(trained)
     args = (tensors, trained, [p.detach() for p in frozen],
             [b for values in buffers for b in values], state, hyper, scaling)
@@ -48,12 +49,12 @@ def run_program(executor, compiled, program, tensors, trained, frozen, dry_run):
     if graphed:  # the graph's outputs are overwritten by its next replay
         new_state = [{k: v.clone() for k, v in st.items()} for st in new_state]
     if buffers:
-        torch._foreach_copy_([b for values in buffers for b in values], list(new_buffers))
+        foreach_copy_([b for values in buffers for b in values], list(new_buffers))
     if functional is not None:
-        torch._foreach_copy_(trained, list(new_params))
+        foreach_copy_(trained, list(new_params))
         functional.commit(list(new_state))
         if program.scaling.automatic:
-            program.scaling.commit(executor._precision.loss_scaler(executor._optimizer), scaling)
+            program.scaling.commit(call.precision.loss_scaler(call.optimizer), scaling)
         for p in trained:
             p.grad = None
     if compiled.anchors:

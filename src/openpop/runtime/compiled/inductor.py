@@ -41,7 +41,7 @@ class ProgramCompiler:
             self._skip = False
 
     def __call__(self, graph, example_inputs):
-        from torch._inductor.compile_fx import compile_fx
+        from ...torch_compat import compile_fx
         with batched_kernels():
             compiled = compile_fx(graph, example_inputs, config_patches=self.options)
         outputs = [getattr(node, "meta", {}).get("example_value") for node in graph.graph.output_node().args[0]]

@@ -60,8 +60,7 @@ def _wait(self, scope):
 def _build(async_compile, pending):
     """``{id(pending kernel): callable}``: the kernels built in ``compile_threads`` libraries (one
     g++ run each, run by Inductor's compile workers when it has several)."""
-    from torch._inductor.async_compile import get_compile_threads
-    from torch._inductor.codecache import CppPythonBindingsCodeCache
+    from ...torch_compat import CppPythonBindingsCodeCache, get_compile_threads
     try:
         chunks = max(1, min(get_compile_threads(), len(pending) // 8))
         groups = [pending[i::chunks] for i in range(chunks)]
@@ -172,7 +171,11 @@ PyMODINIT_FUNC PyInit_kernel(void) {{
 def batched_kernels():
     """Inside: Inductor's CPU kernels of each generated module built together (module docstring)."""
     global _ACTIVE
-    from torch._inductor.async_compile import AsyncCompile
+    from ...torch_compat import AsyncCompile
+    from .passes import switched_on
+    if not switched_on("kernel_batch"):  # (OPENPOP_DISABLE_PASSES): Inductor's own build
+        yield
+        return
     with _LOCK:
         if _ACTIVE == 0:
             _ORIGINAL.update(cpp_pybinding=AsyncCompile.cpp_pybinding, wait=AsyncCompile.wait)

@@ -11,7 +11,8 @@ optimizer's ``loss_scaling``, keeps the finite-step count, counts and logs skipp
 as eager does; the program's own copy of the scale only serves the steps inside the call.
 """
 import torch
-from torch.utils import _pytree as pytree
+
+from ...torch_compat import pytree
 
 
 class ScalingState:

@@ -26,7 +26,8 @@ inside a ``while_loop`` body is a side effect ``torch.compile`` refuses, one pus
 applied to the body).
 """
 import torch
-from torch._higher_order_ops import while_loop
+
+from ...torch_compat import while_loop
 
 
 def accumulate(grads, micro_grads, k: int, running: bool):

@@ -23,6 +23,7 @@ import logging
 
 import torch
 
+from ...torch_compat import mkldnn_linear_pointwise
 from .. import messages
 from ..env_choice import choice_from_env
 from ..half_compute import best_seconds, measuring
@@ -44,7 +45,7 @@ def onednn_linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     the bias as ``weight.shape[0]`` contiguous values, so any other bias is made one)."""
     if bias is not None and (bias.shape != weight.shape[:1] or bias.stride() != (1,)):
         bias = bias.expand(weight.shape[:1]).contiguous()
-    return torch.ops.mkldnn._linear_pointwise(input, weight, bias, "none", [], "")
+    return mkldnn_linear_pointwise(input, weight, bias, "none", [], "")
 
 
 @onednn_linear.register_fake
@@ -90,6 +91,12 @@ def gemm_choice() -> str:
     choice = "onednn" if onednn >= MIN_SPEEDUP * aten else "aten"
     logger.info(messages.CPU_GEMM_CHOICE.format(aten=aten, onednn=onednn, choice=choice, env=SETTING_ENV))
     return choice
+
+
+def uses_onednn() -> bool:
+    """The pass registry's probe (``passes.py``): whether this process's compiled CPU float32 GEMMs
+    run on oneDNN (``gemm_choice()``)."""
+    return gemm_choice() == "onednn"
 
 
 def _operands(node):

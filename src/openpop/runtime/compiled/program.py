@@ -71,10 +71,10 @@ import types
 import weakref
 
 import torch
-from torch._higher_order_ops import while_loop
 from torch.func import functional_call
 
 from ...enums import MeanReductionStrategy, OutputMode, ReductionType
+from ...torch_compat import pytree, while_loop
 from .. import context
 from ..losses import as_scalar
 from ..outputs import _DEMOTE, _unflatten, flatten_output, protect_output
@@ -86,11 +86,11 @@ from .loss_scaling import ScalingState
 class Layout:
     """What a program needs to know of one executor's call (static: a change rebuilds it)."""
 
-    def __init__(self, executor, inputs, output_spec, output_leaves, micro_batch_leaves=0):
-        settings = executor._settings
-        geometry = executor._geometry
+    def __init__(self, call, inputs, output_spec, output_leaves, micro_batch_leaves=0):
+        settings = call.settings
+        geometry = call.geometry
         self.geometry = geometry
-        self.training = executor._training
+        self.training = call.training
         self.chunks = [geometry.input_chunk_of_replica(r) for r in range(geometry.replication_factor)]
         self.inputs = inputs  # BoundInputs template (only its structure is used)
         self.mode = OutputMode(settings.output_mode)
@@ -106,7 +106,7 @@ class Layout:
 
 
 class Program:
-    """The compiled function for one executor, model, optimizer signature and layout."""
+    """The compiled function for one call, model, optimizer signature and layout."""
 
     def __init__(self, model, layout, functional_optimizer, loss_index, trained_names, frozen_names, compile_fn,
                  forward_contexts=(), stepwise=False, scaling=None, anchored=(), buffer_names=(), buffer_sets=1,
@@ -239,7 +239,7 @@ class Program:
         fixed_scaling = scaling  # static loss scaling is read, not carried (no aliasing in while_loop)
         if not self.scaling.automatic:
             scaling = {}
-        flat_state, state_spec = torch.utils._pytree.tree_flatten((state, scaling))
+        flat_state, state_spec = pytree.tree_flatten((state, scaling))
         micro_count = layout.geometry.micro_batches_per_step
         shapes = [(micro_count, *shape) for shape, _ in layout.output_leaves]
         dtypes = [dtype for _, dtype in layout.output_leaves]
@@ -258,7 +258,7 @@ class Program:
 
         def body(i, *carried):
             params = list(carried[:n_trained]) if layout.training else fixed
-            st, sc = torch.utils._pytree.tree_unflatten(list(carried[n_trained:n_trained + n_state]), state_spec)
+            st, sc = pytree.tree_unflatten(list(carried[n_trained:n_trained + n_state]), state_spec)
             bufs = list(carried[n_trained + n_state:n_trained + n_state + n_buffers])
             outs = list(carried[n_trained + n_state + n_buffers:])
             outs, anchored = outs[:n_outs], outs[n_outs:]
@@ -273,12 +273,12 @@ class Program:
                     for o, s, keep in zip(outs, step_outs, keep_all)]
             outs += [a.index_copy(0, index, v.unsqueeze(0)) for a, v in zip(anchored, values)]
             carried_params = params if layout.training else []
-            return (i + 1, *carried_params, *torch.utils._pytree.tree_flatten((st, sc))[0], *bufs, *outs)
+            return (i + 1, *carried_params, *pytree.tree_flatten((st, sc))[0], *bufs, *outs)
 
         result = while_loop(cond, body, (torch.tensor(0, device=outs0[0].device), *trained, *flat_state, *buffers,
                                          *outs0))
         trained = list(result[1:1 + n_trained])
-        state, scaling = torch.utils._pytree.tree_unflatten(list(result[1 + n_trained:1 + n_trained + n_state]),
+        state, scaling = pytree.tree_unflatten(list(result[1 + n_trained:1 + n_trained + n_state]),
                                                             state_spec)
         buffers = list(result[1 + n_trained + n_state:1 + n_trained + n_state + n_buffers])
         outs = list(result[1 + n_trained + n_state + n_buffers:])
@@ -397,7 +397,8 @@ def _forget_compiled(code) -> None:
     ~1.3 MB and ~3 900 objects after its model was gone (``tests/test_soak.py``). What torch
     keeps beyond (Inductor's loaded kernel modules, a bounded cache of decoded bytecode) stays."""
     try:
-        from torch._dynamo.eval_frame import _debug_get_cache_entry_list, remove_from_cache
+        from ...torch_compat import debug_get_cache_entry_list as _debug_get_cache_entry_list
+        from ...torch_compat import remove_from_cache
         managers = {id(entry.guard_manager) for entry in _debug_get_cache_entry_list(code)}
         remove_from_cache(code)
         for finalizer, info in list(weakref.finalize._registry.items()):

@@ -9,12 +9,12 @@ _WHILE_LOOP = "torch.ops.higher_order.while_loop"  # the name torch's caches kno
 SMALL_PROGRAM_OPS = 32  # (the tiny MLP of benchmarks/host_overhead.py: 13; one BERT layer: 122)
 
 
-def forward_contexts(executor):
+def forward_contexts(call):
     """``(factories, stepwise)``: the contexts the traced forward enters (the run's precision, and
     Lightning's through the model's ``compiled_forward_contexts``), and whether one is a torch
     function mode, which makes the program stepwise (``program.py``)."""
-    contexts, stepwise = executor._precision.traced_forward(executor._model)
-    own_contexts = getattr(executor._model, "compiled_forward_contexts", None)  # Lightning's precision
+    contexts, stepwise = call.precision.traced_forward(call.model)
+    own_contexts = getattr(call.model, "compiled_forward_contexts", None)  # Lightning's precision
     if own_contexts is not None:
         factories, function_mode = own_contexts()
         contexts, stepwise = contexts + list(factories), stepwise or function_mode
@@ -53,6 +53,7 @@ def compile_kwargs(device, geometry, draws_random, half_casts=False, loops=True,
         options["fallback_random"] = True
     if half_casts:
         options["emulate_precision_casts"] = True
-    if training and device.type == "cpu":
+    from .passes import active  # (the registry: each pass's switch)
+    if training and device.type == "cpu" and active("attention_backward"):
         options["post_grad_custom_pre_pass"] = ShortAttentionBackward()
     return {"options": options} if options else {}

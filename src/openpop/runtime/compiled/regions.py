@@ -38,11 +38,11 @@ from ..pipeline import RECOMPUTED
 from ..schedules import LossForward
 from ..weights import BufferSnapshot
 from .attention_backward import ShortAttentionBackward
-from .dropout_masks import FastDropoutMasks, draws_like_aten
+from .dropout_masks import FastDropoutMasks
 from .eligibility import first_micro_batch
 from .fused_updates import FusedUpdate
 from .generator_states import RngState
-from .onednn_matmuls import OneDnnMatmuls, gemm_choice
+from .onednn_matmuls import OneDnnMatmuls
 
 # A model whose probe micro-batch does at least this many floating-point operations per aten op
 # on a device type runs as regions under ``unit="auto"`` (selection.py): its kernels then take long
@@ -114,15 +114,17 @@ def compile_options(device, training: bool) -> dict:
     matrix products on oneDNN where this CPU runs them faster (``onednn_matmuls.py``) and, in
     training, short attention's backward as tensor math (``attention_backward.py``) and dropout
     masks from a vectorised kernel where its draws equal aten's (``dropout_masks.py``)."""
+    from .passes import active  # (the registry: each pass's switch and probe)
     options = {"fallback_random": True}
     if device.type != "cpu":
         return options
     passes = []
     if training:
-        options["post_grad_custom_pre_pass"] = ShortAttentionBackward()
-        if draws_like_aten():
+        if active("attention_backward"):
+            options["post_grad_custom_pre_pass"] = ShortAttentionBackward()
+        if active("dropout_masks"):
             passes.append(FastDropoutMasks())
-    if gemm_choice() == "onednn":
+    if active("onednn_matmuls"):
         passes.append(OneDnnMatmuls())
     if passes:
         options["post_grad_custom_post_pass"] = passes  # (Inductor runs a list in order; their uuids key its caches)
@@ -185,16 +187,16 @@ class CompiledRegions:
                 else:
                     module.__dict__["forward"] = before
 
-    def compile(self, executor, inputs, executable) -> None:
+    def compile(self, call, inputs, executable) -> None:
         """Compile the regions now by running the call's first micro-batch through them. A region
         whose ``forward`` did not run (the model calls its children directly) is replaced by the
         regions under it, and the micro-batch runs again until every region ran."""
-        fused = self.fused_update(executor._optimizer if executor._training else None)
+        fused = self.fused_update(call.optimizer if call.training else None)
         if fused is not None:
             fused.warm_up()
         while self.regions:
             calls = set()
-            self._run_first_micro_batch(executor, inputs, executable, calls)
+            self._run_first_micro_batch(call, inputs, executable, calls)
             if len(calls) == len(self.regions):
                 return
             finer = [[] for _ in self._models]
@@ -204,25 +206,25 @@ class CompiledRegions:
                     model_regions.extend([region] if index in calls else find_regions(region))
             self._set_regions(finer)
 
-    def _run_first_micro_batch(self, executor, inputs, executable, calls) -> None:
+    def _run_first_micro_batch(self, call, inputs, executable, calls) -> None:
         """Forward and (training) backward of the first micro-batch with the compiled regions,
         leaving no trace: gradients are returned, not accumulated; the buffers the call runs on
         and torch's generators are put back; it runs as a trace (nothing logged, printed or
         counted as a micro-batch, ``context.RunContext.tracing``)."""
-        model = executor._model
+        model = call.model
         rng = RngState()
-        with executor._session.running(executor._training, executor._precision), \
-                torch.set_grad_enabled(executor._training):
+        with call.session.running(call.training, call.precision), \
+                torch.set_grad_enabled(call.training):
             context.current().tracing = True
             snapshot = BufferSnapshot(list(model.buffers()), model)  # (the device's, inside running())
             try:
                 with self.installed(calls=calls):
-                    (args, kwargs), _ = first_micro_batch(executor, inputs)
-                    if not executor._training:
-                        with executor._precision.forward(model):
+                    (args, kwargs), _ = first_micro_batch(call, inputs)
+                    if not call.training:
+                        with call.precision.forward(model):
                             model(*args, **kwargs)
                         return
-                    _, loss = LossForward(executable, executor._precision)(model, args, kwargs)
+                    _, loss = LossForward(executable, call.precision)(model, args, kwargs)
                     trained = [p for p in executable.trainable if p.requires_grad]
                     if loss.requires_grad and trained:
                         torch.autograd.grad(loss.sum(), trained, allow_unused=True)

@@ -8,7 +8,7 @@ training call of positional tensors ran, the backend keeps a ``RepeatCall``: the
 checks, in one pass, that it is the same kind of call - as many tensors with the same dtypes and
 shapes, none needing a conversion (requires grad, not contiguous), the same optimizer with the
 same static choices, no parameter frozen and no hook added, the same train/eval modes, no trace
-session watching the executor, no saved-tensor hooks - and then runs the program as the general
+session watching the call, no saved-tensor hooks - and then runs the program as the general
 path would (``CompiledBackend.run_tensors``), or, for a *plain* program (only weights and optimizer
 state to commit: no updated buffers, anchors, random numbers, automatic loss scaling, per-step
 hyperparameters, stepwise loop or CUDA tensors), as ``_run_plain``: the same steps in one
@@ -21,36 +21,37 @@ import time
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from ...torch_compat import foreach_copy_, set_grad_enabled
 from .. import trace
 from ..args import plain_parameter_names
+from ..backend_contract import DECLINED
 from ..devices import HostPlacement
 from ..perf import UniformCounters
 from ..weights import version_cell
 from .eligibility import saved_tensor_hooks_active
 from .optimizer_snapshot import OptimizerSnapshot
 from .optimizer_support import signature
-from .selection import DECLINED
 
 
 class RepeatCall:
     """See the module docstring. Built by ``CompiledBackend`` from a call that just ran compiled."""
 
-    def __init__(self, backend, executor, inputs, compiled, program):
+    def __init__(self, backend, call, inputs, compiled, program):
         self.backend = backend
         self.program = program
         self.compiled = compiled
-        self.session = executor._session
-        self.optimizer = executor._optimizer
-        self.signature = signature(executor._optimizer)
-        self.snapshot = OptimizerSnapshot(executor._optimizer)
+        self.session = call.session
+        self.optimizer = call.optimizer
+        self.signature = signature(call.optimizer)
+        self.snapshot = OptimizerSnapshot(call.optimizer)
         self.hyper = None  # (hyperparameters, loss scale) as program inputs while the snapshot holds
         self.hooks_seen = backend._hooks_seen
         self.trained = program.optim.params
         self.training_flags = compiled.training_flags
         self.specs = [(t.dtype, t.shape) for t in inputs.args]
         self.arguments = backend._arguments
-        self.weights_version = version_cell(executor._user_model)
-        self.steps = executor._geometry.device_iterations
+        self.weights_version = version_cell(call.user_model)
+        self.steps = call.geometry.device_iterations
         trained, frozen = self.arguments.parameters()
         # A program with nothing but weights and optimizer state to commit runs in ``_run_plain``.
         self.plain = not (program.stepwise or program.per_step_hyper or program.buffer_names or compiled.anchors
@@ -58,15 +59,15 @@ class RepeatCall:
                           or any(p.is_cuda for p in (*trained, *frozen)))
 
     @classmethod
-    def possible(cls, executor, inputs, compiled) -> bool:
+    def possible(cls, call, inputs, compiled) -> bool:
         """Whether calls like ``inputs`` can repeat: a training call binding positional tensors
         without defaults, host-placed inputs and weights the model's own tensors."""
-        names = plain_parameter_names(executor._signature)
-        return (executor._training and inputs.simple and names is not None and len(names) == len(inputs.args)
-                and type(executor._session.placement) is HostPlacement and not executor._session.replicas.own_weights
+        names = plain_parameter_names(call.signature)
+        return (call.training and inputs.simple and names is not None and len(names) == len(inputs.args)
+                and type(call.session.placement) is HostPlacement and not call.session.replicas.own_weights
                 and compiled.weights.shares_host_tensors)
 
-    def run(self, executor, args):
+    def run(self, call, args):
         """The call's result, or ``DECLINED`` (nothing changed) when it is not a repeat."""
         if len(args) != len(self.specs):
             return DECLINED
@@ -75,12 +76,12 @@ class RepeatCall:
                     or tensor.requires_grad or not tensor.is_contiguous()):
                 return DECLINED
         backend = self.backend
-        optimizer = executor._optimizer
+        optimizer = call.optimizer
         if (backend._program is not self.program or backend.progress is not None
-                or executor._executable is not self.compiled or not self.session.attached
+                or call.executable is not self.compiled or not self.session.attached
                 or optimizer is not self.optimizer or RemovableHandle.next_id != self.hooks_seen
                 or not backend.selection.wants_compiled() or saved_tensor_hooks_active()
-                or trace.watches(executor)):
+                or trace.watches(call.identity)):
             return DECLINED
         for module, mode in self.training_flags:
             if module.training != mode:
@@ -94,12 +95,12 @@ class RepeatCall:
                 return DECLINED
         if self.plain:
             try:
-                return self._run_plain(executor, args)
+                return self._run_plain(call, args)
             except Exception as exc:
                 return backend.past_recompile_limit(exc)
-        return backend.run_tensors(executor, args, self.compiled, self.program)
+        return backend.run_tensors(call, args, self.compiled, self.program)
 
-    def _run_plain(self, executor, tensors):
+    def _run_plain(self, call, tensors):
         """``CompiledBackend._execute`` of a program without buffers, anchors, random numbers,
         automatic loss scaling, per-step hyperparameters or CUDA tensors (what it commits is the
         weights and the optimizer state), in fewer steps."""
@@ -107,7 +108,7 @@ class RepeatCall:
         functional = program.optim
         started = time.time()
         grad_enabled = torch.is_grad_enabled()
-        torch._C._set_grad_enabled(False)
+        set_grad_enabled(False)
         hyper = self.hyper
         if hyper is None:
             hyper = self.hyper = (functional.hyper(), {"scale": functional.loss_scale()})
@@ -117,16 +118,16 @@ class RepeatCall:
                 tensors, trained, [p.detach() for p in frozen], (), functional.state_in(), *hyper)
             if program.aliased:
                 outs = [out.clone() if i in program.aliased else out for i, out in enumerate(outs)]
-            torch._foreach_copy_(trained, list(new_params))
+            foreach_copy_(trained, list(new_params))
             functional.commit(list(new_state))
             for p in trained:
                 p.grad = None
         finally:
-            torch._C._set_grad_enabled(grad_enabled)
+            set_grad_enabled(grad_enabled)
         self.weights_version[0] += 1  # (bump_weights_version)
         result = program.finish(outs)
         done = time.time()
-        executor._perf = UniformCounters(started, done, self.steps)
-        executor._last_run_seconds = done - started
+        self.backend.last_run = UniformCounters(started, done, self.steps)
+        self.backend.last_run_seconds = done - started
         self.backend.last = "compiled"
         return result

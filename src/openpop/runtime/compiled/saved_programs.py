@@ -72,9 +72,9 @@ import re
 import sys
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ...log import logger
+from ...torch_compat import TorchDispatchMode
 from .. import messages
 from ..shapes_only import is_metadata
 from .kernel_batch import batched_kernels
@@ -117,12 +117,12 @@ def _describe(value) -> str:
     return _ADDRESS.sub("", repr(value))
 
 
-def program_key(executor, program, ops_digest, options) -> str:
+def program_key(call, program, ops_digest, options) -> str:
     """The saved program's file name: a hash of everything the program is a function of (module docstring)."""
     from ... import __version__
     from .compile_cost import program_source
     from .optimizer_support import signature
-    model = executor._model
+    model = call.model
     layout = program.layout
     g = layout.geometry
     parts = [
@@ -134,7 +134,7 @@ def program_key(executor, program, ops_digest, options) -> str:
         (layout.mode, layout.period, layout.output_spec, layout.output_leaves, layout.micro_batch_leaves,
          layout.mean, layout.running),
         (layout.inputs.simple, layout.inputs.spec, layout.inputs.tensor_positions, _describe(layout.inputs.leaves)),
-        signature(executor._optimizer) if executor._training else None,
+        signature(call.optimizer) if call.training else None,
         (program.loss_index, program.trained_names, program.frozen_names, program.buffer_names,
          program.buffer_sets, program.draws_random, program.stepwise, program.loops_micro_batches,
          program.anchored, program.per_step_hyper, program.scaling.automatic),
@@ -317,10 +317,15 @@ class SavedProgram:
         _atomic_write(self.path, pickle.dumps((watched.state(), payload)))
 
     def _load(self, args):
-        from torch._dynamo.aot_compile import AOTCompiledFunction
-        from torch._dynamo.utils import get_metrics_context
-        from torch._guards import CompileContext, TracingContext, compile_context, tracing
-        from torch._subclasses.fake_tensor import FakeTensorMode
+        from ...torch_compat import (
+            AOTCompiledFunction,
+            CompileContext,
+            FakeTensorMode,
+            TracingContext,
+            compile_context,
+            get_metrics_context,
+            tracing,
+        )
         with open(self.path, "rb") as file:
             (argnames, constants, identities), payload = pickle.load(file)
         watched = _Watched(argnames, constants, identities)
@@ -328,7 +333,7 @@ class SavedProgram:
         if not (watched.constants_hold(self._globals, full) and watched.identities_hold(self._globals, full)):
             raise ValueError(messages.SAVED_PROGRAM_VALUES.format(
                 differences="; ".join(watched.differences(self._globals, full)[:3])))
-        from torch._dynamo.convert_frame import get_compile_id
+        from ...torch_compat import get_compile_id
         # Unpickling the guards re-creates sources that register guards: they need a tracing context.
         with compile_context(CompileContext(get_compile_id({}))), get_metrics_context(), \
                 tracing(TracingContext(FakeTensorMode())):
@@ -344,7 +349,7 @@ class SavedProgram:
 
 def _count(name):
     """torch's counters, which ``compile_cache.watch_compiles`` reads."""
-    from torch._dynamo.utils import counters
+    from ...torch_compat import dynamo_counters as counters
     counters["openpop"][name] += 1
 
 

@@ -32,8 +32,6 @@ UNITS = ("auto", "program", "regions")
 ENV = "OPENPOP_BACKEND"
 UNIT_ENV = "OPENPOP_COMPILED_UNIT"
 COMPILE_AFTER_ENV = "OPENPOP_COMPILE_AFTER"  # e.g. 0: run a test suite compiled wherever possible
-DECLINED = object()  # the compiled backend's answer to a host call the eager backend runs
-REGIONS = object()  # ... that the eager backend runs with the compiled regions (regions.py)
 DEFAULT_COMPILE_AFTER = 30.0  # seconds: C when there is no estimate
 
 

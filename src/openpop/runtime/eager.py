@@ -1,0 +1,79 @@
+"""The eager backend: the reference every other backend must equal.
+
+One host call runs ``device_iterations`` steps; per step the schedule (``schedules.py``) runs its
+micro-batches, the ``GradientReduction`` (``gradients.py``) turns their gradients into the step's
+and says whether the optimizer applies it; anchors and outputs are collected as the output mode
+asks.
+"""
+import contextlib
+import time
+
+import torch
+
+from . import context, trace
+from .backend_contract import Backend
+from .gradients import GradientReduction, MeanPolicy, ReplicaSum
+from .outputs import OutputCollector
+from .perf import PerfRecorder
+from .schedules import CallState, MicroBatchInputs
+
+
+class EagerBackend(Backend):
+    """Runs host calls with PyTorch's eager ops, one micro-batch after another."""
+
+    name = "eager"
+
+    def run(self, call, inputs, executable, around=None):
+        """The host call (``Backend.run``); ``around``: a context it runs in (compiled regions)."""
+        session, training, precision = call.session, call.training, call.precision
+        host_call = session.host_call(call.optimizer, precision) if training else contextlib.nullcontext()
+        started = time.perf_counter()
+        with session.running(training, precision, host_call), \
+                contextlib.nullcontext() if training else torch.no_grad(), \
+                around if around is not None else contextlib.nullcontext():
+            result = _steps(call.identity, inputs, executable, call, self, host_call)
+        self.last_run_seconds = time.perf_counter() - started
+        return result
+
+
+@trace.host_call
+def _steps(executor, inputs, executable, call, backend, host_call):
+    """The host call's steps (``executor``: the key a trace session knows the calls by)."""
+    geometry, schedule = call.geometry, call.schedule
+    state = CallState(MicroBatchInputs(inputs, geometry), OutputCollector(
+        call.settings.output_mode, call.settings.output_return_period, geometry), _gradients(call, executable))
+    perf = PerfRecorder()
+    executable.anchors.start_call()
+    for step in range(geometry.device_iterations):
+        perf.start()
+        context.begin_step()
+        schedule.start_step(state)
+        schedule.step(state, step)
+        if schedule.finish_step(state):
+            with trace.span("optimizer_step"):
+                host_call.update(step, call.precision.optimizer_step, call.optimizer)
+        if executable.anchors:
+            executable.replica_buffers.switch_to(0)  # anchored buffers are replica 0's, as the host's
+            executable.anchors.record(step, geometry.device_iterations)
+        perf.computed()
+    schedule.finish_call(state)
+    executable.replica_buffers.switch_to(0)
+    executable.anchors.finish_call()
+    with trace.span("output_collection"):
+        result = state.collector.result()
+    backend.last_run = perf.finish()
+    return result
+
+
+def _gradients(call, executable):
+    """The call's gradient reduction (training; None for inference)."""
+    if not call.training:
+        return None
+    optimizer, geometry = call.optimizer, call.geometry
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    scaler = call.precision.loss_scaler(optimizer)
+    replicas = call.session.replicas
+    policy = MeanPolicy.choose(call.settings, params, scaler.automatic, replicas.own_weights)
+    return GradientReduction(
+        policy, geometry.micro_batches_per_step, params, scaler, trainable=executable.trainable,
+        replica_sum=ReplicaSum(replicas, call.processes, executable.trainable, geometry.micro_batches_per_step))
