@@ -9,10 +9,9 @@ import abc
 from collections.abc import Iterator
 from typing import Any, Optional
 
-from torch.utils import _pytree as pytree
-
 from . import errors
 from .errors import createPoptorchError
+from .torch_compat import pytree
 
 __all__ = ["ICustomArgParser", "custom_arg_parser_for", "registerCustomArgParser"]
 

@@ -87,6 +87,10 @@ VARIABLES = (
            "`auto`, `onednn` or `aten`: which library runs float32 matrix products in compiled regions on "
            "the CPU. `auto` times both once per process and takes oneDNN when it is at least 1.25x faster.",
            see="guides/compiled-backend.md#settings"),
+    EnvVar("OPENPOP_DISABLE_PASSES", "unset: every pass whose probe passes",
+           "Comma-separated names of openpop's Inductor passes to turn off (`attention_backward`, "
+           "`dropout_masks`, `onednn_matmuls`, `kernel_batch`); torch's own path runs in their place.",
+           see="reference/inductor-passes.md"),
     EnvVar("OPENPOP_CACHE_LOCK_TIMEOUT", "`1800`",
            "Seconds a process waits for another one compiling into the same executable cache directory "
            "before it compiles without the lock.",

@@ -18,6 +18,7 @@ from .errors import COND_TRAINING, FOR_LOOP_TRAINING, Error, createPoptorchError
 from .printing import module_repr, print  # pylint: disable=redefined-builtin
 from .runtime import context
 from .special_ops import ctc_beam_search_decoder, fps, nearest
+from .torch_compat import PRINT_OPTS, format_tensor
 
 __all__ = [
     "CPU",
@@ -78,7 +79,7 @@ class _TensorFormat:
 
     def format(self, tensor: torch.Tensor) -> str:
         with _torch_print_options(**self.options):
-            text = torch._tensor_str._tensor_str(tensor.detach().cpu(), 0)
+            text = format_tensor(tensor.detach().cpu(), 0)
         # torch separates elements with ", " and rows with ",\n"; brackets are "[" "]".
         text = text.replace(",\n", self.separator.rstrip() + "\n").replace(", ", self.separator)
         return text.replace("[", self.brackets[0]).replace("]", self.brackets[1])
@@ -86,7 +87,7 @@ class _TensorFormat:
 
 @contextlib.contextmanager
 def _torch_print_options(**options):
-    saved = {name: getattr(torch._tensor_str.PRINT_OPTS, name) for name in options}
+    saved = {name: getattr(PRINT_OPTS, name) for name in options}
     torch.set_printoptions(**options)
     try:
         yield

@@ -100,6 +100,6 @@ def _first_replica_only(function):
 
 
 def _tensors(batch):
-    from torch.utils import _pytree as pytree
+    from openpop.torch_compat import pytree
     leaves, _ = pytree.tree_flatten(batch)
     return [(f"batch[{i}]", leaf) for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]

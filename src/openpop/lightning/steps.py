@@ -36,15 +36,15 @@ from collections.abc import Mapping
 from typing import Optional
 
 import torch
-from torch.utils import _pytree as pytree
 
 from openpop.annotations import openpop_ops
 from openpop.enums import OutputMode
 from openpop.runtime import context
-from openpop.runtime.compiled.eligibility import Ineligible
+from openpop.runtime.compiled import Ineligible
 from openpop.runtime.geometry import BatchGeometry
 from openpop.runtime.losses import identity_loss
 from openpop.runtime.outputs import OutputCollector
+from openpop.torch_compat import pytree
 
 from . import compiled_steps, messages
 from ._framework import module as pl_module

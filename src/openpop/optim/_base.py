@@ -22,6 +22,7 @@ from typing import Optional
 
 import torch
 
+from ..torch_compat import foreach_add, foreach_add_, foreach_mul, foreach_neg, foreach_norm
 from . import messages
 
 ACCUM_TYPES = (torch.float16, torch.float32)
@@ -153,12 +154,12 @@ def prepare_grads(grads: list[torch.Tensor], params: list[torch.Tensor], *, maxi
     """Negate for ``maximize`` and add the L2 term ``l2 * p``, out of place (never touching
     the caller's gradient tensors)."""
     if maximize:
-        grads = torch._foreach_neg(grads)
+        grads = foreach_neg(grads)
     if l2 != 0:
         if maximize:
-            torch._foreach_add_(grads, params, alpha=l2)
+            foreach_add_(grads, params, alpha=l2)
         else:
-            grads = torch._foreach_add(grads, params, alpha=l2)
+            grads = foreach_add(grads, params, alpha=l2)
     return grads
 
 
@@ -237,7 +238,7 @@ class Optimizer:
         coefficient = self._clip_coefficient([g for _, _, grads in work for g in grads])
         for group, params, grads in work:
             if coefficient is not None:
-                grads = torch._foreach_mul(grads, coefficient.to(grads[0].device))
+                grads = foreach_mul(grads, coefficient.to(grads[0].device))
             self._update(group, params, grads)
         return loss
 
@@ -254,6 +255,6 @@ class Optimizer:
         if max_norm is None or math.isinf(max_norm):
             return None
         device = grads[0].device
-        norms = torch._foreach_norm(grads, 2)
+        norms = foreach_norm(grads, 2)
         total = torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]), 2)
         return torch.clamp(max_norm / (total + 1e-6), max=1.0)

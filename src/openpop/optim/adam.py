@@ -6,6 +6,15 @@ from typing import Optional
 
 import torch
 
+from ..torch_compat import (
+    foreach_add_,
+    foreach_addcdiv_,
+    foreach_addcmul_,
+    foreach_div_,
+    foreach_lerp_,
+    foreach_mul_,
+    foreach_sqrt,
+)
 from . import _base, messages
 from ._base import (
     Optimizer,
@@ -56,7 +65,7 @@ class _AdamBase(Optimizer):
 
         P = mirror(params, dtype)
         if decoupled and weight_decay != 0:
-            torch._foreach_mul_(P.compute, 1.0 - lr * weight_decay)
+            foreach_mul_(P.compute, 1.0 - lr * weight_decay)
         grads = prepare_grads(grads, P.compute, maximize=group.get("maximize", False),
                               l2=0.0 if decoupled else weight_decay)
 
@@ -67,22 +76,22 @@ class _AdamBase(Optimizer):
         V = mirror([state_tensor(st, "exp_avg_sq", p,
                                  _base.storage_dtype(self.second_order_momentum_accum_type, p))
                     for st, p in zip(states, params)], dtype)
-        torch._foreach_add_(steps, 1.0)
+        foreach_add_(steps, 1.0)
 
-        torch._foreach_lerp_(M.compute, grads, 1.0 - beta1)
-        torch._foreach_mul_(V.compute, beta2)
-        torch._foreach_addcmul_(V.compute, grads, grads, 1.0 - beta2)
+        foreach_lerp_(M.compute, grads, 1.0 - beta1)
+        foreach_mul_(V.compute, beta2)
+        foreach_addcmul_(V.compute, grads, grads, 1.0 - beta2)
 
-        denom = torch._foreach_sqrt(V.compute)
+        denom = foreach_sqrt(V.compute)
         if self._bias_correction():
             counts = [s.item() for s in steps]
             step_size = [-(lr / (1.0 - beta1 ** n)) for n in counts]
-            torch._foreach_div_(denom, [math.sqrt(1.0 - beta2 ** n) for n in counts])
-            torch._foreach_add_(denom, eps)
-            torch._foreach_addcdiv_(P.compute, M.compute, denom, step_size)
+            foreach_div_(denom, [math.sqrt(1.0 - beta2 ** n) for n in counts])
+            foreach_add_(denom, eps)
+            foreach_addcdiv_(P.compute, M.compute, denom, step_size)
         else:
-            torch._foreach_add_(denom, eps)
-            torch._foreach_addcdiv_(P.compute, M.compute, denom, value=-lr)
+            foreach_add_(denom, eps)
+            foreach_addcdiv_(P.compute, M.compute, denom, value=-lr)
         M.flush()
         V.flush()
         P.flush()

@@ -6,6 +6,16 @@ from typing import Optional
 
 import torch
 
+from ..torch_compat import (
+    foreach_add_,
+    foreach_addcmul_,
+    foreach_div,
+    foreach_div_,
+    foreach_lerp_,
+    foreach_mul_,
+    foreach_norm,
+    foreach_sqrt,
+)
 from . import _base, messages
 from ._base import Optimizer, given, mirror, resolve_accum_type, state_tensor, step_counters, to_float
 
@@ -99,31 +109,31 @@ class LAMB(Optimizer, torch.optim.Optimizer):
                     for st, p in zip(states, params)], dtype)
         V = mirror([state_tensor(st, "exp_avg_sq", p, _base.storage_dtype(self.second_order_momentum_accum_type, p))
                     for st, p in zip(states, params)], dtype)
-        torch._foreach_add_(steps, 1.0)
-        torch._foreach_lerp_(M.compute, grads, 1.0 - beta1)
-        torch._foreach_mul_(V.compute, beta2)
-        torch._foreach_addcmul_(V.compute, grads, grads, 1.0 - beta2)
+        foreach_add_(steps, 1.0)
+        foreach_lerp_(M.compute, grads, 1.0 - beta1)
+        foreach_mul_(V.compute, beta2)
+        foreach_addcmul_(V.compute, grads, grads, 1.0 - beta2)
 
-        denom = torch._foreach_sqrt(V.compute)
+        denom = foreach_sqrt(V.compute)
         if self.bias_correction:
             counts = [s.item() for s in steps]
-            torch._foreach_div_(denom, [math.sqrt(1.0 - beta2 ** n) for n in counts])
-            torch._foreach_add_(denom, eps)
-            update = torch._foreach_div(M.compute, [1.0 - beta1 ** n for n in counts])
-            torch._foreach_div_(update, denom)
+            foreach_div_(denom, [math.sqrt(1.0 - beta2 ** n) for n in counts])
+            foreach_add_(denom, eps)
+            update = foreach_div(M.compute, [1.0 - beta1 ** n for n in counts])
+            foreach_div_(update, denom)
         else:
-            torch._foreach_add_(denom, eps)
-            update = torch._foreach_div(M.compute, denom)
+            foreach_add_(denom, eps)
+            update = foreach_div(M.compute, denom)
         if weight_decay != 0:
-            torch._foreach_add_(update, P.compute, alpha=weight_decay)
+            foreach_add_(update, P.compute, alpha=weight_decay)
 
         device = update[0].device
-        r1 = torch.stack([n.to(device) for n in torch._foreach_norm(P.compute)])
-        r2 = torch.stack([n.to(device) for n in torch._foreach_norm(update)])
+        r1 = torch.stack([n.to(device) for n in foreach_norm(P.compute)])
+        r2 = torch.stack([n.to(device) for n in foreach_norm(update)])
         r1 = r1.clamp(max=max_weight_norm)
         ratio = torch.where((r1 > 0) & (r2 > 0), r1 / r2, torch.ones_like(r1))
-        torch._foreach_mul_(update, [r.to(u.device) for r, u in zip(ratio.unbind(0), update)])
-        torch._foreach_add_(P.compute, update, alpha=-lr)
+        foreach_mul_(update, [r.to(u.device) for r, u in zip(ratio.unbind(0), update)])
+        foreach_add_(P.compute, update, alpha=-lr)
         M.flush()
         V.flush()
         P.flush()

@@ -4,6 +4,18 @@ from typing import Optional
 
 import torch
 
+from ..torch_compat import (
+    foreach_add,
+    foreach_add_,
+    foreach_addcdiv_,
+    foreach_addcmul,
+    foreach_addcmul_,
+    foreach_lerp_,
+    foreach_mul_,
+    foreach_sqrt,
+    foreach_sqrt_,
+    foreach_sub_,
+)
 from . import _base
 from ._base import Optimizer, given, mirror, prepare_grads, resolve_accum_type, state_tensor, step_counters, to_float
 
@@ -80,43 +92,43 @@ class RMSprop(Optimizer, torch.optim.RMSprop):
         steps = step_counters(states)
         S = mirror([state_tensor(st, "square_avg", p, _base.storage_dtype(self.first_order_momentum_accum_type, p),
                                  fill=1.0 if tf else 0.0) for st, p in zip(states, params)], dtype)
-        torch._foreach_add_(steps, 1.0)
-        torch._foreach_mul_(S.compute, alpha)
-        torch._foreach_addcmul_(S.compute, grads, grads, 1.0 - alpha)
+        foreach_add_(steps, 1.0)
+        foreach_mul_(S.compute, alpha)
+        foreach_addcmul_(S.compute, grads, grads, 1.0 - alpha)
         mirrors = [S]
 
         if centered:
             G = mirror([state_tensor(st, "grad_avg", p, _base.storage_dtype(self.second_order_momentum_accum_type, p))
                         for st, p in zip(states, params)], dtype)
             mirrors.append(G)
-            torch._foreach_lerp_(G.compute, grads, 1.0 - alpha)
-            avg = torch._foreach_addcmul(S.compute, G.compute, G.compute, value=-1.0)
+            foreach_lerp_(G.compute, grads, 1.0 - alpha)
+            avg = foreach_addcmul(S.compute, G.compute, G.compute, value=-1.0)
             if tf:
-                torch._foreach_add_(avg, eps)
-                torch._foreach_sqrt_(avg)
+                foreach_add_(avg, eps)
+                foreach_sqrt_(avg)
             else:
-                torch._foreach_sqrt_(avg)
-                torch._foreach_add_(avg, eps)
+                foreach_sqrt_(avg)
+                foreach_add_(avg, eps)
         elif tf:
-            avg = torch._foreach_add(S.compute, eps)
-            torch._foreach_sqrt_(avg)
+            avg = foreach_add(S.compute, eps)
+            foreach_sqrt_(avg)
         else:
-            avg = torch._foreach_sqrt(S.compute)
-            torch._foreach_add_(avg, eps)
+            avg = foreach_sqrt(S.compute)
+            foreach_add_(avg, eps)
 
         if momentum > 0:
             B = mirror([state_tensor(st, "momentum_buffer", p, _base.compute_dtype(p.dtype))
                         for st, p in zip(states, params)], dtype)
             mirrors.append(B)
-            torch._foreach_mul_(B.compute, momentum)
+            foreach_mul_(B.compute, momentum)
             if tf:
-                torch._foreach_addcdiv_(B.compute, grads, avg, value=lr)
-                torch._foreach_sub_(P.compute, B.compute)
+                foreach_addcdiv_(B.compute, grads, avg, value=lr)
+                foreach_sub_(P.compute, B.compute)
             else:
-                torch._foreach_addcdiv_(B.compute, grads, avg)
-                torch._foreach_add_(P.compute, B.compute, alpha=-lr)
+                foreach_addcdiv_(B.compute, grads, avg)
+                foreach_add_(P.compute, B.compute, alpha=-lr)
         else:
-            torch._foreach_addcdiv_(P.compute, grads, avg, value=-lr)
+            foreach_addcdiv_(P.compute, grads, avg, value=-lr)
         for m in mirrors:
             m.flush()
         P.flush()

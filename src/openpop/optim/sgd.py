@@ -7,6 +7,7 @@ from typing import Optional
 import torch
 
 from ..log import logger
+from ..torch_compat import foreach_add, foreach_add_, foreach_mul_
 from . import _base, messages
 from ._base import Optimizer, given, mirror, prepare_grads, resolve_accum_type, state_tensor, to_float
 
@@ -92,7 +93,7 @@ class SGD(Optimizer, torch.optim.SGD):
         grads = prepare_grads(grads, P.compute, maximize=group.get("maximize", False),
                               l2=to_float(group["weight_decay"]))
         if momentum == 0:
-            torch._foreach_add_(P.compute, grads, alpha=-lr)
+            foreach_add_(P.compute, grads, alpha=-lr)
             P.flush()
             return
 
@@ -123,8 +124,8 @@ class SGD(Optimizer, torch.optim.SGD):
                 previous = st.get(_SCALE_KEY, 1.0)
                 if previous != scale:  # velocity_scaling changed: keep the velocity itself
                     B.compute[j].mul_(scale / previous)
-            torch._foreach_mul_(B.compute, momentum)
-            torch._foreach_add_(B.compute, [grads[i] for i in old], alpha=(1.0 - dampening) * scale)
+            foreach_mul_(B.compute, momentum)
+            foreach_add_(B.compute, [grads[i] for i in old], alpha=(1.0 - dampening) * scale)
             for j, i in enumerate(old):
                 compute[i] = B.compute[j]
             B.flush()
@@ -135,10 +136,10 @@ class SGD(Optimizer, torch.optim.SGD):
             else:
                 st.pop(_SCALE_KEY, None)
         if group["nesterov"]:
-            step = torch._foreach_add(grads, compute, alpha=momentum / scale)
-            torch._foreach_add_(P.compute, step, alpha=-lr)
+            step = foreach_add(grads, compute, alpha=momentum / scale)
+            foreach_add_(P.compute, step, alpha=-lr)
         else:
-            torch._foreach_add_(P.compute, compute, alpha=-lr / scale)
+            foreach_add_(P.compute, compute, alpha=-lr / scale)
         P.flush()
 
     def state_dict(self):

@@ -3,11 +3,11 @@ checks that later calls match the compiled ones (PopTorch's exact mismatch messa
 import inspect
 
 import torch
-from torch.utils import _pytree as pytree
 
 from .. import errors
 from ..arg_parsers import custom_arg_parser_for
 from ..log import logger
+from ..torch_compat import has_internal_overlap, pytree
 
 
 class BoundInputs:
@@ -176,7 +176,7 @@ def _unwritable(tensor: torch.Tensor):
     """Why ``tensor`` cannot take a copy, or None."""
     if tensor.is_inference() and not torch.is_inference_mode_enabled():
         return "it is an inference tensor (made under torch.inference_mode())"
-    if torch._debug_has_internal_overlap(tensor) == 1:  # 1: some elements share memory
+    if has_internal_overlap(tensor) == 1:  # 1: some elements share memory
         return "several of its elements share memory (an expanded or broadcast view)"
     return None
 

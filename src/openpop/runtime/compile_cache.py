@@ -28,7 +28,6 @@ import contextlib
 import dataclasses
 import fcntl
 import os
-import sys
 import tempfile
 import threading
 import time
@@ -135,9 +134,8 @@ class CompileCache:
     @contextlib.contextmanager
     def active(self) -> Iterator["CompileCache"]:
         """torch's on-disk compile caches in this directory until the block ends."""
-        import torch._functorch.config as functorch_config
-        import torch._inductor.config as inductor_config
-        from torch._inductor.utils import clear_caches
+        from ..torch_compat import clear_inductor_caches as clear_caches
+        from ..torch_compat import functorch_config, inductor_config
 
         previous = {name: os.environ.get(name) for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}
         moved = previous["TORCHINDUCTOR_CACHE_DIR"] != self.path
@@ -175,9 +173,11 @@ def _isa_probes_remembered(path: str) -> Iterator[None]:
     ISA still has to be in the CPU's flags (torch checks those first, in-process)."""
     try:
         import torch
-        from torch._inductor.cpu_vec_isa import VecISA
+
+        from .. import torch_compat
+        VecISA = torch_compat.VecISA
         probe = VecISA.__dict__["_probe_load"]
-    except (ImportError, KeyError):  # another torch: its own checks, unremembered
+    except (ImportError, AttributeError, KeyError):  # another torch: its own checks, unremembered
         yield
         return
     record = os.path.join(path, ISA_PROBES.format(torch=torch.__version__.replace("/", "_")))
@@ -311,9 +311,10 @@ class CompileOutcome:
 
 
 def _counter_values() -> dict:
-    if "torch._dynamo.utils" not in sys.modules:
+    from .. import torch_compat
+    if not torch_compat.dynamo_loaded():
         return dict.fromkeys(_COUNTERS, 0)  # nothing compiled yet; importing Dynamo would cost seconds
-    from torch._dynamo.utils import counters
+    counters = torch_compat.dynamo_counters
     return {name: counters[group][key] for name, (group, key) in _COUNTERS.items()}
 
 

@@ -37,6 +37,7 @@ import threading
 
 import torch
 
+from ..torch_compat import amp_foreach_non_finite_check_and_unscale_, foreach_mul_
 from .losses import backward
 
 
@@ -143,7 +144,7 @@ class GradientReduction:
             if k > 0:
                 grads = self._grads()
                 if grads:
-                    torch._foreach_mul_(grads, k / (k + 1))
+                    foreach_mul_(grads, k / (k + 1))
             backward(loss, self.loss_scale / (k + 1))
         else:
             backward(loss, self.seed_scale)
@@ -161,7 +162,7 @@ class GradientReduction:
             if running and index > 0:
                 current = self._grads()
                 if current:
-                    torch._foreach_mul_(current, index / (index + 1))
+                    foreach_mul_(current, index / (index + 1))
             with torch.no_grad():
                 for i in range(len(leaves)):
                     leaf, grad = leaves[i], grads[i]
@@ -194,7 +195,7 @@ class GradientReduction:
             self.loss_scale = self.scaler.update(finite)
             return finite
         if grads and divisor != 1.0:
-            torch._foreach_mul_(grads, 1.0 / divisor)
+            foreach_mul_(grads, 1.0 / divisor)
         return True
 
     def finish_call(self) -> None:
@@ -275,6 +276,6 @@ def _unscale_and_check(grads, factor: float) -> bool:
     for device, group in by_device.items():
         found_inf = torch.zeros(1, dtype=torch.float32, device=device)
         inv_scale = torch.full((1,), factor, dtype=torch.float32, device=device)
-        torch._amp_foreach_non_finite_check_and_unscale_(group, found_inf, inv_scale)
+        amp_foreach_non_finite_check_and_unscale_(group, found_inf, inv_scale)
         found.append(found_inf)
     return not any(bool(f.item()) for f in found)

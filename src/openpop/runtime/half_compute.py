@@ -51,10 +51,9 @@ from typing import Optional
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils import _pytree as pytree
-from torch.utils._python_dispatch import _disable_current_modes
 
 from ..log import logger
+from ..torch_compat import NN_FUNCTIONS_MODULE, DisableTorchFunction, disable_current_modes, pytree
 from . import messages
 from .env_choice import choice_from_env
 from .machine_rates import remembered
@@ -111,7 +110,7 @@ def measuring():
     """Where this CPU's rates are measured: on real tensors, outside the user's modes, autocast and
     autograd. (The first need can come inside a trace on fake tensors - the executable cache's
     shapes-only trace - where every op takes no time and a comparison would be a coin toss.)"""
-    with _disable_current_modes(), torch._C.DisableTorchFunction(), torch.autocast("cpu", enabled=False), \
+    with disable_current_modes(), DisableTorchFunction(), torch.autocast("cpu", enabled=False), \
             torch.no_grad():
         yield
 
@@ -395,7 +394,7 @@ def op_name(func) -> str:
     module = getattr(func, "__module__", None)
     if qualname.startswith(("TensorBase.", "Tensor.")):
         return f"Tensor.{name}"
-    if module == "torch._C._nn" or module == "torch.nn.functional":
+    if module == NN_FUNCTIONS_MODULE or module == "torch.nn.functional":
         return f"torch.nn.functional.{name}"
     if module == "torch" or qualname.startswith("_VariableFunctionsClass."):
         return f"torch.{name}"

@@ -13,11 +13,10 @@ become ``[1]`` and leaves are concatenated on dim 0. Returned int64 become int32
 become float32, as PopTorch returns them.
 """
 import torch
-from torch._subclasses.fake_tensor import FakeTensor
-from torch.utils import _pytree as pytree
 
 from .. import errors
 from ..enums import OutputMode
+from ..torch_compat import FakeTensor, pytree
 from .geometry import BatchGeometry
 
 _DEMOTE = {torch.int64: torch.int32, torch.float64: torch.float32}

@@ -45,6 +45,7 @@ import torch
 import torch.utils.checkpoint
 
 from ..annotations import block_annotation
+from ..torch_compat import get_current_function_mode_stack
 from . import context
 from .buffer_state import buffer_slots
 from .devices import SameDeviceOps
@@ -166,7 +167,7 @@ def _forward_state():
 
 
 def _function_modes():
-    return torch.overrides._get_current_function_mode_stack()
+    return get_current_function_mode_stack()
 
 
 def _checkpointed_under_lock(forward, locks, *args, openpop_buffer_slots=(), **kwargs):

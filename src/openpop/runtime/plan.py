@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import errors
 from ..enums import AutoStage
 from ..log import logger
+from ..torch_compat import TorchDispatchMode
 from .devices import DeviceMap
 
 IMPLICIT_BLOCK = "__before_first_block__"

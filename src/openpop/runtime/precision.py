@@ -39,10 +39,10 @@ import threading
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils import _pytree as pytree
 
 from .. import errors
 from ..optim.checks import optimizer_method
+from ..torch_compat import pytree
 from . import messages
 from .half_compute import LOW_PRECISION, HalfComputePolicy, LowPrecisionOps, op_name
 from .loss_scaling import DynamicLossScaling, StaticLossScaling

@@ -40,6 +40,7 @@ from typing import Callable
 
 import torch
 
+from ..torch_compat import foreach_add_, foreach_copy_
 from .devices import DevicePlacement
 from .wrapping import original_class
 
@@ -155,7 +156,7 @@ class ReplicaModels:
                         added.append(grad)
                     replica.grad = None
                 if into:
-                    torch._foreach_add_(into, added)
+                    foreach_add_(into, added)
 
     def broadcast(self, buffers: bool = False) -> None:
         """Copy replica 0's parameters (and buffers) to every other replica."""
@@ -172,7 +173,7 @@ class ReplicaModels:
                     else:
                         target.copy_(source, non_blocking=target.device.type == "cuda")
                 if targets:
-                    torch._foreach_copy_(targets, sources)
+                    foreach_copy_(targets, sources)
 
     def install_hooks(self, locks=None) -> None:
         for placement in self.placements:

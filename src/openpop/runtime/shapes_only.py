@@ -22,7 +22,8 @@ model: ``is_metadata`` tells them apart, so counters see the same sequence as in
 import contextlib
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+from ..torch_compat import TorchDispatchMode
 
 _METADATA_NAMESPACES = ("prim",)
 
@@ -58,7 +59,7 @@ class ShapesOnly:
     """``fake(tensor)`` for the run's inputs, then ``with recorded(modes, shapes):`` around the run."""
 
     def __init__(self):
-        from torch._subclasses.fake_tensor import FakeTensorMode
+        from ..torch_compat import FakeTensorMode
         self.mode = FakeTensorMode(allow_non_fake_inputs=True)
         self.draws = RandomDraws()
 

@@ -47,6 +47,7 @@ import threading
 import torch
 
 from ..log import logger
+from ..torch_compat import foreach_copy_
 from . import messages
 from .buffer_state import buffer_slots, has_history
 from .weights import SharedBuffers
@@ -103,7 +104,7 @@ class HostCallRollback:
         if buffers:
             self._buffer_copies = _reserve(self._buffer_copies, buffers)
             with torch.no_grad():
-                torch._foreach_copy_(self._buffer_copies, buffers)
+                foreach_copy_(self._buffer_copies, buffers)
 
     def _restore_buffers(self):
         if self.buffers:
@@ -111,7 +112,7 @@ class HostCallRollback:
                 if has_history(buffer) and not buffer._is_view():
                     buffer.detach_()
             with torch.no_grad():
-                torch._foreach_copy_(self.buffers, self._buffer_copies)
+                foreach_copy_(self.buffers, self._buffer_copies)
         self.replica_buffers.current = 0  # the live buffers hold replica 0's values again
 
     def _save_rng(self):
@@ -147,7 +148,7 @@ class HostCallRollback:
             layout.append((p, entry))
         self._copies = copies = _reserve(self._copies, sources)
         with torch.no_grad():
-            torch._foreach_copy_(copies, [t.detach() for t in sources])
+            foreach_copy_(copies, [t.detach() for t in sources])
         return _SavedWeights(params, copies, layout)
 
 
@@ -161,7 +162,7 @@ class _SavedWeights:
 
     def restore(self, optimizer) -> None:
         with torch.no_grad():
-            torch._foreach_copy_(self.params, self.copies[:len(self.params)])
+            foreach_copy_(self.params, self.copies[:len(self.params)])
             had_state = {id(p) for p, _ in self.layout}
             for p in [p for p in self.params if id(p) not in had_state]:
                 optimizer.state.pop(p, None)  # state created by the failed call's first update
