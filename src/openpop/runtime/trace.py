@@ -37,7 +37,7 @@ import weakref
 
 import torch
 
-from .. import errors
+from .. import errors, torch_compat
 from ..log import logger
 from ..report import TRACE_FILE
 from . import messages
@@ -393,7 +393,7 @@ def _profiler_running() -> bool:
     window closes, closing stops the user's session: torch does not say whose session runs.)
     torch's Python flag covers every profiler started from Python; the C++ one misses sessions
     that record all threads, which openpop's do."""
-    return bool(torch.autograd.profiler._is_profiler_enabled) or torch._C._autograd._profiler_enabled()
+    return torch_compat.profiler_enabled()
 
 
 def _has_results(profiler) -> bool:
@@ -415,7 +415,7 @@ def _start_profiler():
     if torch.cuda.is_available():
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     try:
-        config = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
+        config = torch_compat.ExperimentalProfilerConfig(profile_all_threads=True)
     except (AttributeError, TypeError):  # older torch: the calling thread only
         config = None
     profiler = torch.profiler.profile(activities=activities, experimental_config=config)
