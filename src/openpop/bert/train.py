@@ -20,14 +20,14 @@ import torch
 import poptorch
 
 from ..runtime.compile_cache import CompileCache, CompileOutcome, compile_cache_for, watch_compiles
-from ..runtime.compiled.selection import backend_from_env
+from ..runtime.compiled import backend_from_env
 from ..runtime.half_compute import low_precision_is_faster
 from . import checkpoint as ckpt
 from . import messages
 from .config import BertRunConfig, ConfigError, _ListConfigs, available_configs, build_parser, parse_args
 from .data import DataError, get_dataloader, get_dataset
 from .instances import Instances
-from .metrics import StepMetrics, reduce_outputs, step_description, throughput_text
+from .metrics import StepMetrics, metrics_text, reduce_outputs, step_description, throughput_text
 from .model import PipelinedBertForPretraining
 from .optimization import get_lr_scheduler, get_optimizer
 
@@ -59,6 +59,12 @@ class TrainingResult:
     model: Optional[torch.nn.Module] = None
 
 
+# The steps' bar: a fixed-width bar, then the step rate, then the step's metrics (the postfix), so that
+# a narrow terminal cuts the metrics' tail, never the bar or its rate.
+STEP_BAR_FORMAT = ("{desc}: {percentage:3.0f}%|{bar:20}| {n_fmt}/{total_fmt} "
+                   "[{elapsed}<{remaining}, {rate_fmt}{postfix}]")
+
+
 class _Console:
     """Log lines on a stream; a tqdm bar for the steps when asked."""
 
@@ -83,15 +89,15 @@ class _Console:
     def start_steps(self, total: int, initial: int):
         if self.progress_bar:
             from tqdm import tqdm
-            self.bar = tqdm(total=total, initial=initial, desc="Training", file=self.stream, leave=True)
+            self.bar = tqdm(total=total, initial=initial, desc="Training", file=self.stream, leave=True,
+                            bar_format=STEP_BAR_FORMAT)
 
-    def step(self, description: str, postfix: str) -> None:
+    def step(self, metrics: StepMetrics, config: BertRunConfig) -> None:
         if self.bar is not None:
-            self.bar.set_description(description, refresh=False)
-            self.bar.set_postfix_str(postfix, refresh=False)
+            self.bar.set_postfix_str(f"{throughput_text(metrics)} - {metrics_text(metrics)}", refresh=False)
             self.bar.update(1)
         else:
-            self.log(f"{description} {postfix}")
+            self.log(f"{step_description(metrics, config)} {throughput_text(metrics)}")
 
     def end_steps(self):
         if self.bar is not None:
@@ -200,7 +206,7 @@ def _run(config: BertRunConfig, stream) -> TrainingResult:
 
     model = PipelinedBertForPretraining(config).parallelize(log).train()
     if state is not None:
-        ckpt.load_weights(model, state, checkpoint_file)
+        ckpt.load_weights(model, state, checkpoint_file, config)
         if not config.resume_training_from_checkpoint:
             log(f"Loaded weights from {checkpoint_file}")
     optimizer = get_optimizer(config, model)
@@ -248,7 +254,7 @@ def _run(config: BertRunConfig, stream) -> TrainingResult:
             metrics = StepMetrics(step, scheduler.get_last_lr()[0], *values,
                                   throughput=config.samples_per_step * instances.count / seconds, seconds=seconds)
             result.steps.append(metrics)
-            console.step(step_description(metrics, config), throughput_text(metrics))
+            console.step(metrics, config)
             done = step + 1
             if config.checkpoint_output_dir and (
                     (config.checkpoint_steps and done % config.checkpoint_steps == 0)
@@ -270,6 +276,10 @@ def _run(config: BertRunConfig, stream) -> TrainingResult:
     log(f"global_batch_size: {config.global_batch_size * instances.count}")
     log(f"device_iterations: {config.device_iterations}")
     log(f"training_steps: {config.training_steps}")
+    if result.steps:
+        final = result.steps[-1]
+        log(f"final loss: {final.total_loss:.3f} (mlm_loss {final.mlm_loss:.3f}, nsp_loss {final.nsp_loss:.3f})")
+        log(f"final accuracy: mlm_acc {final.mlm_acc:.3f} %, nsp_acc {final.nsp_acc:.3f} %")
     log(f"Training time: {result.training_seconds:.3f} secs")
     log(RULE)
     poptorch_model.destroy()

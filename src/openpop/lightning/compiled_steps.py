@@ -29,7 +29,7 @@ data. Logged values must be tensors (a ``torchmetrics.Metric`` or a number keeps
 import functools
 import inspect
 
-from openpop.runtime.compiled.eligibility import Ineligible
+from openpop.runtime.compiled import Ineligible
 
 from . import messages
 from .logs import log_options, logged_batch_size
