@@ -57,3 +57,18 @@ def test_popdist_popart_outside_poprun_is_one_replica():
     popdist.popart.configureSessionOptions(options)
     assert not options.enableDistributedReplicatedGraphs and options.replicatedGraphCount == 1
     assert popdist.popart.getDevice().numIpus == 1
+
+
+@pytest.mark.parametrize("instances,replicas", [(2, 2), (2, 4)])
+def test_broadcast_weights_and_independent_sessions_under_poprun(tmp_path, instances, replicas):
+    """``session.broadcastWeights()`` (before prepareDevice, as PopART's distributed_test) gives every
+    instance instance 0's weights; a session without distributed options trains on its own,
+    whatever poprun's --num-replicas."""
+    from helpers import popart_broadcast_program
+    result = run_poprun("--num-instances", str(instances), "--num-replicas", str(replicas), "python",
+                        popart_broadcast_program.__file__, str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    for rank in range(instances):
+        saved = np.load(tmp_path / f"rank{rank}.npz")
+        np.testing.assert_allclose(saved["anchor"], [43.0])  # 1 + instance 0's 42
+        np.testing.assert_allclose(saved["weight"], [10.0 * (rank + 1) - 0.5])  # its own step, not averaged

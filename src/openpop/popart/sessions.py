@@ -232,6 +232,8 @@ class _Session:
             opts.Precision.enableStochasticRounding(True)
         if self._instances is not None:
             opts.Distributed.configureProcessId(*self._instances)
+        else:  # under poprun, a session without enableDistributedReplicatedGraphs runs on its own
+            opts.Distributed.disable()
         recompute = RecomputationType(int(o.autoRecomputation))
         opts._Popart.set("autoRecomputation", int(recompute))
         segments = self._plan.segments
@@ -276,11 +278,11 @@ class _Session:
     def weightsFromHost(self) -> None:
         self._require_prepared("weightsFromHost()")
         self._weights_from_host_called = True
+        if self._instances is not None:  # one model for the whole job: instance 0's
+            self.broadcastWeights(0)
         with torch.no_grad():
             for name, tensor in self._weights.items():
                 tensor.copy_(torch.from_numpy(self._host_weights[name]).to(tensor.device))
-        if self._instances is not None:  # one model for the whole job: instance 0's
-            self.broadcastWeights(0)
         if not self._training:
             self._executor.copyWeightsToDevice()
 
@@ -539,13 +541,19 @@ class _Session:
         return self._program.model.SerializeToString()
 
     def broadcastWeights(self, rootRank: int = 0) -> None:
-        """Make every process's weights equal rank ``rootRank``'s (distributed replication)."""
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            with torch.no_grad():
-                for tensor in self._weights.values():
-                    torch.distributed.broadcast(tensor.data, src=rootRank)
-            if self._prepared:
-                self.weightsToHost()
+        """Make every poprun instance's host copy of the weights equal instance ``rootRank``'s, as
+        PopART's (it broadcasts the weights' host data; ``weightsFromHost`` then writes them to the
+        device). Works before ``prepareDevice``; a no-op outside a distributed job."""
+        import torch.distributed as dist
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        nccl = dist.get_backend() == "nccl"
+        for name in sorted(self._host_weights):
+            buffer = torch.from_numpy(np.ascontiguousarray(self._host_weights[name])).clone()
+            if nccl:
+                buffer = buffer.to(self._weights[name].device)
+            dist.broadcast(buffer, src=int(rootRank))
+            self._host_weights[name] = buffer.cpu().numpy()
 
     def updateEngineCache(self) -> None:
         pass
