@@ -119,7 +119,7 @@ def _describe(value) -> str:
 
 def program_key(call, program, ops_digest, options) -> str:
     """The saved program's file name: a hash of everything the program is a function of (module docstring)."""
-    from ... import __version__
+    from ..._version import poptorch_version as __version__  # (the package root is a front-end)
     from .compile_cost import program_source
     from .optimizer_support import signature
     model = call.model
