@@ -10,7 +10,10 @@ nothing else (not anchored, not a gradient anchor, not read by another node or s
   ``cross_entropy`` on the logits (log-softmax + NLL, as PopART's ``NlllWithSoftmaxGradDirect``
   pattern), for 2-D ``x`` with the softmax on its last axis (else the two ops as before).
 
-A step is ``(input names, output names, fn, ctx, attrs)`` as ``graph.Segment`` runs them.
+A step is ``(input names, output names, fn, ctx, attrs)`` as ``graph.Segment`` runs them; a
+segment has the steps of each mode (training or not), whose contexts say which: a fused step
+runs its ops with their own contexts, of the same mode, and changes nothing (torch.compile
+traces it).
 """
 from collections import Counter
 
@@ -77,7 +80,6 @@ def _matmul_add(matmul_step, add_step, side):
         if a.dim() == 2 and w.dim() == 2 and bias.dim() <= 2 and bias.dtype == a.dtype == w.dtype and \
                 (bias.dim() < 2 or bias.shape[0] == 1) and bias.shape[-1:] in ((), (1,), w.shape[1:]):
             return torch.addmm(bias, a, w)
-        matmul_ctx.training = add_ctx.training = ctx.training
         product = matmul_fn(matmul_ctx, [a, w], matmul_attrs)
         pair = [product, bias] if side == 0 else [bias, product]
         return add_fn(add_ctx, pair, add_attrs)
@@ -94,7 +96,6 @@ def _softmax_nll(softmax_step, nll_step):
         logits, labels = inputs
         if logits.dim() == 2 and labels.dim() == 1 and softmax_attrs.get("axis", default_axis) in (1, -1):
             return F.cross_entropy(logits, labels.long(), reduction=reduction)
-        softmax_ctx.training = nll_ctx.training = ctx.training
         probs = softmax_fn(softmax_ctx, [logits], softmax_attrs)
         return nll_fn(nll_ctx, [probs, labels], nll_attrs)
     return softmax_nll

@@ -31,6 +31,23 @@ from .ops.control import free_variables
 from .shapes import info_of, node_label
 
 
+class NodeView:
+    """What an op implementation reads of its node (``ctx.node``), in plain Python: a protobuf
+    container in ``forward`` is something torch.compile cannot trace ("Dynamo does not yet
+    support subscripting 'RepeatedScalarContainer'"). Nodes with body graphs (If, Loop, Scan)
+    keep their ``NodeProto``: their implementations interpret the bodies."""
+
+    __slots__ = ("name", "op_type", "domain", "input", "output")
+
+    def __init__(self, node):
+        self.name, self.op_type, self.domain = node.name, node.op_type, node.domain
+        self.input, self.output = tuple(node.input), tuple(node.output)
+
+
+def _has_body(node) -> bool:
+    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+
+
 class GraphProgram:
     """What the interpreter needs from a ``ModelProto``, checked once: supported ops, topological
     order, tensor types."""
@@ -47,7 +64,8 @@ class GraphProgram:
         self.nodes = _topological(graph)
         self.producer = {out: node for node in self.nodes for out in node.output if out}
         # Each node's inputs, then the enclosing-scope tensors its If/Loop/Scan bodies read.
-        self.node_inputs = [inputs_of(node) for node in self.nodes]
+        self.node_inputs = [tuple(inputs_of(node)) for node in self.nodes]
+        self.node_outputs = [tuple(node.output) for node in self.nodes]
         self.attrs = [node_attributes(node) for node in self.nodes]
         self.input_types = {v.name: v.type for v in graph.input}
 
@@ -206,16 +224,26 @@ class Segment(torch.nn.Module):
         self.live_out = list(live_out)
         self._program = program
         self._state = state
-        self._owned = []  # (tensor id, attribute name)
-        # Resolved once: (node, implementation, context, attributes) per node.
-        self._steps = []
-        for i in self.node_indices:
-            node = program.nodes[i]
-            entry = registry.lookup(node.domain, node.op_type)
-            ctx = registry.OpContext(opset=program.opset_of(node), training=False,
-                                     node_name=node.name or node.output[0], op_type=node.op_type,
-                                     graph=state, node=node)
-            self._steps.append((program.node_inputs[i], node.output, entry.fn, ctx, program.attrs[i]))
+        self._owned = []  # (tensor id, attribute name, tapped)
+        tapped = state.tapped
+        nodes = [program.nodes[i] for i in self.node_indices]
+        # Resolved once, per mode (the op contexts are fixed: nothing is changed while running):
+        # (input names, output names, implementation, context, attributes, outputs tapped) per node.
+        self._steps_by_mode = {}
+        kept = None
+        for training in (False, True):
+            steps = []
+            for i, node in zip(self.node_indices, nodes):
+                entry = registry.lookup(node.domain, node.op_type)
+                ctx = registry.OpContext(opset=program.opset_of(node), training=training,
+                                         node_name=node.name or node.output[0], op_type=node.op_type,
+                                         graph=state, node=node if _has_body(node) else NodeView(node))
+                step = (program.node_inputs[i], program.node_outputs[i], entry.fn, ctx, program.attrs[i])
+                steps.append(_folded(step) if node.op_type == "Constant" and not node.input else step)
+            steps, kept = fusion.fuse(steps, nodes, set(self.live_out) | tapped)
+            self._steps_by_mode[training] = [
+                (tuple(inputs), tuple(outputs), fn, ctx, attrs, tuple(bool(name) and name in tapped for name in outputs))
+                for inputs, outputs, fn, ctx, attrs in steps]
         for k, name in enumerate(owned):
             value = torch.from_numpy(np.array(program.initializers[name], copy=True))
             if name in trainable and not constant_weights:
@@ -224,24 +252,32 @@ class Segment(torch.nn.Module):
             else:
                 attr = f"constant_{k}"
                 self.register_buffer(attr, value)
-            self._owned.append((name, attr))
+            self._owned.append((name, attr, name in tapped))
         self._constants = {name for name in program.initializers if name not in trainable or constant_weights}
-        nodes = [program.nodes[i] for i in self.node_indices]
-        self._steps, kept = fusion.fuse(self._steps, nodes, set(self.live_out) | state.tapped)
-        self._groups = _recompute_groups([nodes[k] for k in kept], self._steps, recomputation, self.live_out)
+        self._groups = _recompute_groups([nodes[k] for k in kept], self._steps_by_mode[False], recomputation,
+                                         self.live_out)
+        self._recomputes = any(outputs is not None for _, _, _, outputs in self._groups)
+
+    @property
+    def _steps(self):
+        return self._steps_by_mode[self.training]
 
     def owned(self):
-        return [(name, getattr(self, attr)) for name, attr in self._owned]
+        return [(name, getattr(self, attr)) for name, attr, _ in self._owned]
 
     def forward(self, *values):
         env = dict(zip(self.live_in, values))
         state = self._state
-        for name, attr in self._owned:
-            env[name] = state.tap(name, getattr(self, attr))
+        for name, attr, tapped in self._owned:
+            env[name] = state.tap(name, getattr(self, attr)) if tapped else getattr(self, attr)
+        steps = self._steps_by_mode[self.training]
+        if not self._recomputes:
+            self._run(env, steps, 0, len(steps))
+            return tuple(env[name] for name in self.live_out)
         recompute = self.training and torch.is_grad_enabled()
         for start, stop, inputs, outputs in self._groups:
             if outputs is None or not recompute:
-                self._run(env, start, stop)
+                self._run(env, steps, start, stop)
                 continue
 
             # Constants (BatchNorm statistics, updated in place) are read, not stashed.
@@ -251,24 +287,37 @@ class Segment(torch.nn.Module):
             def region(*values, start=start, stop=stop, held=held, stashed=stashed, outputs=outputs):
                 local = dict(held)
                 local.update(zip(stashed, values))
-                self._run(local, start, stop)
+                self._run(local, steps, start, stop)
                 return tuple(local[name] for name in outputs)
             env.update(zip(outputs, recompute_module.run_checkpointed(state, region, [env[n] for n in stashed])))
         return tuple(env[name] for name in self.live_out)
 
-    def _run(self, env, start, stop):
-        """Nodes ``start:stop`` of the segment on the tensors in ``env``."""
+    def _run(self, env, steps, start, stop):
+        """``steps[start:stop]`` of the segment on the tensors in ``env``."""
         state = self._state
-        training = self.training
-        tapped = state.tapped
-        for input_names, output_names, fn, ctx, attrs in self._steps[start:stop]:
-            ctx.training = training
+        for input_names, output_names, fn, ctx, attrs, tapped in steps[start:stop]:
             outputs = fn(ctx, [env[name] if name else None for name in input_names], attrs)
             if isinstance(outputs, torch.Tensor):
                 outputs = (outputs,)
-            for name, value in zip(output_names, outputs):
+            for name, value, tap in zip(output_names, outputs, tapped):
                 if name:
-                    env[name] = state.tap(name, value) if name in tapped else value
+                    env[name] = state.tap(name, value) if tap else value
+
+
+def _folded(step):
+    """A ``Constant`` node's step computed once: its value is the same at every call (a failing
+    one is left to fail when it runs, as before)."""
+    inputs, outputs, fn, ctx, attrs = step
+    try:
+        value = fn(ctx, [], attrs)
+    except Exception:
+        return step
+    if not isinstance(value, torch.Tensor):
+        return step
+
+    def constant(ctx, inputs, attrs):
+        return value
+    return inputs, outputs, constant, ctx, attrs
 
 
 def _recompute_groups(nodes, steps, recomputation, live_out):
@@ -310,6 +359,8 @@ class OnnxGraphModule(torch.nn.Module):
         self.input_infos = [program.input_info(i) for i in self.input_ids]
         self._input_shapes = [torch.Size(info.shape()) for info in self.input_infos]
         self.fetch = list(fetch)
+        # Weights are updated in place later in the call: anchored, their current value is copied.
+        self._fetch_copied = tuple(name in program.initializers for name in self.fetch)
         self.loss = loss
         trainable = set(program.trainable_initializers())
         self.trainable_ids = [t for t in program.initializers if t in trainable]
@@ -351,26 +402,26 @@ class OnnxGraphModule(torch.nn.Module):
 
     def forward(self, micro_batch_index, *inputs):
         state = self.state
-        if state.tapped:  # gradient anchors record per micro-batch
+        tapped = state.tapped
+        if tapped:  # gradient anchors record per micro-batch (eager only: sessions.py)
             state.micro_batch = int(micro_batch_index.reshape(-1)[0])
         env = {}
         for tensor_id, value, shape in zip(self.input_ids, inputs, self._input_shapes):
             if value.shape != shape:
                 value = value.reshape(shape)
-            if tensor_id in state.tapped and torch.is_grad_enabled():
+            if tapped and tensor_id in tapped and torch.is_grad_enabled():
                 value = state.tap(tensor_id, value.detach().requires_grad_(True))
             env[tensor_id] = value
         for segment in self.segments:
             outputs = segment(*[env[name] for name in segment.live_in])
             env.update(zip(segment.live_out, outputs))
-        # Weights are updated in place later in the call: anchor a copy of their current value.
-        initializers = self._program.initializers
-        fetched = tuple(env[name].detach().clone().unsqueeze(0) if name in initializers else env[name].unsqueeze(0)
-                        for name in self.fetch)
+        fetched = tuple(env[name].detach().clone().unsqueeze(0) if copied else env[name].unsqueeze(0)
+                        for name, copied in zip(self.fetch, self._fetch_copied))
         if self.loss is None:
             return fetched
         loss = env[self.loss]
-        loss = state.seed_tap(loss if loss.dim() == 0 else loss.sum())
+        loss = state.seed_tap(loss if loss.dim() == 0 else loss.sum()) if tapped else \
+            (loss if loss.dim() == 0 else loss.sum())
         if torch.is_grad_enabled() and not loss.requires_grad and loss.is_floating_point():
             # Nothing trainable under the loss (all weights constants): PopART trains it as a no-op.
             loss = loss.detach().requires_grad_(True)
