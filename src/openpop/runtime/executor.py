@@ -9,8 +9,6 @@ goes to ``dispatch.py``, which runs it on a backend (``backend_contract.py``): t
 gradients into the step's, the optimizer applies it) or the compiled one (``compiled/``), which
 see the executor only through a read-only ``CallView`` (``call_view.py``).
 """
-import copy
-import datetime
 import inspect
 import time
 
@@ -29,8 +27,9 @@ from .compiled.onednn_matmuls import setting_from_env as gemm_setting_from_env
 from .dispatch import Dispatch
 from .distributed_reduce import GlobalReplication, check_job_replicas
 from .executable import Executable, trace_model
+from .executor_timings import ExecutorTimings
+from .executor_weights import ExecutorWeights
 from .host_memory import retain_freed_memory, setting_from_env
-from .perf import as_counters, empty_counters, latency
 from .precision import RunPrecision
 from .progress import CompilationProgress
 from .saved import read_saved_executor, write_saved_executor
@@ -46,7 +45,7 @@ def _optim():
     return optim
 
 
-class PoplarExecutor:
+class PoplarExecutor(ExecutorWeights, ExecutorTimings):
     """Runs a ``torch.nn.Module`` with PopTorch's execution semantics."""
 
     def __init__(self, model, options, training: bool, poptorch_version: str, optimizer=None,
@@ -202,18 +201,6 @@ class PoplarExecutor:
         elif wrapper is not self:
             raise RuntimeError(errors.ALREADY_WRAPPED)
 
-    def _check_updatable_buffers(self) -> None:
-        """``Options.updatableNamedBuffers`` names buffers of the model (at compile, before any
-        state changes; PopTorch found out only at ``copyNamedBuffersToDevice``)."""
-        names = self._settings.updatable_named_buffers
-        if not names:
-            return
-        buffers = dict(self._model.named_buffers(remove_duplicate=False))
-        unknown = [name for name in names if name not in buffers]
-        if unknown:
-            raise errors.createPoptorchError(errors.UNKNOWN_UPDATABLE_BUFFERS.format(
-                unknown=", ".join(unknown), buffers=", ".join(buffers) or "none"))
-
     def _check_batch_dims(self, inputs: BoundInputs) -> None:
         for path, tensor in inputs.named_tensors():
             self._geometry.check_divisible(path, tensor)
@@ -242,59 +229,10 @@ class PoplarExecutor:
         callers.write_back()
         return result
 
-    # ------------------------------------------------------------------ weights
+    # ------------------------------------------------------------------ compiled?
     def _require_compiled(self):
         if self._executable is None:
             raise errors.createPoptorchError(errors.NO_EXECUTABLE)
-
-    def copyWeightsToHost(self) -> None:
-        """Copy the device's weights to the user's model. A training model on the CPU trains the
-        user's parameters in place, so there is nothing to copy there.
-        """
-        self._require_compiled()
-        self._executable.weights.download()
-
-    def copyWeightsToDevice(self) -> None:
-        """Copy the user's model's weights (and buffers) to the device, for example after
-        ``load_state_dict`` on the model itself. An inference model does this by itself when a
-        training model of the same module has trained.
-        """
-        self._require_compiled()
-        self._session.upload_weights()
-
-    def copyWeightsToHostIfNeeded(self) -> bool:
-        """With shared weights the host is never stale; copied weights change only by training."""
-        return False
-
-    def copyNamedBuffersToDevice(self) -> None:
-        """Copy the buffers named by ``Options.updatableNamedBuffers`` from the user's model to the
-        device.
-
-        Raises:
-            poptorch.Error: No buffers were named, or a named buffer is gone from the model.
-        """
-        names = self._settings.updatable_named_buffers
-        if not names:
-            raise errors.createPoptorchError(errors.NO_UPDATABLE_BUFFERS)
-        self._require_compiled()
-        self._check_updatable_buffers()  # (a buffer deleted since the compile)
-        self._session.upload_buffers(names)
-
-    def load_state_dict(self, state_dict, strict: bool = True):
-        """Load a state dict into the user's model and, when the executor is attached, copy the
-        weights to the device.
-
-        Args:
-            state_dict (dict): As for ``torch.nn.Module.load_state_dict``.
-            strict (bool): As for ``torch.nn.Module.load_state_dict`` (default True).
-
-        Returns:
-            The ``torch.nn.Module.load_state_dict`` result (missing and unexpected keys).
-        """
-        result = self._user_model.load_state_dict(state_dict, strict=strict)
-        if self._executable is not None and self._session.attached:
-            self.copyWeightsToDevice()
-        return result
 
     # ------------------------------------------------------------------ optimizer
     def setOptimizer(self, optimizer: torch.optim.Optimizer) -> None:
@@ -420,80 +358,10 @@ class PoplarExecutor:
             torch.random.set_rng_state(torch.tensor(saved["rng_state"][1:], dtype=torch.uint8))
 
     # ------------------------------------------------------------------ introspection
-    def compilationTime(self) -> datetime.timedelta:
-        """How long the compile took.
-
-        Returns:
-            datetime.timedelta: The compile's duration.
-
-        Raises:
-            poptorch.Error: Not compiled, or compiled with the progress bar turned off
-                (``compileSeconds()`` works either way).
-        """
-        if self._executable is None:
-            raise errors.createPoptorchError(errors.COMPILE_TIME_NOT_COMPILED)
-        if not self._settings.show_compilation_progress_bar:
-            raise errors.createPoptorchError(errors.COMPILE_TIME_NO_BAR)
-        return datetime.timedelta(seconds=self.compileSeconds())
-
-    def compileSeconds(self):
-        """openpop extension: seconds the compile pass took (None before compile); unlike
-        ``compilationTime()`` it does not need the progress bar option."""
-        return None if self._executable is None else self._compile_seconds + self._dispatch.compiled.compile_seconds
-
     def executionPlan(self):
         """openpop extension: the ``ExecutionPlan`` (blocks, stages, IPUs, devices) built at
         compile, or None before compile."""
         return None if self._executable is None else self._executable.plan
-
-    def cycleCount(self) -> int:
-        """Wall time of the last host call in cycles of a 1.85 GHz IPU clock (there is no IPU)."""
-        if not self._settings.cycle_counter:
-            raise errors.createPoptorchError(errors.CYCLE_COUNT_DISABLED)
-        seconds = self._dispatch.last_run_seconds
-        if seconds is None:
-            raise errors.createPoptorchError(errors.CYCLE_COUNT_NOT_RUN)
-        return int(seconds * 1.85e9)
-
-    def _perf_counters(self) -> dict:
-        perf = self._dispatch.last_run
-        return empty_counters() if perf is None else as_counters(perf)
-
-    def getPerfCounters(self):
-        """Per-step timestamps (seconds since the epoch) of the last host call, by input tensor."""
-        return copy.deepcopy(self._perf_counters())
-
-    def getHostIpuLatency(self):
-        """Latency of the last call's steps, from the inputs' arrival to their transfer's end (host to device).
-
-        Returns:
-            tuple: ``(minimum, maximum, mean)`` seconds over the steps; zeros before a call.
-        """
-        return latency(self._perf_counters(), "input", "input_complete")
-
-    def getComputeLatency(self):
-        """Latency of the last call's steps, from the inputs' transfer's end to the outputs (compute).
-
-        Returns:
-            tuple: ``(minimum, maximum, mean)`` seconds over the steps; zeros before a call.
-        """
-        return latency(self._perf_counters(), "input_complete", "output")
-
-    def getIpuHostLatency(self):
-        """Latency of the last call's steps, from the outputs to their transfer's end (device to host).
-
-        Returns:
-            tuple: ``(minimum, maximum, mean)`` seconds over the steps; zeros before a call.
-        """
-        return latency(self._perf_counters(), "output", "output_complete")
-
-    def getLatency(self):
-        """Latency of the last call's steps, from the inputs' arrival to the outputs' transfer's end.
-
-        Returns:
-            tuple: ``(minimum, maximum, mean)`` seconds over the steps; zeros before a call.
-        """
-        return latency(self._perf_counters(), "input", "output_complete")
 
     def getAnchoredTensor(self, short_name: str):
         """The tensor anchored as ``short_name`` (``Options.anchorTensor``) by the last call."""

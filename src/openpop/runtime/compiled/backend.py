@@ -23,7 +23,6 @@ When torch.compile compiles (the ``Graph compilation`` bar, ``compile_seconds``)
 * ``auto`` once the eager budget is spent: the host call that compiles prints a bar of its own.
 """
 import contextlib
-import os
 import time
 import warnings
 
@@ -42,25 +41,20 @@ from ..shapes_only import ShapesOnly
 from ..weights import bump_weights_version
 from . import compile_cost
 from .arguments import ProgramArguments
-from .cache_hit import program_guards
 from .eligibility import (
     Ineligible,
-    anchored_in_program,
     changing_reasons,
     counted_probe,
     saved_tensor_hooks_active,
 )
-from .functional_optim import FunctionalOptimizer
 from .fused_updates import FusedUpdate
 from .generator_states import RngState
 from .host_call import run_program
-from .inductor import ProgramCompiler
-from .loss_scaling import ScalingState
 from .optimizer_support import signature
-from .program_options import compile_kwargs, forward_contexts
+from .program_build import build_program
+from .program_options import forward_contexts
 from .regions import CompiledRegions, distinct_share, find_regions, regions_pay
 from .repeat_call import RepeatCall
-from .saved_programs import DIRECTORY, SUFFIX, SavedProgram, program_key
 from .selection import Selection
 
 
@@ -324,62 +318,17 @@ class CompiledBackend(Backend):
             shaped = self._probe_shapes(call, inputs, compiled)
             if shaped is not None:
                 shapes_digest = self._ops_digest
-                program = self._build(call, inputs, compiled, shaped, contexts, stepwise, cache)
+                program = build_program(call, inputs, compiled, shaped, contexts, stepwise, cache,
+                                        self._ops, self._ops_digest)
                 if not program.saved.on_disk():  # compiled here: what it holds comes from a real run
                     program = None
         if program is None:
             probed = self._probe(call, inputs, compiled)
             self._ops_digest = shapes_digest or self._ops_digest
-            program = self._build(call, inputs, compiled, probed, contexts, stepwise, cache)
+            program = build_program(call, inputs, compiled, probed, contexts, stepwise, cache,
+                                    self._ops, self._ops_digest)
         self._program, self._key = program, key
         self._arguments = ProgramArguments(call.model, program.trained_names, program.frozen_names)
-        return program
-
-    def _build(self, call, inputs, compiled, probed, contexts, stepwise, cache):
-        """The program of ``probed`` (``eligibility.Probed``), keyed for the executable ``cache``."""
-        from .program import Layout, Program  # torch's while_loop and Inductor: only when compiling
-        optimizer = call.optimizer
-        model = call.model
-        names = [n for n, _ in model.named_parameters()]
-        if call.training:
-            functional = FunctionalOptimizer(optimizer)
-            by_id = {id(p): n for n, p in model.named_parameters()}
-            trained = [by_id[id(p)] for p in functional.params]
-        else:
-            functional, trained = None, names
-        frozen = [n for n in names if n not in set(trained)]
-        micro_batch_leaves = getattr(model, "compiled_micro_batch_leaves", None)
-        layout = Layout(call, inputs, probed.spec, probed.leaves, micro_batch_leaves() if micro_batch_leaves else 0)
-        device = next(iter(model.parameters()), torch.empty(0)).device
-        kwargs = compile_kwargs(device, call.geometry, probed.draws_random, half_casts=bool(contexts),
-                                loops=not stepwise, ops=self._ops, training=call.training)
-        scaling = ScalingState(call.precision.dynamic if call.training else None,
-                               call.geometry.device_iterations)
-        sets = call.geometry.replication_factor if compiled.replica_buffers.per_replica else 1
-        compiler = ProgramCompiler(kwargs.get("options"))
-
-        def traced(fn):
-            return torch.compile(fn, backend=compiler, fullgraph=True, dynamic=False,
-                                 options={"guard_filter_fn": program_guards})
-
-        saved = []  # the SavedProgram compile_fn makes (Program wraps it in a CacheHitCall)
-
-        def compile_fn(fn):
-            saved.append(SavedProgram(fn, kwargs.get("options", {}), compiler, traced))
-            return saved[-1]
-
-        program = Program(model, layout, functional, compiled.loss_index, trained, frozen,
-                          traced if cache is None else compile_fn,
-                          contexts, stepwise, scaling,
-                          anchored_in_program(compiled.anchors, model, trained, call.training,
-                                              probed.updated_buffers),
-                          buffer_names=probed.updated_buffers, buffer_sets=sets, draws_random=probed.draws_random)
-        program.compiler = compiler
-        if cache is not None:
-            saved_as = program_key(call, program, self._ops_digest, kwargs.get("options", {}))
-            program.saved = saved[0]
-            program.saved.path = os.path.join(cache.path, DIRECTORY, saved_as + SUFFIX)
-        program.host_call_result = getattr(model, "compiled_host_call_result", None)
         return program
 
     def _check_changes(self, call):
