@@ -144,6 +144,35 @@ def test_inconsistent_configurations_are_rejected(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_a_pipeline_too_deep_for_the_accumulation_fails_at_parse_time(capsys):
+    """demo_tiny_128 pipelines over 5 forward stages (IPU 0, 1, 2, 3, back to 0): training needs a
+    gradient accumulation of 2 x 5 - 1 = 9, named with its flag before any data loads."""
+    with pytest.raises(ConfigError, match=r"use --gradient-accumulation >= 9"):
+        parse_args(["--config", "demo_tiny_128", "--gradient-accumulation", "2"])
+    parse_args(["--config", "demo_tiny_128", "--gradient-accumulation", "9"])
+    parse_args(["--config", "demo_tiny_128", "--gradient-accumulation", "1", "--ipus-per-replica", "1",
+                "--layers-per-ipu", "3"])  # one IPU: no pipeline
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--config", "demo_tiny_128", "--gradient-accumulation", "2"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.splitlines() == [
+        "usage: openpop-bert [-h] [--config NAME] [--list-configs] [--FLAG VALUE ...]",
+        "openpop-bert: error: --gradient-accumulation 2 is too small for the pipeline of --layers-per-ipu 0 1 1 1: "
+        "its 5 forward stages train as 9 (forward and backward), so use --gradient-accumulation >= 9, or put every "
+        "layer on one IPU (--ipus-per-replica 1 --layers-per-ipu N)"]
+
+
+def test_usage_errors_are_two_lines_naming_openpop_bert(capsys):
+    for argv in (["--no-such-flag"], ["--training-steps", "x"], ["--config", "nope"]):
+        with pytest.raises(SystemExit):
+            train.main(argv)
+        lines = capsys.readouterr().err.splitlines()
+        assert len(lines) == 2 and lines[0].startswith("usage: openpop-bert ") and \
+            lines[1].startswith("openpop-bert: error: "), lines
+        assert "PopTorch BERT" not in lines[1]
+
+
 # --------------------------------------------------------------------------- model and metrics
 def test_forward_equals_transformers_bert_for_pretraining():
     from transformers import BertForPreTraining
@@ -306,6 +335,20 @@ def test_progress_bar_on_a_terminal(cache_dir):
     train.run(tiny(cache_dir, disable_progress_bar=None), stream=stream)
     text = stream.getvalue()
     assert "\r" in text and "it/s, throughput:" in text and "Training Metrics" in text
+    # A fixed-width bar: the description stays "Training", the metrics follow the rate in the postfix.
+    updates = [part for part in text.split("\r") if part.startswith("Training:")]
+    assert updates and all(re.match(r"Training: +\d+%\|.{20}\| \d/2 \[", part) for part in updates), updates
+    assert re.search(r"it/s, throughput: [\d.]+ samples/sec - LR: \S+ - total loss: [\d.]+ - ", updates[-1])
+    assert not any("Step:" in part for part in updates)
+
+
+def test_the_summary_prints_the_final_loss_and_accuracy(cache_dir):
+    stream = io.StringIO()
+    result = train.run(tiny(cache_dir), stream=stream)
+    final = result.steps[-1]
+    summary = stream.getvalue().split("Training Metrics")[1]
+    assert (f"final loss: {final.total_loss:.3f} (mlm_loss {final.mlm_loss:.3f}, nsp_loss {final.nsp_loss:.3f})\n"
+            f"final accuracy: mlm_acc {final.mlm_acc:.3f} %, nsp_acc {final.nsp_acc:.3f} %\n") in summary
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -342,7 +385,12 @@ def test_missing_corrupt_and_mismatched_checkpoints_are_clear_errors(cache_dir, 
         train.run(tiny(cache_dir, checkpoint_input_dir=str(corrupt), resume_training_from_checkpoint=True))
     assert train.main(["--config", "unit_test", "--dataset", "generated", "--checkpoint-input-dir", str(corrupt),
                        "--resume-training-from-checkpoint"]) == 1
-    assert "damaged" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "damaged" in err and "start without --checkpoint-input-dir and --resume-training-from-checkpoint" in err
+    # Loading weights only: the way on names the flag that was given, not --resume-training-from-checkpoint.
+    with pytest.raises(ckpt.CheckpointError) as damaged:
+        train.run(tiny(cache_dir, checkpoint_input_dir=str(corrupt)))
+    assert str(damaged.value).endswith("or start without --checkpoint-input-dir")
     saved = train.run(tiny(cache_dir, training_steps=1, checkpoint_output_dir=str(tmp_path / "b")),
                       stream=io.StringIO())
     with pytest.raises(ckpt.CheckpointError, match=r"different model: hidden_size=32 \(this run: 64\)"):

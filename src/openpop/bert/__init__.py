@@ -14,7 +14,7 @@ __all__ = ["BertRunConfig", "ConfigError", "available_configs", "main", "make_co
 
 
 def main(argv=None) -> int:
-    from .train import main as _main
+    from .cli import main as _main
     return _main(argv)
 
 

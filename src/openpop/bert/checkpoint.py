@@ -97,16 +97,24 @@ def find_checkpoint(config: BertRunConfig) -> Optional[str]:
     raise CheckpointError(messages.NO_SUCH_CHECKPOINT.format(source=source))
 
 
+def _start_over(config: Optional[BertRunConfig]) -> str:
+    """The setting to drop to run without the checkpoint: the one that made this run read it."""
+    if config is None or not config.resume_training_from_checkpoint:
+        return messages.START_WITHOUT_INPUT
+    return messages.START_WITHOUT_RESUME if config.checkpoint_input_dir is None else messages.START_WITHOUT_BOTH
+
+
 def load_checkpoint(path: str, config: BertRunConfig) -> dict:
     """Read and check a checkpoint for this configuration."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
         raise CheckpointError(
-            messages.CHECKPOINT_DAMAGED.format(path=path, exc_type=type(exc).__name__)) from None
+            messages.CHECKPOINT_DAMAGED.format(path=path, exc_type=type(exc).__name__,
+                                               start_over=_start_over(config))) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(messages.NOT_A_CHECKPOINT.format(path=path, format=FORMAT))
-    _check_entries(state, path)
+    _check_entries(state, path, config)
     theirs, ours = state["model_config"], config.model_dict()
     different = [f"{k}={theirs.get(k)!r} (this run: {ours[k]!r})" for k in ours if theirs.get(k) != ours[k]]
     if different:
@@ -126,11 +134,12 @@ RESUME_MUST_MATCH = ("micro_batch_size", "gradient_accumulation", "device_iterat
                      "lr_warmup", "loss_scaling", "weight_decay", "sequence_length", "mask_tokens")
 
 
-def _check_entries(state: dict, path: str) -> None:
+def _check_entries(state: dict, path: str, config: Optional[BertRunConfig] = None) -> None:
     """The entries a resumed run reads, each of the type ``save_checkpoint`` writes: a damaged or
     hand-edited checkpoint fails here, before the run builds anything, not inside torch later."""
     def damaged(entry, expected):
-        return CheckpointError(messages.CHECKPOINT_ENTRY.format(path=path, entry=entry, expected=expected))
+        return CheckpointError(messages.CHECKPOINT_ENTRY.format(path=path, entry=entry, expected=expected,
+                                                                start_over=_start_over(config)))
 
     step = state.get("step")
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
@@ -152,7 +161,7 @@ def _check_entries(state: dict, path: str) -> None:
         raise damaged("rng_state", messages.EXPECTED_RNG_STATE)
 
 
-def load_weights(model, state: dict, path: str) -> None:
+def load_weights(model, state: dict, path: str, config: Optional[BertRunConfig] = None) -> None:
     """The checkpoint's weights into ``model``, after checking that every name and shape fits
     (``load_state_dict`` would copy what fits before raising for the rest)."""
     ours = model.state_dict()
@@ -164,7 +173,8 @@ def load_weights(model, state: dict, path: str) -> None:
         problems = [f"{title}: {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}"
                     for title, names in (("missing", missing), ("unexpected", unexpected), ("other shapes", wrong))
                     if names]
-        raise CheckpointError(messages.CHECKPOINT_WEIGHTS.format(path=path, problems="; ".join(problems)))
+        raise CheckpointError(messages.CHECKPOINT_WEIGHTS.format(path=path, problems="; ".join(problems),
+                                                                 start_over=_start_over(config)))
     model.load_state_dict(theirs)
 
 

@@ -21,7 +21,8 @@ from . import messages
 
 CONFIG_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs.yml")
 DEFAULT_CONFIG = "demo_tiny_128"
-PROG = "PopTorch BERT"
+PROG = "openpop-bert"
+USAGE = "openpop-bert [-h] [--config NAME] [--list-configs] [--FLAG VALUE ...]"
 
 OPTIMIZERS = ("AdamW", "LAMB", "LAMBNoBiasCorrection")
 LR_SCHEDULES = ("constant", "linear")
@@ -107,12 +108,12 @@ _KEYS: list[Key] = [
     Key("matmul_proportion", float, [0.6], "Available memory proportion for matmuls, per IPU or one for all",
         nargs="+"),
     Key("random_seed", int, 5, "Seed of every random number generator"),
-    Key("replicated_tensor_sharding", str_to_bool, False, "IPU memory option (accepted, no effect)"),
-    Key("optimizer_state_offchip", str_to_bool, True, "IPU memory option (accepted, no effect)"),
-    Key("enable_half_partials", str_to_bool, True, "IPU precision option (accepted, no effect)"),
-    Key("custom_ops", str_to_bool, True, "Load the recipe's custom ops (none are needed: no effect)"),
-    Key("synthetic_data", str_to_bool, False, "IPU host-I/O option (accepted, no effect: data always comes "
-        "from the host)"),
+    Key("replicated_tensor_sharding", str_to_bool, False, "IPU memory option (no effect on openpop)"),
+    Key("optimizer_state_offchip", str_to_bool, True, "IPU memory option (no effect on openpop)"),
+    Key("enable_half_partials", str_to_bool, True, "IPU precision option (no effect on openpop)"),
+    Key("custom_ops", str_to_bool, True, "Load the recipe's custom ops (no effect on openpop: none are needed)"),
+    Key("synthetic_data", str_to_bool, False, "IPU host-I/O option (no effect on openpop: data always "
+        "comes from the host)"),
     Key("executable_cache_dir", _optional_str, None, "Executable cache: torch's on-disk compile caches "
         "(Inductor FX graphs, AOTAutograd) live here, so a second run loads compiled graphs instead of "
         "compiling them; created if missing, checked before anything runs", flag_only=True),
@@ -166,8 +167,10 @@ _KEYS: list[Key] = [
     Key("disable_progress_bar", str_to_bool, None,
         "Plain log lines instead of a progress bar (default: plain lines when stderr is not a terminal)",
         flag_only=True),
-    Key("wandb", str_to_bool, False, "Log to Weights & Biases (not available offline: ignored)", flag_only=True),
-    Key("wandb_param_steps", int, None, "Steps between parameter histograms in wandb (ignored)", flag_only=True),
+    Key("wandb", str_to_bool, False, "Log to Weights & Biases (no effect on openpop: not available offline)",
+        flag_only=True),
+    Key("wandb_param_steps", int, None, "Steps between parameter histograms in wandb (no effect on openpop)",
+        flag_only=True),
 ]
 KEYS: dict[str, Key] = {k.name: k for k in _KEYS}
 
@@ -320,6 +323,7 @@ def validate(config: BertRunConfig) -> BertRunConfig:
             messages.LAYERS_PER_IPU_IPUS.format(
                 layers=layers, layers_count=len(layers), ipus_per_replica=config.ipus_per_replica))
     config.layers_per_ipu = layers
+    _check_pipeline_depth(config)
 
     proportions = config.matmul_proportion
     if isinstance(proportions, (int, float)):
@@ -348,6 +352,25 @@ def validate(config: BertRunConfig) -> BertRunConfig:
             mask_tokens=config.mask_tokens, sequence_length=config.sequence_length))
     _check_output_directory(config.checkpoint_output_dir)
     return config
+
+
+def pipeline_stages(config: BertRunConfig) -> int:
+    """Forward stages of the pipelined model (``model.parallelize``): a new stage wherever the next
+    block runs on another IPU, in execution order: embedding on IPU 0, the encoder layers on
+    ``layers_per_ipu``'s IPUs, pooler and classifier back on IPU 0."""
+    ipus = [0, *config.layer_ipus, 0, 0]
+    return 1 + sum(a != b for a, b in zip(ipus, ipus[1:]))
+
+
+def _check_pipeline_depth(config: BertRunConfig) -> None:
+    """PopTorch's rule for training a pipeline (runtime/plan.py): gradient accumulation of at least
+    2 x stages - 1 micro-batches, checked here so that the flag is named before any data loads."""
+    stages = pipeline_stages(config)
+    needed = 2 * stages - 1
+    if stages > 1 and config.gradient_accumulation < needed:
+        raise ConfigError(messages.PIPELINE_GRADIENT_ACCUMULATION.format(
+            gradient_accumulation=config.gradient_accumulation, layers=" ".join(map(str, config.layers_per_ipu)),
+            stages=stages, needed=needed))
 
 
 def _finite_at_least(low):
@@ -422,15 +445,23 @@ def _check_output_directory(directory) -> None:
 
 # --------------------------------------------------------------------------- command line
 def build_parser() -> argparse.ArgumentParser:
+    from ..cli_help import HelpFormatter, examples
     parser = argparse.ArgumentParser(
-        prog=PROG, description="BERT pretraining (MLM + NSP) with PopTorch's API, on openpop",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--config", default=DEFAULT_CONFIG,
+        prog=PROG, usage=USAGE, formatter_class=HelpFormatter,
+        description="BERT pretraining (MLM + NSP) with PopTorch's API, on openpop. A flag overrides the value "
+                    "of the named --config; a key the config does not set takes the default shown.",
+        epilog=examples("openpop-bert --config demo_tiny_128 --dataset generated",
+                        "openpop-bert --config cpu_tiny_128 --training-steps 100 --checkpoint-output-dir ckpt"))
+    parser.add_argument("--config", default=DEFAULT_CONFIG, metavar="NAME",
                         help=f"Named configuration from {os.path.basename(CONFIG_FILE)} "
                              f"(see --list-configs)")
     parser.add_argument("--list-configs", action="store_true", help="Print the named configurations and exit")
     for key in _KEYS:
-        kwargs = dict(help=key.help, default=argparse.SUPPRESS)
+        help_text = key.help.replace("%", "%%")
+        if key.default is not None and "default" not in key.help:
+            default = " ".join(map(str, key.default)) if isinstance(key.default, list) else key.default
+            help_text += f" (default: {str(default).replace('%', '%%')})"
+        kwargs = dict(help=help_text, default=argparse.SUPPRESS)
         if key.type is str_to_bool:
             kwargs.update(type=str_to_bool, nargs="?", const=True)
         else:

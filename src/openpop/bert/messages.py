@@ -17,7 +17,7 @@ NO_CHECKPOINT_IN_DIRECTORY = (
     "--checkpoint-input-dir at a checkpoint file")
 CHECKPOINT_ENTRY = (
     "checkpoint {path} is damaged or not an openpop-bert checkpoint: its '{entry}' is not {expected}. Delete it "
-    "and resume from an earlier step_N.pt, or start without --resume-training-from-checkpoint")
+    "and resume from an earlier step_N.pt, or {start_over}")
 EXPECTED_STEP_COUNT = "a number of steps"
 EXPECTED_DICT = "a dict"
 EXPECTED_TENSORS = "a state dict of tensors"
@@ -25,7 +25,7 @@ EXPECTED_OPTIMIZER_STATE = "an optimizer state dict"
 EXPECTED_RNG_STATE = "torch's random generator state"
 CHECKPOINT_WEIGHTS = (
     "checkpoint {path} does not hold this model's weights ({problems}). Delete it and resume from an earlier "
-    "step_N.pt, or start without --resume-training-from-checkpoint")
+    "step_N.pt, or {start_over}")
 CHECKPOINT_OPTIMIZER = (
     "checkpoint {path}: its optimizer state does not fit this run's optimizer ({error}). Run with the "
     "checkpoint's settings, or start without --resume-training-from-checkpoint")
@@ -34,7 +34,11 @@ CHECKPOINT_SCHEDULE = (
     "differ). Run with the checkpoint's settings, or start without --resume-training-from-checkpoint")
 CHECKPOINT_DAMAGED = (
     "checkpoint {path} is damaged or not an openpop-bert checkpoint ({exc_type}). Delete it and resume "
-    "from an earlier step_N.pt, or start without --resume-training-from-checkpoint")
+    "from an earlier step_N.pt, or {start_over}")
+# How to run without the checkpoint: drop the setting that made the run read it.
+START_WITHOUT_INPUT = "start without --checkpoint-input-dir"
+START_WITHOUT_RESUME = "start without --resume-training-from-checkpoint"
+START_WITHOUT_BOTH = "start without --checkpoint-input-dir and --resume-training-from-checkpoint"
 
 # --- config ---------------------------------------------------------------------
 BOOLEAN_VALUE = "expected a boolean (true/false), got {value!r}"
@@ -57,6 +61,10 @@ LAYERS_PER_IPU_IPUS = (
     "layers_per_ipu {layers} spreads the encoder over {layers_count} IPUs but ipus_per_replica is "
     "{ipus_per_replica}: give {ipus_per_replica} values to --layers-per-ipu or set --ipus-per-replica "
     "{layers_count}.")
+PIPELINE_GRADIENT_ACCUMULATION = (
+    "--gradient-accumulation {gradient_accumulation} is too small for the pipeline of --layers-per-ipu {layers}: "
+    "its {stages} forward stages train as {needed} (forward and backward), so use --gradient-accumulation >= "
+    "{needed}, or put every layer on one IPU (--ipus-per-replica 1 --layers-per-ipu N)")
 MATMUL_PROPORTION_LENGTH = (
     "Length of matmul_proportion doesn't match ipus_per_replica: {proportions} vs {ipus_per_replica}")
 MATMUL_PROPORTION_RANGE = "matmul_proportion values must be between 0 and 1, got {proportions}"

@@ -40,9 +40,13 @@ def reduce_outputs(outputs: Sequence[torch.Tensor], config: BertRunConfig):
 
 
 def step_description(m: StepMetrics, config: BertRunConfig) -> str:
-    return (f"Step: {m.step} / {config.training_steps - 1} - LR: {m.lr:.2e} - total loss: {m.total_loss:3.3f} - "
-            f"mlm_loss: {m.mlm_loss:3.3f} - nsp_loss: {m.nsp_loss:3.3f} - mlm_acc: {m.mlm_acc:3.3f} % - "
-            f"nsp_acc: {m.nsp_acc:3.3f} %")
+    return f"Step: {m.step} / {config.training_steps - 1} - {metrics_text(m)}"
+
+
+def metrics_text(m: StepMetrics) -> str:
+    """A step's learning rate, losses and accuracies as the recipe's log lines print them."""
+    return (f"LR: {m.lr:.2e} - total loss: {m.total_loss:3.3f} - mlm_loss: {m.mlm_loss:3.3f} - "
+            f"nsp_loss: {m.nsp_loss:3.3f} - mlm_acc: {m.mlm_acc:3.3f} % - nsp_acc: {m.nsp_acc:3.3f} %")
 
 
 def throughput_text(m: StepMetrics) -> str:

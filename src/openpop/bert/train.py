@@ -24,7 +24,7 @@ from ..runtime.compiled import backend_from_env
 from ..runtime.half_compute import low_precision_is_faster
 from . import checkpoint as ckpt
 from . import messages
-from .config import BertRunConfig, ConfigError, _ListConfigs, available_configs, build_parser, parse_args
+from .config import BertRunConfig
 from .data import DataError, get_dataloader, get_dataset
 from .instances import Instances
 from .metrics import StepMetrics, metrics_text, reduce_outputs, step_description, throughput_text
@@ -287,19 +287,17 @@ def _run(config: BertRunConfig, stream) -> TrainingResult:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    parser = build_parser()
-    try:
-        config = parse_args(argv, parser)
-    except _ListConfigs:
-        for name in available_configs():
-            print(name)
-        return 0
-    except ConfigError as exc:
-        parser.error(str(exc))  # exits with status 2
+    """``openpop-bert`` (:mod:`openpop.bert.cli`, which parses the flags without loading torch)."""
+    from .cli import main as cli_main
+    return cli_main(argv)
+
+
+def run_command(config: BertRunConfig, prog: str = "openpop-bert") -> int:
+    """Run a parsed configuration as the command does: its exit status."""
     try:
         run(config)
     except (DataError, ckpt.CheckpointError, poptorch.Error) as exc:
-        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        print(f"{prog}: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("Interrupted", file=sys.stderr)
