@@ -75,7 +75,7 @@ def test_popdist_options_reject_what_poptorch_rejected(no_poprun, call, name):
 
 
 def test_ipus_per_replica_must_match_poprun(as_instance_1_of_2):
-    with pytest.raises(RuntimeError, match=r"asks for 1 IPUs per replica but poprun was started with "
+    with pytest.raises(RuntimeError, match=r"asks for 1 IPU per replica but poprun was started with "
                                            r"--ipus-per-replica 2: pass the same number to both"):
         popdist.poptorch.Options(ipus_per_replica=1)
     with pytest.raises(RuntimeError, match="--ipus-per-replica 2"):

@@ -78,7 +78,8 @@ def checkNumIpusPerReplica(ipus_per_replica: int) -> bool:
 def ipus_per_replica_mismatch(ipus_per_replica: int, where: str) -> str:
     """The error text for a script whose IPUs per replica differ from poprun's."""
     return distributed_messages.IPUS_PER_REPLICA_MISMATCH.format(
-        where=where, asked=ipus_per_replica, started=getNumIpusPerReplica())
+        where=where, asked=f"{ipus_per_replica} IPU" + ("" if int(ipus_per_replica) == 1 else "s"),
+        started=getNumIpusPerReplica())
 
 
 def getDeviceId(ipusPerReplica: int = 0) -> int:

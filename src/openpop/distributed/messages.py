@@ -82,7 +82,7 @@ CONFIGURATION_NOT_A_CHOICE = "expected one of {choices}"
 # --- popdist --------------------------------------------------------------------
 NON_UNIFORM_REPLICAS = "popdist.{function}() can only be used with a uniform number of replicas per instance"
 IPUS_PER_REPLICA_MISMATCH = (
-    "{where} asks for {asked} IPUs per replica but poprun was started with --ipus-per-replica {started}: "
+    "{where} asks for {asked} per replica but poprun was started with --ipus-per-replica {started}: "
     "pass the same number to both")
 FORBIDDEN_WITH_POPDIST_OPTIONS = "Cannot call `{name}` with popdist.poptorch.Options"
 REPLICAS_DO_NOT_ADD_UP = (

@@ -117,60 +117,74 @@ class _ErrorRaisingParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from ..cli_help import NO_EFFECT, HelpFormatter, examples
     parser = _ErrorRaisingParser(
-        prog="poprun", allow_abbrev=False,
+        prog="poprun", allow_abbrev=False, formatter_class=HelpFormatter,
         usage="poprun [options] program [program args]",
         description="Launch a program as several instances holding data-parallel replicas "
-                    "(openpop: on torchrun's elastic agent and torch.distributed).")
+                    "(openpop: on torchrun's elastic agent and torch.distributed).",
+        epilog=examples("poprun --num-instances 2 --num-replicas 4 python train.py",
+                        "poprun --host node0,node1 --num-instances 4 --num-replicas 8 openpop-bert "
+                        "--config cpu_tiny_128"))
     add = parser.add_argument
+
+    def ipu_only(*names, **kwargs):
+        """A Graphcore flag accepted so that launch scripts run unchanged; it changes nothing here."""
+        dest = names[-1].lstrip("-").replace("-", "_")
+        reason = messages.NO_EFFECT_REASONS[dest].replace("openpop has no ", "no ")
+        add(*names, help=NO_EFFECT.format(reason=reason), **kwargs)
+
     add("--version", action="store_true", help="print the version and exit")
-    add("--version-format", choices=["text", "full-json", "full-text"], default="text")
+    add("--version-format", choices=["text", "full-json", "full-text"], default="text",
+        help="how --version prints")
     add("--import-config", metavar="FILE", help="read options from FILE (JSON); the command line wins")
     add("--export-config", metavar="FILE", help="write the options to FILE (JSON)")
-    add("--overwrite-config", type=_bool, default=False, help="let --export-config replace FILE")
+    add("--overwrite-config", type=_bool, default=False, metavar="yes|no", help="let --export-config replace FILE")
     add("-H", "--host", help="hosts to run instances on: host0,host1 or host[0-2,4]")
     add("--hostfile", "--host-file", dest="hostfile", metavar="FILE",
         help="file with one host per line (excludes --host)")
-    add("--num-replicas", type=_positive, default=1, help="total number of replicas (default 1)")
-    add("--ipus-per-replica", type=_positive, default=1, help="IPUs per replica (default 1)")
-    add("--num-instances", type=_positive, default=1,
-        help="number of instances; the replicas are divided evenly among them (default 1)")
-    add("--num-ilds", type=_positive)
-    add("--vipu-server-host")
-    add("--vipu-server-port", type=int)
-    add("--vipu-server-timeout", type=int)
-    add("--vipu-partition")
-    add("--vipu-partition-attempts", type=int)
-    add("--update-partition", type=_bool)
-    add("--reset-partition", type=_bool)
-    add("--remove-partition", type=_bool)
-    add("--vipu-cluster")
-    add("--vipu-allocation")
+    add("--num-replicas", type=_positive, default=1, metavar="N", help="total number of replicas")
+    add("--ipus-per-replica", type=_positive, default=1, metavar="N",
+        help="virtual IPUs per replica (the stages of a pipelined or sharded model)")
+    add("--num-instances", type=_positive, default=1, metavar="N",
+        help="number of instances (processes); the replicas are divided evenly among them")
+    ipu_only("--num-ilds", type=_positive, metavar="N")
+    ipu_only("--vipu-server-host", metavar="HOST")
+    ipu_only("--vipu-server-port", type=int, metavar="PORT")
+    ipu_only("--vipu-server-timeout", type=int, metavar="SECONDS")
+    ipu_only("--vipu-partition", metavar="NAME")
+    ipu_only("--vipu-partition-attempts", type=int, metavar="N")
+    ipu_only("--update-partition", type=_bool, metavar="yes|no")
+    ipu_only("--reset-partition", type=_bool, metavar="yes|no")
+    ipu_only("--remove-partition", type=_bool, metavar="yes|no")
+    ipu_only("--vipu-cluster", metavar="NAME")
+    ipu_only("--vipu-allocation", metavar="NAME")
     add("--executable-cache-path", metavar="DIR", help="cache directory of every instance (POPTORCH_CACHE_DIR)")
-    add("--mpi-global-args", default="", help="mpirun arguments: -x NAME[=VALUE] sets the instances' environment")
-    add("--mpi-local-args", default="", help="per-instance mpirun arguments: -x NAME[=VALUE] as above")
-    add("--numa-aware", type=_bool)
-    add("--print-topology", type=_bool, default=False, help="print the topology table (yes/no)")
+    add("--mpi-global-args", default="", metavar="ARGS",
+        help="mpirun arguments: -x NAME[=VALUE] sets the instances' environment; others have no effect on openpop")
+    add("--mpi-local-args", default="", metavar="ARGS", help="per-instance mpirun arguments: -x NAME[=VALUE] as above")
+    ipu_only("--numa-aware", type=_bool, metavar="yes|no")
+    add("--print-topology", type=_bool, default=False, metavar="yes|no", help="print the topology table")
     add("--only-output-from-instance", type=_non_negative, metavar="N",
         help="suppress the output of every other instance")
-    add("--offline-mode", type=_bool)
-    add("--sync-type")
-    add("--host-subnet")
-    add("--allow-run-as-root", type=_bool)
+    ipu_only("--offline-mode", type=_bool, metavar="yes|no")
+    ipu_only("--sync-type", metavar="TYPE")
+    ipu_only("--host-subnet", metavar="SUBNET")
+    ipu_only("--allow-run-as-root", type=_bool, metavar="yes|no")
     add("-v", "--verbose", action="store_true", help="verbose")
     add("--vv", action="store_true", help="very verbose (prints the topology too)")
-    add("--collective-timeout", type=_seconds, default=None,
+    add("--collective-timeout", type=_seconds, default=None, metavar="SECONDS",
         help="openpop: seconds before a collective that some instance never joins fails "
-             f"(default ${instance_env.COLLECTIVE_TIMEOUT} or {instance_env.DEFAULT_COLLECTIVE_TIMEOUT:g})")
-    add("--rendezvous-port", type=_port, default=29400,
-        help="openpop: port of the c10d rendezvous on the first host (multi-host; default 29400)")
-    add("--rendezvous-timeout", type=_seconds, default=300.0,
-        help="openpop: seconds to wait for every host to join (default 300)")
-    add("--host-answer-timeout", type=_seconds_or_zero, default=HOST_ANSWER_SECONDS,
+             f"(default: ${instance_env.COLLECTIVE_TIMEOUT}, else {instance_env.DEFAULT_COLLECTIVE_TIMEOUT:g})")
+    add("--rendezvous-port", type=_port, default=29400, metavar="PORT",
+        help="openpop: port of the c10d rendezvous on the first host (multi-host)")
+    add("--rendezvous-timeout", type=_seconds, default=300.0, metavar="SECONDS",
+        help="openpop: seconds to wait for every host to join")
+    add("--host-answer-timeout", type=_seconds_or_zero, default=HOST_ANSWER_SECONDS, metavar="SECONDS",
         help="openpop: seconds for every other host to answer at the rendezvous port before the launch "
-             f"stops (multi-host; default {HOST_ANSWER_SECONDS:g}; 0: no check)")
-    add("program", nargs="?")
-    add("program_args", nargs=argparse.REMAINDER)
+             "stops (multi-host; 0: no check)")
+    add("program", nargs="?", help="the program to run, then its arguments")
+    add("program_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     return parser
 
 

@@ -10,6 +10,7 @@ import argparse
 import signal
 import sys
 
+from openpop.cli_help import HelpFormatter, examples
 from openpop.k8s import messages
 from openpop.k8s.convert import TARGETS, ConvertOptions, convert_documents, write_job
 from openpop.k8s.documents import dump_documents, read_documents
@@ -41,19 +42,19 @@ def _positive_int(text):
 
 def _target_options(parser):
     parser.add_argument("--to", choices=TARGETS, default="pytorchjob",
-                        help="kubeflow.org/v1 PyTorchJob (training-operator 1.x, default) or "
+                        help="kubeflow.org/v1 PyTorchJob (training-operator 1.x) or "
                              "trainer.kubeflow.org/v1alpha1 TrainJob (Kubeflow Trainer 2.x)")
-    parser.add_argument("--image", help="the container image of the pods")
+    parser.add_argument("--image", help="the container image of the pods (one with openpop installed)")
     parser.add_argument("--device", choices=("cpu", "gpu"), default="cpu",
                         help="what the virtual IPUs run on: CPU requests or nvidia.com/gpu")
-    parser.add_argument("--pods", type=_positive_int,
+    parser.add_argument("--pods", type=_positive_int, metavar="N",
                         help="spread poprun's --num-instances over this many pods "
                              "(the rest are processes per pod)")
-    parser.add_argument("--gpus-per-pod", type=_positive_int,
+    parser.add_argument("--gpus-per-pod", type=_positive_int, metavar="N",
                         help="nvidia.com/gpu per pod with --device gpu (default: one per IPU, at most 8)")
     parser.add_argument("--name", help="the job's name")
     parser.add_argument("--runtime", default="torch-distributed",
-                        help="the TrainJob's ClusterTrainingRuntime (default torch-distributed)")
+                        help="the TrainJob's ClusterTrainingRuntime")
 
 
 def _options(args):
@@ -64,31 +65,46 @@ def _options(args):
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(prog="openpop-k8s", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="subcommand", required=True)
+    parser = argparse.ArgumentParser(
+        prog="openpop-k8s", formatter_class=HelpFormatter,
+        description="IPU-era Kubernetes jobs on Kubeflow: convert IPUJob manifests, render a job from a "
+                    "command line, validate manifests, run a job on this machine.",
+        epilog=examples("openpop-k8s convert ipujob.yaml --image ghcr.io/example/openpop:0.1 > pytorchjob.yaml",
+                        "openpop-k8s run-local pytorchjob.yaml --dry-run"))
+    commands = parser.add_subparsers(dest="subcommand", required=True, metavar="COMMAND")
 
-    convert = commands.add_parser("convert", help="IPUJob manifest -> PyTorchJob / TrainJob")
+    def command(name, help, *example):
+        return commands.add_parser(name, help=help, description=help[0].upper() + help[1:] + ".",
+                                   formatter_class=HelpFormatter, epilog=examples(*example))
+
+    convert = command("convert", "IPUJob manifest -> PyTorchJob / TrainJob",
+                      "openpop-k8s convert ipujob.yaml --image ghcr.io/example/openpop:0.1 --pods 2 "
+                      "> pytorchjob.yaml")
     convert.add_argument("manifest", help="a YAML file of IPUJob documents ('-': stdin)")
     _target_options(convert)
     convert.add_argument("--keep-ipc-lock", action="store_true",
                          help="keep the IPC_LOCK capability (removed by default)")
 
-    render = commands.add_parser("render", help="a command line -> PyTorchJob / TrainJob")
+    render = command("render", "a command line -> PyTorchJob / TrainJob",
+                     "openpop-k8s render --image ghcr.io/example/openpop:0.1 --name bert --num-instances 2 "
+                     "--num-replicas 2 -- openpop-bert --config cpu_tiny_128")
     _target_options(render)
     for flag in ("--num-instances", "--num-replicas", "--ipus-per-replica"):
-        render.add_argument(flag, type=_positive_int,
+        render.add_argument(flag, type=_positive_int, metavar="N",
                             help=f"poprun's {flag}: run the command under poprun with it")
     render.add_argument("command", nargs=argparse.REMAINDER,
                         help="-- then the command, e.g. -- poprun --num-instances 2 ... openpop-bert ...")
 
-    validate = commands.add_parser("validate", help="check IPUJob / PyTorchJob / TrainJob manifests")
-    validate.add_argument("manifest")
+    validate = command("validate", "check IPUJob / PyTorchJob / TrainJob manifests",
+                       "openpop-k8s validate pytorchjob.yaml")
+    validate.add_argument("manifest", help="a YAML file of manifests ('-': stdin)")
 
-    run = commands.add_parser("run-local", help="run a PyTorchJob / TrainJob on this machine")
-    run.add_argument("manifest")
+    run = command("run-local", "run a PyTorchJob / TrainJob on this machine",
+                  "openpop-k8s run-local pytorchjob.yaml --command 'openpop-bert --config cpu_tiny_128'")
+    run.add_argument("manifest", help="a YAML file of PyTorchJob / TrainJob documents ('-': stdin)")
     run.add_argument("--command", help="run this command line in every pod instead of the "
                                        "container's command and args")
-    run.add_argument("--master-port", type=_positive_int,
+    run.add_argument("--master-port", type=_positive_int, metavar="PORT",
                      help="the rendezvous port to use instead of the job's (23456 / 29400)")
     run.add_argument("--dry-run", action="store_true",
                      help="print each pod's command line and environment; run nothing")

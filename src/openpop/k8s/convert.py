@@ -98,16 +98,18 @@ def _check_replica_counts(job, launch, report):
         if expected != launch.num_replicas:
             raise ManifestError("spec.modelReplicasPerWorker",
                                 messages.REPLICAS_PER_WORKER_MISMATCH.format(
-                                    model_replicas_per_worker=job.model_replicas_per_worker,
-                                    worker_replicas=job.worker_replicas, expected=expected,
+                                    per_worker=messages.counted(job.model_replicas_per_worker, "replica"),
+                                    workers=messages.counted(job.worker_replicas, "worker"),
+                                    expected=messages.counted(expected, "replica"),
                                     num_replicas=launch.num_replicas))
         report.mapped("spec.modelReplicasPerWorker",
                       f"carried by poprun --num-replicas {launch.num_replicas} in the pods' command")
     if launch.ipus > job.ipus_per_job_instance:
         raise ManifestError("spec.ipusPerJobInstance",
                             messages.IPUS_PER_INSTANCE_MISMATCH.format(
-                                ipus_per_job_instance=job.ipus_per_job_instance, num_replicas=launch.num_replicas,
-                                ipus_per_replica=launch.ipus_per_replica, ipus=launch.ipus))
+                                job_ipus=messages.counted(job.ipus_per_job_instance, "IPU"),
+                                num_replicas=launch.num_replicas, ipus_per_replica=launch.ipus_per_replica,
+                                ipus=messages.counted(launch.ipus, "IPU")))
 
 
 def _restart(job, pod_restart, target, report):

@@ -67,12 +67,12 @@ def device_resources(container, device, ipus_per_pod, gpus_per_pod, report, path
         resources.setdefault("limits", {})["nvidia.com/gpu"] = str(count)
         capped = "" if gpus_per_pod is not None or count == ipus_per_pod else \
             f" (capped at {MAX_GPUS_PER_POD}: the {ipus_per_pod} virtual IPUs share them; --gpus-per-pod N to choose)"
-        report.mapped(path, f"{ipus_per_pod} IPUs per pod -> resources.limits nvidia.com/gpu: "
+        report.mapped(path, f"{messages.counted(ipus_per_pod, 'IPU')} per pod -> resources.limits nvidia.com/gpu: "
                             f"{count}{capped}")
         return
     requests = resources.setdefault("requests", {})
     if "cpu" in requests:
-        report.mapped(path, f"{ipus_per_pod} IPUs per pod -> the container's own resources.requests "
+        report.mapped(path, f"{messages.counted(ipus_per_pod, 'IPU')} per pod -> the container's own resources.requests "
                             f"cpu: {requests['cpu']} (kept)")
         return
     count = ipus_per_pod
@@ -81,7 +81,7 @@ def device_resources(container, device, ipus_per_pod, gpus_per_pod, report, path
     if limit is not None and _cpu_cores(limit) < count:
         count, note = limit, " (the container's CPU limit)"
     requests["cpu"] = str(count)
-    report.mapped(path, f"{ipus_per_pod} IPUs per pod -> resources.requests cpu: {count}{note}")
+    report.mapped(path, f"{messages.counted(ipus_per_pod, 'IPU')} per pod -> resources.requests cpu: {count}{note}")
 
 
 def _cpu_cores(quantity):

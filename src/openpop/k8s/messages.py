@@ -1,6 +1,11 @@
 """The texts of openpop-k8s's errors: each completes a ManifestError raised at the offending field's path."""
 
 # --- cli ------------------------------------------------------------------------
+def counted(number, word):
+    """``1 IPU``, ``2 IPUs``: a count and its noun (plural with an s)."""
+    return f"{number} {word}" if number == 1 else f"{number} {word}s"
+
+
 AT_LEAST_ONE = "must be at least 1, got {value}"
 WHOLE_NUMBER = "must be a whole number, got {text!r}"
 
@@ -9,14 +14,14 @@ MPIRUN_LAUNCHER = (
     "an mpirun launcher needs Kubeflow's MPIJob (mpi-operator); openpop-k8s converts launchers that run "
     "poprun")
 IPUS_PER_INSTANCE_MISMATCH = (
-    "{ipus_per_job_instance} IPUs, but poprun runs --num-replicas {num_replicas} x --ipus-per-replica "
-    "{ipus_per_replica} = {ipus} IPUs: make them agree")
+    "{job_ipus}, but poprun runs --num-replicas {num_replicas} x --ipus-per-replica "
+    "{ipus_per_replica} = {ipus}: make them agree")
 PODS_WITHOUT_POPRUN = (
     "without poprun in the command each worker pod runs it once: the job has {worker_replicas} worker pods")
 WORKERS_PER_INSTANCE_MISMATCH = (
     "{workers_per_job_instance}, but spec.workers.replicas is {worker_replicas}: make them agree")
 REPLICAS_PER_WORKER_MISMATCH = (
-    "{model_replicas_per_worker} replicas per worker x {worker_replicas} workers = {expected} replicas, "
+    "{per_worker} per worker x {workers} = {expected}, "
     "but poprun runs --num-replicas {num_replicas}: make them agree")
 CONVERT_TARGET = "must be one of {targets}, got {to!r}"
 CONVERT_KIND = "openpop-k8s convert reads IPUJob (graphcore.ai/v1alpha1) documents, got kind {got!r}"
