@@ -65,11 +65,51 @@ class DebugContext:
 
 
 class InputSettings:
-    """Accepted for compatibility (tile set, exchange strategy, replicated stream mode)."""
+    """``InputSettings(tileSet=Compute, exchangeStrategy=JustInTime)`` or
+    ``InputSettings(ReplicatedStreamMode)``. The replicated stream mode has its meaning: a
+    ``Broadcast`` input is given once per micro-batch and every replica reads it (PopART's stepio
+    then expects no replication dimension); tile set and exchange strategy (IPU memory and I/O
+    scheduling) are recorded in the model as PopART records them and change nothing off-IPU."""
 
     def __init__(self, *args, **kwargs):
-        self.args = args
-        self.kwargs = kwargs
+        from .enums import ExchangeStrategy, ReplicatedStreamMode, TileSet
+        self._tile_set, self._exchange = TileSet.Compute, ExchangeStrategy.JustInTime
+        self._mode = ReplicatedStreamMode.Replicate
+        mode = kwargs.pop("relicatedStreamMode", kwargs.pop("replicatedStreamMode", None))
+        if mode is None and args and isinstance(args[0], ReplicatedStreamMode):
+            mode, args = args[0], args[1:]
+        if mode is not None:
+            if args or kwargs:
+                raise TypeError(messages.INPUT_SETTINGS_ARGUMENTS)
+            self._mode = ReplicatedStreamMode(int(mode))
+            return
+        names = ["tileSet", "exchangeStrategy"]
+        if len(args) > 2 or set(kwargs) - set(names) or any(n in kwargs for n in names[:len(args)]):
+            raise TypeError(messages.INPUT_SETTINGS_ARGUMENTS)
+        values = dict(zip(names, args), **kwargs)
+        self._tile_set = TileSet(int(values.get("tileSet", TileSet.Compute)))
+        self._exchange = ExchangeStrategy(int(values.get("exchangeStrategy", ExchangeStrategy.JustInTime)))
+
+    def tileSet(self):
+        return self._tile_set
+
+    def exchangeStrategy(self):
+        return self._exchange
+
+    def replicatedStreamMode(self):
+        return self._mode
+
+    def metadata(self, tensor_id: str) -> dict:
+        """The model metadata PopART's builder writes for an input with these settings."""
+        return {f"{TILE_SET_KEY}/{tensor_id}": str(int(self._tile_set)),
+                f"{EXCHANGE_STRATEGY_KEY}/{tensor_id}": str(int(self._exchange)),
+                f"{REPLICATED_STREAM_MODE_KEY}/{tensor_id}": str(int(self._mode))}
+
+
+# Model metadata keys (PopART's names.hpp), each followed by "/<input id>".
+TILE_SET_KEY = "__tile_set"
+EXCHANGE_STRATEGY_KEY = "__exchange_strategy"
+REPLICATED_STREAM_MODE_KEY = "__replicated_stream_mode"
 
 
 class _ScopedAnnotation:
@@ -109,6 +149,7 @@ class Builder:
         self._subgraphs: list[Builder] = []
         self._outer = set()  # enclosing graphs' tensors this subgraph reads
         self._replication_factor = 1
+        self._metadata: dict[str, str] = {}  # the model's metadata_props (input settings)
         self._loaded = modelProtoOrFilename is not None
         if modelProtoOrFilename is not None:
             self._load(modelProtoOrFilename)
@@ -121,6 +162,7 @@ class Builder:
         from .external_data import check_locations  # PopART checks the model (ONNX's checker) as it loads it
         check_locations(proto)
         self._graph.CopyFrom(proto.graph)
+        self._metadata.update((p.key, p.value) for p in proto.metadata_props)
         for opset in proto.opset_import:
             self._opsets[registry._canon(opset.domain)] = opset.version
         for init in self._graph.initializer:
@@ -221,8 +263,7 @@ class Builder:
         """``addInputTensor(TensorInfo[, InputSettings], debugContext="")`` or
         ``addInputTensor(dtype, shape[, InputSettings], debugContext="")``."""
         args = list(args)
-        if "settings" in kwargs:
-            kwargs.pop("settings")
+        settings = kwargs.pop("settings", None)
         if "tensorInfo" in kwargs:
             args.insert(0, kwargs.pop("tensorInfo"))
         if kwargs:
@@ -238,10 +279,15 @@ class Builder:
         for extra in rest:
             if isinstance(extra, (str, DebugContext)):
                 debugContext = extra
-            elif not isinstance(extra, InputSettings):
+            elif isinstance(extra, InputSettings):
+                settings = extra
+            else:
                 raise TypeError(messages.ADD_INPUT_UNEXPECTED_ARGUMENT.format(extra=extra))
         name = _debug_name(debugContext)
         tensor_id = self._unique_id(self._scoped(name or "input"))
+        if isinstance(args[0], tensorinfo.TensorInfo) and self._parent is None:
+            # (PopART's addInputTensor(dataType, shape, settings) drops the settings; so does this)
+            self._metadata.update((settings or InputSettings()).metadata(tensor_id))
         value = helper.make_tensor_value_info(tensor_id, tensorinfo.onnx_type(info.data_type()), info.shape())
         self._graph.input.append(value)
         self._inference.add_value(tensor_id, value.type)
@@ -403,8 +449,11 @@ class Builder:
             imports.append(helper.make_opsetid(registry.GRAPHCORE_DOMAIN, opsets[registry.GRAPHCORE_DOMAIN]))
         model = helper.make_model(graph, opset_imports=imports, producer_name="popart (openpop)")
         model.ir_version = 8
+        props = dict(self._metadata)
         if self._replication_factor > 1:
-            helper.set_model_props(model, {"replicationFactor": str(self._replication_factor)})
+            props["replicationFactor"] = str(self._replication_factor)
+        if props:
+            helper.set_model_props(model, props)
         return model
 
     def _value_info(self, name: str) -> onnx.ValueInfoProto:

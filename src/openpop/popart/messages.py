@@ -263,6 +263,11 @@ CALL_INPUT_COUNT_MISMATCH = (
 )
 SPARSE_CONSTANT_UNSUPPORTED = "constant(): is_value_sparse=True (a sparse constant) is not supported by openpop"
 
+INPUT_SETTINGS_ARGUMENTS = (
+    "InputSettings(): takes (tileSet=TileSet.Compute, exchangeStrategy=ExchangeStrategy.JustInTime) or "
+    "(ReplicatedStreamMode)"
+)
+
 # --- optimizers.py -----------------------------------------------------------------------------
 CLIP_ALL_WEIGHTS_NOT_ALONE = (
     "Multiple clip groups specified, but one has the mode 'ClipAllWeights'. When using "

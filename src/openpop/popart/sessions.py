@@ -30,6 +30,7 @@ the loss (times the optimizer's loss scaling, as PopART's gradient tensors are s
 step's micro-batches. With pipelining but no gradient accumulation PopART updated weights per
 micro-batch with stale weights; openpop runs such a model sharded (same stages, no staleness).
 """
+import copy
 import logging
 from typing import Optional
 
@@ -45,10 +46,10 @@ from ..enums import ReductionType as PoptorchReduction
 from ..models import inferenceModel, trainingModel
 from ..options import Options
 from . import distributed, external_data, messages, placement, tensorinfo
-from .builder import load_model
+from .builder import REPLICATED_STREAM_MODE_KEY, load_model
 from .dataflow import DataFlow
 from .devices import DeviceInfo
-from .enums import AnchorReturnTypeId, RecomputationType, SyntheticDataMode
+from .enums import AnchorReturnTypeId, RecomputationType, ReplicatedStreamMode, SyntheticDataMode
 from .errors import popart_exception
 from .graph import GraphProgram, OnnxGraphModule
 from .optimizers import Optimizer
@@ -100,7 +101,7 @@ class _Session:
         self.name = name
         self._training = training
         self._device = deviceInfo
-        self._options = options
+        self._options = copy.deepcopy(options)  # PopART copies them: later changes do not reach the session
         self.dataFlow = dataFlow
         self._patterns = patterns
         if patterns is not None and hasattr(patterns, "check_mandatory"):
@@ -110,6 +111,9 @@ class _Session:
             _apply_input_shapes(model, inputShapeInfo)
         self._program = GraphProgram(model)
         self._program.check_supported()
+        prefix = REPLICATED_STREAM_MODE_KEY + "/"  # inputs every replica reads (ReplicatedStreamMode.Broadcast)
+        self._broadcast_inputs = {p.key[len(prefix):] for p in model.metadata_props
+                                  if p.key.startswith(prefix) and p.value == str(int(ReplicatedStreamMode.Broadcast))}
         self._infos = _infer_all(self._program)
         for tensor_id in self._program.input_ids:
             if self._infos[tensor_id].nelms() == 0:
@@ -415,12 +419,16 @@ class _Session:
                 raise popart_exception(messages.STEPIO_INPUT_MISSING.format(
                     tensor_id=tensor_id, input_ids=', '.join(self._module.input_ids)))
             array = np.asarray(stepio.inputs[tensor_id])
+            broadcast = tensor_id in self._broadcast_inputs
             if stepio.runtimeAssertsEnabled():
                 check_input_size(tensor_id, array, info.nelms(), int(o.replicatedGraphCount),
-                                 int(o.accumulationFactor), self._bps)
-            if array.size != n * info.nelms():
+                                 int(o.accumulationFactor), self._bps, broadcast)
+            given = n // self.replicationFactor if broadcast else n
+            if array.size != given * info.nelms():
                 raise popart_exception(messages.INPUT_ELEMENT_COUNT.format(
-                    tensor_id=tensor_id, nelms=n * info.nelms(), size=array.size))
+                    tensor_id=tensor_id, nelms=given * info.nelms(), size=array.size))
+            if broadcast:  # [bps * accl, *S] -> the same micro-batch for each replica: [bps * accl * repl, *S]
+                array = np.repeat(array.reshape([given, 1] + info.shape()), self.replicationFactor, axis=1)
             if array.dtype != dtype:
                 if not np.can_cast(array.dtype, dtype, casting="same_kind"):
                     raise popart_exception(messages.INPUT_DATA_TYPE_MISMATCH.format(

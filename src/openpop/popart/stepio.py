@@ -62,8 +62,10 @@ class PyWeightsIO:
         return tensor_id in self.weights
 
 
-def check_input_size(tensor_id: str, array: np.ndarray, nelms: int, repl: int, accl: int, bps: int) -> None:
-    expected = nelms * repl * accl * bps
+def check_input_size(tensor_id: str, array: np.ndarray, nelms: int, repl: int, accl: int, bps: int,
+                     broadcast: bool = False) -> None:
+    """PopART's input size assertion; a ``Broadcast`` input (ReplicatedStreamMode) has no replicas."""
+    expected = nelms * (1 if broadcast else repl) * accl * bps
     if array.size != expected:
         raise popart_exception(SIZE_ERROR.format(id=tensor_id, expected=expected, got=array.size, repl=repl,
                                                  accl=accl, bps=bps, nelms=nelms))
