@@ -2,8 +2,9 @@
 
 The documentation's reference page (``docs/reference/environment-variables.md``) is generated from
 ``VARIABLES``; ``tests/test_docs.py`` checks that the page is current and that every ``OPENPOP_*``
-name in ``src/openpop`` is listed here. Modules keep reading their variables themselves (most
-through a name constant such as ``selection.ENV``); this module only describes them.
+name in ``src/openpop`` is listed here. openpop's own settings (the first group) are the fields of
+``openpop_settings.SETTINGS``, the one module that reads them; the other groups are Graphcore's
+variables openpop honours and those openpop's launchers set for the processes they start.
 
     python -m openpop.env_vars            # print the reference page (Markdown)
     python -m openpop.env_vars --write    # rewrite docs/reference/environment-variables.md
@@ -15,6 +16,8 @@ import argparse
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from . import openpop_settings
 
 OPENPOP = "openpop"
 POPTORCH = "ipu-stack"
@@ -52,83 +55,8 @@ class EnvVar:
 
 
 VARIABLES = (
-    # --- devices and execution ---------------------------------------------------------------
-    EnvVar("OPENPOP_DEVICE_MAP", "unset: every CUDA GPU round-robin, else the CPU",
-           "The torch devices virtual IPUs run on, comma-separated (`cuda:0,cuda:1`, `cpu`). Virtual IPU "
-           "`i` of replica `r` runs on entry `r * ipus_per_replica + i`, reused round-robin. Used when "
-           "`Options.deviceMap()` is empty. poprun sets it for each instance on a GPU host.",
-           see="coming-from-ipus.md#choosing-cpus-and-gpus"),
-    EnvVar("OPENPOP_CONCURRENT_STAGES", "`auto`",
-           "`auto`, `on` or `off`: whether pipeline stages on different devices run micro-batches "
-           "concurrently on host threads. `auto` turns it on when the plan uses more than one device.",
-           see="guides/model-parallelism.md#pipelining"),
-    EnvVar("OPENPOP_HOST_MEMORY", "`auto`",
-           "`auto`, `retain` or `release`: whether the process keeps freed host memory for the next step "
-           "(glibc `mallopt`). `auto` retains it once a training model is wrapped; `retain` for inference "
-           "models too; `release` keeps glibc's defaults. Any other value is an error when a model is "
-           "wrapped.",
-           see="guides/poptorch.md#host-memory-between-steps"),
-    # --- compiled backend ---------------------------------------------------------------------
-    EnvVar("OPENPOP_BACKEND", "`auto` (`openpop-bert`: `eager`)",
-           "`auto`, `eager` or `compiled`: how host calls run, for options that do not call "
-           "`Options.openpopBackend()`.",
-           see="guides/compiled-backend.md"),
-    EnvVar("OPENPOP_COMPILE_AFTER", "unset: the estimated compile time of the model (30 s without an "
-           "estimate)",
-           "Seconds of eager host calls after which the `auto` backend compiles; `0` compiles at the first "
-           "call. `Options.openpopBackend(\"auto\", compile_after=...)` wins.",
-           see="guides/compiled-backend.md#when-auto-compiles"),
-    EnvVar("OPENPOP_COMPILED_UNIT", "`auto`",
-           "`auto`, `program` or `regions`: what the compiled backend compiles - the whole host call as one "
-           "program, or the model's blocks one by one with the host call run eagerly. `auto` takes regions "
-           "for models whose ops each take about a millisecond or more.",
-           see="guides/compiled-backend.md#program-or-regions"),
-    EnvVar("OPENPOP_CPU_GEMM", "`auto`",
-           "`auto`, `onednn` or `aten`: which library runs float32 matrix products in compiled regions on "
-           "the CPU. `auto` times both once per process and takes oneDNN when it is at least 1.25x faster.",
-           see="guides/compiled-backend.md#settings"),
-    EnvVar("OPENPOP_DISABLE_PASSES", "unset: every pass whose probe passes",
-           "Comma-separated names of openpop's Inductor passes to turn off (`attention_backward`, "
-           "`dropout_masks`, `onednn_matmuls`, `kernel_batch`); torch's own path runs in their place.",
-           see="reference/inductor-passes.md"),
-    EnvVar("OPENPOP_CACHE_LOCK_TIMEOUT", "`1800`",
-           "Seconds a process waits for another one compiling into the same executable cache directory "
-           "before it compiles without the lock.",
-           see="guides/compiled-backend.md#the-executable-cache"),
-    # --- precision ----------------------------------------------------------------------------
-    EnvVar("OPENPOP_HALF_COMPUTE", "`auto`",
-           "`auto`, `native` or `float32`: how CPUs compute the matmuls and convolutions of float16 and "
-           "bfloat16 models. `auto` measures this CPU once per process and computes in float32 where "
-           "half precision is slower. Read when a model is wrapped; any other value is an error there.",
-           see="guides/precision.md#half-precision-at-cpu-speed"),
-    # --- front-ends ---------------------------------------------------------------------------
-    EnvVar("OPENPOP_LIGHTNING_HOOK", "`1` (on)",
-           "`0`, `off`, `false` or `no` stop the import hook that adds `IPUStrategy` and friends to "
-           "Lightning when it is imported; then `import openpop.lightning` does it.",
-           see="guides/lightning.md#how-the-names-resolve"),
-    EnvVar("OPENPOP_POPART_NUM_IPUS", "`64`",
-           "How many virtual IPUs `popart.DeviceManager()` offers.",
-           see="guides/popart.md#devices"),
-    EnvVar("OPENPOP_CACHE_DIR", "`~/.cache/openpop`",
-           "Root of `openpop-bert`'s data cache (corpus, tokenizer and examples go to `<root>/bert`); "
-           "`--data-cache-dir` wins.",
-           see="guides/bert.md#data"),
-    # --- scale-out ----------------------------------------------------------------------------
-    EnvVar("OPENPOP_COLLECTIVE_TIMEOUT", "`600`",
-           "Seconds before a collective across poprun's instances that does not complete fails with an "
-           "error naming it. poprun's `--collective-timeout` sets it for every instance.",
-           see="guides/scale-out.md#faults"),
-    EnvVar("OPENPOP_ALLREDUCE_BUCKET_MB", "`25`",
-           "Size in MB of the buckets in which gradients are all-reduced across processes.",
-           see="guides/scale-out.md#global-replication"),
-    EnvVar("OPENPOP_ALLREDUCE_OVERLAP", "`1` (on)",
-           "`0` stops reducing gradient buckets during the last micro-batch's backward pass; they are then "
-           "reduced after it.",
-           see="guides/scale-out.md#global-replication"),
-    EnvVar("OPENPOP_HOROVOD_COMPAT", "`1` (on)",
-           "`0` stops `import horovod.torch` from finding openpop's compatibility layer when horovod is "
-           "not installed.",
-           see="guides/scale-out.md#horovod"),
+    # openpop's own settings: documented, read and parsed in openpop_settings.py
+    *(EnvVar(setting.env, setting.default, setting.meaning, see=setting.see) for setting in openpop_settings.SETTINGS),
     # --- Graphcore's ----------------------------------------------------------------------------
     EnvVar("POPTORCH_LOG_LEVEL", "`WARN`",
            "`TRACE`, `DEBUG`, `INFO`, `WARN`, `ERR` or `OFF`: the level of `poptorch.logger`. `INFO` shows "

@@ -1213,7 +1213,7 @@ class Options(OptionsDict):
         Raises:
             poptorch.Error: An unknown backend or unit, or a negative ``compile_after``.
         """
-        from .runtime.compiled.selection import check_backend, check_unit
+        from .openpop_settings import check_backend, check_unit
         check_backend(backend)
         if unit is not None:
             check_unit(unit)

@@ -35,6 +35,7 @@ import torch
 
 import poptorch
 
+from .. import openpop_settings
 from ..atomic_file import atomic_write, remove_stale_temporaries
 from . import messages
 from .config import BertRunConfig
@@ -92,7 +93,7 @@ class PretrainingDataset(torch.utils.data.Dataset):
 def cache_dir_for(config: BertRunConfig) -> str:
     if config.data_cache_dir:
         return os.path.expanduser(config.data_cache_dir)
-    root = os.environ.get("OPENPOP_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "openpop")
+    root = openpop_settings.read("cache_dir")
     return os.path.join(root, "bert")
 
 

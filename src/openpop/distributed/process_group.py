@@ -24,6 +24,7 @@ import contextlib
 import datetime
 import os
 
+from .. import openpop_settings
 from . import instance as _env
 
 _current = []          # stack of subgroups entered by execute_on_instances
@@ -36,7 +37,7 @@ def launched_by_torchrun() -> bool:
 
 
 def collective_timeout() -> float:
-    return float(os.environ.get(_env.COLLECTIVE_TIMEOUT, _env.DEFAULT_COLLECTIVE_TIMEOUT))
+    return openpop_settings.read("collective_timeout")
 
 
 def backend() -> str:

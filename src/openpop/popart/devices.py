@@ -6,9 +6,9 @@ openpop's device map (CUDA GPUs round-robin, else the CPU; ``OPENPOP_DEVICE_MAP`
 holds ``OPENPOP_POPART_NUM_IPUS`` (default 64) IPUs, so scripts that enumerate or acquire
 IPUs find them. ``SyncPattern`` and connection types are accepted and change nothing here.
 """
-import os
 from typing import Optional
 
+from .. import openpop_settings
 from . import messages
 from .enums import DeviceConnectionType, DeviceSelectionCriterion, DeviceType, SyncPattern
 from .errors import popart_exception
@@ -17,7 +17,7 @@ DEFAULT_TILES = 1472
 
 
 def pool_size() -> int:
-    return int(os.environ.get("OPENPOP_POPART_NUM_IPUS", "64"))
+    return openpop_settings.read("popart_num_ipus")
 
 
 class DeviceInfo:

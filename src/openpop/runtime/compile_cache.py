@@ -34,15 +34,14 @@ import time
 from collections.abc import Iterator
 from typing import Optional
 
-from .. import errors
+from .. import errors, openpop_settings
 from ..log import logger
 from . import messages
 
 ENVIRONMENT_VARIABLE = "POPTORCH_CACHE_DIR"
 OPTION = "poptorch.Options.enableExecutableCaching()"
 LOCK_FILE = "openpop-compile.lock"
-LOCK_TIMEOUT_ENV = "OPENPOP_CACHE_LOCK_TIMEOUT"
-LOCK_TIMEOUT = 1800.0
+LOCK_TIMEOUT_ENV = openpop_settings.env("cache_lock_timeout")
 _LOCK_POLL = 0.05
 
 # torch's counters (torch._dynamo.utils.counters) that tell a cache hit from a fresh compile.
@@ -77,8 +76,8 @@ class CompileCache:
         if options is None:
             path, default_source = environment, ENVIRONMENT_VARIABLE
         else:
-            settings = options._Popart.options
-            path = settings.get("cachePath") if settings.get("enableEngineCaching") else None
+            from .settings import executable_cache_path
+            path = executable_cache_path(options)
             default_source = ENVIRONMENT_VARIABLE if path and path == environment else OPTION
         if not path:
             return None
@@ -107,7 +106,7 @@ class CompileCache:
         """This process alone compiles into the directory until the block ends (module docstring).
         Yields whether the lock is held (False after a timeout)."""
         if timeout is None:
-            timeout = float(os.environ.get(LOCK_TIMEOUT_ENV) or LOCK_TIMEOUT)
+            timeout = openpop_settings.read("cache_lock_timeout")
         with _held_locks_guard:
             held = _held_locks.get(self.path)
             if held is not None:

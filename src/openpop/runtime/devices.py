@@ -11,7 +11,6 @@ with replica 1 (``replica * ipus_per_replica + ipu``); a shorter list is reused 
 Replicas whose devices differ from replica 0's get their own weights there (``replicas.py``);
 replicas sharing replica 0's devices run one after another on its weights.
 """
-import os
 import threading
 from collections.abc import Sequence
 from typing import Optional
@@ -19,10 +18,10 @@ from typing import Optional
 import torch
 from torch.overrides import TorchFunctionMode
 
-from .. import errors
+from .. import errors, openpop_settings
 from . import messages
 
-DEVICE_MAP_ENV = "OPENPOP_DEVICE_MAP"
+DEVICE_MAP_ENV = openpop_settings.env("device_map")
 HOST = torch.device("cpu")
 
 
@@ -72,7 +71,7 @@ def resolve_device_map(ipus_per_replica: int, replicas: int, explicit: Optional[
     """The device map for a plan; validates that every named device exists."""
     source = "Options.deviceMap"
     if not explicit:
-        env = os.environ.get(DEVICE_MAP_ENV)
+        env = openpop_settings.read("device_map")
         if env:
             explicit, source = parse_device_list(env), DEVICE_MAP_ENV
     if explicit:

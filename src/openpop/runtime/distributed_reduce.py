@@ -40,14 +40,13 @@ from typing import Optional
 
 import torch
 
-from .. import errors
+from .. import errors, openpop_settings
 from ..distributed import messages as distributed_messages
 from ..enums import ReductionType
 from . import messages, trace
 
-BUCKET_MB_ENV = "OPENPOP_ALLREDUCE_BUCKET_MB"
-DEFAULT_BUCKET_MB = 25.0
-OVERLAP_ENV = "OPENPOP_ALLREDUCE_OVERLAP"
+BUCKET_MB_ENV = openpop_settings.env("allreduce_bucket_mb")
+OVERLAP_ENV = openpop_settings.env("allreduce_overlap")
 
 
 class CollectiveTimeout(RuntimeError):
@@ -59,7 +58,7 @@ _PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken p
 
 
 def _bucket_bytes() -> int:
-    return int(float(os.environ.get(BUCKET_MB_ENV, DEFAULT_BUCKET_MB)) * 1024 * 1024)
+    return int(openpop_settings.read("allreduce_bucket_mb") * 1024 * 1024)
 
 
 def buckets_of(tensors: list[torch.Tensor], cap_bytes: int) -> list[list[int]]:
@@ -132,7 +131,7 @@ class GlobalReplication:
         self.process_id = process_id
         self.mean = mean
         self.steps = 0
-        self.overlap_enabled = os.environ.get(OVERLAP_ENV, "1") != "0"
+        self.overlap_enabled = openpop_settings.read("allreduce_overlap")
         self._params = None
         self._buckets = None
         self._bucket_key = None

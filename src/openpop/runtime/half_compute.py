@@ -52,14 +52,14 @@ from typing import Optional
 import torch
 from torch.overrides import TorchFunctionMode
 
+from .. import openpop_settings
 from ..log import logger
 from ..torch_compat import NN_FUNCTIONS_MODULE, DisableTorchFunction, disable_current_modes, pytree
 from . import messages
-from .env_choice import choice_from_env
 from .machine_rates import remembered
 
 LOW_PRECISION = (torch.float16, torch.bfloat16)
-SETTING_ENV = "OPENPOP_HALF_COMPUTE"
+SETTING_ENV = openpop_settings.env("half_compute")
 SETTINGS = ("auto", "native", "float32")
 MATMUL, CONVOLUTION = "matmul", "convolution"
 # A half dtype is computed natively when its measured rate is at least this fraction of float32's.
@@ -102,7 +102,7 @@ _OPS = _op_table()
 # ---------------------------------------------------------------------- policy
 def setting_from_env() -> str:
     """``OPENPOP_HALF_COMPUTE`` (default ``auto``); a bad value raises ``ValueError`` naming the fix."""
-    return choice_from_env(SETTING_ENV, SETTINGS, messages.HALF_COMPUTE_ENV)
+    return openpop_settings.choice("half_compute", SETTINGS, messages.HALF_COMPUTE_ENV)
 
 
 @contextlib.contextmanager

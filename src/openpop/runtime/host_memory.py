@@ -28,11 +28,11 @@ import ctypes
 import sys
 from typing import Optional
 
+from .. import openpop_settings
 from ..log import logger
 from . import messages
-from .env_choice import choice_from_env
 
-SETTING_ENV = "OPENPOP_HOST_MEMORY"
+SETTING_ENV = openpop_settings.env("host_memory")
 SETTINGS = ("auto", "retain", "release")  # auto: training executors retain
 # mallopt's parameter numbers (glibc's malloc.h).
 _M_TRIM_THRESHOLD = -1
@@ -45,7 +45,7 @@ _retaining = None  # None: not decided yet; then True or False for the process
 
 def setting_from_env() -> str:
     """``OPENPOP_HOST_MEMORY`` (default ``auto``); a bad value raises ``ValueError`` naming the fix."""
-    return choice_from_env(SETTING_ENV, SETTINGS, messages.HOST_MEMORY_ENV)
+    return openpop_settings.choice("host_memory", SETTINGS, messages.HOST_MEMORY_ENV)
 
 
 def _glibc():

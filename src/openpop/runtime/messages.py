@@ -19,10 +19,6 @@ CACHE_LOCK_TIMEOUT = ("Executable cache %s: still locked after %.0f s; compiling
                       "OPENPOP_CACHE_LOCK_TIMEOUT to wait longer)")
 
 # --- compiled backend -----------------------------------------------------------
-UNKNOWN_BACKEND = ("Unknown openpop backend {name!r}: use one of {backends} "
-                   "(Options.openpopBackend or the {env} environment variable).")
-UNKNOWN_UNIT = ("Unknown compiled unit {name!r}: use one of {units} "
-                "(Options.openpopBackend(..., unit=...) or the {env} environment variable).")
 REGIONS_CONCURRENT = ("pipelined stages that run concurrently with the compiled unit 'regions', which runs "
                       "micro-batches one after another (use unit='program' or 'auto')")
 UNIT_REMEMBERED = "openpop compiled backend: unit %r (chosen before for this model, executable cache %s)"

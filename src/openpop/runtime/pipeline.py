@@ -38,12 +38,12 @@ order, with activations hopping devices at block boundaries.
 import concurrent.futures
 import contextlib
 import functools
-import os
 import threading
 
 import torch
 import torch.utils.checkpoint
 
+from .. import openpop_settings
 from ..annotations import block_annotation
 from ..torch_compat import get_current_function_mode_stack
 from . import context
@@ -51,7 +51,7 @@ from .buffer_state import buffer_slots
 from .devices import SameDeviceOps
 from .half_compute import LowPrecisionOps
 
-CONCURRENCY_ENV = "OPENPOP_CONCURRENT_STAGES"  # "auto" (default), "on" or "off"
+CONCURRENCY_ENV = openpop_settings.env("concurrent_stages")  # "auto" (default), "on" or "off"
 
 
 @contextlib.contextmanager
@@ -374,7 +374,7 @@ class DeviceLocks:
 
 
 def concurrency_wanted(distinct_devices: int) -> bool:
-    setting = os.environ.get(CONCURRENCY_ENV, "auto").lower()
+    setting = openpop_settings.read("concurrent_stages")
     if setting == "on":
         return True
     if setting == "off":

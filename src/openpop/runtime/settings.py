@@ -92,6 +92,13 @@ class RunSettings:
         return self.mean and self.mean_strategy == MeanReductionStrategy.Running
 
 
+def executable_cache_path(options):
+    """The executable cache directory ``options`` enable (``enableExecutableCaching``, PopART's
+    ``cachePath`` with ``enableEngineCaching``), or None."""
+    popart = options._Popart.options
+    return popart.get("cachePath") if popart.get("enableEngineCaching") else None
+
+
 def executor_options(options, training: bool, model, optimizer):
     """The executor's own frozen copy of the user's ``options`` (frozen too, as in use), with the
     defaults a training or inference model implies, and its optimizer (SGD unless given), checked."""

@@ -23,16 +23,16 @@ import logging
 
 import torch
 
+from ... import openpop_settings
 from ...torch_compat import mkldnn_linear_pointwise
 from .. import messages
-from ..env_choice import choice_from_env
 from ..half_compute import best_seconds, measuring
 from ..machine_rates import remembered
 from .graph_pass import SourceKeyedPass
 
 logger = logging.getLogger(__name__)
 
-SETTING_ENV = "OPENPOP_CPU_GEMM"
+SETTING_ENV = openpop_settings.env("cpu_gemm")
 SETTINGS = ("auto", "onednn", "aten")
 MIN_MACS = 1 << 22  # (128 x 128 x 256)
 MIN_SPEEDUP = 1.25  # a margin the measurement's noise does not cross (Zen 5: ~2.2x; an AVX-512 Xeon's MKL: ~1x)
@@ -54,7 +54,7 @@ def _(input, weight, bias=None):
 
 
 def setting_from_env() -> str:
-    return choice_from_env(SETTING_ENV, SETTINGS, messages.CPU_GEMM_ENV)
+    return openpop_settings.choice("cpu_gemm", SETTINGS, messages.CPU_GEMM_ENV)
 
 
 @remembered("cpu_gemm_float32")

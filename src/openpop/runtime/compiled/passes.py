@@ -14,14 +14,14 @@ The documentation's page (``docs/reference/inductor-passes.md``) is generated fr
 """
 import argparse
 import importlib
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ... import openpop_settings
 from .. import messages
 
-DISABLE_ENV = "OPENPOP_DISABLE_PASSES"
+DISABLE_ENV = openpop_settings.env("disable_passes")
 PAGE = Path(__file__).resolve().parents[4] / "docs" / "reference" / "inductor-passes.md"
 
 
@@ -93,8 +93,8 @@ _BY_NAME = {p.name: p for p in PASSES}
 def disabled() -> frozenset:
     """The passes ``OPENPOP_DISABLE_PASSES`` turns off (a ``ValueError`` naming the known ones for
     any other name)."""
-    raw = os.environ.get(DISABLE_ENV, "")
-    names = {name.strip().lower() for name in raw.split(",") if name.strip()}
+    raw = openpop_settings.raw("disable_passes")
+    names = set(openpop_settings.read("disable_passes"))
     unknown = sorted(names - set(_BY_NAME))
     if unknown:
         raise ValueError(messages.UNKNOWN_PASS.format(env=DISABLE_ENV, value=raw, unknown=", ".join(unknown),

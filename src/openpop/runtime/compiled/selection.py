@@ -21,37 +21,21 @@ Neither choice reads a clock: the eager seconds the rental counts are estimated 
 counts (``compile_cost.eager_call_seconds``) and the unit's rule counts FLOPs, so the same program
 switches at the same host call, to the same unit, on a busy machine as on an idle one.
 """
-import os
-
-from ... import errors
+from ... import openpop_settings
 from ...log import logger
+from ...openpop_settings import BACKENDS, UNITS, check_backend, check_unit  # noqa: F401  (the words Options take)
 from .. import messages
 
-BACKENDS = ("auto", "eager", "compiled")
-UNITS = ("auto", "program", "regions")
-ENV = "OPENPOP_BACKEND"
-UNIT_ENV = "OPENPOP_COMPILED_UNIT"
-COMPILE_AFTER_ENV = "OPENPOP_COMPILE_AFTER"  # e.g. 0: run a test suite compiled wherever possible
+ENV = openpop_settings.env("backend")
+UNIT_ENV = openpop_settings.env("compiled_unit")
+COMPILE_AFTER_ENV = openpop_settings.env("compile_after")  # e.g. 0: run a test suite compiled wherever possible
 DEFAULT_COMPILE_AFTER = 30.0  # seconds: C when there is no estimate
-
-
-def check_backend(name) -> str:
-    if name not in BACKENDS:
-        raise errors.createPoptorchError(messages.UNKNOWN_BACKEND.format(name=name, backends=", ".join(BACKENDS),
-                                                                         env=ENV))
-    return name
-
-
-def check_unit(name) -> str:
-    if name not in UNITS:
-        raise errors.createPoptorchError(messages.UNKNOWN_UNIT.format(name=name, units=", ".join(UNITS), env=UNIT_ENV))
-    return name
 
 
 def backend_from_env(default: str = "auto") -> str:
     """``OPENPOP_BACKEND`` if set, else ``default``."""
     default = check_backend(default)
-    return check_backend(os.environ.get(ENV) or default)
+    return check_backend(openpop_settings.raw("backend") or default)
 
 
 class Selection:
@@ -72,9 +56,10 @@ class Selection:
         """Options win; unset, the environment (``OPENPOP_BACKEND``, ``OPENPOP_COMPILE_AFTER``)."""
         backend = options.openpop_backend if options.explicitlySet("openpop_backend") else backend_from_env()
         compile_after = options.compile_after if options.explicitlySet("compile_after") else None
-        if compile_after is None and os.environ.get(COMPILE_AFTER_ENV):
-            compile_after = float(os.environ[COMPILE_AFTER_ENV])
-        unit = options.compiled_unit if options.explicitlySet("compiled_unit") else os.environ.get(UNIT_ENV) or "auto"
+        if compile_after is None:
+            compile_after = openpop_settings.read("compile_after")
+        unit = options.compiled_unit if options.explicitlySet("compiled_unit") \
+            else openpop_settings.read("compiled_unit")
         return cls(backend, compile_after, unit)
 
     @property
