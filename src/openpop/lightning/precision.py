@@ -202,7 +202,3 @@ def _holds_half(module_: torch.nn.Module) -> bool:
 def _overrides(model, name: str) -> bool:
     method = getattr(type(model), name, None)
     return method is not None and method is not getattr(pl.LightningModule, name, None)
-
-
-def dtype_of(plugin: Optional[Any]) -> torch.dtype:
-    return getattr(plugin, "dtype", torch.float32)

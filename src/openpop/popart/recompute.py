@@ -68,10 +68,6 @@ def regions(nodes: list, mode: RecomputationType) -> list[Optional[int]]:
     return numbered
 
 
-def any_recomputed(nodes, mode: RecomputationType) -> bool:
-    return any(r is not None for r in regions(nodes, mode))
-
-
 def run_checkpointed(state, function, inputs):
     """``function(*inputs)`` with its activations recomputed in backward."""
     def contexts():

@@ -1,6 +1,4 @@
 """``popart.TensorInfo`` and the one table of data types: PopART's names, ONNX's enum, numpy, torch."""
-from collections.abc import Iterable
-
 import numpy as np
 import onnx
 import torch
@@ -100,7 +98,3 @@ class TensorInfo:
         return f"TensorInfo({self._dtype}, {self._shape})"
 
     __str__ = __repr__
-
-
-def as_shape(shape: Iterable[int]) -> list[int]:
-    return [int(d) for d in shape]
