@@ -2,12 +2,17 @@
 markdown table (``RESULTS.md``) and as JSON lines (``results.jsonl``).
 
     python benchmarks/run_all.py [--only bert_throughput host_overhead] [--timeout 900] [--out DIR]
+    python benchmarks/run_all.py --targets     # only the targets table, from the last results.jsonl
 
 A benchmark is any ``*.py`` here but this file; each prints its human-readable table and then
 one JSON line with a ``"benchmark"`` key (the last such line counts). They run one after
 another (never concurrently: they time this machine), each in its own process with its default
 arguments. A benchmark that fails or times out is listed as such; the others still run. RESULTS.md's
-measurements recorded by hand (below its ``HAND_RECORDED`` line) are kept.
+measurements recorded by hand (below its ``HAND_RECORDED`` line) are kept; so are the results.jsonl
+records of benchmarks this run did not run.
+
+Then every performance target (``_targets.py``) is printed as met, short or not measured, from
+this run's results and, for benchmarks it did not run, the last recorded ones.
 """
 import argparse
 import datetime
@@ -17,6 +22,9 @@ import platform
 import subprocess
 import sys
 import time
+
+from _targets import check_all
+from _targets import markdown as targets_markdown
 
 from _machine import cpu_name
 
@@ -86,11 +94,27 @@ def format_value(value):
     return str(value)
 
 
-def markdown(runs, info, when):
+def previous_results(path: str) -> dict:
+    """benchmark name -> its last recorded JSON line in the results.jsonl at ``path``."""
+    records = {}
+    try:
+        with open(path) as stream:
+            for line in stream:
+                if line.strip():
+                    record = json.loads(line)
+                    records[record["benchmark"]] = record
+    except FileNotFoundError:
+        pass
+    return records
+
+
+def markdown(runs, info, when, targets=""):
     lines = ["# Benchmark results", "",
              f"Run {when} by `python benchmarks/run_all.py` on: {info['cpu']}, {info['cores']} cores "
              f"({info['torch_threads']} torch threads), torch {info['torch']}, Python {info['python']}"
              + (f", GPUs: {', '.join(info['gpus'])}" if info["gpus"] else ", no GPU") + ".", "",
+             "## Targets", "", targets, "",
+             "## Figures", "",
              "| benchmark | metric | value |", "|---|---|---|"]
     for run in runs:
         if run["result"] is None:
@@ -123,7 +147,13 @@ def main():
     parser.add_argument("--only", nargs="+", help="benchmark names (default: all)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per benchmark")
     parser.add_argument("--out", default=HERE, help="directory for RESULTS.md and results.jsonl")
+    parser.add_argument("--targets", action="store_true", help="print the targets from results.jsonl; run nothing")
     args = parser.parse_args()
+    jsonl = os.path.join(args.out, "results.jsonl")
+    previous = previous_results(jsonl)
+    if args.targets:
+        print(targets_markdown(check_all(previous)))
+        return 0
     names = args.only or discover()
     unknown = sorted(set(names) - set(discover()))
     if unknown:
@@ -139,13 +169,17 @@ def main():
             print(f"!!! {name}: {run['status']}\n{run['stderr_tail']}", flush=True)
         runs.append(run)
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "results.jsonl"), "w") as stream:
-        for run in runs:
-            record = run["result"] or {"benchmark": run["name"]}
-            record = dict(record, status=run["status"], wall_seconds=run["seconds"], run_at=when,
-                          machine=record.get("machine", info))
+    records = dict(previous)
+    for run in runs:
+        record = run["result"] or {"benchmark": run["name"]}
+        records[run["name"]] = dict(record, status=run["status"], wall_seconds=run["seconds"], run_at=when,
+                                    machine=record.get("machine", info))
+    with open(jsonl, "w") as stream:
+        for record in records.values():
             stream.write(json.dumps(record) + "\n")
-    table = markdown(runs, info, when)
+    targets = targets_markdown(check_all(records))
+    print(targets)
+    table = markdown(runs, info, when, targets)
     results = os.path.join(args.out, "RESULTS.md")
     with open(results, "w") as stream:
         stream.write(table + kept_by_hand(results))
