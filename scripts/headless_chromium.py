@@ -40,6 +40,38 @@ def screenshot(html_path, png_path, width=1280, height=2000, timeout=120):
     return [m.group(1) for m in map(CONSOLE.search, result.stderr.splitlines()) if m]
 
 
+_MEASURE = ("<script>document.body.setAttribute('data-openpop-metrics', JSON.stringify({"
+            "scrollWidth: document.documentElement.scrollWidth, clientWidth: document.documentElement.clientWidth, "
+            "scrollHeight: document.documentElement.scrollHeight}));</script>")
+_METRICS = re.compile(r'data-openpop-metrics="([^"]*)"')
+
+
+def page_metrics(html_path, width=1280, height=2000, timeout=120):
+    """``{"scrollWidth", "clientWidth", "scrollHeight"}`` of the page laid out in a window
+    ``width`` px wide (a copy of the page with a measuring script at its end, ``--dump-dom``):
+    ``scrollWidth > clientWidth`` is a page that scrolls sideways."""
+    import html
+    import json
+    chromium = find_chromium()
+    if chromium is None:
+        raise FileNotFoundError("no Chromium on PATH: run scripts/install_chromium.sh")
+    with open(html_path) as stream:
+        text = stream.read()
+    text = text.replace("</body>", _MEASURE + "</body>", 1) if "</body>" in text else text + _MEASURE
+    with tempfile.TemporaryDirectory() as profile:
+        page = os.path.join(profile, "measured.html")
+        with open(page, "w") as stream:
+            stream.write(text)
+        result = subprocess.run(
+            [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+             f"--user-data-dir={profile}", f"--window-size={width},{height}", "--dump-dom", "file://" + page],
+            capture_output=True, text=True, timeout=timeout, check=False)
+    found = _METRICS.search(result.stdout)
+    if found is None:
+        raise RuntimeError(f"Chromium gave no page metrics (exit {result.returncode}): {result.stderr[-2000:]}")
+    return json.loads(html.unescape(found.group(1)))
+
+
 def main(argv):
     if len(argv) not in (2, 4):
         print(__doc__, file=sys.stderr)

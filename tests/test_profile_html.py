@@ -36,3 +36,22 @@ def test_report_renders_with_no_console_messages(recorded, tmp_path):
     assert messages == []
     data = png.read_bytes()
     assert data.startswith(b"\x89PNG") and len(data) > 20_000  # a page of tables and a chart, not blank
+
+
+def test_overflow_check_sees_a_page_wider_than_the_window(tmp_path):
+    page = tmp_path / "wide.html"
+    page.write_text('<!DOCTYPE html><html><body><div style="width:1200px">wide</div></body></html>')
+    metrics = chromium.page_metrics(page, 900)
+    assert metrics["scrollWidth"] > metrics["clientWidth"]
+
+
+@pytest.mark.parametrize("width", [900, 1600])
+def test_report_and_comparison_fit_the_window(recorded, tmp_path, width):
+    """No horizontal overflow at 900 or 1600 px (issue 33 item 7), the side-by-side page too."""
+    from openpop import report
+    assert report.main([str(recorded["dir"]), "--compare", str(recorded["dir"])]) == 0
+    for name in ("report.html", report.COMPARE_HTML):
+        metrics = chromium.page_metrics(recorded["dir"] / name, width)
+        assert metrics["scrollWidth"] <= metrics["clientWidth"] == width, (name, metrics)
+    png = tmp_path / "report.png"
+    assert chromium.screenshot(recorded["dir"] / "report.html", png, width, 1200) == []

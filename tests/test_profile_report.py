@@ -85,7 +85,7 @@ def test_report_numbers_equal_perf_counters_and_plan(recorded):
     gantt = report["gantt"]
     assert len(gantt) == GA * STAGES * 2 and {s["step"] for s in gantt} == {0}
     assert 0.0 <= report["bubble_fraction"] < 1.0
-    assert set(report["options"]) == set(recorded["options"]) and len(report["options"]) > 10
+    assert set(report["options"]["values"]) == set(recorded["options"]) and len(report["options"]["values"]) > 10
     layer_bytes = (8 * 8 + 8) * 4
     activations = [m.pop("activation_peak_bytes") for m in report["memory"]]
     assert [m.pop("device_peak_bytes") for m in report["memory"]] == [None] * STAGES  # CPU: no CUDA stats
@@ -110,7 +110,7 @@ def test_cli_prints_terminal_summary(recorded):
                             capture_output=True, text=True, env=env, timeout=60)
     assert result.returncode == 0, result.stderr
     for expected in ("Execution plan:", "stage 3 (IPU 3): forward", "Bubble fraction", "call 2: wall",
-                     "IPU 3: 288 / 0 / 0 / ",
+                     "IPU 3: 288 B / 0 B / 0 B / ",
                      "Throughput:"):
         assert expected in result.stdout
     missing = subprocess.run([sys.executable, "-m", "openpop.report", str(recorded["dir"] / "nope")],
@@ -255,13 +255,13 @@ def test_openpop_report_cli_help_compare_and_errors(recorded, capsys):
         report.main(["--help"])
     assert exit_info.value.code == 0
     usage = capsys.readouterr().out
-    assert usage.startswith("usage: openpop-report [-h] [--open] [--compare OTHER] directory")
+    assert usage.startswith("usage: openpop-report [-h] [--open] [--compare OTHER] [--warmup N] directory")
     assert "example: openpop-report" in usage
     directory = str(recorded["dir"])
     assert report.main([directory, "--compare", directory]) == 0
     out = capsys.readouterr().out
     assert "Execution plan:" in out and f"B = {directory}" in out
-    throughput = next(line for line in out.splitlines() if line.startswith("throughput (samples/s)"))
+    throughput = next(line for line in out.splitlines() if line.startswith("  throughput (samples/s)"))
     assert throughput.split()[-1] == "1.000"  # a report against itself
     assert report.main([directory, "--compare", directory + "/nope"]) == 1
     err = capsys.readouterr().err

@@ -45,8 +45,10 @@ def test_concurrent_micro_batches_get_stage_spans_from_their_threads(tmp_path, m
         track = sorted((e for e in spans if e["tid"] == tid), key=lambda e: e["ts"])
         for earlier, later in zip(track, track[1:]):
             assert earlier["ts"] + earlier["dur"] <= later["ts"]
-    memory = json.loads((tmp_path / "report.json").read_text())["memory"]
-    assert all(m["activation_peak_bytes"] > 0 for m in memory)
+    summary = json.loads((tmp_path / "report.json").read_text())
+    assert all(m["activation_peak_bytes"] > 0 for m in summary["memory"])
+    # every thread recorded: torch's profiler gives no memory events then, and the report says so
+    assert summary["memory_timeline"] == {} and any("no memory events" in n for n in summary["notes"])
     model.destroy()
 
 

@@ -14,7 +14,8 @@ KNOWN_AUTOREPORT_KEYS = (
     "autoReport.outputSerializedGraph", "autoReport.outputArchive", "autoReport.streamAtEveryRun",
     "autoReport.executionProfileProgramRunCount", "autoReport.optimizeForLongExecutions")
 FIRST_RUN_KEY = "openpop.firstProfiledRun"
-KNOWN_OPENPOP_KEYS = (FIRST_RUN_KEY,)
+WARMUP_KEY = "openpop.warmupCalls"  # the report leaves a model's first N host calls out (default 1)
+KNOWN_OPENPOP_KEYS = (FIRST_RUN_KEY, WARMUP_KEY)
 
 
 def parse_engine_options(text: str, source: str = ENGINE_OPTIONS_ENV) -> dict:

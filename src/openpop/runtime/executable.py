@@ -12,7 +12,7 @@ import torch
 
 from .. import errors
 from ..log import logger
-from . import context, messages
+from . import compile_phases, context, messages
 from .anchors import AnchoredTensors
 from .args import BoundInputs, InputSignature
 from .buffer_state import has_history
@@ -68,7 +68,12 @@ def trace_model(model, inputs: BoundInputs, settings, precision, weights, shapes
     """Run one micro-batch of ``inputs`` through ``model`` with its ``weights`` active.
     ``shapes_only``: on fake tensors (``shapes_only.py``: nothing here needs values), for real
     when the model cannot run on them or has inference-tensor buffers (their changes are found
-    by value)."""
+    by value). Timed as the compile's graph capture (``compile_phases.py``)."""
+    with compile_phases.phase(model, compile_phases.GRAPH_CAPTURE):
+        return _trace_model(model, inputs, settings, precision, weights, shapes_only)
+
+
+def _trace_model(model, inputs, settings, precision, weights, shapes_only) -> Traced:
     if shapes_only and not any(b.is_inference() for b in weights.buffers()):
         try:
             return _trace(model, inputs, settings, precision, weights, ShapesOnly())

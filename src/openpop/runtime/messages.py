@@ -129,6 +129,8 @@ TRACE_FOREIGN_PROFILER = ("a torch.profiler that openpop did not start was alrea
                           "recorded host calls, or profile with openpop's report alone")
 TRACE_TAKEN_OVER = ("another torch.profiler started while openpop's ran and took its events; torch runs one "
                     "profiler per process")
+TRACE_NO_MEMORY_EVENTS = ("no memory events: micro-batches ran concurrently on several threads, and torch's "
+                          "profiler records memory events only when it records the calling thread alone")
 NOT_A_PROFILE = "{directory!r} is not an openpop profile directory: {path} not found"
 
 # --- interrupts -----------------------------------------------------------------

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from ..log import logger
-from . import context
+from . import compile_phases, context
 from .devices import DeviceMap, DevicePlacement, HostPlacement, SameDeviceOps, reset_boundary_frames, resolve_device_map
 from .pipeline import ConcurrentMicroBatches, DeviceLocks, Recomputation, concurrency_wanted
 from .replicas import ReplicaModels, SharedWeightReplicas
@@ -92,11 +92,12 @@ class DeviceSession:
                 name = name.rpartition(".")[0]
             return layout.device_map.device(ipu_of_module.get(name, 0), replica)
 
-        if layout.replicas_apart:
-            # Copied while the model is still on the host: no second copy on replica 0's devices.
-            self.replicas = ReplicaModels(model, settings.geometry.replication_factor, device_of_module)
-        self.placement = DevicePlacement(model, lambda name: device_of_module(0, name))
-        self.placement.place()
+        with compile_phases.phase(model, compile_phases.PLACEMENT):  # the compile's placement
+            if layout.replicas_apart:
+                # Copied while the model is still on the host: no second copy on replica 0's devices.
+                self.replicas = ReplicaModels(model, settings.geometry.replication_factor, device_of_module)
+            self.placement = DevicePlacement(model, lambda name: device_of_module(0, name))
+            self.placement.place()
 
     # ------------------------------------------------------------------ attachment
     def upload_weights(self) -> None:

@@ -40,12 +40,13 @@ import torch
 from .. import errors, torch_compat
 from ..log import logger
 from ..report import TRACE_FILE
-from . import messages
+from . import messages, report_inputs
 from .activation_memory import ActivationMemory, CudaPeaks
 from .engine_options import (  # noqa: F401
     ENGINE_OPTIONS_ENV,
     FIRST_RUN_KEY,
     KNOWN_AUTOREPORT_KEYS,
+    WARMUP_KEY,
     count_option,
     directory_option,
     parse_engine_options,
@@ -181,7 +182,8 @@ def session_from_engine_options(options: dict, instance=None, model=None):
         directory = os.path.join(directory, f"instance{instance}")
     count = count_option(options, "autoReport.executionProfileProgramRunCount", DEFAULT_ENV_CALLS)
     first = count_option(options, FIRST_RUN_KEY, 0)
-    session = TraceSession(directory, calls=range(first, first + count), activate=False)
+    warmup = count_option(options, WARMUP_KEY, 0) if WARMUP_KEY in options else None
+    session = TraceSession(directory, calls=range(first, first + count), activate=False, warmup=warmup)
     session.announce = True
     return session
 
@@ -227,9 +229,11 @@ class TraceSession:
 
     Use as a context manager, or call ``close()``: the trace and report are written when the
     last call of the window has run, or at ``close()``. ``accepts(executor)`` limits it to some
-    executors; several sessions may be active (the latest accepting one records a call)."""
+    executors; several sessions may be active (the latest accepting one records a call).
+    ``warmup``: the report leaves each model's first ``warmup`` host calls out of its timeline
+    and statistics (None: ``report.DEFAULT_WARMUP``, 1); ``openpop-report --warmup N`` changes it."""
 
-    def __init__(self, directory, calls=range(1), activate=True, accepts=None):
+    def __init__(self, directory, calls=range(1), activate=True, accepts=None, warmup=None):
         self.directory = os.fspath(directory)
         self._accepts = accepts  # executor -> bool: which executors this session records
         _check_writable(self.directory)
@@ -248,6 +252,8 @@ class TraceSession:
         self.untraced = None      # why the trace has no operator events, if it has none
         self.notes = []           # what the report's reader should know (trace.json's "openpop")
         self.announce = False     # print where the report is (sessions engine options asked for)
+        self.warmup = warmup      # host calls the report leaves out (None: its default)
+        self.compile = {}         # the compile breakdown (report_inputs.compile_breakdown)
         self._last_call = max(calls) if len(calls) else -1
         if activate:
             self.activate()
@@ -285,9 +291,11 @@ class TraceSession:
             return run(executor, inputs, compiled, *rest)
         global _recording
         if self.profiler is None and not self.untraced:
-            self._start_profiler()
+            # Concurrent micro-batches run on worker threads: every thread is recorded then.
+            self._start_profiler(all_threads=getattr(getattr(compiled, "layout", None), "concurrent", True))
         self.plan = compiled.plan
-        self.options = _options_dict(executor.options)
+        self.options = report_inputs.options_of(executor.options)
+        self.compile = report_inputs.compile_breakdown(executor)
         geometry = executor._geometry
         self.stage_spans = StageSpans(executor._model, compiled.plan, geometry.micro_batches_per_step)
         if executor.training:
@@ -318,7 +326,7 @@ class TraceSession:
             self.close()
         return result
 
-    def _start_profiler(self):
+    def _start_profiler(self, all_threads=True):
         """Start this session's ``torch.profiler``. torch runs one profiler per process: a
         second one started while another runs takes its events, and exporting the first then
         crashes the process. So a session of openpop's that is still open hands over (its window
@@ -333,7 +341,9 @@ class TraceSession:
             self.untraced = messages.TRACE_FOREIGN_PROFILER
             logger.warning(messages.TRACE_WITHOUT_OPERATORS, self.directory, self.untraced)
             return
-        self.profiler = _start_profiler()
+        self.profiler = _start_profiler(all_threads)
+        if all_threads:
+            self.notes.append(messages.TRACE_NO_MEMORY_EVENTS)
         _profiling = self
 
     def close(self):
@@ -380,7 +390,8 @@ class TraceSession:
         path = os.path.join(self.directory, TRACE_FILE)
         with open(path, "w") as stream:
             json.dump(trace, stream)
-        report.write_report(self.directory, trace, self.plan, self.host_calls, self.options, self.memory)
+        report.write_report(self.directory, trace, self.plan, self.host_calls, self.options, self.memory,
+                            compile=self.compile, warmup=self.warmup)
         logger.info("openpop profile: %s", path)
         if self.announce:  # the user asked for it with engine options: say where it is
             print(messages.REPORT_WRITTEN.format(path=os.path.join(self.directory, report.REPORT_HTML)),
@@ -408,19 +419,28 @@ def _has_results(profiler) -> bool:
         return True
 
 
-def _start_profiler():
-    """``torch.profiler`` on the CPU (and CUDA), recording every thread: concurrent
-    micro-batches run on worker threads."""
+def _start_profiler(all_threads=True):
+    """``torch.profiler`` on the CPU (and CUDA). ``all_threads``: recording every thread
+    (concurrent micro-batches run on worker threads), which in torch records no memory events;
+    else the calling thread (and autograd's, which inherit it) with the allocator's memory
+    events (``profile_memory``: the report's memory over time per virtual IPU)."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    try:
-        config = torch_compat.ExperimentalProfilerConfig(profile_all_threads=True)
-    except (AttributeError, TypeError):  # older torch: the calling thread only
-        config = None
-    profiler = torch.profiler.profile(activities=activities, experimental_config=config)
+    config = None
+    if all_threads:
+        try:
+            config = torch_compat.ExperimentalProfilerConfig(profile_all_threads=True)
+        except (AttributeError, TypeError):  # older torch: the calling thread only
+            config = None
+    profiler = torch.profiler.profile(activities=activities, experimental_config=config,
+                                      profile_memory=not all_threads)
     with _native_stderr_quiet():
+        primer = torch.empty(16)  # (allocated before the profiler starts)
         profiler.start()
+        # torch warns once per process on stderr when a block allocated before a memory
+        # profile is freed: spent here, while the warning goes nowhere, not in the user's output
+        del primer
     return profiler
 
 
@@ -473,14 +493,6 @@ def _check_writable(directory: str) -> None:
     except OSError as exc:
         raise errors.createPoptorchError(
             messages.REPORT_NOT_WRITABLE.format(directory=directory, reason=exc.strerror)) from None
-
-
-def _options_dict(options) -> dict:
-    try:
-        return {str(k): repr(v) if not isinstance(v, (str, int, float, bool, type(None))) else v
-                for k, v in options.toDict().items()}
-    except Exception as exc:  # the report shows what it can
-        return {"error": str(exc)}
 
 
 def memory_per_ipu(model, plan, optimizer, activation_peaks=None, device_peaks=None) -> list:
