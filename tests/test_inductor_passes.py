@@ -44,6 +44,14 @@ def test_an_unknown_name_is_an_error_listing_the_passes(monkeypatch):
         passes.disabled()
 
 
+def test_an_unknown_name_fails_when_a_model_is_wrapped(monkeypatch):
+    import poptorch
+    monkeypatch.setenv(passes.DISABLE_ENV, "fast_gemm")
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(ValueError, match="names fast_gemm, not an openpop pass"):
+        poptorch.inferenceModel(model)
+
+
 def _installed(training):
     options = regions.compile_options(CPU, training)
     found = [type(p) for p in options.get("post_grad_custom_post_pass", [])]

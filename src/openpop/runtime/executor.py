@@ -24,6 +24,7 @@ from .backend_contract import DECLINED
 from .call_view import CallView
 from .compile_cache import CompileCache
 from .compiled.onednn_matmuls import setting_from_env as gemm_setting_from_env
+from .compiled.passes import disabled as disabled_passes
 from .dispatch import Dispatch
 from .distributed_reduce import GlobalReplication, check_job_replicas
 from .executable import Executable, trace_model
@@ -52,6 +53,7 @@ class PoplarExecutor(ExecutorWeights, ExecutorTimings):
                  user_model=None):
         host_memory = setting_from_env()  # (OPENPOP_HOST_MEMORY: a bad value fails before the options freeze)
         gemm_setting_from_env()  # (OPENPOP_CPU_GEMM, the compiled backend's: likewise)
+        disabled_passes()  # (OPENPOP_DISABLE_PASSES: an unknown pass name, likewise)
         run_options, optimizer = executor_options(options, training, model, optimizer)
         compile_cache = CompileCache.from_options(run_options)  # an unusable cache dir fails here, early
         self._user_model = user_model if user_model is not None else model
