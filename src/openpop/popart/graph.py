@@ -37,7 +37,7 @@ class NodeView:
     support subscripting 'RepeatedScalarContainer'"). Nodes with body graphs (If, Loop, Scan)
     keep their ``NodeProto``: their implementations interpret the bodies."""
 
-    __slots__ = ("name", "op_type", "domain", "input", "output")
+    __slots__ = ("domain", "input", "name", "op_type", "output")
 
     def __init__(self, node):
         self.name, self.op_type, self.domain = node.name, node.op_type, node.domain
@@ -242,7 +242,8 @@ class Segment(torch.nn.Module):
                 steps.append(_folded(step) if node.op_type == "Constant" and not node.input else step)
             steps, kept = fusion.fuse(steps, nodes, set(self.live_out) | tapped)
             self._steps_by_mode[training] = [
-                (tuple(inputs), tuple(outputs), fn, ctx, attrs, tuple(bool(name) and name in tapped for name in outputs))
+                (tuple(inputs), tuple(outputs), fn, ctx, attrs,
+                 tuple(bool(name) and name in tapped for name in outputs))
                 for inputs, outputs, fn, ctx, attrs in steps]
         for k, name in enumerate(owned):
             value = torch.from_numpy(np.array(program.initializers[name], copy=True))
@@ -274,7 +275,9 @@ class Segment(torch.nn.Module):
         if not self._recomputes:
             self._run(env, steps, 0, len(steps))
             return tuple(env[name] for name in self.live_out)
-        recompute = self.training and torch.is_grad_enabled()
+        # Traced into a compiled program, the regions run plain (the program keeps what it keeps;
+        # the numbers are the same): checkpointing's bookkeeping changes RunState while running.
+        recompute = self.training and torch.is_grad_enabled() and not torch.compiler.is_compiling()
         for start, stop, inputs, outputs in self._groups:
             if outputs is None or not recompute:
                 self._run(env, steps, start, stop)

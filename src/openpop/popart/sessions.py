@@ -20,8 +20,9 @@ virtual graphs / pipeline stages                      ``BeginBlock`` per segment
 
 Host buffers: every input ``x`` of declared shape ``S`` arrives as ``bps*accl*repl*nelms(S)``
 elements (PopART's check) and is given to the executor as ``[bps*accl*repl, *S]``, which the
-runtime splits in PopART's ``[bps, accl, repl]`` order. Anchors come back from the runtime per
-micro-batch (output mode ``All``) and are reduced here to each anchor's return type, then
+runtime splits in PopART's ``[bps, accl, repl]`` order. Anchors come back from the runtime in the
+output mode of their common return type (``Final``, ``Sum``, ``EveryN``; ``All``, per micro-batch,
+when they differ) and are reduced here to each anchor's return type, then
 shaped as ``initAnchorArrays`` says (§A.4).
 
 Gradient anchors (``popart.reservedGradientPrefix() + id``) hold each micro-batch's gradient of
@@ -39,12 +40,13 @@ import onnx
 import torch
 from onnx import numpy_helper
 
-from .. import annotations, strategies
+from .. import annotations, openpop_settings, strategies
 from ..enums import MeanReductionStrategy as PoptorchMeanStrategy
 from ..enums import OutputMode
 from ..enums import ReductionType as PoptorchReduction
 from ..models import inferenceModel, trainingModel
 from ..options import Options
+from ..runtime.compiled import backend_from_env
 from . import distributed, external_data, messages, placement, tensorinfo
 from .builder import REPLICATED_STREAM_MODE_KEY, load_model
 from .dataflow import DataFlow
@@ -223,8 +225,13 @@ class _Session:
         if self.replicationFactor > 1:
             opts.replicationFactor(self.replicationFactor)
             opts.broadcastBuffers(False)  # PopART replicas keep their own BatchNorm statistics
-        opts.outputMode(OutputMode.All)
+        mode, period = self._output_mode()
+        if mode == OutputMode.EveryN:
+            opts.outputMode(mode, period)
+        else:
+            opts.outputMode(mode)
         opts.autoRoundNumIPUs(True)
+        self._choose_backend(opts)
         if self._training:
             opts.Training.gradientAccumulation(self.accumulationFactor)
             opts.Training.accumulationAndReplicationReductionType(
@@ -247,6 +254,33 @@ class _Session:
             opts.setExecutionStrategy(strategies.PipelinedExecution(*stages) if pipelined
                                       else strategies.ShardedExecution(*stages))
         return opts
+
+    def _output_mode(self):
+        """The runtime's output mode: the anchors' common return type (a compiled program then
+        keeps only what the anchors return: ``Final`` carries one step's values, not
+        ``batchesPerStep`` of them), else ``All`` and the session reduces each anchor."""
+        arts = {(self.dataFlow.art(a).id(), self.dataFlow.art(a).rp()) for a in self._fetch}
+        if len(arts) == 1:
+            art, period = next(iter(arts))
+            if art == AnchorReturnTypeId.Final:
+                return OutputMode.Final, 1
+            if art == AnchorReturnTypeId.Sum:
+                return OutputMode.Sum, 1
+            if art == AnchorReturnTypeId.EveryN and self._bps % period == 0:
+                return OutputMode.EveryN, period
+        return OutputMode.All, 1
+
+    def _choose_backend(self, opts: Options) -> None:
+        """Eager where the session records values on the host during the step (gradient anchors:
+        autograd taps per micro-batch; ``UpdatedVar`` anchors: an optimizer step hook). Else,
+        unless ``OPENPOP_BACKEND`` or ``OPENPOP_COMPILE_AFTER`` says otherwise, ``auto`` compiling
+        at once: ``prepareDevice`` is PopART's compile, and builds the step's program then (a graph
+        the compiled backend declines runs eagerly, as fast as before the attempt)."""
+        anchors = self.dataFlow.anchors()
+        if any(a.startswith((GRADIENT_PREFIX, UPDATED_VAR_PREFIX)) for a in anchors):
+            opts.openpopBackend("eager")
+        elif backend_from_env("auto") == "auto" and openpop_settings.raw("compile_after") is None:
+            opts.openpopBackend("auto", compile_after=0)
 
     # ------------------------------------------------------------------ device
     def prepareDevice(self, loadEngine: bool = True) -> None:
@@ -448,9 +482,17 @@ class _Session:
             result = (result,)
         offset = 1 if self._training else 0
         values = {}
+        mode, period = self._output_mode()
         for k, anchor in enumerate(self._fetch):
             raw = result[offset + k]
-            values[anchor] = self._per_micro_batch(raw)
+            if mode == OutputMode.All:
+                values[anchor] = self._per_micro_batch(raw)
+            elif mode == OutputMode.EveryN:  # every period-th step's micro-batches
+                shape = self._infos[anchor].shape()
+                values[anchor] = raw.reshape(self._bps // period, self.accumulationFactor, self.replicationFactor,
+                                             *shape)
+            else:  # Final: the last micro-batch's, Sum: the sum over steps and accumulation; per replica
+                values[anchor] = raw.reshape(1, 1, self.replicationFactor, *self._infos[anchor].shape())
         state = self._module.state
         n = self._micro_batches_per_run()
         scaling = self._optimizer_desc.getLossScalingVal() if self._optimizer_desc is not None else 1.0
@@ -481,6 +523,8 @@ class _Session:
             art = self.dataFlow.art(anchor)
             if art.id() == AnchorReturnTypeId.All:
                 out = value
+            elif mode != OutputMode.All and anchor in self._fetch:  # reduced by the runtime
+                out = value if mode == OutputMode.EveryN else value[-1, -1]
             elif art.id() == AnchorReturnTypeId.EveryN:
                 out = value[art.rp() - 1::art.rp()]
             elif art.id() == AnchorReturnTypeId.Final:
