@@ -138,10 +138,14 @@ def test_the_environment_still_chooses_the_backend(monkeypatch):
 
 
 def _python_calls(call) -> collections.Counter:
-    """The Python functions ``call()`` runs, by (file, function) (as tests/test_declined_compile.py)."""
+    """The Python functions ``call()`` runs, by (file, function), and the C functions (torch's ops,
+    builtins) by name (as tests/test_declined_compile.py, which counts Python's)."""
     counts = collections.Counter()
 
     def profile(frame, event, arg):
+        if event == "c_call":
+            counts[("C", getattr(arg, "__qualname__", repr(arg)))] += 1
+            return
         name = (frame.f_code.co_filename, frame.f_code.co_name)
         if event == "call" and not name[0].endswith("eval_frame.py") and name[1] != "is_exporting":
             counts[name] += 1
