@@ -23,7 +23,7 @@ elements (PopART's check) and is given to the executor as ``[bps*accl*repl, *S]`
 runtime splits in PopART's ``[bps, accl, repl]`` order. Anchors come back from the runtime in the
 output mode of their common return type (``Final``, ``Sum``, ``EveryN``; ``All``, per micro-batch,
 when they differ) and are reduced here to each anchor's return type, then
-shaped as ``initAnchorArrays`` says (§A.4).
+shaped as ``initAnchorArrays`` says.
 
 Gradient anchors (``popart.reservedGradientPrefix() + id``) hold each micro-batch's gradient of
 the loss (times the optimizer's loss scaling, as PopART's gradient tensors are scaled).
