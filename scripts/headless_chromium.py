@@ -42,14 +42,17 @@ def screenshot(html_path, png_path, width=1280, height=2000, timeout=120):
 
 _MEASURE = ("<script>document.body.setAttribute('data-openpop-metrics', JSON.stringify({"
             "scrollWidth: document.documentElement.scrollWidth, clientWidth: document.documentElement.clientWidth, "
-            "scrollHeight: document.documentElement.scrollHeight}));</script>")
+            "scrollHeight: document.documentElement.scrollHeight, "
+            "boxesScrolling: Array.from(document.querySelectorAll('body *')).filter("
+            "e => e.scrollWidth > e.clientWidth + 1 && getComputedStyle(e).overflowX == 'auto').length}));</script>")
 _METRICS = re.compile(r'data-openpop-metrics="([^"]*)"')
 
 
 def page_metrics(html_path, width=1280, height=2000, timeout=120):
-    """``{"scrollWidth", "clientWidth", "scrollHeight"}`` of the page laid out in a window
-    ``width`` px wide (a copy of the page with a measuring script at its end, ``--dump-dom``):
-    ``scrollWidth > clientWidth`` is a page that scrolls sideways."""
+    """``{"scrollWidth", "clientWidth", "scrollHeight", "boxesScrolling"}`` of the page laid out
+    in a window ``width`` px wide (a copy of the page with a measuring script at its end,
+    ``--dump-dom``): ``scrollWidth > clientWidth`` is a page that scrolls sideways;
+    ``boxesScrolling`` counts the boxes (``overflow-x: auto``) whose content is wider than they are."""
     import html
     import json
     chromium = find_chromium()

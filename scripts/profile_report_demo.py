@@ -1,6 +1,7 @@
-"""The profile report of docs/profile_report.png: a 4-stage pipelined MLP (4 virtual IPUs on
-one CPU, so micro-batches run one after another), host calls 1-2 of 4 recorded, rendered in
-headless Chromium. ``OPENPOP_CONCURRENT_STAGES=on`` shows micro-batches overlapping instead.
+"""A profile report of a 4-stage pipelined MLP (4 virtual IPUs on one CPU, so micro-batches run
+one after another), host calls 1-2 of 4 recorded, rendered in headless Chromium (PNG: by default
+OUT_DIR/report.png). ``OPENPOP_CONCURRENT_STAGES=on`` shows micro-batches overlapping instead.
+The docs' screenshots come from ``scripts/report_screenshots.py``, which uses this model.
 
     python scripts/profile_report_demo.py [OUT_DIR] [PNG]
 """
@@ -33,7 +34,7 @@ class FourStages(torch.nn.Module):
 
 def main(argv):
     out = argv[0] if argv else "profile_demo"
-    png = argv[1] if len(argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "docs", "profile_report.png")
+    png = argv[1] if len(argv) > 1 else os.path.join(out, "report.png")
     torch.manual_seed(0)
     opts = poptorch.Options().deviceIterations(2)
     opts.Training.gradientAccumulation(8)

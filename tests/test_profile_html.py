@@ -40,9 +40,11 @@ def test_report_renders_with_no_console_messages(recorded, tmp_path):
 
 def test_overflow_check_sees_a_page_wider_than_the_window(tmp_path):
     page = tmp_path / "wide.html"
-    page.write_text('<!DOCTYPE html><html><body><div style="width:1200px">wide</div></body></html>')
+    page.write_text('<!DOCTYPE html><html><body><div style="width:1200px">wide</div>'
+                    '<div style="overflow-x:auto;width:100px"><table style="width:500px"><tr><td>x</td></tr></table>'
+                    '</div></body></html>')
     metrics = chromium.page_metrics(page, 900)
-    assert metrics["scrollWidth"] > metrics["clientWidth"]
+    assert metrics["scrollWidth"] > metrics["clientWidth"] and metrics["boxesScrolling"] == 1
 
 
 @pytest.mark.parametrize("width", [900, 1600])
@@ -53,5 +55,6 @@ def test_report_and_comparison_fit_the_window(recorded, tmp_path, width):
     for name in ("report.html", report.COMPARE_HTML):
         metrics = chromium.page_metrics(recorded["dir"] / name, width)
         assert metrics["scrollWidth"] <= metrics["clientWidth"] == width, (name, metrics)
+        assert metrics["boxesScrolling"] == 0, (name, metrics)  # no table scrolls inside its box either
     png = tmp_path / "report.png"
     assert chromium.screenshot(recorded["dir"] / "report.html", png, width, 1200) == []

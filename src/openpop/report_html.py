@@ -27,7 +27,7 @@ tr.warmup td { color: #888; }
 .scroll { overflow-x: auto; max-width: 100%; }
 .numbers { display: flex; flex-wrap: wrap; gap: 8px 28px; font-size: 15px; margin: 8px 0; }
 .note { font-size: 13px; color: #444; max-width: 75em; line-height: 1.4; }
-.grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(470px, 1fr)); gap: 4px 20px; }
+.grid { display: grid; grid-template-columns: repeat(auto-fill, minmax(560px, 1fr)); gap: 4px 20px; }
 .pair { display: grid; grid-template-columns: repeat(auto-fit, minmax(420px, 1fr)); gap: 4px 24px; }
 svg { display: block; max-width: 100%; height: auto; }
 .legend span { display: inline-block; margin-right: 16px; font-size: 13px; }
@@ -46,9 +46,9 @@ def _e(value) -> str:
 
 
 def _breakable(name: str) -> Markup:
-    """An operator name that may wrap after ``::``, ``: `` and ``_`` (long autograd names)."""
+    """An operator name that may wrap after ``::`` and ``: `` (long autograd names)."""
     text = html.escape(name)
-    for mark in ("::", ": ", "_"):
+    for mark in ("::", ": "):
         text = text.replace(mark, mark + "<wbr>")
     return Markup(text)
 
@@ -260,7 +260,7 @@ def ops_section(groups):
                  fmt_time_us(o["total_us"])] for o in group["ops"]]
         cards.append(f'<div><h3>{_e(_group_title(group))}: {_e(fmt_time_us(group["self_us"]))} self time, '
                      f'{group["operators"]} operators</h3>'
-                     + _table(["operator", "calls", "self time", "share", "total (incl. callees)"], rows, (1, 2, 3, 4))
+                     + _table(["operator", "calls", "self time", "share", "total"], rows, (1, 2, 3, 4))
                      + "</div>")
     return f'<div class="grid">{"".join(cards)}</div>'
 
@@ -366,7 +366,8 @@ def _body(summary):
 <p class="note">{bubble_note(summary)}</p>
 <h2>Time per stage</h2>{stages}
 <h2>Top operators per stage (self time)</h2>
-<p class="note">Self time: an operator's time less that of the operators it called. From the profiler's operator
+<p class="note">Self time: an operator's time less that of the operators it called; total: with them; share: of
+the stage's self time. From the profiler's operator
 events in the measured calls; an operator belongs to the stage whose span ran on its thread.</p>
 {ops_section(summary.get("ops", []))}
 <h2>Memory per virtual IPU</h2>{memory}
