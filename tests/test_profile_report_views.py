@@ -135,14 +135,18 @@ def test_memory_over_time_attributes_allocations_to_the_stage_that_made_them():
         memory(300, 1024, "b", 5120),      # outside every stage span
         memory(400, -4096, "a", 1024),     # freed outside the span: still IPU 1's block
         memory(500, -77, "old", 1024),     # allocated before the profile: not counted
+        dict(memory(600, 8192, "c", 8192), args={"Bytes": 8192, "Addr": "c", "Total Allocated": 8192,
+                                                 "Device Type": 1, "Device Id": 0}),  # on a GPU: its own total
     ]}
     windows = report_analysis.host_call_windows(trace)
     timeline = report_analysis.memory_timeline(trace, report_analysis.stage_spans(trace, windows), windows, {1}, 2)
     series = {s["name"]: s for s in timeline["series"]}
     assert set(series) == {"virtual IPU 1", report_analysis.OUTSIDE}
     assert series["virtual IPU 1"]["points"] == [[0.0, 0], [0.15, 4096], [0.4, 0]]
-    assert series["virtual IPU 1"]["peak_bytes"] == 4096 and series[report_analysis.OUTSIDE]["peak_bytes"] == 1024
-    assert timeline["total"]["peak_bytes"] == 5120 and timeline["calls"] == [[1, 0.0, 1.0]]
+    assert series["virtual IPU 1"]["peak_bytes"] == 4096
+    assert series[report_analysis.OUTSIDE]["peak_bytes"] == 1024 + 8192  # every device's allocations
+    assert [(t["device"], t["peak_bytes"]) for t in timeline["totals"]] == [("cpu", 5120), ("cuda:0", 8192)]
+    assert timeline["calls"] == [[1, 0.0, 1.0]]
 
 
 def test_memory_over_time_per_virtual_ipu_is_recorded(warm):

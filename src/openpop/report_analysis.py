@@ -11,7 +11,8 @@
 * ``memory_timeline``: bytes live per virtual IPU over time, from the profiler's ``[memory]``
   events (``profile_memory``): an allocation belongs to the virtual IPU whose stage span ran on
   the allocating thread at that moment, until the same address is freed; allocations outside
-  every stage span (inputs, gradient reduction, the optimizer step) form their own series.
+  every stage span (inputs, gradient reduction, the optimizer step) form their own series; the
+  profiler's running total per device (cpu, cuda:<i>) beside them.
 
 Nothing is estimated: every number is a sum, difference or maximum of recorded events.
 """
@@ -175,7 +176,7 @@ def memory_timeline(trace: dict, spans, windows, kept, ipus: int) -> dict:
     owners = {}  # address -> (series key, bytes)
     live = {}
     points = {}
-    total_points = []
+    totals = {}  # device -> the profiler's running total of bytes allocated on it
     for event in events:
         args = event["args"]
         ts = float(event["ts"])
@@ -194,7 +195,7 @@ def memory_timeline(trace: dict, spans, windows, kept, ipus: int) -> dict:
         if begin <= ts <= finish:
             at = (ts - begin) / 1000.0
             points.setdefault(key, [[0.0, live[key] - size]]).append([at, live[key]])
-            total_points.append([at, int(args.get("Total Allocated", 0))])
+            totals.setdefault(_device(args), []).append([at, int(args.get("Total Allocated", 0))])
     series = []
     for key in list(range(ipus)) + [OUTSIDE]:
         values = points.get(key)
@@ -206,10 +207,20 @@ def memory_timeline(trace: dict, spans, windows, kept, ipus: int) -> dict:
     length = (finish - begin) / 1000.0
     result = {"length_ms": length, "series": series,
               "calls": [[w[0], (w[1] - begin) / 1000.0, (w[2] - begin) / 1000.0] for w in chosen]}
-    if total_points:
-        result["total"] = {"name": "all allocations (profiler's running total)",
-                           "peak_bytes": max(v for _, v in total_points), "points": _peaks(total_points)}
+    # Per device: the profiler's running total of all allocations there since it started.
+    result["totals"] = [{"name": f"all allocations on {device}", "device": device,
+                         "peak_bytes": max(v for _, v in points), "points": _peaks(points)}
+                        for device, points in sorted(totals.items())]
     return result
+
+
+def _device(args) -> str:
+    """A memory event's device: ``cpu`` or ``cuda:<i>`` (``Device Type`` 0 or 1, as in c10)."""
+    kind, index = args.get("Device Type", 0), args.get("Device Id", -1)
+    if kind == 0:
+        return "cpu"
+    name = {1: "cuda"}.get(kind, f"device type {kind}")
+    return f"{name}:{index}" if index is not None and index >= 0 else name
 
 
 def _peaks(points, limit=MAX_POINTS):

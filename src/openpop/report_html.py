@@ -242,7 +242,9 @@ def memory_svg(timeline):
     legend = "".join(
         f'<span>{_swatch(COLOURS[s["ipu"] % len(COLOURS)] if s["ipu"] is not None else OTHER)}{_e(s["name"])}: '
         f'peak {_e(fmt_bytes(s["peak_bytes"]))}</span>' for s in series)
-    return "".join(parts) + f'<p class="legend">{legend}</p>'
+    totals = "".join(f'<span>{_e(t["name"])}: peak {_e(fmt_bytes(t["peak_bytes"]))} (the profiler\'s running '
+                     f'total, since it started)</span>' for t in timeline.get("totals", []))
+    return "".join(parts) + f'<p class="legend">{legend}</p>' + (f'<p class="legend">{totals}</p>' if totals else "")
 
 
 # ---------------------------------------------------------------------- sections
