@@ -331,9 +331,14 @@ def test_rebatched_size_must_exceed_one(size):
     DataLoader(make_options(di=4), indexed_dataset(3)),  # fewer elements than one combined batch
 ])
 def test_empty_dataset_is_rejected(source):
+    """PopTorch's text; when a poptorch.DataLoader's batching leaves no batch, openpop's line names the sizes."""
     with pytest.raises(Error) as info:
         AsynchronousDataAccessor(source, **FORK)
-    assert str(info.value) == "The Dataset is empty"
+    if isinstance(source, DataLoader):
+        assert str(info.value).startswith("The Dataset is empty\nopenpop: poptorch.DataLoader has no batch to give: "
+                                          "the dataset has 3 elements and one host call takes a combined batch of 4 ")
+    else:
+        assert str(info.value) == "The Dataset is empty"
 
 
 def test_empty_iterable_without_length_is_reported_when_iterated():

@@ -115,6 +115,33 @@ def test_drop_last_is_default_and_silent():
     assert len(loader) == 1 and labels(loader) == [list(range(8))]
 
 
+def test_an_epoch_without_a_batch_is_an_error_naming_the_sizes():
+    """100 elements, combined batch 2 x 32 x 2 = 128: drop_last leaves no batch. PopTorch's synchronous
+    loader gave an empty epoch without a word (its length, 0, is kept); iterating it is an error here."""
+    loader = DataLoader(make_options(di=2, r=2), indexed_dataset(100), batch_size=32)
+    assert len(loader) == 0
+    with pytest.raises(Error) as info:
+        iter(loader)
+    assert str(info.value) == (
+        "poptorch.DataLoader has no batch to give: the dataset has 100 elements and one host call takes a combined "
+        "batch of 128 (batch_size 32 x 4 micro-batches per call: deviceIterations 2 x replicas 2 x "
+        "gradientAccumulation 1), so drop_last=True leaves no batch\n"
+        "openpop: use a batch_size of at most 25 or fewer micro-batches per host call (deviceIterations, replicas, "
+        "gradientAccumulation), give the dataset at least 128 elements, or pass drop_last=False")
+    few = DataLoader(make_options(di=4), indexed_dataset(3), batch_size=1)
+    with pytest.raises(Error, match=r"openpop: give the dataset at least 4 elements, use fewer micro-batches"):
+        iter(few)
+    # Two processes: each takes its own combined batch, so one step needs 256 elements.
+    shard = DataLoader(make_options(di=2, r=2, process=(0, 2)), indexed_dataset(200), batch_size=32)
+    with pytest.raises(Error, match=r"the dataset has 200 elements for 2 processes and one host call takes a "
+                                    r"combined batch of 256 \(batch_size 32 x 4 micro-batches per call: .*, x 2 "
+                                    r"processes\).*\nopenpop: use a batch_size of at most 25 "):
+        iter(shard)
+    # An empty dataset, drop_last=False and a dataset without a length keep torch's behaviour.
+    assert list(DataLoader(make_options(), indexed_dataset(0), batch_size=4)) == []
+    assert len(list(DataLoader(make_options(di=2, r=2), indexed_dataset(100), batch_size=32, drop_last=False))) == 1
+
+
 def test_drop_last_false_warns_and_returns_a_short_last_batch():
     with logged_warnings() as records:
         loader = DataLoader(make_options(di=2, r=2), indexed_dataset(10), batch_size=2, drop_last=False)

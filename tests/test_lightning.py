@@ -570,24 +570,32 @@ def test_manual_optimization_with_replicas_steps_the_scheduler_once():
     assert model.optimizers().param_groups[0]["lr"] == pytest.approx(0.025)
 
 
-def test_misleading_step_settings_are_warned_about(caplog):
-    x, y = regression_data(12)
+def test_misleading_step_settings_are_warned_about():
+    x, y = regression_data(16)
     model = Regressor()
     checkpoint = pl.callbacks.ModelCheckpoint(every_n_train_steps=3)
     run = trainer(accelerator="ipu", devices=2, strategy=IPUStrategy(device_iterations=2), max_epochs=1,
                   enable_checkpointing=True, callbacks=[checkpoint])
-    import logging
+    with pytest.warns(UserWarning, match=r"every_n_train_steps=3\) is not a multiple of device_iterations=2"):
+        run.fit(model, loader(x, y, batch_size=4))
 
-    import openpop
-    openpop.logger.propagate = True
-    try:
-        with pytest.warns(UserWarning, match=r"every_n_train_steps=3\) is not a multiple of device_iterations=2"), \
-                caplog.at_level(logging.WARNING, logger="poptorch::python"):
-            run.fit(model, loader(x, y, batch_size=4))
-    finally:
-        openpop.logger.propagate = False
-    assert any("smaller than one host call's combined batch" in r.getMessage() for r in caplog.records)
+
+def test_a_training_epoch_without_a_batch_is_an_error_naming_the_sizes():
+    """12 samples, combined batch 4 x 2 x 2 = 16: training drops the incomplete batch, so an epoch would have
+    none and Lightning would skip it with no optimizer step. An error before anything runs instead."""
+    x, y = regression_data(12)
+    model = Regressor()
+    before = copy.deepcopy(model.state_dict())
+    run = trainer(accelerator="ipu", devices=2, strategy=IPUStrategy(device_iterations=2), max_epochs=1)
+    with pytest.raises(pl.utilities.exceptions.MisconfigurationException) as error:
+        run.fit(model, loader(x, y, batch_size=4))
+    assert str(error.value) == (
+        "The training dataset (12 samples) is smaller than one host call's combined batch (16 samples = batch_size 4 "
+        "x device_iterations 2 x devices 2 x accumulate_grad_batches 1): an epoch has no batch, so no optimizer "
+        "step would run.\nopenpop: use a batch_size of at most 3 or fewer devices, device_iterations or "
+        "accumulate_grad_batches, or give the dataset at least 16 samples")
     assert run.global_step == 0
+    assert all(torch.equal(before[name], value) for name, value in model.state_dict().items())
 
 
 def test_user_options_set_to_defaults_still_win():

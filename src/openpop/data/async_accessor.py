@@ -41,7 +41,7 @@ from typing import Optional
 import torch
 
 from ..enums import SharingStrategy
-from ..errors import Error
+from ..errors import Error, with_fix
 from ..log import logger
 from ..runtime import trace
 from . import batch_tree, messages
@@ -91,7 +91,9 @@ class AsynchronousDataAccessor:
         self._drop_last = bool(getattr(dataset, "_rebatch_drop_last", getattr(dataset, "drop_last", False)))
         self._miss_sleep_time_in_ms = miss_sleep_time_in_ms
         if self._known_length() == 0:
-            raise Error(messages.DATASET_EMPTY)
+            reason = getattr(dataset, "no_batch_reason", lambda: None)()  # a poptorch.DataLoader's sizes
+            raise Error(messages.DATASET_EMPTY if reason is None else
+                        with_fix(messages.DATASET_EMPTY, "{}: {}".format(*reason)))
 
         context = _context(sharing_strategy)
         self._channels = Channels(data=context.Queue(), free=context.Queue(), stop=context.Event(),

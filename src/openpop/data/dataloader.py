@@ -13,11 +13,11 @@ import torch
 from torch.utils.data import Sampler
 
 from ..enums import DataLoaderMode
-from ..errors import Error
+from ..errors import Error, with_fix
 from ..log import logger
 from ..options import Options
 from ..runtime import trace
-from ..runtime.geometry import combined_batch_factor
+from ..runtime.geometry import BatchGeometry, combined_batch_factor
 from . import messages
 from .async_accessor import AsynchronousDataAccessor
 from .distributed import DistributedShard
@@ -170,7 +170,44 @@ class DataLoader(torch.utils.data.DataLoader):
     def __iter__(self):
         if self._accessor is not None:
             return iter(self._accessor)
+        empty = self.empty_epoch_message()
+        if empty is not None:
+            raise Error(empty)
         return trace.WaitSpans(self._iter_sync())
+
+    def empty_epoch_message(self) -> Optional[str]:
+        """Why an epoch of this loader has no batch, then a line with what to do; None when it has
+        batches or its length is unknown."""
+        reason = self.no_batch_reason()
+        return None if reason is None else with_fix(*reason)
+
+    def no_batch_reason(self) -> Optional[tuple]:
+        """``(sizes, fix)`` when drop_last leaves a map-style dataset without one combined batch."""
+        if self._combined_batch_size is None or not self._rebatch_drop_last \
+                or isinstance(self.dataset, torch.utils.data.IterableDataset):
+            return None
+        try:
+            if len(self) > 0:
+                return None
+            elements = len(self._shard.dataset if self._shard is not None else self.dataset)
+        except TypeError:  # a dataset without a length
+            return None
+        if elements == 0:
+            return None  # an empty dataset: nothing to say about batch sizes
+        options = self._options
+        processes = options.Distributed.numProcesses
+        factor = combined_batch_factor(options)
+        per_step = self._combined_batch_size * processes
+        geometry = BatchGeometry.from_options(options)
+        text = messages.NO_BATCH_IN_EPOCH.format(
+            elements=elements, processes=f" for {processes} processes" if processes > 1 else "",
+            per_step=per_step, batch_size=self._combined_batch_size // factor, factor=factor,
+            di=geometry.device_iterations, replicas=geometry.input_replicas, ga=geometry.gradient_accumulation,
+            times_processes=f", x {processes} processes" if processes > 1 else "")
+        largest = elements // (factor * processes)
+        fix = messages.NO_BATCH_IN_EPOCH_FIX.format(largest=largest, per_step=per_step) if largest \
+            else messages.NO_BATCH_IN_EPOCH_FIX_TOO_FEW.format(per_step=per_step)
+        return text, fix
 
     def _iter_sync(self):
         """Start an epoch in this process (what the asynchronous loading process iterates)."""
@@ -184,3 +221,4 @@ class DataLoader(torch.utils.data.DataLoader):
         state["_accessor"] = None
         state["_iterator"] = None
         return state
+

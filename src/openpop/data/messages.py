@@ -24,6 +24,19 @@ ASYNC_OPTIONS_REBATCHED = (
     "async_options cannot contain rebatched_size: the DataLoader sets it to the combined batch size (use "
     "rebatched_worker_size to choose the batch size of the workers)")
 NOT_OPTIONS = "options must be a poptorch.Options, got {type}"
+# An epoch without a batch (PopTorch's synchronous loader gave an empty epoch without a word; its
+# asynchronous one raised DATASET_EMPTY). The sizes, then what to change.
+NO_BATCH_IN_EPOCH = (
+    "poptorch.DataLoader has no batch to give: the dataset has {elements} elements{processes} and one host call "
+    "takes a combined batch of {per_step} (batch_size {batch_size} x {factor} micro-batches per call: "
+    "deviceIterations {di} x replicas {replicas} x gradientAccumulation {ga}{times_processes}), so drop_last=True "
+    "leaves no batch")
+NO_BATCH_IN_EPOCH_FIX = (
+    "use a batch_size of at most {largest} or fewer micro-batches per host call (deviceIterations, replicas, "
+    "gradientAccumulation), give the dataset at least {per_step} elements, or pass drop_last=False")
+NO_BATCH_IN_EPOCH_FIX_TOO_FEW = (
+    "give the dataset at least {per_step} elements, use fewer micro-batches per host call (deviceIterations, "
+    "replicas, gradientAccumulation), or pass drop_last=False")
 
 # --- distributed sharding -------------------------------------------------------
 BATCH_SIZE_REQUIRED = ("auto_distributed_partitioning requires a batch_size: pass batch_size to the "

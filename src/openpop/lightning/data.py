@@ -32,7 +32,7 @@ from torch.utils.data import BatchSampler, RandomSampler, SequentialSampler
 from torch.utils.data import DataLoader as TorchDataLoader
 
 from openpop.data import DataLoader
-from openpop.log import logger
+from openpop.errors import with_fix
 from openpop.runtime.geometry import BatchGeometry
 
 from . import messages
@@ -63,16 +63,30 @@ def to_openpop_loader(loader, options, training: bool, hook: str = "train_datalo
         loader = _for_options(loader, options, training, hook)
         if hook == "predict_dataloader":
             _record_batch_indices(loader)
-        return loader
-    converted = _convert(loader, options, training)
-    if training and converted is not loader and isinstance(converted, DataLoader):
-        try:
-            empty = len(converted) == 0
-        except TypeError:  # an iterable dataset without a length
-            empty = False
-        if empty:
-            logger.warning(messages.SMALL_TRAINING_DATASET, len(loader.dataset), converted.combinedBatchSize)
-    return converted
+    else:
+        loader = _convert(loader, options, training)
+    if training and isinstance(loader, DataLoader):
+        _check_an_epoch_has_a_batch(loader, options)
+    return loader
+
+
+def _check_an_epoch_has_a_batch(loader: DataLoader, options) -> None:
+    """A training loader whose epoch has no batch (a dataset smaller than one combined batch, whose
+    incomplete last batch training drops) is an error before ``fit`` runs anything: Lightning would
+    skip every epoch with a warning and no optimizer step."""
+    if loader.no_batch_reason() is None:
+        return
+    geometry = BatchGeometry.from_options(options)
+    combined = loader.combinedBatchSize * options.Distributed.numProcesses
+    micro = micro_batch_size(loader)
+    samples = len(loader.dataset if getattr(loader, "_shard", None) is None else loader._shard.dataset)
+    largest = samples * micro // combined
+    text = messages.SMALL_TRAINING_DATASET.format(
+        samples=samples, combined=combined, micro=micro, di=geometry.device_iterations,
+        devices=geometry.input_replicas * options.Distributed.numProcesses, ga=geometry.gradient_accumulation)
+    fix = messages.SMALL_TRAINING_DATASET_FIX.format(largest=largest, combined=combined) if largest else \
+        messages.SMALL_TRAINING_DATASET_FIX_TOO_FEW.format(combined=combined)
+    raise module("utilities.exceptions").MisconfigurationException(with_fix(text, fix))
 
 
 def _records_batch_indices(batch_sampler) -> bool:

@@ -2,9 +2,15 @@
 had them)."""
 
 SMALL_TRAINING_DATASET = (
-    "The training dataset (%d samples) is smaller than one host call's combined batch (%s samples = "
-    "batch_size x device_iterations x devices x accumulate_grad_batches): no optimizer step will "
-    "run. Lower batch_size, devices, device_iterations or accumulate_grad_batches.")
+    "The training dataset ({samples} samples) is smaller than one host call's combined batch ({combined} samples "
+    "= batch_size {micro} x device_iterations {di} x devices {devices} x accumulate_grad_batches {ga}): an epoch "
+    "has no batch, so no optimizer step would run.")
+SMALL_TRAINING_DATASET_FIX = (
+    "use a batch_size of at most {largest} or fewer devices, device_iterations or accumulate_grad_batches, or "
+    "give the dataset at least {combined} samples")
+SMALL_TRAINING_DATASET_FIX_TOO_FEW = (
+    "give the dataset at least {combined} samples, or use fewer devices, device_iterations or "
+    "accumulate_grad_batches")
 HOOK_FAILED = ("openpop could not add IPU support to {package}: {error!r}. "
                "Run `import {flavour}` to see the full error.")
 NO_PROCESS_GROUP = ("Lightning sees {world_size} processes but there is no torch.distributed group to "
