@@ -34,7 +34,18 @@ def test_a_batch_that_does_not_divide_says_which_sizes_would():
     text = str(info.value)
     assert text.startswith("Invalid batch dimension: In the input ")
     assert text.endswith("\nopenpop: give input a batch of a multiple of 3 samples (for example 6), or let "
-                         "poptorch.DataLoader(options, dataset, batch_size=<micro-batch>) build such batches")
+                         "poptorch.DataLoader(options, dataset, batch_size=<micro-batch>) build such batches; "
+                         "batching is explained in docs/guides/poptorch.md#batching")
+
+
+def test_the_batching_link_of_the_fix_line_has_its_page_and_anchor():
+    """The link names a page of the docs and a heading on it (MkDocs' anchor: the heading, lower-cased)."""
+    from pathlib import Path
+    page, anchor = errors.BATCHING_DOCS.split("#")
+    path = Path(__file__).resolve().parents[1] / page
+    headings = [line.lstrip("#").strip().lower().replace(" ", "-") for line in path.read_text().splitlines()
+                if line.startswith("#")]
+    assert anchor in headings
 
 
 def test_an_op_between_blocks_is_named():

@@ -100,8 +100,11 @@ INVALID_BATCH_DIM = (
     "Options.inputReplicaGrouping.input_group_size({gs})) * Options.Training.gradientAccumulation({ga}) "
     "= {total} because it is used to calculate the batch size which will be executed on the device in "
     "any given iteration. For a full explanation see the batching semantics page of the documentation.")
+# The documentation's page on batching (PopTorch's text points to its "batching semantics page").
+BATCHING_DOCS = "docs/guides/poptorch.md#batching"
 INVALID_BATCH_DIM_FIX = ("give {name} a batch of a multiple of {total} samples (for example {suggested}), or let "
-                         "poptorch.DataLoader(options, dataset, batch_size=<micro-batch>) build such batches")
+                         "poptorch.DataLoader(options, dataset, batch_size=<micro-batch>) build such batches; "
+                         "batching is explained in " + BATCHING_DOCS)
 EXECUTION_STRATEGY_FIX = ("use poptorch.PipelinedExecution, ShardedExecution, SerialPhasedExecution or "
                           "ParallelPhasedExecution")
 INFERENCE_GRAD_ACCUM = (
@@ -339,6 +342,9 @@ NEAREST_BATCH_SHAPE = "`{name}` must hold one batch index per point ({n}), got s
 NEAREST_X_TYPE = "`nearest` must take a torch.tensor `x` input. {x_type} is not supported."
 NEAREST_Y_TYPE = "`nearest` must take a torch.tensor `y` input. {y_type} is not supported."
 NEAREST_EMPTY_EXAMPLE = "`nearest`: some example of `x` has no point in `y`."
+
+# --- torch_compat ----------------------------------------------------------------------------
+NO_PRIVATE_NAME = "module {module!r} has no attribute {name!r}"  # (Python's own text for a module)
 
 # --- runtime (PopTorch's texts; openpop's own are in runtime/messages.py) -------
 MANDATORY_PARAMETER = "Mandatory parameter {name} missing"

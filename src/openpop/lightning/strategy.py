@@ -272,7 +272,7 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
                                                 executor=inferenceModel(self._step_module, self._options.inference))}
         _rank_zero.rank_zero_info(
             f"IPU available: True (openpop virtual IPUs on {self.root_device.type}), using: "
-            f"{self.replication_factor} IPUs")
+            f"{self.replication_factor} IPU{'' if self.replication_factor == 1 else 's'}")
 
     def _automatic_training(self, trainer, optimizer):
         """The training executor and the per-optimizer-step hooks around its host calls."""
