@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import errors
 from .torch_version import CHECKED
 
 _CHECKED = tuple(".".join(map(str, version)) for version in CHECKED)
@@ -123,7 +124,7 @@ _BY_NAME = {private.name: private for private in PRIVATE}
 def __getattr__(name: str):
     private = _BY_NAME.get(name)
     if private is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        raise AttributeError(errors.NO_PRIVATE_NAME.format(module=__name__, name=name))
     value = private.resolve()
     globals()[name] = value  # (resolved once)
     return value
