@@ -258,6 +258,8 @@ def fmt_time_us(value) -> str:
     if value is None:
         return "n/a"
     value = float(value)
+    if value == 0:
+        return "0"
     if abs(value) < 1000:
         return f"{value:.1f} µs"
     if abs(value) < 1_000_000:

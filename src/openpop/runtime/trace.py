@@ -13,7 +13,12 @@ operator-level events included, on every thread — plus openpop's own ``record_
   (``stage_spans.py``; per thread, so concurrent micro-batches get theirs too).
 
 While a training call is recorded, ``activation_memory.py`` measures the peak activation bytes
-per virtual IPU (saved-tensor hooks, entered with the forward and backward spans).
+per virtual IPU (saved-tensor hooks, entered with the forward and backward spans). Where micro-
+batches run one after another, the profiler records the calling thread with the allocator's
+memory events (``profile_memory``: the report's memory over time per virtual IPU); where they run
+concurrently, every thread, without memory events (torch records none then). The report also
+gets the model's options and compile breakdown (``report_inputs.py``) and leaves its warm-up
+calls out (``warmup``).
 
 When the window closes the Chrome-trace JSON is rewritten so that stage spans sit on one
 track (``tid``) per virtual IPU, named by metadata events, and ``report.json`` / ``report.html``
