@@ -21,6 +21,7 @@ import onnx
 import torch
 from onnx import numpy_helper
 
+from ..runtime.half_compute import CONVOLUTION, MATMUL, HalfComputePolicy
 from ..runtime.losses import identity_loss  # openpop's loss marker
 from . import external_data, fusion, messages, tensorinfo
 from . import recompute as recompute_module
@@ -160,6 +161,65 @@ def _topological(graph) -> list[onnx.NodeProto]:
     return ordered
 
 
+# Half-precision graphs (float16/bfloat16 initializers) made only of these ops apply the runtime's
+# half-precision rules themselves (``runtime/half_compute.py``), per ONNX op rather than per torch
+# op: the matmul and convolution families compute on float32 copies of all-half operands where
+# this CPU's half GEMMs/convolutions are slow (the result rounded back once: half operands, float32
+# accumulation, half result, as an IPU) and in float32 when their operands mix float32 and half;
+# the other ops have half kernels and keep torch's promotion. The runtime then runs the graph
+# without its torch function mode (``computes_low_precision``), and a compiled program loops over
+# the steps inside the program instead of one program call per step. Graphs with other ops keep
+# the mode.
+_HALF_FAMILIES = {("ai.onnx", "MatMul"): MATMUL, ("ai.onnx", "Gemm"): MATMUL, ("ai.onnx", "Conv"): CONVOLUTION}
+_HALF_KERNELS = {("ai.onnx", op) for op in (
+    "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Exp", "Log", "Sqrt",
+    "Pow", "Erf", "Softmax", "LogSoftmax", "Identity", "Cast", "Reshape", "Flatten", "Transpose", "Squeeze",
+    "Unsqueeze", "Concat", "Slice", "Gather", "Shape", "Constant", "ReduceSum", "ReduceMean", "ReduceMax",
+    "Max", "Min", "Clip", "Where", "Equal", "Less", "Greater", "Dropout")} | {
+    ("ai.graphcore", op) for op in ("Nll", "Gelu", "IdentityLoss", "L1")}
+
+
+def _half_rules(program: GraphProgram):
+    """``{half dtype: its matmul/convolution families that are slow on this CPU}`` when the graph
+    applies the half-precision rules itself (see above), else None."""
+    half = {torch.float16: np.float16}
+    dtypes = {dtype for dtype, np_dtype in half.items()
+              if any(v.dtype == np_dtype for v in program.initializers.values())}
+    if not dtypes:
+        return None
+    for node in program.nodes:
+        key = (registry._canon(node.domain), node.op_type)
+        if key not in _HALF_FAMILIES and key not in _HALF_KERNELS:
+            return None
+    policy = HalfComputePolicy.from_env()
+    return {dtype: {family for family in (MATMUL, CONVOLUTION) if not policy.native("cpu", dtype, family)}
+            for dtype in (torch.float16, torch.bfloat16)}
+
+
+def _with_half_rules(fn, family, slow):
+    """``fn`` (an op's implementation) under the half-precision rules of ``family``."""
+    def run(ctx, inputs, attrs):
+        floats = [t for t in inputs if t is not None and t.is_floating_point()]
+        dtypes = {t.dtype for t in floats}
+        low = {d for d in dtypes if d in (torch.float16, torch.bfloat16)}
+        if not low:
+            return fn(ctx, inputs, attrs)
+        if len(dtypes) == 1:
+            dtype = next(iter(low))
+            if floats[0].device.type != "cpu" or family not in slow.get(dtype, ()):
+                return fn(ctx, inputs, attrs)
+        else:
+            dtype = None  # mixed operands: computed, and returned, in float32
+        widened = [t.float() if t is not None and t.dtype in low else t for t in inputs]
+        outputs = fn(ctx, widened, attrs)
+        if dtype is None:
+            return outputs
+        if isinstance(outputs, torch.Tensor):
+            return outputs.to(dtype) if outputs.dtype == torch.float32 else outputs
+        return [o.to(dtype) if isinstance(o, torch.Tensor) and o.dtype == torch.float32 else o for o in outputs]
+    return run
+
+
 class RunState:
     """Shared by the graph's modules during a host call: the current micro-batch and what the
     gradient taps recorded."""
@@ -217,7 +277,7 @@ class Segment(torch.nn.Module):
 
     def __init__(self, program: GraphProgram, node_indices: Sequence[int], live_in: list[str],
                  live_out: list[str], owned: list[str], trainable: set, state: RunState, constant_weights=False,
-                 recomputation=RecomputationType.NoRecompute):
+                 recomputation=RecomputationType.NoRecompute, half_rules=None):
         super().__init__()
         self.node_indices = list(node_indices)
         self.live_in = list(live_in)
@@ -241,6 +301,13 @@ class Segment(torch.nn.Module):
                 step = (program.node_inputs[i], program.node_outputs[i], entry.fn, ctx, program.attrs[i])
                 steps.append(_folded(step) if node.op_type == "Constant" and not node.input else step)
             steps, kept = fusion.fuse(steps, nodes, set(self.live_out) | tapped)
+            if half_rules is not None:  # (a fused MatMul+Add is of the matmul family)
+                families = [_HALF_FAMILIES.get((registry._canon(n.domain), n.op_type)) for n in nodes]
+                fused = {k for k, step in enumerate(steps) if getattr(step[2], "__name__", "") == "matmul_add"}
+                steps = [(step[0], step[1],
+                          _with_half_rules(step[2], MATMUL if k in fused else families[j], half_rules),
+                          step[3], step[4]) if (k in fused or families[j] is not None) else step
+                         for k, (j, step) in enumerate(zip(kept, steps))]
             self._steps_by_mode[training] = [
                 (tuple(inputs), tuple(outputs), fn, ctx, attrs,
                  tuple(bool(name) and name in tapped for name in outputs))
@@ -367,6 +434,9 @@ class OnnxGraphModule(torch.nn.Module):
         self.loss = loss
         trainable = set(program.trainable_initializers())
         self.trainable_ids = [t for t in program.initializers if t in trainable]
+        half_rules = _half_rules(program)
+        # Read by the runtime (precision.py): the graph applies the half-precision rules itself.
+        self.computes_low_precision = half_rules is not None
         produced = [{out for i in seg for out in program.nodes[i].output if out} for seg in segments]
         used = [{name for i in seg for name in program.node_inputs[i] if name} for seg in segments]
         owner = {}
@@ -389,7 +459,7 @@ class OnnxGraphModule(torch.nn.Module):
             here = produced[k] | set(owned)
             live_out = sorted(n for n in here if n in later)
             modules.append(Segment(program, seg, live_in, live_out, owned, trainable, self.state, constant_weights,
-                                   recomputation))
+                                   recomputation, half_rules))
             available |= here
         self.segments = torch.nn.ModuleList(modules)
         missing = [t for t in needed_at_end if t not in available]

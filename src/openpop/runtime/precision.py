@@ -78,7 +78,11 @@ class RunPrecision:
     def _needs_low_precision_ops(self, model) -> bool:
         """Whether ``model``'s forward needs ``LowPrecisionOps``: it holds float16/bfloat16 tensors,
         or autocasts to a dtype that is slow on the CPU it runs on. Asking the policy here, outside
-        any forward, is what measures this CPU's half rates (once per process) when it must."""
+        any forward, is what measures this CPU's half rates (once per process) when it must. A
+        model whose ``computes_low_precision`` is true applies the rules itself (PopART's graphs:
+        popart/graph.py); a compiled program then loops over its steps without the mode."""
+        if not self.autocast_enabled and getattr(model, "computes_low_precision", False):
+            return False
         tensors = list(model.parameters()) + list(model.buffers())
         low = {t.dtype for t in tensors if t.dtype in LOW_PRECISION}
         if self.autocast_enabled:
