@@ -268,6 +268,32 @@ INPUT_SETTINGS_ARGUMENTS = (
     "(ReplicatedStreamMode)"
 )
 
+# --- loss_scaling.py (PopART's AutomaticLossScale transform) -----------------------------------
+ALS_NOT_TRAINING = "[AutomaticLossScale transform] Only compatible when doing training"
+ALS_CONST_LOSS_SCALING = "[AutomaticLossScale transform] The optimizer must have non-const loss scaling"
+ALS_CONTINUOUS_PIPELINING = (
+    "[AutomaticLossScale transform] Automatic loss scaling is not currently supported when the "
+    "'enablePipelining' SessionOption is set to 'true', but the 'enableGradientAccumulation' SessionOption "
+    "is set to 'false'"
+)
+ALS_TO_TRACK_WITHOUT_METHOD = (
+    "[AutomaticLossScale transform] toTrackTensors has been set, but gradientTensorTrackingMethod has not been "
+    "set to 'GradientTensorTrackingMethod::GradientsOfUserSpecifiedTensors'."
+)
+ALS_METHOD_WITHOUT_TO_TRACK = (
+    "[AutomaticLossScale transform] gradientTensorTrackingMethod set to "
+    "'GradientTensorTrackingMethod::GradientsOfUserSpecifiedTensors' but 'toTrackTensors' has not been set"
+)
+ALS_NO_TRACKED_TENSORS = "[AutomaticLossScale transform] No tracked gradient tensors of type fp16 were found."
+ALS_BIN_EDGE_RANGE = (
+    "[AutomaticLossScale transform] Out of range value for 'binEdgeLocation'. The current value is {value}, "
+    "but it should be in the range [0, 1]."
+)
+ALS_THRESHOLD_RANGE = (
+    "Out of range value for 'thresholdUpperCountProportion'. The current value is {value}, but it should be "
+    "in the range [0, 1]."
+)
+
 # --- optimizers.py -----------------------------------------------------------------------------
 CLIP_ALL_WEIGHTS_NOT_ALONE = (
     "Multiple clip groups specified, but one has the mode 'ClipAllWeights'. When using "

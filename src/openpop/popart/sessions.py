@@ -47,7 +47,7 @@ from ..enums import ReductionType as PoptorchReduction
 from ..models import inferenceModel, trainingModel
 from ..options import Options
 from ..runtime.compiled import backend_from_env
-from . import distributed, external_data, messages, placement, tensorinfo
+from . import distributed, external_data, loss_scaling, messages, placement, tensorinfo
 from .builder import REPLICATED_STREAM_MODE_KEY, load_model
 from .dataflow import DataFlow
 from .devices import DeviceInfo
@@ -145,6 +145,9 @@ class _Session:
             self._loss = loss
         self._trainable = self._program.trainable_initializers()
         self._check_anchors()
+        loss_scaling.check(options.automaticLossScalingSettings, training=training,
+                           optimizer=optimizer if isinstance(optimizer, Optimizer) else None, options=options,
+                           program=self._program, infos=self._infos)
         self._plan = placement.plan(self._program, options, training=training, batches_per_step=self._bps,
                                     accumulation=self.accumulationFactor, ipus_available=deviceInfo.numIpus)
         self._check_device()
