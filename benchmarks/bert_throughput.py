@@ -217,7 +217,7 @@ def main():
                                unit=args.unit)
             variants.append(("compiled", compiled))
             print(f"compiled {precision}: compile() took {time.perf_counter() - started:.1f} s "
-                  f"(unit {compiled.executor._backend.selection.unit})", flush=True)
+                  f"(unit {compiled.executor._dispatch.compiled.selection.unit})", flush=True)
         if args.hand_compiled:  # a model and optimizer of their own, same initial weights
             torch.manual_seed(0)
             model = PipelinedBertForPretraining(config).parallelize(lambda line: None).train()

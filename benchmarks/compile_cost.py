@@ -101,14 +101,14 @@ def compiled_once(model, opts, optimizer_of, batch):
     (the rental paid at once). Returns ``(CompileCost, compile seconds, compile CPU seconds)``."""
     executor = poptorch.trainingModel(model, opts, optimizer_of(model))
     executor(*batch)
-    selection = executor._backend.selection
+    selection = executor._dispatch.compiled.selection
     cost = selection.cost
     selection.compile_after = 0.0
     cpu = _cpu_seconds()
     executor(*batch)
     cpu = _cpu_seconds() - cpu
-    assert executor._backend.last == "compiled", selection.declined
-    seconds = executor._backend.compile_seconds
+    assert executor._dispatch.compiled.last == "compiled", selection.declined
+    seconds = executor._dispatch.compiled.compile_seconds
     executor.destroy()
     return cost, seconds, cpu
 

@@ -112,11 +112,11 @@ def test_flags_override_keys_and_single_layers_per_ipu_value_expands():
 
 
 @pytest.mark.parametrize("argv, environment, backend", [
-    ([], None, "eager"),  # not auto (train.DEFAULT_BACKEND)
+    ([], None, "auto"),  # the library's default (train.DEFAULT_BACKEND)
     ([], "compiled", "compiled"),
     (["--backend", "auto"], "compiled", "auto"),
 ])
-def test_backend_is_eager_unless_asked(argv, environment, backend, monkeypatch):
+def test_backend_is_auto_unless_asked(argv, environment, backend, monkeypatch):
     if environment is None:
         monkeypatch.delenv("OPENPOP_BACKEND", raising=False)
     else:

@@ -121,9 +121,8 @@ _KEYS: list[Key] = [
         "report.html of the first 2 host calls (python -m openpop.report DIR summarises it)", flag_only=True),
     Key("compile_only", str_to_bool, False, "Compile, then exit without training", flag_only=True),
     Key("backend", _optional_str, None, "openpop: the runtime's backend (Options.openpopBackend). Default: "
-        "$OPENPOP_BACKEND, else eager (auto would compile after as many eager seconds as the program's "
-        "estimated compile: ~29 CPU-minutes for BERT-base at the recipe's accumulation 16, whose micro-batches "
-        "the program unrolls)",
+        "$OPENPOP_BACKEND, else auto (eager until the eager steps have cost the estimated compile, then "
+        "compiled; the main job's 150 demo steps stay eager)",
         choices=("auto", "eager", "compiled"), flag_only=True),
     Key("recomputation", str_to_bool, False,
         "openpop: recompute each block's activations in the backward pass (saves memory, costs a forward "

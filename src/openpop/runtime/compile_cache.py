@@ -296,7 +296,7 @@ class CompileOutcome:
                   + (f"; programs: {self.programs_loaded} loaded whole (no trace)" if self.programs_loaded else "")
                   + (f"; programs: {self.programs_saved} saved whole" if self.programs_saved else ""))
         if not self.compiled_anything:
-            return f"nothing compiled by torch.compile (eager backend); {where}"
+            return f"nothing compiled by torch.compile; {where}"
         if self.loaded_from_cache:
             return f"loaded from cache ({counts}); {where}"
         if self.hits or self.programs_loaded:
