@@ -233,9 +233,19 @@ def test_graphcore_misc_ops():
 
 
 def test_supported_operations_lists_the_table():
-    ops = popart.getSupportedOperations()
-    assert {"Conv", "MatMul", "LSTM", "Softmax", "Gather"} <= set(ops["ai.onnx"])
-    assert {"Nll", "L1", "IdentityLoss", "Call"} <= set(ops["ai.graphcore"])
+    """As PopART's: an OperatorIdentifier per operator version; ai.onnx operators of an opset that are
+    not run are getUnsupportedOperations(opset), and no operator is in both lists."""
+    ops = popart.getSupportedOperations(False)
+    assert all(isinstance(o, popart.OperatorIdentifier) for o in ops)
+    onnx_ops = {o.type for o in ops if o.domain == "ai.onnx"}
+    assert {"Conv", "MatMul", "LSTM", "Softmax", "Gather", "Constant", "Shape", "ConstantOfShape"} <= onnx_ops
+    assert {"Nll", "L1", "IdentityLoss", "Call"} <= {o.type for o in ops if o.domain == "ai.graphcore"}
+    assert popart.OperatorIdentifier("", "Softmax", 11) in ops and popart.OperatorIdentifier("", "Softmax", 1) in ops
+    unsupported = popart.getUnsupportedOperations(10)
+    assert unsupported and not {(o.type, o.version) for o in unsupported} & {(o.type, o.version) for o in ops}
+    assert all(o.domain == "ai.onnx" and o.type not in onnx_ops for o in unsupported)
+    with pytest.raises(popart.popart_exception, match="Could not find opset 3"):
+        popart.getUnsupportedOperations(3)
 
 
 def test_batchnorm_inference_and_training_statistics():

@@ -13,6 +13,7 @@ from .enums import *  # noqa: F403
 from .errors import OutOfMemoryException, popart_exception, popart_internal_exception, poplar_exception
 from .graphtransformer import GraphTransformer
 from .names import RESERVED_PREFIXES
+from .ops import OperatorIdentifier
 from .optimizers import SGD, Adam, Adaptive, ClipNormSettings, ConstSGD, OptimizerValue
 from .options import (
     AccumulateOuterFragmentSettings,
@@ -50,9 +51,15 @@ for _name, _value in RESERVED_PREFIXES.items():
 
 
 def getSupportedOperations(includeInternal: bool = False):
-    """``{domain: [op types]}`` of the operators this implementation runs."""
+    """An ``OperatorIdentifier`` (domain, type, version) for each operator version this implementation runs."""
     from .ops import supported_operations
     return supported_operations(includeInternal)
+
+
+def getUnsupportedOperations(opsetVersion: int):
+    """The ``OperatorIdentifier`` of each ai.onnx operator of opset ``opsetVersion`` not run here."""
+    from .ops import unsupported_operations
+    return unsupported_operations(opsetVersion)
 
 
 def getSupportedOperationsDefinition(includeInternal: bool = False):

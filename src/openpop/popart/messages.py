@@ -268,6 +268,8 @@ INPUT_SETTINGS_ARGUMENTS = (
     "(ReplicatedStreamMode)"
 )
 
+UNKNOWN_OPSET = "Could not find opset {version}"
+
 # --- loss_scaling.py (PopART's AutomaticLossScale transform) -----------------------------------
 ALS_NOT_TRAINING = "[AutomaticLossScale transform] Only compatible when doing training"
 ALS_CONST_LOSS_SCALING = "[AutomaticLossScale transform] The optimizer must have non-const loss scaling"
