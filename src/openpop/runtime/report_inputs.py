@@ -1,5 +1,6 @@
 """What a trace session hands the profile report besides the trace: the model's options as a
-reader wants them (enum names, defaults beside them) and its compile breakdown."""
+reader wants them (enum names, defaults beside them), its compile breakdown, and one summary per
+recorded host call."""
 import enum
 
 from .. import enums
@@ -72,3 +73,23 @@ def compile_breakdown(executor) -> dict:
     return {"total_seconds": total, "phases": rows,
             "executable_cache": None if cache is None else getattr(cache, "path", str(cache)),
             "cache_counters": {k: v for k, v in record.get("cache", {}).items() if v}}
+
+
+def samples_of(inputs):
+    """Rows of the combined batch this call consumed (its first batched input's length)."""
+    for pos in inputs.tensor_positions:
+        tensor = inputs.leaves[pos]
+        if tensor.dim() > 0:
+            return int(tensor.shape[0])
+    return None
+
+
+def host_call_summary(index, seconds, perf, samples, training) -> dict:
+    """Wall time of one call, and its compute time from the perf counters (the rest is host)."""
+    starts = perf["input_complete"][0] if perf["input_complete"] else []
+    computed = perf["output"][0] if perf["output"] else []
+    steps = [b - a for a, b in zip([starts[0]] + computed[:-1], computed)] if starts else []
+    compute = sum(steps)
+    return {"call": index, "seconds": seconds, "compute_seconds": compute,
+            "host_seconds": max(seconds - compute, 0.0), "steps": len(steps),
+            "step_seconds": steps, "perf_counters": perf, "training": training, "samples": samples}

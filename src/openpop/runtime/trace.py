@@ -42,10 +42,10 @@ import weakref
 
 import torch
 
-from .. import errors, torch_compat
+from .. import errors
 from ..log import logger
 from ..report import TRACE_FILE
-from . import messages, report_inputs
+from . import messages, profiler_control, report_inputs
 from .activation_memory import ActivationMemory, CudaPeaks
 from .engine_options import (  # noqa: F401
     ENGINE_OPTIONS_ENV,
@@ -57,6 +57,7 @@ from .engine_options import (  # noqa: F401
     parse_engine_options,
     truthy,
 )
+from .memory_per_ipu import memory_per_ipu
 from .stage_spans import (  # noqa: F401
     SPAN_PREFIX,
     StageSpans,
@@ -325,8 +326,8 @@ class TraceSession:
                 self.device_peaks[ipu] = max(self.device_peaks.get(ipu, 0), peak)
         self.memory = memory_per_ipu(executor._model, compiled.plan, getattr(executor, "_optimizer", None),
                                      self.activation_peaks, self.device_peaks)
-        self.host_calls.append(_host_call_summary(index, seconds, executor.getPerfCounters(),
-                                                  _samples(inputs), executor.training))
+        self.host_calls.append(report_inputs.host_call_summary(index, seconds, executor.getPerfCounters(),
+                                                               report_inputs.samples_of(inputs), executor.training))
         if index >= self._last_call:
             self.close()
         return result
@@ -342,11 +343,11 @@ class TraceSession:
             logger.info(messages.TRACE_WINDOW_HANDED_OVER, _profiling.directory, self.directory)
             _profiling.notes.append(messages.TRACE_WINDOW_HANDED_OVER % (_profiling.directory, self.directory))
             _profiling.close()
-        if _profiler_running():
+        if profiler_control.profiler_running():
             self.untraced = messages.TRACE_FOREIGN_PROFILER
             logger.warning(messages.TRACE_WITHOUT_OPERATORS, self.directory, self.untraced)
             return
-        self.profiler = _start_profiler(all_threads)
+        self.profiler = profiler_control.start_profiler(all_threads)
         if all_threads:
             self.notes.append(messages.TRACE_NO_MEMORY_EVENTS)
         _profiling = self
@@ -361,8 +362,8 @@ class TraceSession:
             _profiling = None
         self.written = True
         try:
-            if self.profiler is not None and _profiler_running():
-                with _native_stderr_quiet():
+            if self.profiler is not None and profiler_control.profiler_running():
+                with profiler_control.native_stderr_quiet():
                     self.profiler.stop()
             elif self.profiler is not None:  # another profiler ran and stopped: ours is gone
                 self.untraced = messages.TRACE_TAKEN_OVER
@@ -372,7 +373,7 @@ class TraceSession:
 
     def _operator_trace(self) -> dict:
         """The profiler's Chrome trace, or an empty one where it has no events to give."""
-        if self.profiler is not None and not self.untraced and not _has_results(self.profiler):
+        if self.profiler is not None and not self.untraced and not profiler_control.has_results(self.profiler):
             self.untraced = messages.TRACE_TAKEN_OVER
         if self.untraced:
             if self.profiler is not None:  # the foreign profiler was warned about when met
@@ -403,73 +404,6 @@ class TraceSession:
                   file=sys.stderr, flush=True)
 
 
-def _profiler_running() -> bool:
-    """Whether a ``torch.profiler`` (or ``torch.autograd.profiler``) session runs in this
-    process. (Where a user's profiler starts inside openpop's window and still runs when the
-    window closes, closing stops the user's session: torch does not say whose session runs.)
-    torch's Python flag covers every profiler started from Python; the C++ one misses sessions
-    that record all threads, which openpop's do."""
-    return torch_compat.profiler_enabled()
-
-
-def _has_results(profiler) -> bool:
-    """Whether a stopped profiler kept its events: one whose session another profiler took
-    over has an empty result whose export crashes the process (torch 2.x)."""
-    results = getattr(profiler.profiler, "kineto_results", None)
-    if results is None:
-        return True  # not kineto: torch exports the function events itself
-    try:
-        return results.trace_start_ns() != 0
-    except (AttributeError, RuntimeError):
-        return True
-
-
-def _start_profiler(all_threads=True):
-    """``torch.profiler`` on the CPU (and CUDA). ``all_threads``: recording every thread
-    (concurrent micro-batches run on worker threads), which in torch records no memory events;
-    else the calling thread (and autograd's, which inherit it) with the allocator's memory
-    events (``profile_memory``: the report's memory over time per virtual IPU)."""
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if torch.cuda.is_available():
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
-    config = None
-    if all_threads:
-        try:
-            config = torch_compat.ExperimentalProfilerConfig(profile_all_threads=True)
-        except (AttributeError, TypeError):  # older torch: the calling thread only
-            config = None
-    profiler = torch.profiler.profile(activities=activities, experimental_config=config,
-                                      profile_memory=not all_threads)
-    with _native_stderr_quiet():
-        primer = torch.empty(16)  # (allocated before the profiler starts)
-        profiler.start()
-        # torch warns once per process on stderr when a block allocated before a memory
-        # profile is freed: spent here, while the warning goes nowhere, not in the user's output
-        del primer
-    return profiler
-
-
-@contextlib.contextmanager
-def _native_stderr_quiet():
-    """Kineto writes a ``USDT: ... profiler_start`` / ``profiler_stop`` line to the process's
-    stderr at each start and stop, whatever its log level: not the user's output. While openpop
-    starts or stops its profiler (those two calls only), file descriptor 2 points at /dev/null;
-    an exception they raise still reaches the caller."""
-    try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, AttributeError, ValueError):  # no file descriptor 2 (embedded interpreters)
-        yield
-        return
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
 @contextlib.contextmanager
 def _with_saved_tensor_hooks(function, activations):
     """``function`` (a span) with ``activations``' hooks; where saved-tensor hooks are disabled
@@ -498,59 +432,3 @@ def _check_writable(directory: str) -> None:
     except OSError as exc:
         raise errors.createPoptorchError(
             messages.REPORT_NOT_WRITABLE.format(directory=directory, reason=exc.strerror)) from None
-
-
-def memory_per_ipu(model, plan, optimizer, activation_peaks=None, device_peaks=None) -> list:
-    """Bytes of the parameters, buffers and optimizer state held for each virtual IPU, counted
-    from the tensors themselves (a module's tensors belong to the IPU of the block it ran in),
-    the measured peak activation bytes (``activation_memory``; None when not measured) and, on
-    CUDA, the peak bytes allocated on the IPU's device during the recorded calls (``memory_stats``:
-    everything on that device, shared by the IPUs mapped to it)."""
-    ipu_of_module = {}
-    for block in plan.blocks if plan is not None else ():
-        for name in block.modules:
-            ipu_of_module.setdefault(name, block.ipu)
-
-    def ipu_of(qualified):
-        name = qualified.rpartition(".")[0]
-        while name and name not in ipu_of_module:
-            name = name.rpartition(".")[0]
-        return ipu_of_module.get(name, 0)
-
-    ipus = plan.ipus_per_replica if plan is not None else 1
-    peaks, device_peaks = activation_peaks or {}, device_peaks or {}
-    table = [{"ipu": i, "parameter_bytes": 0, "buffer_bytes": 0, "optimizer_state_bytes": 0,
-              "activation_peak_bytes": peaks.get(i), "device_peak_bytes": device_peaks.get(i)} for i in range(ipus)]
-    states = optimizer.state if optimizer is not None else {}
-    seen = set()
-    for kind, items in (("parameter_bytes", model.named_parameters()), ("buffer_bytes", model.named_buffers())):
-        for name, tensor in items:
-            if id(tensor) in seen:
-                continue
-            seen.add(id(tensor))
-            entry = table[min(ipu_of(name), ipus - 1)]
-            entry[kind] += tensor.numel() * tensor.element_size()
-            for value in states.get(tensor, {}).values() if kind == "parameter_bytes" else ():
-                if isinstance(value, torch.Tensor):
-                    entry["optimizer_state_bytes"] += value.numel() * value.element_size()
-    return table
-
-
-def _samples(inputs):
-    """Rows of the combined batch this call consumed (its first batched input's length)."""
-    for pos in inputs.tensor_positions:
-        tensor = inputs.leaves[pos]
-        if tensor.dim() > 0:
-            return int(tensor.shape[0])
-    return None
-
-
-def _host_call_summary(index, seconds, perf, samples, training) -> dict:
-    """Wall time of one call, and its compute time from the perf counters (the rest is host)."""
-    starts = perf["input_complete"][0] if perf["input_complete"] else []
-    computed = perf["output"][0] if perf["output"] else []
-    steps = [b - a for a, b in zip([starts[0]] + computed[:-1], computed)] if starts else []
-    compute = sum(steps)
-    return {"call": index, "seconds": seconds, "compute_seconds": compute,
-            "host_seconds": max(seconds - compute, 0.0), "steps": len(steps),
-            "step_seconds": steps, "perf_counters": perf, "training": training, "samples": samples}
