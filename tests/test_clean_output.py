@@ -78,3 +78,52 @@ def test_the_agents_store_client_prints_no_cpp_frames_unless_asked(verbosity):
                           text=True, timeout=120)
     assert done.stdout.strip() == "closed", done.stderr
     assert ("frame #" in done.stderr) == (verbosity >= 2), done.stderr
+
+
+# --------------------------------------------------------------------------- a compile mid-run
+def test_the_auto_switch_is_announced_once_before_its_bar():
+    import io
+
+    from openpop.runtime.compiled.selection import Selection
+    from openpop.runtime.progress import CompilationProgress
+    selection = Selection("auto", compile_after=2.0)
+    selection.eager_seconds = 1.0
+    assert not selection.wants_compiled() and selection.take_announcement() is None
+    selection.eager_seconds = 2.5
+    assert selection.wants_compiled()
+    announcement = selection.take_announcement()
+    assert announcement == ("the auto backend compiles this model now: its eager host calls took 2.5 s, as long as "
+                            "compiling is estimated to take (2.0 s, compile_after); Options.openpopBackend('eager') "
+                            "or OPENPOP_BACKEND=eager keeps it eager")
+    assert selection.wants_compiled() and selection.take_announcement() is None  # once
+    stream = io.StringIO()
+    CompilationProgress(stream, reason=announcement).finish()
+    first, bar = stream.getvalue().splitlines()
+    assert first == "Graph compilation: " + announcement and bar.startswith("Graph compilation: 100%|")
+    stream = io.StringIO()
+    CompilationProgress(stream).finish()  # a first compile: the bar only
+    assert len(stream.getvalue().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_a_real_mid_run_compile_says_why(capsys, monkeypatch, tmp_path):
+    import torch
+
+    import poptorch
+
+    from helpers.models import Regressor
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    model = Regressor()
+    opts = poptorch.Options().deviceIterations(2).openpopBackend("auto", compile_after=1e-9)
+    pop = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.01))
+    x, y = torch.randn(6, 6), torch.randn(6, 2)
+    pop(x, y)  # eager: the first bar, no reason
+    first = capsys.readouterr().err
+    assert pop._dispatch.compiled.last == "eager"
+    assert next(line for line in first.splitlines() if line.startswith("Graph compilation")).startswith(
+        "Graph compilation: 100%|")
+    pop(x, y)  # the rental is paid: compiles now
+    second = [line for line in capsys.readouterr().err.splitlines() if line.startswith("Graph compilation")]
+    assert pop._dispatch.compiled.last == "compiled"
+    assert second[0].startswith("Graph compilation: the auto backend compiles this model now: its eager host calls "
+                                "took ") and second[1].startswith("Graph compilation: 100%|"), second

@@ -28,6 +28,13 @@ COMPILED_FORCED = ("Options.openpopBackend('compiled') cannot run this model: {r
                    "Use openpopBackend('auto') or 'eager' to run it eagerly.")
 AUTO_COMPILES = ("openpop auto backend: compiling this model now: its eager host calls took %.1f s, the "
                  "estimated compile time (%.1f s, %s)")
+# One line before a compile bar that appears mid-run (the bar alone says nothing of why)
+AUTO_COMPILES_NOW = ("the auto backend compiles this model now: its eager host calls took {eager:.1f} s, as long "
+                     "as compiling is estimated to take ({basis}); Options.openpopBackend('eager') or "
+                     "OPENPOP_BACKEND=eager keeps it eager")
+NEW_PROGRAM_OPTIMIZER = ("the optimizer changed (setOptimizer with other parameter groups or settings the "
+                         "program holds): the compiled program is built again for it")
+NEW_PROGRAM_MODEL = "the model was compiled again (new inputs or options): so is its program"
 AUTO_ESTIMATE = "{ops} aten ops per micro-batch x {unrolled} unrolled, {tensors} trained tensors{warm}"
 AUTO_ESTIMATE_REGIONS = "{ops} distinct aten ops per micro-batch in {regions} distinct compiled regions{warm}"
 COMPILED_DECLINED = "openpop runs this model eagerly: the compiled backend does not support %s"

@@ -20,8 +20,12 @@ TOTAL = 100
 class CompilationProgress:
     """Started when compilation starts; ``finish()`` when it has succeeded."""
 
-    def __init__(self, stream=None):
+    def __init__(self, stream=None, reason=None):
+        """``reason``: why a compile happens mid-run, printed first as one line
+        ``Graph compilation: <reason>`` (a second bar alone would say nothing of why)."""
         self._stream = stream if stream is not None else sys.stderr
+        if reason:
+            print(f"{DESCRIPTION}: {reason}", file=self._stream, flush=True)
         self._started = time.perf_counter()
         self._live = None
         if _is_terminal(self._stream):

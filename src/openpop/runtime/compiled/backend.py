@@ -73,6 +73,7 @@ class CompiledBackend(Backend):
         self._told_saved_tensor_hooks = False
         self.last = None  # "compiled" or "eager": which backend ran the last host call
         self.progress = None  # the executor's unfinished bar, when the next run compiles
+        self._new_program_reason = None  # a program that ran gave way to a new one (_program_for)
         self.compile_seconds = 0.0  # time spent compiling programs (torch.compile, first runs)
         self.repeat = None  # RepeatCall of _program: the executor's fast path for the next call
         self._ops = None  # aten ops the last probe counted (compile_cost.py)
@@ -153,7 +154,7 @@ class CompiledBackend(Backend):
             compiling = not program.compiled  # (else compile() compiled it without running it)
             progress, handed = self.progress, self.progress is not None
             if progress is None and compiling and not dry_run and call.settings.show_compilation_progress_bar:
-                progress = CompilationProgress()
+                progress = CompilationProgress(reason=self._compile_reason())
             self.progress = None
             started = time.perf_counter()
             try:  # torch.compile compiles now: with the executable cache, if enabled
@@ -217,7 +218,7 @@ class CompiledBackend(Backend):
             return self._decline(messages.REGIONS_CONCURRENT)
         progress, self.progress = self.progress, None
         if progress is None and call.settings.show_compilation_progress_bar:
-            progress = CompilationProgress()
+            progress = CompilationProgress(reason=self._compile_reason())
         started = time.perf_counter()
         regions = CompiledRegions(call.session.replicas.models, call.training)
         try:
@@ -285,6 +286,12 @@ class CompiledBackend(Backend):
             regions = None if self.regions is None else (self.regions.share, self.regions.graphs)
             compile_cost.compiled(compile_cost.estimate(call, self._ops, regions=regions), call.compile_cache)
 
+    def _compile_reason(self):
+        """Why this compile happens mid-run, for the bar's first line; None for a first compile."""
+        reason = self.selection.take_announcement() or self._new_program_reason
+        self._new_program_reason = None
+        return reason
+
     def finish_progress(self):
         """The call that was to compile runs eagerly: the executor's compile has finished."""
         if self.progress is not None:
@@ -307,6 +314,9 @@ class CompiledBackend(Backend):
             if call.training and self._program.optim.optimizer is not optimizer:
                 self._program.optim.bind(optimizer)
             return self._program
+        if self._program is not None and self._program.ran:  # a program ran: this one compiles mid-run
+            self._new_program_reason = messages.NEW_PROGRAM_OPTIMIZER if self._key[0] == key[0] \
+                else messages.NEW_PROGRAM_MODEL
         self._hooks_seen = RemovableHandle.next_id
         program = None
         contexts, stepwise = forward_contexts(call)

@@ -50,6 +50,7 @@ class Selection:
         self.eager_seconds = 0.0
         self.declined = None  # why the compiled backend cannot run this model (auto: once)
         self._decided = False
+        self.announcement = None  # why ``auto`` compiles mid-run, for the bar's first line (take_announcement)
 
     @classmethod
     def from_options(cls, options):
@@ -97,7 +98,14 @@ class Selection:
         if not self._decided and budget > 0:
             self._decided = True
             logger.info(messages.AUTO_COMPILES, self.eager_seconds, budget, self._basis())
+            self.announcement = messages.AUTO_COMPILES_NOW.format(eager=self.eager_seconds,
+                                                                  basis=f"{budget:.1f} s, {self._basis()}")
         return True
+
+    def take_announcement(self):
+        """Why the model compiles now, once (None: no mid-run switch to say)."""
+        announcement, self.announcement = self.announcement, None
+        return announcement
 
     def _basis(self) -> str:
         if self.compile_after is not None:
