@@ -135,3 +135,14 @@ def test_weights_io_model_to_host_and_reset(tmp_path):
     np.testing.assert_array_equal(out["w0"], trained["w0"])
     with pytest.raises(popart.popart_exception, match="writeWeights: 'w0' has 128 elements, got 3"):
         session.writeWeights(popart.PyWeightsIO({"w0": np.zeros(3, np.float32)}))
+
+
+@pytest.mark.parametrize("factor", [1, 4])
+def test_gradient_accumulation_in_an_inference_session(factor):
+    """PopART refuses enableGradientAccumulation in an inference session, whatever the factor."""
+    builder, x, _labels, probs, _loss, _ids = build_mlp(4, mlp_weights())
+    opts = popart.SessionOptions()
+    opts.enableGradientAccumulation, opts.accumulationFactor = True, factor
+    with pytest.raises(popart.popart_exception, match=r"^Gradient Accumulation only available when training\.$"):
+        popart.InferenceSession(builder.getModelProto(), popart.DataFlow(1, {probs: popart.AnchorReturnType("All")}),
+                                popart.DeviceManager().createCpuDevice(), userOptions=opts)

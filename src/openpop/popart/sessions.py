@@ -126,7 +126,7 @@ class _Session:
             raise popart_exception(messages.REPLICATION_BELOW_ONE)
         self.accumulationFactor = options.getAccumulationFactor()
         self.replicationFactor = options.local_replicas()
-        if not training and self.accumulationFactor > 1:
+        if not training and options.enableGradientAccumulation:
             raise popart_exception(messages.ACCUMULATION_IN_INFERENCE)
         dataFlow.validate()
         if not training and dataFlow.nAnchors() == 0:
