@@ -171,6 +171,8 @@ def test_usage_errors_are_two_lines_naming_openpop_bert(capsys):
         assert len(lines) == 2 and lines[0].startswith("usage: openpop-bert ") and \
             lines[1].startswith("openpop-bert: error: "), lines
         assert "PopTorch BERT" not in lines[1]
+    with pytest.raises(ConfigError, match=r"spreads the encoder over 1 IPU but ipus_per_replica is 4"):
+        parse_args(["--config", "demo_tiny_128", "--layers-per-ipu", "3"])
 
 
 # --------------------------------------------------------------------------- model and metrics

@@ -320,7 +320,8 @@ def validate(config: BertRunConfig) -> BertRunConfig:
     if len(layers) != config.ipus_per_replica:
         raise ConfigError(
             messages.LAYERS_PER_IPU_IPUS.format(
-                layers=layers, layers_count=len(layers), ipus_per_replica=config.ipus_per_replica))
+                layers=layers, layers_count=len(layers), plural="" if len(layers) == 1 else "s",
+                ipus_per_replica=config.ipus_per_replica))
     config.layers_per_ipu = layers
     _check_pipeline_depth(config)
 

@@ -58,7 +58,7 @@ LAYERS_PER_IPU_TOTAL = (
     "num_hidden_layers is {num_hidden_layers}. Give --layers-per-ipu values that sum to "
     "{num_hidden_layers}.")
 LAYERS_PER_IPU_IPUS = (
-    "layers_per_ipu {layers} spreads the encoder over {layers_count} IPUs but ipus_per_replica is "
+    "layers_per_ipu {layers} spreads the encoder over {layers_count} IPU{plural} but ipus_per_replica is "
     "{ipus_per_replica}: give {ipus_per_replica} values to --layers-per-ipu or set --ipus-per-replica "
     "{layers_count}.")
 PIPELINE_GRADIENT_ACCUMULATION = (
