@@ -103,7 +103,8 @@ PRIVATE = (
     Private("compile_context", "torch._guards:compile_context", "saved programs"),
     Private("tracing", "torch._guards:tracing", "saved programs"),
     # --- AOTAutograd, Inductor ---------------------------------------------------------------------
-    Private("functorch_config", "torch._functorch.config", "the AOTAutograd cache (executable cache)"),
+    Private("functorch_config", "torch._functorch.config",
+            "the AOTAutograd cache (executable cache); its first call's custom-op aliasing check (inductor)"),
     Private("inductor_config", "torch._inductor.config", "the FX-graph cache (executable cache)"),
     Private("clear_inductor_caches", "torch._inductor.utils:clear_caches", "moving the executable cache"),
     Private("VecISA", "torch._inductor.cpu_vec_isa:VecISA", "remembering Inductor's ISA probes"),

@@ -50,12 +50,22 @@ class ProgramCompiler:
         while getattr(compiled, "_torchdynamo_disable", False):  # run() is called with Dynamo's callback
             compiled = compiled._torchdynamo_orig_callable     # off already (its caller's disable, cache_hit.py)
 
+        from ...torch_compat import functorch_config
+
         def run(*args):
             if self._skip and skippable:
                 return tuple(torch.empty_strided(v.shape, v.stride(), dtype=v.dtype, device=v.device)
                              for v in outputs)
             self.runs += 1
-            return compiled(*args)
+            # AOTAutograd's first call checks custom ops for aliasing under a Python dispatch mode
+            # around every op of every loop iteration (a while_loop of 100 000 steps: ~1 min); it
+            # stays "first" while the check is off, so it is off for every call (~1 us).
+            checked = functorch_config.check_custom_op_aliasing
+            functorch_config.check_custom_op_aliasing = False
+            try:
+                return compiled(*args)
+            finally:
+                functorch_config.check_custom_op_aliasing = checked
 
         if boxed:
             run._boxed_call = True
