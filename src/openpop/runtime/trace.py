@@ -37,6 +37,7 @@ import functools
 import json
 import os
 import sys
+import threading
 import time
 import weakref
 
@@ -297,8 +298,13 @@ class TraceSession:
             return run(executor, inputs, compiled, *rest)
         global _recording
         if self.profiler is None and not self.untraced:
-            # Concurrent micro-batches run on worker threads: every thread is recorded then.
-            self._start_profiler(all_threads=getattr(getattr(compiled, "layout", None), "concurrent", True))
+            # Concurrent micro-batches run on worker threads: every thread is recorded then. So is
+            # a call made on a thread other than the main one (Lightning's replicas in manual
+            # optimization): torch's per-thread profiler must be stopped on the thread that started
+            # it, and the session may close on another (its events are lost, and torch warns
+            # "Requested callback is not found" / "Leaked callback handle").
+            concurrent = getattr(getattr(compiled, "layout", None), "concurrent", True)
+            self._start_profiler(all_threads=concurrent or threading.current_thread() is not threading.main_thread())
         self.plan = compiled.plan
         self.options = report_inputs.options_of(executor.options)
         self.compile = report_inputs.compile_breakdown(executor)
