@@ -56,7 +56,8 @@ CONVERT_CASES = {
     "modelReplicasPerWorker disagrees": (POPRUN.replace('modelReplicasPerWorker: "2"', 'modelReplicasPerWorker: "4"'),
                                          "spec.modelReplicasPerWorker: 4 replicas per worker x 1 worker = 4 replicas"),
     "more IPUs than the partition": (POPRUN.replace('ipusPerJobInstance: "2"', 'ipusPerJobInstance: "1"'),
-                                     "spec.ipusPerJobInstance: 1 IPU, but poprun runs --num-replicas 2 x --ipus-per-replica 1 = 2 IPUs"),
+                                     "spec.ipusPerJobInstance: 1 IPU, but poprun runs --num-replicas 2 x "
+                                     "--ipus-per-replica 1 = 2 IPUs"),
     "bad restart type": (SEED.replace("  jobInstances: 1", "  restartPolicy: {type: Sometimes}\n  jobInstances: 1"),
                          "spec.restartPolicy.type: must be one of"),
     "bad exit codes": (SEED.replace("  jobInstances: 1",

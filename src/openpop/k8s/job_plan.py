@@ -72,8 +72,8 @@ def device_resources(container, device, ipus_per_pod, gpus_per_pod, report, path
         return
     requests = resources.setdefault("requests", {})
     if "cpu" in requests:
-        report.mapped(path, f"{messages.counted(ipus_per_pod, 'IPU')} per pod -> the container's own resources.requests "
-                            f"cpu: {requests['cpu']} (kept)")
+        report.mapped(path, f"{messages.counted(ipus_per_pod, 'IPU')} per pod -> the container's own "
+                            f"resources.requests cpu: {requests['cpu']} (kept)")
         return
     count = ipus_per_pod
     limit = (resources.get("limits") or {}).get("cpu")
