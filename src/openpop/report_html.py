@@ -321,7 +321,7 @@ def bubble_note(summary):
 
 
 def _warmup_text(summary):
-    from .report import warmup_line
+    from .report_writer import warmup_line
     return warmup_line(summary).replace("Warm-up: ", "", 1)
 
 
@@ -392,7 +392,7 @@ def render_html(summary: dict, other: Optional[dict] = None) -> str:
     if other is None:
         title, body = "openpop profile report", _body(summary)
     else:
-        from .report import comparison_rows
+        from .report_writer import comparison_rows
         rows, section, table = comparison_rows(summary, other), None, []
         for part, name, a, b, unit in rows:
             ratio = f"{b / a:.3f}" if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a else "-"

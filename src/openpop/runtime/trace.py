@@ -45,7 +45,7 @@ import torch
 
 from .. import errors
 from ..log import logger
-from ..report import TRACE_FILE
+from ..report_writer import REPORT_HTML, TRACE_FILE, write_report
 from . import messages, profiler_control, report_inputs
 from .activation_memory import ActivationMemory, CudaPeaks
 from .engine_options import (  # noqa: F401
@@ -394,7 +394,6 @@ class TraceSession:
         return trace
 
     def _write(self):
-        from .. import report
         os.makedirs(self.directory, exist_ok=True)
         trace = tracks_per_ipu(self._operator_trace(), self.plan)
         if self.notes:
@@ -402,11 +401,11 @@ class TraceSession:
         path = os.path.join(self.directory, TRACE_FILE)
         with open(path, "w") as stream:
             json.dump(trace, stream)
-        report.write_report(self.directory, trace, self.plan, self.host_calls, self.options, self.memory,
-                            compile=self.compile, warmup=self.warmup)
+        write_report(self.directory, trace, self.plan, self.host_calls, self.options, self.memory,
+                     compile=self.compile, warmup=self.warmup)
         logger.info("openpop profile: %s", path)
         if self.announce:  # the user asked for it with engine options: say where it is
-            print(messages.REPORT_WRITTEN.format(path=os.path.join(self.directory, report.REPORT_HTML)),
+            print(messages.REPORT_WRITTEN.format(path=os.path.join(self.directory, REPORT_HTML)),
                   file=sys.stderr, flush=True)
 
 
