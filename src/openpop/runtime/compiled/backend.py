@@ -24,7 +24,6 @@ When torch.compile compiles (the ``Graph compilation`` bar, ``compile_seconds``)
 """
 import contextlib
 import time
-import warnings
 
 import torch
 from torch.utils.hooks import RemovableHandle
@@ -55,6 +54,7 @@ from .program_build import build_program
 from .program_options import forward_contexts
 from .regions import CompiledRegions, distinct_share, find_regions, regions_pay
 from .repeat_call import RepeatCall
+from .run_contexts import compiled_modes, torch_warnings_ignored
 from .selection import Selection
 
 
@@ -138,7 +138,7 @@ class CompiledBackend(Backend):
 
     def _run(self, call, inputs, compiled, dry_run):
         changed = [module for module, mode in compiled.training_flags if module.training != mode]
-        with _compiled_modes(changed) if changed else contextlib.nullcontext():
+        with compiled_modes(changed) if changed else contextlib.nullcontext():
             try:
                 program = self._program_for(call, inputs, compiled)
             except Ineligible as exc:
@@ -158,7 +158,7 @@ class CompiledBackend(Backend):
             self.progress = None
             started = time.perf_counter()
             try:  # torch.compile compiles now: with the executable cache, if enabled
-                with compile_cache_for(call.compile_cache), _torch_warnings_ignored(), only:
+                with compile_cache_for(call.compile_cache), torch_warnings_ignored(), only:
                     result = self._execute(call, self._arguments.tensors(inputs), compiled, program, dry_run)
             except Exception as exc:  # torch.compile's errors have many types
                 self.reset()
@@ -222,7 +222,7 @@ class CompiledBackend(Backend):
         started = time.perf_counter()
         regions = CompiledRegions(call.session.replicas.models, call.training)
         try:
-            with compile_cache_for(call.compile_cache), _torch_warnings_ignored():
+            with compile_cache_for(call.compile_cache), torch_warnings_ignored():
                 regions.compile(call, inputs, compiled)
         except Exception as exc:  # torch.compile's errors have many types
             return self._decline(messages.INELIGIBLE_REGIONS.format(error=_first_line(exc)), exc)
@@ -247,7 +247,7 @@ class CompiledBackend(Backend):
         A model that fails the checks, or whose probe raises (the eager call then shows the error
         as it always did), gets no estimate; compiling it declines it later, as before."""
         changed = [module for module, mode in compiled.training_flags if module.training != mode]
-        with _compiled_modes(changed) if changed else contextlib.nullcontext():
+        with compiled_modes(changed) if changed else contextlib.nullcontext():
             try:
                 self._probe(call, inputs, compiled)
             except Exception:  # Ineligible, or the model's own error
@@ -402,28 +402,6 @@ class CompiledBackend(Backend):
                 with call.precision.running(call.model):  # CUDA matmul partials, as eager
                     return run_program(call, compiled, program, tensors, trained, frozen, dry_run)
         return run_program(call, compiled, program, tensors, trained, frozen, dry_run)
-
-
-@contextlib.contextmanager
-def _compiled_modes(changed):
-    """The model runs in the train/eval mode it was compiled in (as the eager backend does):
-    ``changed``, the modules in the other mode, switch for the call."""
-    for module in changed:
-        module.training = not module.training
-    try:
-        yield
-    finally:
-        for module in changed:
-            module.training = not module.training
-
-
-@contextlib.contextmanager
-def _torch_warnings_ignored():
-    """Compiling imports and runs parts of torch that warn (deprecations): not the user's
-    business, and under a user's ``warnings.simplefilter("error")`` they would fail the compile."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", module=r"torch(\.|$)")
-        yield
 
 
 def _first_line(exc) -> str:
