@@ -8,8 +8,9 @@ How a step runs (``Optimizer.step``):
 2. if ``max_grad_norm`` is finite, scale every gradient by
    ``min(1, max_grad_norm / (total_norm + 1e-6))`` (``torch.nn.utils.clip_grad_norm_``'s
    rule) — on copies: ``p.grad`` is never modified;
-3. call the subclass's ``_update(group, params, grads)`` once per bucket. Updates use
-   ``torch._foreach_*`` ops on compute-precision lists. A tensor stored in another dtype
+3. call the subclass's ``_update(group, params, grads)`` once per bucket: it runs its update
+   from ``optim/updates.py`` (the one definition every backend uses) with ``torch._foreach_*``
+   ops on compute-precision lists. A tensor stored in another dtype
    (float16 optimizer state, float16 parameters) is mirrored into a compute copy and
    written back afterwards (``_Mirror``).
 
@@ -22,8 +23,8 @@ from typing import Optional
 
 import torch
 
-from ..torch_compat import foreach_add, foreach_add_, foreach_mul, foreach_neg, foreach_norm
-from . import messages
+from ..torch_compat import foreach_mul
+from . import messages, updates
 
 ACCUM_TYPES = (torch.float16, torch.float32)
 
@@ -149,20 +150,6 @@ def mirror(stored: list[torch.Tensor], dtype: torch.dtype) -> _Mirror:
     return _Mirror(stored, dtype)
 
 
-def prepare_grads(grads: list[torch.Tensor], params: list[torch.Tensor], *, maximize: bool = False,
-                  l2: float = 0.0) -> list[torch.Tensor]:
-    """Negate for ``maximize`` and add the L2 term ``l2 * p``, out of place (never touching
-    the caller's gradient tensors)."""
-    if maximize:
-        grads = foreach_neg(grads)
-    if l2 != 0:
-        if maximize:
-            foreach_add_(grads, params, alpha=l2)
-        else:
-            grads = foreach_add(grads, params, alpha=l2)
-    return grads
-
-
 class Optimizer:
     """Base of openpop's optimizers (mixed into the torch optimizer class they extend).
 
@@ -254,7 +241,4 @@ class Optimizer:
         max_norm = getattr(self, "max_grad_norm", math.inf)
         if max_norm is None or math.isinf(max_norm):
             return None
-        device = grads[0].device
-        norms = foreach_norm(grads, 2)
-        total = torch.linalg.vector_norm(torch.stack([n.to(device) for n in norms]), 2)
-        return torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        return updates.clip_coefficient(updates.FOREACH, grads, max_norm)

@@ -6,21 +6,11 @@ from typing import Optional
 
 import torch
 
-from ..torch_compat import (
-    foreach_add_,
-    foreach_addcdiv_,
-    foreach_addcmul_,
-    foreach_div_,
-    foreach_lerp_,
-    foreach_mul_,
-    foreach_sqrt,
-)
-from . import _base, messages
+from . import _base, messages, updates
 from ._base import (
     Optimizer,
     given,
     mirror,
-    prepare_grads,
     resolve_accum_type,
     state_tensor,
     step_counters,
@@ -57,18 +47,8 @@ class _AdamBase(Optimizer):
 
     def _update(self, group, params, grads):
         dtype = grads[0].dtype
-        lr = to_float(group["lr"])
-        beta1, beta2 = (to_float(b) for b in group["betas"])
-        eps = to_float(group["eps"])
-        weight_decay = to_float(group["weight_decay"])
-        decoupled = self._decoupled or group.get("decoupled_weight_decay", False)
-
+        h = updates.hyperparameters("adam", group, to_float)
         P = mirror(params, dtype)
-        if decoupled and weight_decay != 0:
-            foreach_mul_(P.compute, 1.0 - lr * weight_decay)
-        grads = prepare_grads(grads, P.compute, maximize=group.get("maximize", False),
-                              l2=0.0 if decoupled else weight_decay)
-
         states = [self.state[p] for p in params]
         steps = step_counters(states)
         M = mirror([state_tensor(st, "exp_avg", p, _base.storage_dtype(self.first_order_momentum_accum_type, p))
@@ -76,22 +56,10 @@ class _AdamBase(Optimizer):
         V = mirror([state_tensor(st, "exp_avg_sq", p,
                                  _base.storage_dtype(self.second_order_momentum_accum_type, p))
                     for st, p in zip(states, params)], dtype)
-        foreach_add_(steps, 1.0)
-
-        foreach_lerp_(M.compute, grads, 1.0 - beta1)
-        foreach_mul_(V.compute, beta2)
-        foreach_addcmul_(V.compute, grads, grads, 1.0 - beta2)
-
-        denom = foreach_sqrt(V.compute)
-        if self._bias_correction():
-            counts = [s.item() for s in steps]
-            step_size = [-(lr / (1.0 - beta1 ** n)) for n in counts]
-            foreach_div_(denom, [math.sqrt(1.0 - beta2 ** n) for n in counts])
-            foreach_add_(denom, eps)
-            foreach_addcdiv_(P.compute, M.compute, denom, step_size)
-        else:
-            foreach_add_(denom, eps)
-            foreach_addcdiv_(P.compute, M.compute, denom, value=-lr)
+        updates.adam(updates.FOREACH, P.compute, grads, M.compute, V.compute, steps, h,
+                     maximize=group.get("maximize", False),
+                     decoupled=self._decoupled or group.get("decoupled_weight_decay", False),
+                     bias_correction=self._bias_correction())
         M.flush()
         V.flush()
         P.flush()

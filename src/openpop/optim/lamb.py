@@ -1,25 +1,13 @@
 """LAMB (You et al., "Large Batch Optimization for Deep Learning", arXiv:1904.00962), as
 PopART implements it for PopTorch."""
-import math
 from collections.abc import Iterable
 from typing import Optional
 
 import torch
 
-from ..torch_compat import (
-    foreach_add_,
-    foreach_addcmul_,
-    foreach_div,
-    foreach_div_,
-    foreach_lerp_,
-    foreach_mul_,
-    foreach_norm,
-    foreach_sqrt,
-)
-from . import _base, messages
+from . import _base, messages, updates
 from ._base import Optimizer, given, mirror, resolve_accum_type, state_tensor, step_counters, to_float
-
-MAX_WEIGHT_NORM = 65500.0  # largest float16 value
+from .updates import MAX_WEIGHT_NORM
 
 
 class LAMB(Optimizer, torch.optim.Optimizer):
@@ -95,13 +83,7 @@ class LAMB(Optimizer, torch.optim.Optimizer):
 
     def _update(self, group, params, grads):
         dtype = grads[0].dtype
-        lr = to_float(group["lr"])
-        beta1, beta2 = (to_float(b) for b in group["betas"])
-        eps = to_float(group["eps"])
-        weight_decay = to_float(group["weight_decay"])
-        max_weight_norm = group.get("max_weight_norm")
-        max_weight_norm = MAX_WEIGHT_NORM if max_weight_norm is None else to_float(max_weight_norm)
-
+        h = updates.hyperparameters("lamb", group, to_float)
         P = mirror(params, dtype)
         states = [self.state[p] for p in params]
         steps = step_counters(states)
@@ -109,31 +91,8 @@ class LAMB(Optimizer, torch.optim.Optimizer):
                     for st, p in zip(states, params)], dtype)
         V = mirror([state_tensor(st, "exp_avg_sq", p, _base.storage_dtype(self.second_order_momentum_accum_type, p))
                     for st, p in zip(states, params)], dtype)
-        foreach_add_(steps, 1.0)
-        foreach_lerp_(M.compute, grads, 1.0 - beta1)
-        foreach_mul_(V.compute, beta2)
-        foreach_addcmul_(V.compute, grads, grads, 1.0 - beta2)
-
-        denom = foreach_sqrt(V.compute)
-        if self.bias_correction:
-            counts = [s.item() for s in steps]
-            foreach_div_(denom, [math.sqrt(1.0 - beta2 ** n) for n in counts])
-            foreach_add_(denom, eps)
-            update = foreach_div(M.compute, [1.0 - beta1 ** n for n in counts])
-            foreach_div_(update, denom)
-        else:
-            foreach_add_(denom, eps)
-            update = foreach_div(M.compute, denom)
-        if weight_decay != 0:
-            foreach_add_(update, P.compute, alpha=weight_decay)
-
-        device = update[0].device
-        r1 = torch.stack([n.to(device) for n in foreach_norm(P.compute)])
-        r2 = torch.stack([n.to(device) for n in foreach_norm(update)])
-        r1 = r1.clamp(max=max_weight_norm)
-        ratio = torch.where((r1 > 0) & (r2 > 0), r1 / r2, torch.ones_like(r1))
-        foreach_mul_(update, [r.to(u.device) for r, u in zip(ratio.unbind(0), update)])
-        foreach_add_(P.compute, update, alpha=-lr)
+        updates.lamb(updates.FOREACH, P.compute, grads, M.compute, V.compute, steps, h,
+                     bias_correction=self.bias_correction)
         M.flush()
         V.flush()
         P.flush()

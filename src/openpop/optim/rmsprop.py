@@ -4,20 +4,8 @@ from typing import Optional
 
 import torch
 
-from ..torch_compat import (
-    foreach_add,
-    foreach_add_,
-    foreach_addcdiv_,
-    foreach_addcmul,
-    foreach_addcmul_,
-    foreach_lerp_,
-    foreach_mul_,
-    foreach_sqrt,
-    foreach_sqrt_,
-    foreach_sub_,
-)
-from . import _base
-from ._base import Optimizer, given, mirror, prepare_grads, resolve_accum_type, state_tensor, step_counters, to_float
+from . import _base, updates
+from ._base import Optimizer, given, mirror, resolve_accum_type, state_tensor, step_counters, to_float
 
 
 class RMSprop(Optimizer, torch.optim.RMSprop):
@@ -78,57 +66,27 @@ class RMSprop(Optimizer, torch.optim.RMSprop):
 
     def _update(self, group, params, grads):
         dtype = grads[0].dtype
-        lr = to_float(group["lr"])
-        alpha = to_float(group["alpha"])
-        eps = to_float(group["eps"])
-        momentum = to_float(group["momentum"])
-        centered = group["centered"]
-        tf = self.use_tf_variant
-
+        h = updates.hyperparameters("rmsprop", group, to_float)
+        momentum_on, centered, tf = h["momentum"] > 0, group["centered"], self.use_tf_variant
         P = mirror(params, dtype)
-        grads = prepare_grads(grads, P.compute, maximize=group.get("maximize", False),
-                              l2=to_float(group["weight_decay"]))
         states = [self.state[p] for p in params]
         steps = step_counters(states)
         S = mirror([state_tensor(st, "square_avg", p, _base.storage_dtype(self.first_order_momentum_accum_type, p),
                                  fill=1.0 if tf else 0.0) for st, p in zip(states, params)], dtype)
-        foreach_add_(steps, 1.0)
-        foreach_mul_(S.compute, alpha)
-        foreach_addcmul_(S.compute, grads, grads, 1.0 - alpha)
         mirrors = [S]
-
+        G = B = None
         if centered:
             G = mirror([state_tensor(st, "grad_avg", p, _base.storage_dtype(self.second_order_momentum_accum_type, p))
                         for st, p in zip(states, params)], dtype)
             mirrors.append(G)
-            foreach_lerp_(G.compute, grads, 1.0 - alpha)
-            avg = foreach_addcmul(S.compute, G.compute, G.compute, value=-1.0)
-            if tf:
-                foreach_add_(avg, eps)
-                foreach_sqrt_(avg)
-            else:
-                foreach_sqrt_(avg)
-                foreach_add_(avg, eps)
-        elif tf:
-            avg = foreach_add(S.compute, eps)
-            foreach_sqrt_(avg)
-        else:
-            avg = foreach_sqrt(S.compute)
-            foreach_add_(avg, eps)
-
-        if momentum > 0:
+        if momentum_on:
             B = mirror([state_tensor(st, "momentum_buffer", p, _base.compute_dtype(p.dtype))
                         for st, p in zip(states, params)], dtype)
             mirrors.append(B)
-            foreach_mul_(B.compute, momentum)
-            if tf:
-                foreach_addcdiv_(B.compute, grads, avg, value=lr)
-                foreach_sub_(P.compute, B.compute)
-            else:
-                foreach_addcdiv_(B.compute, grads, avg)
-                foreach_add_(P.compute, B.compute, alpha=-lr)
-        else:
-            foreach_addcdiv_(P.compute, grads, avg, value=-lr)
+        updates.rmsprop(updates.FOREACH, P.compute, grads, S.compute,
+                        None if G is None else G.compute, None if B is None else B.compute, steps, h,
+                        momentum_on=momentum_on, centered=centered, tf_variant=tf,
+                        maximize=group.get("maximize", False))
         for m in mirrors:
             m.flush()
         P.flush()

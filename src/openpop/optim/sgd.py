@@ -7,9 +7,8 @@ from typing import Optional
 import torch
 
 from ..log import logger
-from ..torch_compat import foreach_add, foreach_add_, foreach_mul_
-from . import _base, messages
-from ._base import Optimizer, given, mirror, prepare_grads, resolve_accum_type, state_tensor, to_float
+from . import _base, messages, updates
+from ._base import Optimizer, given, mirror, resolve_accum_type, state_tensor, to_float
 
 # Per-parameter state key holding the factor ``momentum_buffer`` is currently stored
 # multiplied by (absent = 1.0). ``state_dict()`` never shows it: there the buffer is unscaled,
@@ -86,60 +85,45 @@ class SGD(Optimizer, torch.optim.SGD):
 
     def _update(self, group, params, grads):
         dtype = grads[0].dtype
-        lr = to_float(group["lr"])
-        momentum = to_float(group["momentum"])
-        dampening = to_float(group["dampening"])
+        scale = self._velocity_scale(group)
+        h = updates.hyperparameters("sgd", group, to_float, velocity_scale=scale)
+        choices = dict(momentum_on=h["momentum"] != 0, nesterov=bool(group["nesterov"]),
+                       maximize=group.get("maximize", False))
         P = mirror(params, dtype)
-        grads = prepare_grads(grads, P.compute, maximize=group.get("maximize", False),
-                              l2=to_float(group["weight_decay"]))
-        if momentum == 0:
-            foreach_add_(P.compute, grads, alpha=-lr)
+        if not choices["momentum_on"]:
+            updates.sgd(updates.FOREACH, P.compute, grads, None, h, **choices)
             P.flush()
             return
-
-        scale = self._velocity_scale(group)
+        # A parameter's first step (no buffer yet) and the later ones are two calls of the update
+        # (both only when some parameters get their first gradient after others).
         velocity_dtype = self._velocity_dtype()
-        stored, fresh, old = [], [], []
-        for i, p in enumerate(params):
-            st = self.state[p]
-            if st.get("momentum_buffer") is None:
-                fresh.append(i)
-                stored.append(None)
+        has = [self.state[p].get("momentum_buffer") is not None for p in params]
+        for has_buffer in (False, True):
+            index = [i for i, flag in enumerate(has) if flag is has_buffer]
+            if not index:
+                continue
+            sub = params if len(index) == len(params) else [params[i] for i in index]
+            compute = P.compute if sub is params else [P.compute[i] for i in index]
+            sub_grads = grads if sub is params else [grads[i] for i in index]
+            if has_buffer:
+                B = mirror([state_tensor(self.state[p], "momentum_buffer", p,
+                                         _base.storage_dtype(velocity_dtype, p)) for p in sub], dtype)
+                for p, buf in zip(sub, B.compute):
+                    previous = self.state[p].get(_SCALE_KEY, 1.0)
+                    if previous != scale:  # velocity_scaling changed: keep the velocity itself
+                        buf.mul_(scale / previous)
+                updates.sgd(updates.FOREACH, compute, sub_grads, B.compute, h, has_buffer=True, **choices)
+                B.flush()
             else:
-                stored.append(state_tensor(st, "momentum_buffer", p, _base.storage_dtype(velocity_dtype, p)))
-                old.append(i)
-        # torch's first step: the buffer starts as the gradient itself (no dampening).
-        compute = [None] * len(params)
-        for i in fresh:
-            buf = grads[i] * scale if scale != 1.0 else torch.clone(grads[i]).detach()
-            p = params[i]
-            store = buf.to(_base.storage_dtype(velocity_dtype, p))
-            self.state[p]["momentum_buffer"] = store
-            stored[i] = store
-            compute[i] = buf
-        if old:
-            B = mirror([stored[i] for i in old], dtype)
-            for j, i in enumerate(old):
-                st = self.state[params[i]]
-                previous = st.get(_SCALE_KEY, 1.0)
-                if previous != scale:  # velocity_scaling changed: keep the velocity itself
-                    B.compute[j].mul_(scale / previous)
-            foreach_mul_(B.compute, momentum)
-            foreach_add_(B.compute, [grads[i] for i in old], alpha=(1.0 - dampening) * scale)
-            for j, i in enumerate(old):
-                compute[i] = B.compute[j]
-            B.flush()
+                _, bufs = updates.sgd(updates.FOREACH, compute, sub_grads, None, h, has_buffer=False, **choices)
+                for p, buf in zip(sub, bufs):
+                    self.state[p]["momentum_buffer"] = buf.to(_base.storage_dtype(velocity_dtype, p))
         for p in params:
             st = self.state[p]
             if scale != 1.0:
                 st[_SCALE_KEY] = scale
             else:
                 st.pop(_SCALE_KEY, None)
-        if group["nesterov"]:
-            step = foreach_add(grads, compute, alpha=momentum / scale)
-            foreach_add_(P.compute, step, alpha=-lr)
-        else:
-            foreach_add_(P.compute, compute, alpha=-lr / scale)
         P.flush()
 
     def state_dict(self):

@@ -34,6 +34,7 @@ their mean is never a running one.
 import enum
 import sys
 import threading
+from typing import Optional
 
 import torch
 
@@ -71,6 +72,21 @@ class MeanPolicy(enum.Enum):
         if not automatic_loss_scaling and all(p.dtype == torch.float32 for p in params):
             return cls.FOLDED
         return cls.POST
+
+    @classmethod
+    def unfolded(cls, mean: bool, running: bool) -> "MeanPolicy":
+        """The policy of a step whose backward seed is the loss scale itself (a compiled program's)."""
+        return cls.RUNNING if running else cls.POST if mean else cls.SUM
+
+    def divisor(self, loss_scale, ran: int, micro_batches: Optional[int] = None):
+        """What the step's accumulated gradients are divided by (the table's last column), ``ran``
+        of its ``micro_batches`` (default: all ran) micro-batches having run. ``loss_scale`` may be
+        a 0-d tensor (a compiled program's, ``compiled/program.py``)."""
+        if self is MeanPolicy.FOLDED and micro_batches is not None and ran != micro_batches:
+            return loss_scale * (ran / micro_batches)
+        if self is MeanPolicy.POST:
+            return loss_scale * ran
+        return loss_scale
 
 
 class NoReduction:
@@ -184,11 +200,7 @@ class GradientReduction:
         """Sum the replicas' gradients, turn them into the step's gradients. Returns whether the
         optimizer should apply them."""
         self.replica_sum()
-        divisor = self.loss_scale
-        if self.policy is MeanPolicy.FOLDED and self._count != self.micro_batches:
-            divisor *= self._count / self.micro_batches
-        elif self.policy is MeanPolicy.POST:
-            divisor *= self._count
+        divisor = self.policy.divisor(self.loss_scale, self._count, self.micro_batches)
         grads = self._grads()
         if self.scaler.automatic:
             finite = _unscale_and_check(grads, 1.0 / divisor)

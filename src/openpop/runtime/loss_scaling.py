@@ -47,21 +47,31 @@ class DynamicLossScaling:
         return BoundLossScaling(self, optimizer)
 
     def next_scale(self, scale: float, finite: bool) -> float:
-        """The scale after a step whose gradients were (not) all finite."""
+        """The scale after a step whose gradients were (not) all finite (``scaling_rule``)."""
+        new, self.finite_steps = scaling_rule(scale, self.finite_steps, finite, self.growth_factor,
+                                              self.backoff_factor, self.growth_interval)
         if not finite:
-            self.finite_steps = 0
             self.skipped_steps += 1
-            new = scale * self.backoff_factor
             logger.info("Automatic loss scaling: non-finite gradients, optimizer step skipped; "
                         "loss scaling %g -> %g", scale, new)
-            return new
-        self.finite_steps += 1
-        if self.finite_steps >= self.growth_interval:
-            self.finite_steps = 0
-            new = scale * self.growth_factor
-            if math.isfinite(new):
-                return new
-        return scale
+        return new
+
+
+def _pick(condition, if_true, if_false):
+    return if_true if condition else if_false
+
+
+def scaling_rule(scale, finite_steps, finite, growth_factor, backoff_factor, growth_interval, *, where=_pick,
+                 isfinite=math.isfinite):
+    """``torch.amp.GradScaler``'s rule, written once: ``(scale, finite_steps)`` after a step whose
+    gradients were (``finite``) or were not all finite. Eager runs it on Python numbers; a compiled
+    program (``compiled/loss_scaling.py``) traces it on 0-d tensors with ``where=torch.where`` and
+    ``isfinite=torch.isfinite``."""
+    count = where(finite, finite_steps + 1, 0 * finite_steps)
+    grow = count >= growth_interval
+    grown = scale * growth_factor
+    new = where(finite, where(grow & isfinite(grown), grown, scale), scale * backoff_factor)
+    return new, where(grow, 0 * count, count)
 
 
 class StaticLossScaling:

@@ -3,8 +3,7 @@
 * ``selection.py``       auto | eager | compiled, and the ski-rental rule of ``auto``
 * ``compile_cost.py``    ``auto``'s estimate of what compiling a program costs (calibrated constants)
 * ``eligibility.py``     what cannot be compiled exactly, found before compiling
-* ``functional_optim.py`` optimizer updates as pure tensor functions (SGD, Adam, AdamW)
-* ``adaptive_updates.py`` the LAMB and RMSprop updates it dispatches to
+* ``functional_optim.py`` the optimizer's update (``optim/updates.py``) as a pure function of tensors
 * ``program.py``         DI x GA x R micro-batches, gradients, update, outputs, compiled
 * ``regions.py``          the other unit: the model's blocks compiled, the host call eager
 * ``cuda_graphs.py``     CUDA graph capture of the program on GPUs

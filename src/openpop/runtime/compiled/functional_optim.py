@@ -9,9 +9,9 @@ RMSprop or torch's SGD / Adam / AdamW / RMSprop) and gives:
   guard and its argument handling); ``unpack`` (traced) makes it per group ``{name: value}``;
 * ``state_in()`` per parameter, the state tensors the update reads (created as the eager
   optimizer would create them on its first step);
-* ``update(params, grads, state, hyper)`` the new parameters and state, numerically what
-  ``optimizer.step()`` computes (``optim/sgd.py``, ``optim/adam.py``; LAMB and RMSprop in
-  ``adaptive_updates.py``);
+* ``update(params, grads, state, hyper)`` the new parameters and state: the update
+  ``optimizer.step()`` runs (``optim/updates.py``, the one definition of each optimizer's
+  maths), on pure tensors;
 * ``commit(state)`` writes the new state back into ``optimizer.state`` in torch's format.
 
 Static choices (optimizer family, Nesterov, momentum on/off, clipping kind, bias correction,
@@ -33,7 +33,7 @@ import itertools
 
 import torch
 
-from . import adaptive_updates
+from ...optim import updates
 from .optimizer_support import clipping, family_of, signature
 
 _VELOCITY_SCALE_KEY = "velocity_scaling"  # optim/sgd.py: momentum_buffer is stored times this
@@ -99,19 +99,9 @@ class FunctionalOptimizer:
 
     def hyper_values(self):
         """Per group ``{name: float}``: the hyperparameters the update reads now."""
-        values = []
-        for group in self.optimizer.param_groups:
-            v = {"lr": group["lr"], "weight_decay": group["weight_decay"]}
-            if self.family == "sgd":
-                v.update(momentum=group["momentum"], dampening=group["dampening"],
-                         velocity_scale=self._velocity_scale(group))
-            elif self.family == "rmsprop":
-                v.update(momentum=group["momentum"], alpha=group["alpha"], eps=group["eps"])
-            else:
-                v.update(beta1=group["betas"][0], beta2=group["betas"][1], eps=group["eps"])
-            if self.family == "lamb":
-                v["max_weight_norm"] = _max_weight_norm(group)
-            values.append(v)
+        family = "adam" if self.family == "adamw" else self.family
+        values = [updates.hyperparameters(family, group, velocity_scale=self._velocity_scale(group))
+                  for group in self.optimizer.param_groups]
         if self.static[1] is not None:
             values[0]["clip"] = clipping(self.optimizer)[1]
         return values
@@ -148,9 +138,9 @@ class FunctionalOptimizer:
             for p in params:
                 st = self.optimizer.state.get(p, {})
                 if self.family == "lamb":
-                    state.append(adaptive_updates.lamb_state(st, p, fill))
+                    state.append(_lamb_state(st, p, fill))
                 elif self.family == "rmsprop":
-                    state.append(adaptive_updates.rmsprop_state(st, p, static[1], static[6], static[7], fill))
+                    state.append(_rmsprop_state(st, p, static[1], static[6], static[7], fill))
                 elif self.family == "sgd":
                     if not static[1]:  # momentum 0 (the signature, checked every call, says so)
                         state.append({})
@@ -190,51 +180,59 @@ class FunctionalOptimizer:
         params = [p.to(torch.float32) for p in params]
         grads = [g.to(torch.float32) for g in grads]
         if self.static[1] == "norm":  # torch.nn.utils.clip_grad_norm_
-            norms = torch.stack([torch.linalg.vector_norm(g, 2) for g in grads])
-            coefficient = torch.clamp(hyper[0]["clip"] / (torch.linalg.vector_norm(norms, 2) + 1e-6), max=1.0)
-            grads = [g * coefficient for g in grads]
+            coefficient = updates.clip_coefficient(updates.PURE, grads, hyper[0]["clip"])
+            grads = updates.PURE.mul(grads, coefficient)
         elif self.static[1] == "value":  # torch.nn.utils.clip_grad_value_
             grads = [torch.clamp(g, min=-hyper[0]["clip"], max=hyper[0]["clip"]) for g in grads]
         new_params, new_state = [], []
         i = 0
         for group, h in zip(self.static[2], hyper):
             n = group[0]
-            for k in range(i, i + n):
-                update = {"sgd": self._sgd, "lamb": self._lamb, "rmsprop": self._rmsprop}.get(self.family, self._adam)
-                st = {key: v.to(torch.float32) if v.is_floating_point() else v for key, v in state[k].items()}
-                p, st = update(group, params[k], grads[k], st, h)
+            if n == 0:
+                continue
+            states = [{key: v.to(torch.float32) if v.is_floating_point() else v for key, v in st.items()}
+                      for st in state[i:i + n]]
+            group_params, group_state = self._update_group(group, params[i:i + n], grads[i:i + n], states, h)
+            for k, p, st in zip(range(i, i + n), group_params, group_state):
                 new_params.append(p.to(dtypes[k]))
-                new_state.append({key: value.to(state[k][key].dtype) for key, value in st.items()})
+                new_state.append({key: st[key].to(value.dtype) for key, value in state[k].items()})
             i += n
         return new_params, new_state
 
-    def _sgd(self, group, p, g, st, h):
-        _, momentum_on, nesterov, maximize = group[:4]
-        if maximize:
-            g = -g
-        g = g + h["weight_decay"] * p
-        if not momentum_on:
-            return p - h["lr"] * g, st
-        scale = h["velocity_scale"]
-        buf = torch.where(st["has_buffer"],
-                          st["momentum_buffer"] * h["momentum"] + g * ((1.0 - h["dampening"]) * scale),
-                          g * scale)
-        if nesterov:
-            p = p - h["lr"] * (g + buf * (h["momentum"] / scale))
+    def _update_group(self, group, params, grads, states, h):
+        """``optim/updates.py``'s update of one group, pure: (new params, per parameter its new state)."""
+        _, momentum_on, nesterov, maximize, decoupled, bias_correction, centered, tf_variant = group
+        o = updates.PURE
+
+        def column(key):
+            return [st[key] for st in states] if states and key in states[0] else None
+
+        if self.family == "sgd":
+            params, bufs = updates.sgd(o, params, grads, column("momentum_buffer"), h, momentum_on=momentum_on,
+                                       nesterov=nesterov, maximize=maximize, has_buffer=column("has_buffer"))
+            if not momentum_on:
+                return params, [{} for _ in params]
+            return params, [{"momentum_buffer": b, "has_buffer": torch.ones_like(st["has_buffer"])}
+                            for b, st in zip(bufs, states)]
+        if self.family == "rmsprop":
+            params, square, grad_avg, bufs, steps = updates.rmsprop(
+                o, params, grads, column("square_avg"), column("grad_avg"), column("momentum_buffer"),
+                column("step"), h, momentum_on=momentum_on, centered=centered, tf_variant=tf_variant,
+                maximize=maximize)
+            new = [{"step": s, "square_avg": sq} for s, sq in zip(steps, square)]
+            for key, values in (("grad_avg", grad_avg), ("momentum_buffer", bufs)):
+                if values is not None:
+                    for st, value in zip(new, values):
+                        st[key] = value
+            return params, new
+        if self.family == "lamb":
+            params, m, v, steps = updates.lamb(o, params, grads, column("exp_avg"), column("exp_avg_sq"),
+                                               column("step"), h, bias_correction=bias_correction)
         else:
-            p = p - buf * (h["lr"] / scale)
-        return p, {"momentum_buffer": buf, "has_buffer": torch.ones_like(st["has_buffer"])}
-
-    def _adam(self, group, p, g, st, h):
-        maximize, decoupled, bias_correction = group[3:6]
-        return adaptive_updates.adam(p, g, st, h, maximize, decoupled, bias_correction)
-
-    def _lamb(self, group, p, g, st, h):
-        return adaptive_updates.lamb(p, g, st, h, bias_correction=group[5])
-
-    def _rmsprop(self, group, p, g, st, h):
-        return adaptive_updates.rmsprop(p, g, st, h, momentum_on=group[1], centered=group[6], tf_variant=group[7],
-                                        maximize=group[3])
+            params, m, v, steps = updates.adam(o, params, grads, column("exp_avg"), column("exp_avg_sq"),
+                                               column("step"), h, maximize=maximize, decoupled=decoupled,
+                                               bias_correction=bias_correction)
+        return params, [{"step": s, "exp_avg": a, "exp_avg_sq": b} for s, a, b in zip(steps, m, v)]
 
     # ------------------------------------------------------------------ results
     def commit(self, new_state):
@@ -261,12 +259,6 @@ class FunctionalOptimizer:
                     state.update(st)
 
 
-def _max_weight_norm(group):
-    from ...optim.lamb import MAX_WEIGHT_NORM
-    value = group.get("max_weight_norm")
-    return MAX_WEIGHT_NORM if value is None else value
-
-
 def _or_zeros(tensor, param, fill=torch.full_like):
     if tensor is None:
         return fill(param, 0.0, dtype=torch.float32, memory_format=torch.preserve_format)
@@ -276,3 +268,32 @@ def _or_zeros(tensor, param, fill=torch.full_like):
 def _uninitialised(param, value, **kwargs):
     """``torch.full_like``'s signature, without the fill."""
     return torch.empty_like(param, **kwargs)
+
+
+def _lamb_state(st, p, fill=torch.full_like):
+    """``fill(p, value, memory_format=...)`` makes the state not created yet (``state_in``)."""
+    return {"step": _step_of(st, p), "exp_avg": _or_fill(st.get("exp_avg"), p, 0.0, fill),
+            "exp_avg_sq": _or_fill(st.get("exp_avg_sq"), p, 0.0, fill)}
+
+
+def _rmsprop_state(st, p, momentum_on, centered, tf_variant, fill=torch.full_like):
+    state = {"step": _step_of(st, p),
+             "square_avg": _or_fill(st.get("square_avg"), p, 1.0 if tf_variant else 0.0, fill)}
+    if centered:  # keys in the order update() returns them (the program carries them flattened)
+        state["grad_avg"] = _or_fill(st.get("grad_avg"), p, 0.0, fill)
+    if momentum_on:
+        state["momentum_buffer"] = _or_fill(st.get("momentum_buffer"), p, 0.0, fill)
+    return state
+
+
+def _step_of(st, p):
+    step = st.get("step")
+    if step is None:
+        return torch.zeros((), device=p.device)
+    return torch.as_tensor(step, dtype=torch.float32).to(p.device).reshape(())
+
+
+def _or_fill(tensor, param, value=0.0, fill=torch.full_like):
+    if tensor is None:
+        return fill(param, value, memory_format=torch.preserve_format)
+    return tensor.to(torch.float32)

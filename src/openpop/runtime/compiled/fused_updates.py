@@ -2,12 +2,12 @@
 compiled.
 
 The unit "regions" (``regions.py``) runs the optimizer's own ``step()``. openpop's eager LAMB
-(``optim/lamb.py``) is a dozen ``torch._foreach_*`` ops, each a pass over every parameter: on
-BERT-base (110 M parameters, 206 tensors) 0.53 s of a ~4.2 s fp32 step on a 2-core CPU; Adam and
-AdamW (``optim/adam.py``) are about ten. The same math per parameter (``adaptive_updates``, the
-compiled program's), compiled with dynamic shapes on the flattened tensors - one graph per shape
-class of the parameters (rank, size) and static choice, whose kernels read each tensor about
-twice - takes 0.14 s for LAMB.
+(``optim/updates.py`` with its foreach ops) is a dozen ``torch._foreach_*`` ops, each a pass over
+every parameter: on BERT-base (110 M parameters, 206 tensors) 0.53 s of a ~4.2 s fp32 step on a
+2-core CPU; Adam and AdamW are about ten. The same update per parameter (``optim/updates.py``'s
+with pure ops, as the compiled program runs it), compiled with dynamic shapes on the flattened
+tensors - one graph per shape class of the parameters (rank, size) and static choice, whose
+kernels read each tensor about twice - takes 0.14 s for LAMB.
 
 ``FusedUpdate`` takes the place of the optimizer's ``_update`` for a host call; ``step()``'s
 gradient gathering and clipping, LR schedulers' wrappers and the state dictionary stay the
@@ -22,10 +22,9 @@ import contextlib
 import torch
 
 from ... import torch_compat
-from ...optim import _base
+from ...optim import _base, updates
 from ...optim.adam import _AdamBase
-from ...optim.lamb import LAMB, MAX_WEIGHT_NORM
-from .adaptive_updates import adam, lamb
+from ...optim.lamb import LAMB
 
 _HYPER = ("lr", "beta1", "beta2", "eps", "weight_decay", "max_weight_norm", "one_minus_beta1", "one_minus_beta2",
           "correction1", "correction2", "decay")
@@ -39,15 +38,14 @@ RECOMPILE_LIMIT = 64
 def _in_place(param, grad, step, exp_avg, exp_avg_sq, hyper, choices: tuple):
     """``choices``: ``("lamb", bias_correction)`` or ``("adam", maximize, decoupled, bias_correction)``."""
     h = {name: hyper[i] for i, name in enumerate(_HYPER)}
-    state = {"step": step, "exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
+    tensors = ([param], [grad], [exp_avg], [exp_avg_sq], [step])
     if choices[0] == "lamb":
-        new, state = lamb(param, grad, state, h, *choices[1:])
+        new = updates.lamb(updates.PURE, *tensors, h, bias_correction=choices[1])
     else:
-        new, state = adam(param, grad, state, h, *choices[1:])
-    param.copy_(new)
-    exp_avg.copy_(state["exp_avg"])
-    exp_avg_sq.copy_(state["exp_avg_sq"])
-    step.copy_(state["step"])
+        new = updates.adam(updates.PURE, *tensors, h, maximize=choices[1], decoupled=choices[2],
+                           bias_correction=choices[3])
+    for target, (value,) in zip((param, exp_avg, exp_avg_sq, step), new):
+        target.copy_(value)
 
 
 _kernel = None  # the compiled _in_place, shared by every optimizer of the process
@@ -63,13 +61,10 @@ def _compiled():
 def _hyper(group, step_count, bias_correction, device):
     """The kernel's hyperparameters; ``1 - beta``, ``1 - beta ** step`` and ``1 - lr *
     weight_decay`` in double precision, as the eager optimizers compute them."""
-    to_float = _base.to_float
-    lr, weight_decay = to_float(group["lr"]), to_float(group["weight_decay"])
-    beta1, beta2 = (to_float(b) for b in group["betas"])
-    max_weight_norm = group.get("max_weight_norm")
+    h = updates.hyperparameters("lamb", group, _base.to_float)  # Adam's and max_weight_norm
+    lr, weight_decay, beta1, beta2 = h["lr"], h["weight_decay"], h["beta1"], h["beta2"]
     corrections = (1.0 - beta1 ** step_count, 1.0 - beta2 ** step_count) if bias_correction else (1.0, 1.0)
-    return torch.tensor([lr, beta1, beta2, to_float(group["eps"]), weight_decay,
-                         MAX_WEIGHT_NORM if max_weight_norm is None else to_float(max_weight_norm),
+    return torch.tensor([lr, beta1, beta2, h["eps"], weight_decay, h["max_weight_norm"],
                          1.0 - beta1, 1.0 - beta2, *corrections, 1.0 - lr * weight_decay],
                         dtype=torch.float32, device=device)
 

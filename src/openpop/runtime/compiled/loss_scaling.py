@@ -3,16 +3,17 @@
 ``ScalingState`` gives the program its scaling as a dict of tensors - ``{"scale"}`` for a static
 ``loss_scaling``, plus ``finite_steps`` and ``history`` (one flag per device iteration: were
 its gradients finite) with automatic loss scaling - and, traced, applies
-``runtime/loss_scaling.py``'s rule to one step: an update computed from non-finite gradients is
-discarded (``torch.where`` on the new parameters and optimizer state), the scale backs off, or
-grows after ``growth_interval`` finite steps in a row. The host then replays the call's
-``history`` through the executor's own ``DynamicLossScaling`` (``commit``), which writes the
-optimizer's ``loss_scaling``, keeps the finite-step count, counts and logs skipped steps exactly
-as eager does; the program's own copy of the scale only serves the steps inside the call.
+``runtime/loss_scaling.py``'s rule (``scaling_rule``, the one eager runs) to one step: an update
+computed from non-finite gradients is discarded (``torch.where`` on the new parameters and
+optimizer state), the scale backs off, or grows after ``growth_interval`` finite steps in a row.
+The host then replays the call's ``history`` through the executor's own ``DynamicLossScaling``
+(``commit``), which writes the optimizer's ``loss_scaling``, keeps the finite-step count, counts
+and logs skipped steps exactly as eager does; the program's own copy of the scale only serves the steps inside the call.
 """
 import torch
 
 from ...torch_compat import pytree
+from ..loss_scaling import scaling_rule
 
 
 class ScalingState:
@@ -43,13 +44,10 @@ class ScalingState:
             return new, scaling
         finite = torch.stack([torch.isfinite(g).all() for g in scaled_grads]).all()
         kept = pytree.tree_map(lambda n, o: torch.where(finite, n, o), new, old)
-        scale, count = scaling["scale"], scaling["finite_steps"]
-        count = torch.where(finite, count + 1.0, torch.zeros_like(count))
-        grow = count >= self.growth_interval
-        grown = scale * self.growth_factor
-        kept_scale = torch.where(grow & torch.isfinite(grown), grown, scale)
-        scale = torch.where(finite, kept_scale, scale * self.backoff_factor)
-        return kept, {"scale": scale, "finite_steps": torch.where(grow, torch.zeros_like(count), count),
+        scale, count = scaling_rule(scaling["scale"], scaling["finite_steps"], finite, self.growth_factor,
+                                    self.backoff_factor, self.growth_interval, where=torch.where,
+                                    isfinite=torch.isfinite)
+        return kept, {"scale": scale, "finite_steps": count,
                       "history": scaling["history"].index_copy(0, index, finite.reshape(1))}
 
     # ------------------------------------------------------------------ host

@@ -76,6 +76,7 @@ from torch.func import functional_call
 from ...enums import MeanReductionStrategy, OutputMode, ReductionType
 from ...torch_compat import pytree, while_loop
 from .. import context
+from ..gradients import MeanPolicy
 from ..losses import as_scalar
 from ..outputs import _DEMOTE, _unflatten, flatten_output, protect_output
 from . import micro_batches
@@ -351,7 +352,7 @@ class Program:
         buffers = [b for values in sets for b in values]
         if not layout.training:
             return trained, state, buffers, stacked, scaling, []
-        divisor = loss_scale * g.micro_batches_per_step if (layout.mean and not layout.running) else loss_scale
+        divisor = MeanPolicy.unfolded(layout.mean, layout.running).divisor(loss_scale, g.micro_batches_per_step)
         unscaled = [gr * (1.0 / divisor) for gr in grads]  # as eager unscales (gradients.py)
         new = self.optim.update(list(trained), unscaled, state, hyper)
         (new_params, new_state), scaling = self.scaling.apply(scaling, grads, (list(trained), state), new, index)
