@@ -140,9 +140,55 @@ def test_weights_io_model_to_host_and_reset(tmp_path):
 @pytest.mark.parametrize("factor", [1, 4])
 def test_gradient_accumulation_in_an_inference_session(factor):
     """PopART refuses enableGradientAccumulation in an inference session, whatever the factor."""
-    builder, x, _labels, probs, _loss, _ids = build_mlp(4, mlp_weights())
+    builder, _x, _labels, probs, _loss, _ids = build_mlp(4, mlp_weights())
     opts = popart.SessionOptions()
     opts.enableGradientAccumulation, opts.accumulationFactor = True, factor
     with pytest.raises(popart.popart_exception, match=r"^Gradient Accumulation only available when training\.$"):
         popart.InferenceSession(builder.getModelProto(), popart.DataFlow(1, {probs: popart.AnchorReturnType("All")}),
                                 popart.DeviceManager().createCpuDevice(), userOptions=opts)
+
+
+def test_graph_checks_at_session_construction():
+    """Nothing left to compute once what no anchor needs is pruned; manual recomputation annotations
+    with automatic recomputation."""
+    builder = popart.Builder()
+    x = builder.addInputTensor("FLOAT", [2])
+    builder.aiOnnx.sqrt([x])
+    with pytest.raises(popart.popart_exception,
+                       match="^All operations in the main graph were pruned, nothing to compute$"):
+        popart.InferenceSession(builder.getModelProto(), popart.DataFlow(1, [x]),
+                                popart.DeviceManager().createCpuDevice())
+    builder = popart.Builder()
+    x = builder.addInputTensor(popart.TensorInfo("FLOAT", [1]))
+    w = builder.addInitializedInputTensor(np.ones(1, np.float32))
+    hidden = builder.aiOnnx.relu([builder.aiOnnx.mul([x, w])])
+    builder.recomputeOutputInBackwardPass(hidden)
+    loss = builder.aiGraphcore.l1loss([hidden], 1.0)
+    opts = popart.SessionOptions()
+    opts.autoRecomputation = popart.RecomputationType.Standard
+    with pytest.raises(popart.popart_exception, match="^A mixture of auto and manual recomputation is not supported$"):
+        _training(builder, loss, [loss], opts=opts)
+    opts.autoRecomputation = popart.RecomputationType.NoRecompute
+    _training(builder, loss, [loss], opts=opts)  # manual annotations alone
+
+
+def test_constant_weights_and_non_contiguous_arrays():
+    builder = popart.Builder()
+    x = builder.addInputTensor(popart.TensorInfo("FLOAT", [2, 3]))
+    w = builder.addInitializedInputTensor(np.ones((2, 3), np.float32), "w")
+    out = builder.aiOnnx.add([x, w])
+    session = popart.InferenceSession(builder.getModelProto(), popart.DataFlow(1, [out]),
+                                      popart.DeviceManager().createCpuDevice())
+    session.prepareDevice()
+    with pytest.raises(popart.popart_exception, match="^Cannot call writeWeights when constantWeights is set"):
+        session.writeWeights(popart.PyWeightsIO({w: np.zeros((2, 3), np.float32)}))
+    transposed = np.zeros((3, 2), np.float32).T
+    with pytest.raises(popart.popart_exception, match="tensor 'w' as it is not c-contiguous"):
+        popart.PyWeightsIO({w: transposed})
+    with pytest.raises(popart.popart_exception, match="numpy input array for tensor .* as it is not c-contiguous"):
+        popart.PyStepIO({x: transposed}, session.initAnchorArrays())
+    callback_io = popart.PyStepIOCallback(lambda tensor_id, prefetch: transposed, lambda tensor_id: None,
+                                          lambda tensor_id: np.zeros((2, 3), np.float32), lambda tensor_id: None)
+    with pytest.raises(popart.popart_exception, match="not c-contiguous"):
+        session.run(callback_io)
+    session.run(popart.PyStepIO({x: np.ascontiguousarray(transposed)}, session.initAnchorArrays()))

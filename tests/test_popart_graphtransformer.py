@@ -66,9 +66,11 @@ def test_external_initializers_run_and_are_written_back(tmp_path):
         b.saveInitializersExternally([i2], str(tmp_path / "missing" / "t.bin"))
     model_file = str(tmp_path / "model.onnx")
     b.saveModelProto(model_file)
+    opts = popart.SessionOptions()
+    opts.constantWeights = False  # writeWeights below (PopART refuses it on constant weights)
     session = popart.InferenceSession(fnModel=popart.Builder(model_file).getModelProto(),
                                       dataFlow=popart.DataFlow(1, {out: popart.AnchorReturnType("All")}),
-                                      deviceInfo=popart.DeviceManager().createCpuDevice())
+                                      deviceInfo=popart.DeviceManager().createCpuDevice(), userOptions=opts)
     session.prepareDevice()
     anchors = session.initAnchorArrays()
     session.run(popart.PyStepIO({}, anchors))

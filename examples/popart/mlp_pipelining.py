@@ -64,7 +64,10 @@ def main(argv=None):
     opts.enablePipelining = args.pipelining
     opts.enableGradientAccumulation = args.gradient_accumulation > 1
     opts.accumulationFactor = args.gradient_accumulation
-    opts.autoRecomputation = {"ON": popart.RecomputationType.Standard, "OFF": popart.RecomputationType.NoRecompute,
+    # ON: without pipelining the relu outputs are marked by hand, and PopART refuses automatic
+    # recomputation on top of manual annotations.
+    on = popart.RecomputationType.Standard if args.pipelining else popart.RecomputationType.NoRecompute
+    opts.autoRecomputation = {"ON": on, "OFF": popart.RecomputationType.NoRecompute,
                               "AUTO": popart.RecomputationType.Pipeline}[args.recompute]
     if args.replication_factor > 1:
         opts.enableReplicatedGraphs = True

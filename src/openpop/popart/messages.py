@@ -270,6 +270,14 @@ INPUT_SETTINGS_ARGUMENTS = (
 
 UNKNOWN_OPSET = "Could not find opset {version}"
 
+# --- graph_checks.py ---------------------------------------------------------------------------
+ALL_OPS_PRUNED = "All operations in the main graph were pruned, nothing to compute"
+AUTO_AND_MANUAL_RECOMPUTATION = "A mixture of auto and manual recomputation is not supported"
+WRITE_WEIGHTS_WITH_CONSTANT_WEIGHTS = (
+    "Cannot call writeWeights when constantWeights is set. Set `constantWeights` to False in the "
+    "`SessionOption`s when initialising the session to enable this behaviour."
+)
+
 # --- loss_scaling.py (PopART's AutomaticLossScale transform) -----------------------------------
 ALS_NOT_TRAINING = "[AutomaticLossScale transform] Only compatible when doing training"
 ALS_CONST_LOSS_SCALING = "[AutomaticLossScale transform] The optimizer must have non-const loss scaling"

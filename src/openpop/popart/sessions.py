@@ -47,7 +47,7 @@ from ..enums import ReductionType as PoptorchReduction
 from ..models import inferenceModel, trainingModel
 from ..options import Options
 from ..runtime.compiled import backend_from_env
-from . import distributed, external_data, loss_scaling, messages, placement, tensorinfo
+from . import distributed, external_data, graph_checks, loss_scaling, messages, placement, tensorinfo
 from .builder import REPLICATED_STREAM_MODE_KEY, load_model
 from .dataflow import DataFlow
 from .devices import DeviceInfo
@@ -145,6 +145,7 @@ class _Session:
             self._loss = loss
         self._trainable = self._program.trainable_initializers()
         self._check_anchors()
+        graph_checks.check(self._program, options, training=training, anchors=dataFlow.anchors(), loss=self._loss)
         loss_scaling.check(options.automaticLossScalingSettings, training=training,
                            optimizer=optimizer if isinstance(optimizer, Optimizer) else None, options=options,
                            program=self._program, infos=self._infos)
@@ -341,6 +342,8 @@ class _Session:
             _copy_into(array, self._host_weights[name], name)
 
     def writeWeights(self, weightsIo: PyWeightsIO) -> None:
+        if not self._training and self._options.constantWeights:
+            raise popart_exception(messages.WRITE_WEIGHTS_WITH_CONSTANT_WEIGHTS)
         for name, array in weightsIo.weights.items():
             if name not in self._host_weights:
                 raise popart_exception(messages.WRITE_WEIGHTS_UNKNOWN.format(name=name))
