@@ -19,7 +19,7 @@ from openpop.enums import (
     ReductionType,
     SyncPattern,
 )
-from openpop.errors import ConfigFileError
+from openpop.errors import ConfigFileError, Error
 from openpop.log import logger
 from openpop.options import Options, OptionsDict, TensorLocationSettings
 from openpop.strategies import ParallelPhasedExecution, PipelinedExecution, SerialPhasedExecution, ShardedExecution
@@ -771,3 +771,30 @@ def test_explicitly_set_records_setter_calls_even_with_default_values():
     assert not opts.Training.explicitlySet("gradient_accumulation")
     opts.Training.gradientAccumulation(1)
     assert opts.Training.explicitlySet("gradient_accumulation")
+
+
+def test_the_openpop_group_sets_what_the_setters_outside_it_set():
+    """``Options.Openpop`` groups openpop's own settings; each setter stores its value where the
+    setter of the same name outside the group does, so toDict() is the same either way."""
+    grouped, flat = Options(), Options()
+    grouped.Openpop.backend("compiled", compile_after=5, unit="regions").deviceMap(["cpu"]) \
+        .autocast(True, torch.float16).rollbackFailedCalls(False)
+    flat.openpopBackend("compiled", compile_after=5, unit="regions").deviceMap(["cpu"])
+    flat.Precision.autocast(True, torch.float16)
+    flat.Training.rollbackFailedCalls(False)
+    for options in (grouped, flat):
+        options.outputMode(OutputMode.All)  # (toDict() needs one)
+    assert grouped.toDict() == flat.toDict()
+    assert grouped.Openpop.toDict() == {
+        "backend": "compiled", "compile_after": 5.0, "unit": "regions", "device_map": ["cpu"],
+        "autocast_enabled": True, "autocast_dtype": torch.float16, "rollback_failed_calls": False}
+    with pytest.raises(Error, match="Unknown openpop backend"):
+        grouped.Openpop.backend("fast")
+    assert grouped.openpop_backend == "compiled"  # (a refused value changes nothing)
+
+
+def test_the_openpop_group_lists_the_process_settings_from_the_environment(monkeypatch):
+    monkeypatch.setenv("OPENPOP_DEVICE_MAP", "cpu,cpu")
+    settings = Options().Openpop.processSettings()
+    assert settings["OPENPOP_DEVICE_MAP"] == "cpu,cpu"
+    assert all(name.startswith("OPENPOP_") for name in settings)

@@ -735,6 +735,82 @@ class _TensorLocationOptions(OptionsDict):
         return self._set_location("location_accumulator", location)
 
 
+class _OpenpopOptions:
+    """openpop's own settings of a run, in one group (``poptorch.Options.Openpop``): what has no
+    counterpart in PopTorch. Each setter stores its value where the same setter outside the group
+    does (``Options.openpopBackend``, ``Options.deviceMap``, ``Options.Precision.autocast``,
+    ``Options.Training.rollbackFailedCalls``, which stay for scripts that use them), so
+    ``toDict()`` and saved options are the same either way. Settings of the whole process rather
+    than of one model (the ``OPENPOP_*`` environment variables: threads, host memory, GEMM library,
+    ...) are listed by ``processSettings()``; those above default to their variable where one exists.
+    """
+
+    def __init__(self, options: "Options") -> None:
+        self._options = options
+
+    def backend(self, backend: str, compile_after: Optional[float] = None,
+                unit: Optional[str] = None) -> "_OpenpopOptions":
+        """Choose how host calls run: ``"auto"``, ``"eager"`` or ``"compiled"``
+        (``Options.openpopBackend``; default ``OPENPOP_BACKEND``, else ``"auto"``).
+
+        Args:
+            backend (str): ``"auto"``, ``"eager"`` or ``"compiled"``.
+            compile_after (float): Seconds of eager host calls before ``auto`` compiles.
+            unit (str): ``"auto"``, ``"program"`` or ``"regions"``.
+        """
+        self._options.openpopBackend(backend, compile_after, unit)
+        return self
+
+    def deviceMap(self, devices: list) -> "_OpenpopOptions":
+        """Set the torch devices the virtual IPUs run on (``Options.deviceMap``; default
+        ``OPENPOP_DEVICE_MAP``, else every CUDA GPU, else the CPU).
+
+        Args:
+            devices (list): Device names or ``torch.device`` objects.
+        """
+        self._options.deviceMap(devices)
+        return self
+
+    def autocast(self, enabled: bool = True, dtype: torch.dtype = torch.bfloat16) -> "_OpenpopOptions":
+        """Run forward passes under ``torch.autocast`` (``Options.Precision.autocast``).
+
+        Args:
+            enabled (bool): On (default) or off.
+            dtype (torch.dtype): ``torch.bfloat16`` (default) or ``torch.float16``.
+        """
+        self._options.Precision.autocast(enabled, dtype)
+        return self
+
+    def rollbackFailedCalls(self, enabled: bool = True) -> "_OpenpopOptions":
+        """Roll back a training host call that raises (``Options.Training.rollbackFailedCalls``).
+
+        Args:
+            enabled (bool): Roll back (default) or keep the steps a failed call completed.
+        """
+        self._options.Training.rollbackFailedCalls(enabled)
+        return self
+
+    def toDict(self) -> dict:
+        """The group's values: ``{"backend", "compile_after", "unit", "device_map", "autocast_enabled",
+        "autocast_dtype", "rollback_failed_calls"}`` as the run will use them."""
+        o = self._options
+        return {"backend": o.openpop_backend, "compile_after": o.compile_after, "unit": o.compiled_unit,
+                "device_map": list(o.device_map), "autocast_enabled": o.Precision.autocast_enabled,
+                "autocast_dtype": o.Precision.autocast_dtype,
+                "rollback_failed_calls": o.Training.rollback_failed_calls}
+
+    @staticmethod
+    def processSettings() -> dict:
+        """openpop's process-wide settings (``openpop_settings.py``: one field per ``OPENPOP_*``
+        variable), each as its value now: the variable's if set, else the default.
+
+        Returns:
+            dict: ``{variable name: value}``.
+        """
+        from .openpop_settings import SETTINGS
+        return {setting.env: setting.read() for setting in SETTINGS}
+
+
 class Options(OptionsDict):
     """All the settings of a PopTorch run (``poptorch.Options``).
 
@@ -758,6 +834,7 @@ class Options(OptionsDict):
         self._distributed = _DistributedOptions()
         self._tensor_locations = _TensorLocationOptions()
         self._jit = _JitOptions()
+        self._openpop = _OpenpopOptions(self)
         self._execution_strategy: _IExecutionStrategy = PipelinedExecution()
         super().__init__(
             replication_factor=1,
@@ -818,6 +895,11 @@ class Options(OptionsDict):
     def Jit(self) -> _JitOptions:
         """PyTorch JIT settings (``poptorch.Options.Jit``); deprecated."""
         return self._jit
+
+    @property
+    def Openpop(self) -> _OpenpopOptions:
+        """openpop's own settings (``Options.Openpop``): backend, device map, autocast, rollback."""
+        return self._openpop
 
     @property
     def _Popart(self) -> _PopartOptions:
