@@ -78,7 +78,7 @@ TARGETS = [
     Target("Graphcore's PopART sharding example: seconds for its 1 M-sample iteration", "popart_overhead",
            _path("sharding_1m_seconds"), 30.0, False),
     Target("BERT-base peak RSS: openpop / hand-written loop", "memory",
-           _path("peak_rss_vs_hand"), 1.1, False, pending="no memory.py benchmark yet"),
+           _path("peak_rss_vs_hand"), 1.1, False),
     Target("IPUStrategy DI=64: samples/s / Lightning's own CPU loop", "lightning_overhead",
            _path("ratio_vs_lightning_cpu", "ipu_compiled_di64"), 3.0, True),
 ]
