@@ -279,9 +279,12 @@ class _Session:
         autograd taps per micro-batch; ``UpdatedVar`` anchors: an optimizer step hook). Else,
         unless ``OPENPOP_BACKEND`` or ``OPENPOP_COMPILE_AFTER`` says otherwise, ``auto`` compiling
         at once: ``prepareDevice`` is PopART's compile, and builds the step's program then (a graph
-        the compiled backend declines runs eagerly, as fast as before the attempt)."""
+        the compiled backend declines runs eagerly, as fast as before the attempt). Training a graph
+        whose weights are all constants (a no-op update) is eager too: no gradient to compute."""
         anchors = self.dataFlow.anchors()
-        if any(a.startswith((GRADIENT_PREFIX, UPDATED_VAR_PREFIX)) for a in anchors):
+        nothing_trained = self._training and not any(isinstance(w, torch.nn.Parameter)
+                                                     for w in self._weights.values())
+        if nothing_trained or any(a.startswith((GRADIENT_PREFIX, UPDATED_VAR_PREFIX)) for a in anchors):
             opts.openpopBackend("eager")
         elif backend_from_env("auto") == "auto" and openpop_settings.raw("compile_after") is None:
             opts.openpopBackend("auto", compile_after=0)
