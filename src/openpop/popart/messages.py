@@ -278,6 +278,11 @@ WRITE_WEIGHTS_WITH_CONSTANT_WEIGHTS = (
     "`SessionOption`s when initialising the session to enable this behaviour."
 )
 
+LSTM_ACTIVATION_UNSUPPORTED = "Activation type '{act}' is not supported"
+LSTM_ACTIVATIONS_DIFFER = "LSTM activations must be the same for output and forget gates."
+LSTM_TOO_MANY_ACTIVATIONS = "Too many activations ({n}) specified. Number of activations should be 1 or 3."
+LSTM_ACTIVATION_ATTRIBUTE = "LSTMOp attribute `{name}' is not supported"
+
 # --- loss_scaling.py (PopART's AutomaticLossScale transform) -----------------------------------
 ALS_NOT_TRAINING = "[AutomaticLossScale transform] Only compatible when doing training"
 ALS_CONST_LOSS_SCALING = "[AutomaticLossScale transform] The optimizer must have non-const loss scaling"

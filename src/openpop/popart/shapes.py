@@ -122,8 +122,9 @@ class ShapeInference:
             # Data-dependent shapes (Reshape of a computed shape, ...): evaluate on meta tensors.
             try:
                 result.update(self._meta(node))
-            except popart_exception:
-                pass
+            except popart_exception as error:
+                if getattr(error, "op_refused", False):  # the op's own error (an unsupported attribute...)
+                    raise
         return result
 
     def _meta(self, node):

@@ -30,7 +30,10 @@ def norm_axes(axes: Sequence[int], rank: int) -> list[int]:
 
 
 def fail(ctx, message: str):
-    raise popart_exception(messages.OP_FAILED.format(op_type=ctx.op_type, node_name=ctx.node_name, message=message))
+    """An op refusing its inputs or attributes (PopART's error at op creation): shape inference passes it on."""
+    error = popart_exception(messages.OP_FAILED.format(op_type=ctx.op_type, node_name=ctx.node_name, message=message))
+    error.op_refused = True
+    raise error
 
 
 def int_index(t: torch.Tensor) -> torch.Tensor:
