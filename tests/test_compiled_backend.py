@@ -478,3 +478,36 @@ def test_traced_calls_run_eagerly_and_training_is_unchanged(tmp_path):
     assert any(e.get("cat") == "openpop_stage" for e in events)
     for a, b in zip(weights[False], weights[True]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_a_probe_that_fails_declines_in_auto_and_raises_when_forced(monkeypatch, warnings_logged):
+    """The program's probe runs the first micro-batch its own way (counted, gradients by
+    ``autograd.grad``): an error there that is not ``Ineligible`` declines the model like any other
+    reason - the eager backend then runs the call - and is a poptorch.Error with the backend forced;
+    ``compile()`` (compile ahead) is no exception."""
+    from openpop.runtime.compiled import eligibility
+
+    def failing_probe(*args, **kwargs):
+        raise RuntimeError("no gradient to take")
+
+    monkeypatch.setattr(eligibility, "probe", failing_probe)
+    x, t = make_data(8)
+    forced = Regressor()
+    pop = poptorch.trainingModel(forced, compiled_options(2), torch.optim.SGD(forced.parameters(), lr=0.1))
+    with pytest.raises(poptorch.Error, match="probe micro-batch fails .*no gradient to take"):
+        pop.compile(x, t)
+    torch.manual_seed(0)
+    model, reference = Regressor(), Regressor()
+    reference.load_state_dict(model.state_dict())
+    auto = compiled_options(2, backend="auto")
+    auto.openpopBackend("auto", compile_after=0.0)
+    pop = poptorch.trainingModel(model, auto, torch.optim.SGD(model.parameters(), lr=0.1))
+    pop.compile(x, t)
+    pop(x, t)
+    assert pop._dispatch.ran is pop._dispatch.eager
+    assert sum("probe micro-batch fails" in line for line in warnings_logged()) == 1
+    eager = poptorch.trainingModel(reference, compiled_options(2, backend="eager"),
+                                   torch.optim.SGD(reference.parameters(), lr=0.1))
+    eager(x, t)
+    for a, b in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(a, b)

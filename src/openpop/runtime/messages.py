@@ -43,6 +43,7 @@ REGIONS_NONE = ("a model without regions to compile: no module with parameters w
                 "(use unit='program')")
 INELIGIBLE_REGIONS = "what torch.compile of its regions rejects: {error}"
 INELIGIBLE_FULLGRAPH = "what torch.compile(fullgraph=True) rejects: {error}"
+INELIGIBLE_PROBE = "a model whose probe micro-batch fails ({error})"
 INELIGIBLE_RECOMPILES = ("Python values the model reads that change between host calls (torch.compile re-traced "
                          "the program until its recompile limit): {error}")
 INELIGIBLE_INPUTS = "inputs that are not tensors"

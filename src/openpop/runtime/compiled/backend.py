@@ -144,6 +144,10 @@ class CompiledBackend(Backend):
             except Ineligible as exc:
                 self.finish_progress()
                 return self._decline(str(exc))
+            except Exception as exc:  # the probe failed: eager runs the call (and raises the model's own error)
+                self.reset()
+                self.finish_progress()
+                return self._decline(messages.INELIGIBLE_PROBE.format(error=_first_line(exc)), exc)
             only = program.compiler.compiling_only() if dry_run else contextlib.nullcontext()
             if program.ran:  # (compiled and has run once)
                 with only:
