@@ -8,7 +8,6 @@ from .. import messages
 from .common import fail
 from .registry import register
 
-
 # The activations PopART's LSTM takes (lstmutil's fromString), by ONNX name.
 _LSTM_ACTIVATIONS = {"Sigmoid": torch.sigmoid, "Relu": torch.relu, "Tanh": torch.tanh,
                      "Gelu": lambda t: torch.nn.functional.gelu(t, approximate="tanh"),
