@@ -189,3 +189,25 @@ def test_call_takes_parent_tensors_added_as_inputs_and_checks_counts():
         b.aiGraphcore.call([i0, i1], 2, sub, "debug")
     with pytest.raises(popart.popart_exception, match="^For CallOp '', number of inputs \\(3\\) does not match"):
         b.aiGraphcore.call([i0, i1, i2], 1, sub)
+
+
+def test_data_type_enum_and_ops_without_inputs():
+    """popart.DataType as PopART's enum (TensorInfo and builder methods take it; the model stores ONNX's
+    numbers), and ops whose first parameter is an attribute, not the inputs: aiGraphcore.init(shape,
+    data_type, init_type[, batch_axis], debugContext), aiOnnx.randomnormal(shape, ...)."""
+    assert int(popart.DataType.FLOAT) == 11 and popart.DataType.FLOAT16.name == "FLOAT16"
+    assert popart.TensorInfo(popart.DataType.INT32, [3]).data_type() == "INT32"
+    b = popart.Builder()
+    zeros = b.aiGraphcore.init([2, 3], popart.DataType.FLOAT, popart.InitType.Zero, "zeros")
+    counts = b.aiGraphcore.init([4], popart.DataType.INT32, popart.InitType.Zero, 0, "counts")
+    assert (b.getTensorShape(zeros), b.getTensorDtypeString(zeros)) == ([2, 3], "float32")
+    assert (b.getTensorShape(counts), b.getTensorDtypeString(counts)) == ([4], "int32")
+    other = popart.Builder()  # (a model with RandomNormal builds; openpop does not run that op)
+    assert other.getTensorShape(other.aiOnnx.randomnormal([2, 5])) == [2, 5]
+    out = b.aiOnnx.add([zeros, b.aiOnnx.constant(np.ones((2, 3), np.float32))])
+    session = popart.InferenceSession(b.getModelProto(), popart.DataFlow(1, [out]),
+                                      popart.DeviceManager().createCpuDevice())
+    session.prepareDevice()
+    anchors = session.initAnchorArrays()
+    session.run(popart.PyStepIO({}, anchors))
+    np.testing.assert_array_equal(anchors[out], np.ones((2, 3), np.float32))

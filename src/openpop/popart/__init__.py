@@ -34,7 +34,6 @@ from .tensorinfo import TensorInfo
 
 __version__ = "3.4.0+openpop"
 
-DataType = None  # PopART exposes data types as strings ("FLOAT", ...); kept for ``hasattr`` checks
 
 
 def _reserved_prefix(name: str, value: str):

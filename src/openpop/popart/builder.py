@@ -18,7 +18,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from . import messages, tensorinfo
-from .enums import RecomputeType
+from .enums import DataType, RecomputeType
 from .errors import popart_exception
 from .model_checks import check_text_fields
 from .ops import registry
@@ -822,6 +822,8 @@ def _make_attribute(key: str, value):
         return helper.make_attribute(key, numpy_helper.from_array(value))
     if isinstance(value, Builder):
         return helper.make_attribute(key, value._subgraph())
+    if isinstance(value, DataType):  # PopART's enum: ONNX's number in the model
+        return helper.make_attribute(key, tensorinfo.onnx_type(value.name))
     if hasattr(value, "value") and isinstance(value.value, int):  # enums
         return helper.make_attribute(key, int(value))
     if isinstance(value, (list, tuple)) and value and hasattr(value[0], "value") and not isinstance(value[0], str):

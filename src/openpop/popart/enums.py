@@ -279,3 +279,27 @@ class RecoveryAction(enum.IntEnum):
     LINK_RESET = 1
     PARTITION_RESET = 2
     FULL_RESET = 3
+
+
+class DataType(enum.IntEnum):
+    """``popart.DataType`` (PopART's datatype.hpp order). Builder methods and TensorInfo take it where
+    they take a type name ("FLOAT"); the ONNX model stores ONNX's own type numbers."""
+    UINT8 = 0
+    INT8 = 1
+    FLOAT8_143 = 2
+    FLOAT8_152 = 3
+    UINT16 = 4
+    INT16 = 5
+    INT32 = 6
+    INT64 = 7
+    UINT32 = 8
+    UINT64 = 9
+    BOOL = 10
+    FLOAT = 11
+    FLOAT16 = 12
+    BFLOAT16 = 13
+    DOUBLE = 14
+    COMPLEX64 = 15
+    COMPLEX128 = 16
+    STRING = 17
+    UNDEFINED = 18

@@ -48,7 +48,13 @@ class Opset:
 
         version = self._version
 
+        first = _first_parameter(domain, version, name)
+        if first != "args":  # an op without inputs: its first parameter is an attribute (init's shape)
+            params = (Param(first, True, "ints"),) + tuple(params)
+
         def op(*pos, **kwargs):
+            if first != "args":
+                return build_op(builder, op_type, domain, name, [], pos, kwargs, params, version)
             if "args" in kwargs:
                 args = kwargs.pop("args")
             elif pos:
@@ -206,6 +212,19 @@ def method_parameters(domain: str, version: int, method: str, op_type: str) -> t
         if bound is None or schema.since_version > LAST_BOUND_OPSET:
             return _from_schema(schema, bound)
     return _DEBUG_ONLY if bound is None else bound
+
+
+def _first_parameter(domain: str, version: int, method: str) -> str:
+    """The name of the first parameter of PopART's binding: "args" (the inputs), or an attribute for ops
+    without inputs (ai.graphcore init, ai.onnx randomnormal/randomuniform: "shape")."""
+    if domain == registry.GRAPHCORE_DOMAIN:
+        entry = signatures.AI_GRAPHCORE.get(method.lower()) or signatures.AI_GRAPHCORE.get(method)
+        return entry[0] if entry else "args"
+    for v in range(min(version, LAST_BOUND_OPSET), min(signatures.AI_ONNX) - 1, -1):
+        entry = signatures.AI_ONNX[v].get(method.lower())
+        if entry is not None:
+            return entry[0]
+    return "args"
 
 
 def _bound_onnx_entry(version: int, method: str):

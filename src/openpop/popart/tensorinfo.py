@@ -29,7 +29,10 @@ _BY_TORCH = {v[2]: k for k, v in _TYPES.items()}
 
 
 def popart_name(dtype) -> str:
-    """PopART's name of ``dtype`` (a name, numpy dtype, torch dtype or ONNX enum)."""
+    """PopART's name of ``dtype`` (a name, ``popart.DataType``, numpy dtype, torch dtype or ONNX enum)."""
+    from .enums import DataType
+    if isinstance(dtype, DataType):
+        dtype = dtype.name
     if isinstance(dtype, str):
         name = dtype.upper()
         if name == "FLOAT32":
