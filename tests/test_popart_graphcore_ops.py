@@ -115,3 +115,30 @@ def test_ctcloss_matches_torch_and_multiconv_runs_each_convolution():
                                rtol=1e-5)
     np.testing.assert_allclose(c2, torch.nn.functional.conv1d(torch.tensor(x2), torch.tensor(w2), stride=2).numpy(),
                                rtol=1e-5)
+
+
+def test_dynamic_ops_with_an_offset_given_at_run_time():
+    """dynamicslice/dynamicupdate/dynamicadd/dynamiczero with the offset a stream input (data, not a
+    constant), clamped into range as PopART clamps it."""
+    data = np.arange(5 * 4, dtype=np.float32).reshape(5, 4)
+    update = -np.ones((2, 4), np.float32)
+    b = popart.Builder()
+    x = b.addInputTensor(popart.TensorInfo(data))
+    offset = b.addInputTensor(popart.TensorInfo("UINT32", [1]))
+    u = b.addInputTensor(popart.TensorInfo(update))
+    outs = [b.aiGraphcore.dynamicslice([x, offset], axes=[0], sizes=[2]),
+            b.aiGraphcore.dynamicupdate([x, offset, u], axes=[0], sizes=[2]),
+            b.aiGraphcore.dynamicadd([x, offset, u], axes=[0], sizes=[2]),
+            b.aiGraphcore.dynamiczero([x, offset], axes=[0], sizes=[2])]
+    session = popart.InferenceSession(b.getModelProto(), popart.DataFlow(1, outs),
+                                      popart.DeviceManager().createCpuDevice())
+    session.prepareDevice()
+    for start, clamped in [(1, 1), (4, 3)]:
+        anchors = session.initAnchorArrays()
+        session.run(popart.PyStepIO({x: data, offset: np.array([start], np.uint32), u: update}, anchors))
+        rows = slice(clamped, clamped + 2)
+        np.testing.assert_array_equal(anchors[outs[0]], data[rows])
+        for out, block in zip(outs[1:], (update, data[rows] + update, np.zeros_like(update))):
+            expected = data.copy()
+            expected[rows] = block
+            np.testing.assert_array_equal(anchors[out], expected)

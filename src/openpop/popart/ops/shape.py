@@ -289,44 +289,65 @@ def _by_name(name):
     return torch_dtype(name)
 
 
-def _dynamic_region(ctx, x, offset, attrs):
+def _dynamic_indices(x, offset, attrs):
+    """(axis, index tensor) per sliced axis: ``size`` positions from the offset, clamped into range as
+    PopART clamps them. The offset is data (a stream input, a loop counter): tensor arithmetic only, so
+    shapes are known without it (meta tensors) and programs compile without reading it on the host."""
     axes = norm_axes(attrs["axes"], x.dim())
     sizes = attrs["sizes"]
-    starts = ints(offset)
-    index = [slice(None)] * x.dim()
-    for axis, start, size in zip(axes, starts, sizes):
-        start = max(0, min(int(start), x.shape[axis] - size))  # PopART clamps offsets into range
-        index[axis] = slice(start, start + size)
-    return tuple(index)
+    starts = offset.reshape(-1).to(dtype=torch.int64)
+    starts = starts.to(x.device) if starts.device.type != "meta" else starts
+    result = []
+    for k, (axis, size) in enumerate(zip(axes, sizes)):
+        start = starts[k].clamp(0, max(x.shape[axis] - size, 0))
+        result.append((axis, start + torch.arange(size, device=start.device)))
+    return result
+
+
+def _on_meta_if_any(*tensors):
+    """Shape inference gives meta tensors for data and real ones for constants: all on meta then."""
+    if any(t.device.type == "meta" for t in tensors):
+        return [t.to("meta") for t in tensors]
+    return list(tensors)
+
+
+def _take(x, indices):
+    for axis, index in indices:
+        x = x.index_select(axis, index)
+    return x
+
+
+def _put(x, indices, region):
+    """``x`` with the block at ``indices`` replaced by ``region`` (out of place, differentiable)."""
+    if not indices:  # (an update may leave out the block's leading 1s)
+        return region.to(device=x.device, dtype=x.dtype).reshape(x.shape)
+    (axis, index), rest = indices[0], indices[1:]
+    inner = _put(x.index_select(axis, index), rest, region)
+    return x.index_copy(axis, index, inner)
 
 
 @register("DynamicSlice", GRAPHCORE_DOMAIN, positional=("axes", "sizes", "noOverlap"), non_differentiable_inputs=(1,))
 def dynamic_slice(ctx, inputs, attrs):
-    x, offset = inputs
-    return x[_dynamic_region(ctx, x, offset, attrs)]
+    x, offset = _on_meta_if_any(*inputs[:2])
+    return _take(x, _dynamic_indices(x, offset, attrs))
 
 
 @register("DynamicUpdate", GRAPHCORE_DOMAIN, positional=("axes", "sizes", "noOverlap"),
           non_differentiable_inputs=(1,))
 def dynamic_update(ctx, inputs, attrs):
-    x, offset, update = inputs
-    out = x.clone()
-    out[_dynamic_region(ctx, x, offset, attrs)] = update
-    return out
+    x, offset, update = _on_meta_if_any(*inputs)
+    return _put(x, _dynamic_indices(x, offset, attrs), update)
 
 
 @register("DynamicZero", GRAPHCORE_DOMAIN, positional=("axes", "sizes"), non_differentiable_inputs=(1,))
 def dynamic_zero(ctx, inputs, attrs):
-    x, offset = inputs
-    out = x.clone()
-    out[_dynamic_region(ctx, x, offset, attrs)] = 0
-    return out
+    x, offset = _on_meta_if_any(*inputs[:2])
+    indices = _dynamic_indices(x, offset, attrs)
+    return _put(x, indices, torch.zeros_like(_take(x, indices)))
 
 
 @register("DynamicAdd", GRAPHCORE_DOMAIN, positional=("axes", "sizes"), non_differentiable_inputs=(1,))
 def dynamic_add(ctx, inputs, attrs):
-    x, offset, update = inputs
-    out = x.clone()
-    region = _dynamic_region(ctx, x, offset, attrs)
-    out[region] = out[region] + update
-    return out
+    x, offset, update = _on_meta_if_any(*inputs)
+    indices = _dynamic_indices(x, offset, attrs)
+    return _put(x, indices, _take(x, indices) + update)
