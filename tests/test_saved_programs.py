@@ -113,10 +113,10 @@ def test_a_value_the_trace_read_changing_between_calls_retraces(tmp_path, monkey
 
     executor = compiled["executor"]
     program, digest = executor._dispatch.compiled._program, executor._dispatch.compiled._ops_digest
-    key = program_key(executor, program, digest, {})
-    assert program_key(executor, program, digest, {}) == key
+    key = program_key(executor._view, program, digest, {})
+    assert program_key(executor._view, program, digest, {}) == key
     monkeypatch.setattr(compile_cost, "program_source", lambda: "other openpop")
-    assert program_key(executor, program, digest, {}) != key
+    assert program_key(executor._view, program, digest, {}) != key
 
 
 if __name__ == "__main__":
