@@ -54,7 +54,7 @@ def measure(backend, accumulation):
         refs.write("5")  # resets VmHWM
     start = _status("VmRSS")
     pop(x, t)
-    assert pop._backend.last == backend
+    assert pop._dispatch.compiled.last == backend
     return _status("VmHWM") - start, first_call
 
 

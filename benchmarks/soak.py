@@ -49,7 +49,10 @@ import time
 
 import torch
 
-PAGE = os.sysconf("SC_PAGE_SIZE")
+# The /proc readers the soak tests use (tests/helpers/process_resources.py), shared rather than copied.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests"))
+from helpers.process_resources import PAGE, descendants, fd_targets, rss_kib, shm_files
+
 RSS_KIB_PER_1000_CALLS = 16.0
 RSS_KIB_PER_EPOCH = 64.0
 RSS_KIB_PER_MODEL = 256.0
@@ -57,66 +60,9 @@ REBUILD_WARMUP_MODELS = 10
 
 
 # ---------------------------------------------------------------------- probes (/proc)
-def rss_kib(pid="self") -> int:
-    """Anonymous resident memory: statm's resident pages less its shared ones (file-backed
-    pages - libtorch's code, which the kernel drops under memory pressure and reads back at its
-    next use - and shared memory, measured on its own)."""
-    with open(f"/proc/{pid}/statm") as stream:
-        _, resident, shared = (int(field) for field in stream.read().split()[:3])
-    return (resident - shared) * PAGE // 1024
-
-
 def rss_total_kib(pid="self") -> int:
     with open(f"/proc/{pid}/statm") as stream:
         return int(stream.read().split()[1]) * PAGE // 1024
-
-
-def fd_targets(pid="self") -> list:
-    targets = []
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            targets.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
-        except OSError:  # closed while listed (the listing's own fd among them)
-            pass
-    return targets
-
-
-def descendants(pid) -> list:
-    found = []
-    for task in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{task}/children") as stream:
-                children = [int(child) for child in stream.read().split()]
-        except OSError:
-            continue
-        for child in children:
-            found += [child] + descendants(child)
-    return found
-
-
-def shm_files(pids) -> dict:
-    """``{(device, inode): bytes}`` of the /dev/shm files ``pids`` map or hold open."""
-    files = {}
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/maps") as stream:
-                for line in stream:
-                    if "/dev/shm/" in line:
-                        fields = line.split(None, 5)
-                        start, end = (int(v, 16) for v in fields[0].split("-"))
-                        key = (fields[3], fields[4])
-                        files[key] = max(files.get(key, 0), end - start)
-        except OSError:  # the process ended
-            continue
-        for fd in os.listdir(f"/proc/{pid}/fd") if os.path.isdir(f"/proc/{pid}/fd") else ():
-            try:
-                if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("/dev/shm/"):
-                    status = os.stat(f"/proc/{pid}/fd/{fd}")
-                    key = (f"{os.major(status.st_dev):02x}:{os.minor(status.st_dev):02x}", str(status.st_ino))
-                    files[key] = max(files.get(key, 0), status.st_size)
-            except OSError:
-                pass
-    return files
 
 
 def named_shm(pids) -> dict:
@@ -232,7 +178,7 @@ def host_call_soak(args):
             samples.record(call, rss_kib(), rss_total_kib(), len(fd_targets()), len(gc.get_objects()),
                            sum(shm_files([me]).values()))
     seconds = time.perf_counter() - started
-    print(json.dumps({"samples": samples.rows(), "seconds": seconds, "last_backend": training._backend.last}))
+    print(json.dumps({"samples": samples.rows(), "seconds": seconds, "last_backend": training._dispatch.compiled.last}))
 
 
 def rebuild_soak(args):
@@ -249,7 +195,7 @@ def rebuild_soak(args):
         training = poptorch.trainingModel(model, options("compiled"), torch.optim.SGD(model.parameters(), lr=0.01))
         for _ in range(3):
             training(torch.randn(16, 32), torch.randn(16, 4))
-        last = training._backend.last
+        last = training._dispatch.compiled.last
         alive.append(weakref.ref(model))
         del model, training
         gc.collect()
