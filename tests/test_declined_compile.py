@@ -1,13 +1,14 @@
 """A model the compiled backend declines keeps running at its eager speed (issue 31): after the
 declined compile, a host call runs exactly the Python it ran before - counted, not timed."""
 import collections
-import sys
 
 import pytest
 import torch
 
 import poptorch
 from openpop.runtime.compiled import selection as selection_module
+
+from helpers.call_counts import calls_made
 
 
 class DataDependent(torch.nn.Module):
@@ -24,26 +25,6 @@ class DataDependent(torch.nn.Module):
         return torch.nn.functional.mse_loss(self.b(h).squeeze(-1), y)
 
 
-def python_calls(call) -> collections.Counter:
-    """The Python functions ``call()`` runs, by (file, function). torch's optimizers wrap
-    helpers in ``torch._disable_dynamo``, which goes through Dynamo's ``disable`` on each call once
-    Dynamo has been imported (by any compile, a user's own too): those frames are torch's, not a
-    declined compile's leftovers, and are left out."""
-    counts = collections.Counter()
-
-    def profile(frame, event, arg):
-        name = (frame.f_code.co_filename, frame.f_code.co_name)
-        if event == "call" and not name[0].endswith("eval_frame.py") and name[1] != "is_exporting":
-            counts[name] += 1
-
-    sys.setprofile(profile)
-    try:
-        call()
-    finally:
-        sys.setprofile(None)
-    return counts
-
-
 @pytest.mark.slow
 def test_a_declined_compile_leaves_the_eager_host_call_as_it_was(monkeypatch, caplog):
     monkeypatch.delenv("OPENPOP_COMPILE_AFTER", raising=False)
@@ -53,12 +34,12 @@ def test_a_declined_compile_leaves_the_eager_host_call_as_it_was(monkeypatch, ca
     x, y = torch.randn(8, 16), torch.randn(8)
     pop(x, y)
     pop(x, y)
-    before = python_calls(lambda: pop(x, y))
+    before = calls_made(lambda: pop(x, y))
     pop._dispatch.compiled.selection.compile_after = 0.0  # the rental is paid: the next call compiles
     pop(x, y)
     assert pop._dispatch.compiled.selection.declined and pop._dispatch.compiled.last == "eager"
     pop(x, y)
-    after = python_calls(lambda: pop(x, y))
+    after = calls_made(lambda: pop(x, y))
     name = selection_module.__file__
     assert after - before == collections.Counter()  # (fewer: the rental is no longer checked)
     assert before - after == collections.Counter({(name, "forced"): 1, (name, "budget"): 1})

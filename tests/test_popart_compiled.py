@@ -4,13 +4,13 @@ replication) and ``run`` runs the program; the numbers are the eager session's. 
 record on the host during the step (gradient and ``UpdatedVar`` anchors) stay eager, and a graph
 the compiled backend declines keeps running exactly the eager Python it ran before (item 3)."""
 import collections
-import sys
 
 import numpy as np
 import pytest
 
 import popart
 
+from helpers.call_counts import calls_made
 from helpers.popart_models import build_mlp, mlp_weights
 
 MB = 4
@@ -156,27 +156,6 @@ def test_the_environment_still_chooses_the_backend(monkeypatch):
     assert session.executor._dispatch.compiled.selection.backend == "eager"
 
 
-def _python_calls(call) -> collections.Counter:
-    """The Python functions ``call()`` runs, by (file, function), and the C functions (torch's ops,
-    builtins) by name (as tests/test_declined_compile.py, which counts Python's)."""
-    counts = collections.Counter()
-
-    def profile(frame, event, arg):
-        if event == "c_call":
-            counts[("C", getattr(arg, "__qualname__", repr(arg)))] += 1
-            return
-        name = (frame.f_code.co_filename, frame.f_code.co_name)
-        if event == "call" and not name[0].endswith("eval_frame.py") and name[1] != "is_exporting":
-            counts[name] += 1
-
-    sys.setprofile(profile)
-    try:
-        call()
-    finally:
-        sys.setprofile(None)
-    return counts
-
-
 @pytest.mark.slow
 def test_a_declined_popart_graph_keeps_its_eager_host_call(monkeypatch, capsys):
     """Issue 31, item 3: a PopART graph torch.compile rejects (a PrintTensor in the step: Dynamo
@@ -201,12 +180,12 @@ def test_a_declined_popart_graph_keeps_its_eager_host_call(monkeypatch, capsys):
     backend = session.executor._dispatch.compiled
     run()
     run()
-    before = _python_calls(run)
+    before = calls_made(run, c_functions=True)
     backend.selection.compile_after = 0.0  # the next call compiles: torch.compile rejects the graph
     run()
     assert backend.selection.declined and backend.last == "eager"
     run()
-    after = _python_calls(run)
+    after = calls_made(run, c_functions=True)
     capsys.readouterr()
     assert after - before == collections.Counter()
     assert sum((before - after).values()) <= 4  # (the rental's checks, no longer made)
