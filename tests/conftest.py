@@ -24,6 +24,9 @@ os.environ.setdefault("OPENPOP_BACKEND", "eager")
 # A developer's executable cache (POPTORCH_CACHE_DIR) would make tests that count compiles or
 # traces depend on what an earlier run left there; tests that want a cache give their own.
 os.environ.pop("POPTORCH_CACHE_DIR", None)
+# For the same reason the default cache (~/.cache/openpop/executables) is off; the tests of the
+# default give it a directory of their own with OPENPOP_CACHE_DIR.
+os.environ["OPENPOP_EXECUTABLE_CACHE"] = "0"
 
 try:
     from hypothesis import settings as _hypothesis_settings

@@ -267,3 +267,79 @@ def test_outcome_counts_inductor_graphs():
 if __name__ == "__main__":
     torch.set_num_threads(1)
     print(json.dumps(compile_tiny_step(sys.argv[1])))
+
+
+@pytest.fixture
+def default_cache_root(tmp_path, monkeypatch):
+    """The default executable cache on (the suite turns it off), under a directory of the test's."""
+    monkeypatch.delenv("OPENPOP_EXECUTABLE_CACHE")
+    monkeypatch.delenv("POPTORCH_CACHE_DIR", raising=False)
+    monkeypatch.setenv("OPENPOP_CACHE_DIR", str(tmp_path / "root"))
+    return tmp_path / "root"
+
+
+def test_the_default_cache_applies_unless_a_directory_or_none_is_named(default_cache_root, tmp_path, monkeypatch):
+    from openpop.runtime.compile_cache import DEFAULT_SOURCE
+    default = CompileCache(str(default_cache_root / "executables"), DEFAULT_SOURCE, managed=True)
+    assert CompileCache.from_options(poptorch.Options()) == default
+    assert CompileCache.from_options(None) == default
+    assert os.path.isdir(default.path)
+    model = poptorch.trainingModel(torch.nn.Linear(2, 1))
+    assert model._compile_cache == default
+    named = CompileCache.from_options(poptorch.Options().enableExecutableCaching(str(tmp_path / "mine")))
+    assert named == CompileCache(str(tmp_path / "mine")) and not named.managed
+    assert CompileCache.from_options(poptorch.Options().enableExecutableCaching(None)) is None
+    monkeypatch.setenv("POPTORCH_CACHE_DIR", str(tmp_path / "env"))
+    assert CompileCache.from_options(poptorch.Options()) == CompileCache(str(tmp_path / "env"), "POPTORCH_CACHE_DIR")
+    monkeypatch.delenv("POPTORCH_CACHE_DIR")
+    for off in ("0", "off"):
+        monkeypatch.setenv("OPENPOP_EXECUTABLE_CACHE", off)
+        assert CompileCache.from_options(poptorch.Options()) is None
+        assert CompileCache.from_options(None) is None
+
+
+def test_an_unwritable_default_cache_is_a_warning_not_an_error(default_cache_root, warnings_logged):
+    default_cache_root.write_text("")  # a file where the directory would go
+    model = torch.nn.Linear(2, 1)
+    assert poptorch.trainingModel(model)._compile_cache is None
+    assert CompileCache.from_options(None) is None
+    said = [m for m in warnings_logged() if "cannot write the default directory" in m]
+    assert len(said) == 1 and "OPENPOP_EXECUTABLE_CACHE=0" in said[0], warnings_logged()
+
+
+def _files_aged(directory, sizes):
+    """Files of the given sizes, the first one the least recently used."""
+    paths = []
+    for age, size in enumerate(sizes):
+        path = directory / "entries" / f"file{age}"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x" * size)
+        stamp = 1_000_000 + age * 100
+        os.utime(path, (stamp, stamp))
+        paths.append(path)
+    return paths
+
+
+def test_prune_deletes_the_least_recently_used_files_down_to_80_percent_of_the_cap(tmp_path):
+    cache = CompileCache.at(str(tmp_path / "cache"), managed=True)
+    (tmp_path / "cache" / "openpop-compile.lock").write_bytes(b"")
+    paths = _files_aged(tmp_path / "cache", [300, 300, 300, 300])  # 1200 bytes
+    assert cache.prune(max_bytes=1200) == 0 and all(p.exists() for p in paths)  # at the cap: kept
+    assert cache.prune(max_bytes=1000) == 600  # over: down to 600 <= 800
+    assert [p.exists() for p in paths] == [False, False, True, True]
+    assert (tmp_path / "cache" / "openpop-compile.lock").exists()
+
+
+def test_the_default_cache_takes_no_lock_and_is_pruned_after_a_compile(default_cache_root, monkeypatch,
+                                                                       warnings_logged):
+    import fcntl
+    cache = CompileCache.from_options(None)
+    paths = _files_aged(default_cache_root / "executables", [2**19] * 4)  # 2 MiB, over a 1.5 MiB cap
+    monkeypatch.setenv("OPENPOP_EXECUTABLE_CACHE_MAX_MB", "1.5")
+    with open(os.path.join(cache.path, "openpop-compile.lock"), "w") as other:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another process's lock: not waited for
+        with compile_cache_for(cache) as active:
+            assert active is cache and os.environ["TORCHINDUCTOR_CACHE_DIR"] == cache.path
+            assert all(p.exists() for p in paths)
+    assert [p.exists() for p in paths] == [False, False, True, True]
+    assert not any("another process is compiling" in m for m in warnings_logged())

@@ -69,6 +69,7 @@ def test_the_reference_page_s_first_group_is_the_settings():
 DEFAULTS = {
     "device_map": None, "concurrent_stages": "auto", "host_memory": None, "backend": None, "compile_after": None,
     "compiled_unit": "auto", "cpu_gemm": None, "disable_passes": (), "cache_lock_timeout": 1800.0,
+    "executable_cache": True, "executable_cache_max_mb": 2048.0,
     "half_compute": None, "lightning_hook": True, "popart_num_ipus": 64, "collective_timeout": 600.0,
     "allreduce_bucket_mb": 25.0, "allreduce_overlap": True, "horovod_compat": True,
 }
@@ -88,7 +89,8 @@ def test_every_setting_is_documented_and_has_its_default_when_unset(setting):
     ("device_map", "cuda:0,cpu", "cuda:0,cpu"), ("concurrent_stages", "ON", "on"), ("compile_after", "0", 0.0),
     ("compiled_unit", "regions", "regions"), ("disable_passes", " Dropout_Masks,kernel_batch,", ("dropout_masks",
                                                                                                 "kernel_batch")),
-    ("cache_lock_timeout", "5", 5.0), ("lightning_hook", "False", False), ("lightning_hook", "1", True),
+    ("cache_lock_timeout", "5", 5.0), ("executable_cache", "off", False), ("executable_cache", "0", False),
+    ("executable_cache_max_mb", "512", 512.0), ("lightning_hook", "False", False), ("lightning_hook", "1", True),
     ("popart_num_ipus", "8", 8), ("cache_dir", "/data", "/data"), ("collective_timeout", "30", 30.0),
     ("allreduce_bucket_mb", "0.5", 0.5), ("allreduce_overlap", "0", False), ("horovod_compat", "0", False),
 ])

@@ -67,7 +67,7 @@ VARIABLES = (
            "JSON applied to every new `poptorch.Options` with `Options.from_json`, e.g. "
            "`{\"deviceIterations\": 4}`.",
            group=POPTORCH, see="reference/api/options.md"),
-    EnvVar("POPTORCH_CACHE_DIR", "unset (no cache)",
+    EnvVar("POPTORCH_CACHE_DIR", "unset (openpop's default cache, `~/.cache/openpop/executables`)",
            "The executable cache, as `Options.enableExecutableCaching(path)`: torch's compile caches "
            "live there, so a second process compiling the same model loads what the first compiled.",
            group=POPTORCH, see="guides/compiled-backend.md#the-executable-cache"),

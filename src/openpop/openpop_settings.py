@@ -108,6 +108,15 @@ SETTINGS = (
             "Seconds a process waits for another one compiling into the same executable cache directory "
             "before it compiles without the lock.",
             see="guides/compiled-backend.md#the-executable-cache"),
+    Setting("executable_cache", "OPENPOP_EXECUTABLE_CACHE", _on_unless("0", "off", "false", "no"), "`1` (on)",
+            "`0`, `off`, `false` or `no` turn off the default executable cache (`<OPENPOP_CACHE_DIR>/executables`), "
+            "which the compiled backend uses when neither `POPTORCH_CACHE_DIR` nor "
+            "`Options.enableExecutableCaching` names a directory.",
+            see="guides/compiled-backend.md#the-executable-cache"),
+    Setting("executable_cache_max_mb", "OPENPOP_EXECUTABLE_CACHE_MAX_MB", _number(float, 2048.0), "`2048`",
+            "Size cap in MiB of the default executable cache: after a compile that leaves it larger, the least "
+            "recently used files are deleted until it is at 80 % of the cap. A directory you name is not capped.",
+            see="guides/compiled-backend.md#the-executable-cache"),
     # --- precision ----------------------------------------------------------------------------
     Setting("half_compute", "OPENPOP_HALF_COMPUTE", _text, "`auto`",
             "`auto`, `native` or `float32`: how CPUs compute the matmuls and convolutions of float16 and "
@@ -124,8 +133,8 @@ SETTINGS = (
             see="guides/popart.md#devices"),
     Setting("cache_dir", "OPENPOP_CACHE_DIR",
             lambda raw: raw or os.path.join(os.path.expanduser("~"), ".cache", "openpop"), "`~/.cache/openpop`",
-            "Root of `openpop-bert`'s data cache (corpus, tokenizer and examples go to `<root>/bert`); "
-            "`--data-cache-dir` wins.",
+            "Root of openpop's caches: `openpop-bert`'s data (corpus, tokenizer and examples go to `<root>/bert`; "
+            "`--data-cache-dir` wins) and the default executable cache (`<root>/executables`).",
             see="guides/bert.md#data"),
     # --- scale-out ----------------------------------------------------------------------------
     Setting("collective_timeout", "OPENPOP_COLLECTIVE_TIMEOUT", _number(float, 600.0), "`600`",

@@ -814,7 +814,8 @@ class _OpenpopOptions:
 class Options(OptionsDict):
     """All the settings of a PopTorch run (``poptorch.Options``).
 
-    Environment: ``POPTORCH_CACHE_DIR`` enables the executable cache at that path;
+    Environment: ``POPTORCH_CACHE_DIR`` puts the executable cache at that path (by default it is
+    ``~/.cache/openpop/executables``);
     ``POPTORCH_DEFAULT_OPTIONS`` is a JSON string applied with ``from_json``.
     """
 
@@ -1158,8 +1159,12 @@ class Options(OptionsDict):
         there, so a second process compiling the same model loads what the first compiled. The
         directory is created and checked for writing when the model is wrapped.
 
+        Without this call (and without ``POPTORCH_CACHE_DIR``) openpop caches in its default
+        directory, ``~/.cache/openpop/executables``, capped in size; ``OPENPOP_EXECUTABLE_CACHE=0``
+        turns that off.
+
         Args:
-            path (str or None): The cache directory; None disables the cache.
+            path (str or None): The cache directory; None disables the cache, the default one too.
         """
         if path is None:
             self._popart.set("enableEngineCaching", False)

@@ -16,6 +16,16 @@ re-entrant within a process (nested ``compile_cache_for`` blocks, e.g. the BERT 
 ``OPENPOP_CACHE_LOCK_TIMEOUT`` seconds (default 1800); past that the process compiles without
 it (torch writes its cache entries atomically, so the worst case is compiling twice).
 
+Without a directory named by the user the cache is still on: ``CompileCache.default()`` is
+``<OPENPOP_CACHE_DIR>/executables`` (``~/.cache/openpop/executables``), unless
+``OPENPOP_EXECUTABLE_CACHE=0`` or ``enableExecutableCaching(None)`` turns it off. A process
+that compiles the model a second time then loads it, as PopTorch loads a cached executable. That
+directory is openpop's own, so it is ``managed``: after each compile into it, the least recently
+used files go when it passes ``OPENPOP_EXECUTABLE_CACHE_MAX_MB`` (``prune``), and it takes no
+lock: unrelated jobs on one machine do not wait for each other's compiles (two processes
+compiling the same model at once both compile; every write is atomic). A directory the user names
+is neither capped nor unlocked: it is theirs, and processes sharing it mean to share its compiles.
+
 Dynamo's tracing of the Python code is not cached by torch: through these caches alone a cached
 compile still re-traces the model, and only skips AOTAutograd's partitioning and Inductor's code
 generation. The compiled backend therefore also saves each program whole into the cache directory
@@ -40,6 +50,9 @@ from . import messages
 
 ENVIRONMENT_VARIABLE = "POPTORCH_CACHE_DIR"
 OPTION = "poptorch.Options.enableExecutableCaching()"
+DEFAULT_SOURCE = "the default executable cache (OPENPOP_CACHE_DIR, off with OPENPOP_EXECUTABLE_CACHE=0)"
+DEFAULT_SUBDIRECTORY = "executables"
+_PRUNED_TO = 0.8  # of the cap: a directory just over it is not pruned again at the next compile
 LOCK_FILE = "openpop-compile.lock"
 LOCK_TIMEOUT_ENV = openpop_settings.env("cache_lock_timeout")
 _LOCK_POLL = 0.05
@@ -63,6 +76,7 @@ class CompileCache:
 
     path: str
     source: str = OPTION
+    managed: bool = False  # openpop's default directory: size-capped, unlocked (module docstring)
 
     @classmethod
     def from_options(cls, options=None, source: Optional[str] = None) -> Optional["CompileCache"]:
@@ -75,20 +89,38 @@ class CompileCache:
         environment = os.environ.get(ENVIRONMENT_VARIABLE, "")
         if options is None:
             path, default_source = environment, ENVIRONMENT_VARIABLE
+            chosen = bool(environment)
         else:
-            from .settings import executable_cache_path
+            from .settings import executable_cache_chosen, executable_cache_path
             path = executable_cache_path(options)
             default_source = ENVIRONMENT_VARIABLE if path and path == environment else OPTION
-        if not path:
-            return None
-        return cls.at(path, source or default_source)
+            chosen = executable_cache_chosen(options)
+        if path:
+            return cls.at(path, source or default_source)
+        return None if chosen else cls.default()
 
     @classmethod
-    def at(cls, path: str, source: str = OPTION) -> "CompileCache":
+    def default(cls) -> Optional["CompileCache"]:
+        """openpop's own cache directory, ``<OPENPOP_CACHE_DIR>/executables``, or None when
+        ``OPENPOP_EXECUTABLE_CACHE`` turns it off or it cannot be written (logged once: the user
+        did not ask for it, so the run goes on without it)."""
+        if not openpop_settings.read("executable_cache"):
+            return None
+        path = os.path.join(openpop_settings.read("cache_dir"), DEFAULT_SUBDIRECTORY)
+        try:
+            return cls.at(path, DEFAULT_SOURCE, managed=True)
+        except errors.Error:
+            if path not in _unusable_defaults:
+                _unusable_defaults.add(path)
+                logger.warning(messages.CACHE_DEFAULT_UNUSABLE, path)
+            return None
+
+    @classmethod
+    def at(cls, path: str, source: str = OPTION, managed: bool = False) -> "CompileCache":
         """The cache in ``path``, created if missing; a clear error when it cannot be written."""
         if not isinstance(path, (str, os.PathLike)) or not str(path):
             raise errors.createPoptorchError(messages.CACHE_PATH.format(source=source, path=path))
-        cache = cls(os.path.abspath(os.path.expanduser(os.fspath(path))), source)
+        cache = cls(os.path.abspath(os.path.expanduser(os.fspath(path))), source, managed)
         cache._check_writable()
         return cache
 
@@ -129,6 +161,38 @@ class CompileCache:
             yield True
         finally:
             _release(self.path)
+
+    def prune(self, max_bytes: Optional[float] = None) -> int:
+        """Delete the least recently used files (by their last access or change) until the
+        directory holds at most 80 % of ``max_bytes`` (default ``OPENPOP_EXECUTABLE_CACHE_MAX_MB``),
+        when it holds more than ``max_bytes``. Returns the bytes deleted. A file that torch or
+        openpop needs again is a cache miss: it is compiled and written again."""
+        if max_bytes is None:
+            max_bytes = openpop_settings.read("executable_cache_max_mb") * 2**20
+        files, total = [], 0
+        for root, _, names in os.walk(self.path):
+            for name in names:
+                if name == LOCK_FILE:
+                    continue
+                path = os.path.join(root, name)
+                try:
+                    status = os.stat(path, follow_symlinks=False)
+                except OSError:  # deleted meanwhile
+                    continue
+                files.append((max(status.st_atime, status.st_mtime), status.st_size, path))
+                total += status.st_size
+        if total <= max_bytes:
+            return 0
+        deleted = 0
+        for _, size, path in sorted(files):
+            if total - deleted <= _PRUNED_TO * max_bytes:
+                break
+            with contextlib.suppress(OSError):
+                os.remove(path)
+                deleted += size
+        logger.info(messages.CACHE_PRUNED, self.path, deleted / 2**20, max_bytes / 2**20,
+                    openpop_settings.env("executable_cache_max_mb"))
+        return deleted
 
     @contextlib.contextmanager
     def active(self) -> Iterator["CompileCache"]:
@@ -201,6 +265,7 @@ def _isa_probes_remembered(path: str) -> Iterator[None]:
         VecISA._probe_load = probe
 
 
+_unusable_defaults: set = set()  # default directories already reported unwritable
 _held_locks: dict = {}  # cache path -> [file descriptor, depth] of the locks this process holds
 _held_locks_guard = threading.Lock()
 
@@ -244,6 +309,11 @@ def compile_cache_for(options) -> Iterator[Optional[CompileCache]]:
     cache = options if isinstance(options, CompileCache) else CompileCache.from_options(options)
     if cache is None:
         yield None
+        return
+    if cache.managed:
+        with cache.active():
+            yield cache
+        cache.prune()
         return
     with cache.locked(), cache.active():
         yield cache

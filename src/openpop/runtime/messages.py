@@ -14,6 +14,10 @@ CACHE_NOT_WRITABLE = ("{source}: cannot use {path} as the executable cache direc
                       "writable directory to {source}, or unset it to compile without a cache.")
 CACHE_LOCK_WAITING = ("Executable cache %s: another process is compiling into it (lock %s held); waiting up to "
                       "%.0f s to load what it compiles")
+CACHE_DEFAULT_UNUSABLE = ("Executable cache: cannot write the default directory %s; compiling without a cache "
+                          "(set OPENPOP_CACHE_DIR to a writable directory, or OPENPOP_EXECUTABLE_CACHE=0)")
+CACHE_PRUNED = ("Executable cache %s: deleted the least recently used %.0f MiB to stay under its %.0f MiB cap "
+                "(%s)")
 CACHE_LOCK_ACQUIRED = "Executable cache %s: lock acquired after %.1f s of waiting"
 CACHE_LOCK_TIMEOUT = ("Executable cache %s: still locked after %.0f s; compiling without the lock (set "
                       "OPENPOP_CACHE_LOCK_TIMEOUT to wait longer)")

@@ -99,6 +99,13 @@ def executable_cache_path(options):
     return popart.get("cachePath") if popart.get("enableEngineCaching") else None
 
 
+def executable_cache_chosen(options) -> bool:
+    """Whether ``options`` say where the executable cache is or that there is none
+    (``enableExecutableCaching(path or None)``, ``POPTORCH_CACHE_DIR``, PopART's
+    ``enableEngineCaching``); otherwise openpop's default cache applies."""
+    return "enableEngineCaching" in options._Popart.options
+
+
 def executor_options(options, training: bool, model, optimizer):
     """The executor's own frozen copy of the user's ``options`` (frozen too, as in use), with the
     defaults a training or inference model implies, and its optimizer (SGD unless given), checked."""

@@ -328,6 +328,8 @@ class SavedProgram:
         )
         with open(self.path, "rb") as file:
             (argnames, constants, identities), payload = pickle.load(file)
+        with contextlib.suppress(OSError):
+            os.utime(self.path)  # recently used: the default cache's size cap deletes the least recent
         watched = _Watched(argnames, constants, identities)
         full = (self._fn.__self__, *args)
         if not (watched.constants_hold(self._globals, full) and watched.identities_hold(self._globals, full)):
