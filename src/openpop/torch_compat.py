@@ -80,6 +80,8 @@ PRIVATE = (
             "loss scaling's unscale and overflow check"),
     *(Private(f"foreach_{op}", f"torch:_foreach_{op}", "multi-tensor kernels (torch.optim's own)")
       for op in _FOREACH_OPS),
+    Private("functional_all_reduce", "torch.distributed._functional_collectives:all_reduce",
+            "the gradient all-reduce between processes (popdist) inside a compiled program"),
     Private("ExperimentalProfilerConfig", "torch._C._profiler:_ExperimentalConfig",
             "profiling every thread (trace)"),
     # --- kernels ------------------------------------------------------------------------------------

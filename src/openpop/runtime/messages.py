@@ -27,6 +27,7 @@ REGIONS_CONCURRENT = ("pipelined stages that run concurrently with the compiled 
                       "micro-batches one after another (use unit='program' or 'auto')")
 UNIT_REMEMBERED = "openpop compiled backend: unit %r (chosen before for this model, executable cache %s)"
 UNIT_CHOSEN = "openpop compiled backend: unit %r (the probe micro-batch does %.3g FLOPs per aten op)"
+UNIT_NOT_PROGRAM = "openpop compiled backend: unit 'regions' (the compiled backend does not support %s)"
 HOST_CALLS_RUN_ON = "openpop host calls run on the %s backend (%s)"
 COMPILED_FORCED = ("Options.openpopBackend('compiled') cannot run this model: {reason}. "
                    "Use openpopBackend('auto') or 'eager' to run it eagerly.")
@@ -46,6 +47,9 @@ COMPILED_DECLINED = "openpop runs this model eagerly: the compiled backend does 
 REGIONS_NONE = ("a model without regions to compile: no module with parameters whose forward the model calls "
                 "(use unit='program')")
 INELIGIBLE_REGIONS = "what torch.compile of its regions rejects: {error}"
+PROGRAM_PROCESSES_CUDA = ("the unit 'program' on CUDA with replicas in several processes (popdist): its "
+                          "all-reduce between the processes inside CUDA graphs is not supported yet (unit='regions' "
+                          "runs the model compiled, with the all-reduce between its compiled regions)")
 INELIGIBLE_FULLGRAPH = "what torch.compile(fullgraph=True) rejects: {error}"
 INELIGIBLE_PROBE = "a model whose probe micro-batch fails ({error})"
 INELIGIBLE_RECOMPILES = ("Python values the model reads that change between host calls (torch.compile re-traced "

@@ -50,6 +50,7 @@ from .fused_updates import FusedUpdate
 from .generator_states import RngState
 from .host_call import run_program
 from .optimizer_support import signature
+from .processes import num_processes, program_reason
 from .program_build import build_program
 from .program_options import forward_contexts
 from .regions import CompiledRegions, distinct_share, find_regions, regions_pay
@@ -190,7 +191,9 @@ class CompiledBackend(Backend):
         unit = self.selection.unit
         if unit != "auto":
             return unit
-        cache = call.compile_cache  # (the executable cache remembers the choice: no probe then)
+        # (the executable cache remembers the choice: no probe then; not with several processes,
+        # which must choose alike whatever each one's cache holds: processes.py)
+        cache = call.compile_cache if num_processes(call) <= 1 else None
         unit = compile_cost.remembered_unit(call, inputs, cache) if cache is not None else None
         if unit == "regions" and call.schedule.concurrent:  # (not in the marker's key)
             unit = None
@@ -204,9 +207,14 @@ class CompiledBackend(Backend):
                     self.selection.unit = "program"
                     return "program"
             per_op = self._flops / max(self._ops, 1)
-            unit = "regions" if regions_pay(per_op, _device_type(call)) and not call.schedule.concurrent \
-                and find_regions(call.model) else "program"
-            logger.info(messages.UNIT_CHOSEN, unit, per_op)
+            has_regions = not call.schedule.concurrent and find_regions(call.model)
+            unit = "regions" if regions_pay(per_op, _device_type(call)) and has_regions else "program"
+            reason = program_reason(call) if unit == "program" and has_regions else None
+            if reason is not None:  # the regions run it compiled, not eager
+                unit = "regions"
+                logger.info(messages.UNIT_NOT_PROGRAM, reason)
+            else:
+                logger.info(messages.UNIT_CHOSEN, unit, per_op)
             if cache is not None:
                 compile_cost.remember_unit(call, inputs, cache, unit)
         self.selection.unit = unit
@@ -318,6 +326,9 @@ class CompiledBackend(Backend):
             if call.training and self._program.optim.optimizer is not optimizer:
                 self._program.optim.bind(optimizer)
             return self._program
+        reason = program_reason(call)  # (several processes on CUDA: processes.py)
+        if reason is not None:
+            raise Ineligible(reason)
         if self._program is not None and self._program.ran:  # a program ran: this one compiles mid-run
             self._new_program_reason = messages.NEW_PROGRAM_OPTIMIZER if self._key[0] == key[0] \
                 else messages.NEW_PROGRAM_MODEL
@@ -325,8 +336,10 @@ class CompiledBackend(Backend):
         program = None
         contexts, stepwise = forward_contexts(call)
         # Saved whole with the executable cache (saved_programs.py); not stepwise programs, whose
-        # dry run (compile()) needs their steps' placeholder outputs.
-        cache = call.compile_cache if not (stepwise and call.geometry.device_iterations > 1) else None
+        # dry run (compile()) needs their steps' placeholder outputs, nor programs whose all-reduce
+        # joins this run's process group (processes.py).
+        cache = call.compile_cache if not (stepwise and call.geometry.device_iterations > 1) \
+            and num_processes(call) <= 1 else None
         shapes_digest = None  # the saved program's key hashes the ops of the probe on fake tensors
         if cache is not None:
             shaped = self._probe_shapes(call, inputs, compiled)

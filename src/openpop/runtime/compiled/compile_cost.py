@@ -42,6 +42,7 @@ from torch.utils.flop_counter import flop_registry
 from ...atomic_file import atomic_write
 from ...torch_compat import TorchDispatchMode
 from ..shapes_only import is_metadata
+from .processes import num_processes
 
 # Calibration (benchmarks/compile_cost.py; docs/guides/compiled-backend.md "When auto compiles"):
 # compile CPU seconds on this machine (about the wall seconds of an idle 2-core machine).
@@ -139,7 +140,9 @@ def estimate(call, ops: int, cache=None, loops=True, regions=None) -> CompileCos
     as distinct code scales ``ops``, each distinct region adds ``REGION_SECONDS``."""
     model = call.model
     print_ = _fingerprint(call, ops, regions is not None)
-    warm = print_ in _compiled_here or os.path.exists(_marker(cache, print_))
+    # (with several processes only what this process compiled counts: a marker another process is
+    # writing must not make the processes choose differently, compiled/processes.py)
+    warm = print_ in _compiled_here or (num_processes(call) <= 1 and os.path.exists(_marker(cache, print_)))
     if regions is not None:
         share, graphs = regions
         return CompileCost(round(ops * share), 1, 0, warm, print_, regions=graphs)

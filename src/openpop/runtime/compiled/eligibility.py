@@ -14,7 +14,8 @@ when every virtual IPU maps onto one torch device such a plan computes what the 
 computes, so the program runs the whole forward (the annotations do nothing outside the compile
 trace). PopTorch's plan checks ran before, at compile. Recomputation is not honoured inside the
 program (docs/guides/compiled-backend.md). Plans spanning several devices, and micro-batches on
-concurrent threads (``OPENPOP_CONCURRENT_STAGES=on``), decline.
+concurrent threads (``OPENPOP_CONCURRENT_STAGES=on``), decline. Replicas in several processes
+(popdist) do not: each unit all-reduces the gradients where eager does (``processes.py``).
 """
 import dataclasses
 
@@ -48,7 +49,6 @@ def static_reasons(call, executable):
             devices=", ".join(str(d) for d in layout.device_map.distinct_devices(0)))),
         (layout.replicas_apart, "replicas on devices of their own"),
         (layout.concurrent, messages.INELIGIBLE_CONCURRENT_STAGES.format(env=CONCURRENCY_ENV)),
-        (getattr(call.processes, "num_processes", 1) > 1, "replicas in several processes (popdist)"),
         (executable.track_losses, "a loss that the model does not return as one of its outputs"),
         (precision.fp_exceptions, "Precision.enableFloatingPointExceptions"),
         (precision.stochastic_rounding, "Precision.enableStochasticRounding"),

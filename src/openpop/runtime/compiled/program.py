@@ -45,7 +45,10 @@ call's inputs split ``[DI, GA, R_in, micro, ...]`` - compiled by ``torch.compile
   ``while_loop``'s body cannot hold) compile one step, with its micro-batches unrolled, and the
   host loops over the steps;
 * loss scaling as program state (``loss_scaling.py``); anchored gradients and weights reported
-  per step ``[DI, ...]`` and recorded by the host as eager records them (``anchors.py``).
+  per step ``[DI, ...]`` and recorded by the host as eager records them (``anchors.py``);
+* replicas in several processes (popdist): each step's summed, loss-scaled gradients are
+  all-reduced with the other processes' before they are unscaled, as eager does
+  (``processes.py``: torch's functional collectives inside the program).
 
 Nothing the program computes reaches the model, its buffers or the optimizer until it has
 finished, and the generators are put back if it raises: a call that raises changes nothing.
@@ -111,7 +114,7 @@ class Program:
 
     def __init__(self, model, layout, functional_optimizer, loss_index, trained_names, frozen_names, compile_fn,
                  forward_contexts=(), stepwise=False, scaling=None, anchored=(), buffer_names=(), buffer_sets=1,
-                 draws_random=False):
+                 draws_random=False, all_reduce=None):
         self.model = model
         self.forward_contexts = list(forward_contexts)  # RunPrecision.traced_forward: autocast, half ops
         # A torch function mode among them (LowPrecisionOps) has no place in while_loop's body: pushing
@@ -133,6 +136,7 @@ class Program:
         self.buffer_names = list(buffer_names)  # buffers the forward updates: carried state
         self.buffer_sets = buffer_sets  # R with per-replica buffers, else 1
         self.draws_random = draws_random  # the model draws from torch's generators
+        self.all_reduce = all_reduce  # processes.ProgramAllReduce: popdist's processes (else None)
         self.compiled = False  # torch.compile has compiled it (compile() does, without running it)
         self.ran = False  # a first run that fails is a compile failure (backend.py)
         self.compiler = None  # the torch.compile backend (inductor.ProgramCompiler), set by backend.py
@@ -352,6 +356,8 @@ class Program:
         buffers = [b for values in sets for b in values]
         if not layout.training:
             return trained, state, buffers, stacked, scaling, []
+        if self.all_reduce is not None:  # the other processes' gradients, still loss-scaled (processes.py)
+            grads = self.all_reduce(grads)
         divisor = MeanPolicy.unfolded(layout.mean, layout.running).divisor(loss_scale, g.micro_batches_per_step)
         unscaled = [gr * (1.0 / divisor) for gr in grads]  # as eager unscales (gradients.py)
         new = self.optim.update(list(trained), unscaled, state, hyper)

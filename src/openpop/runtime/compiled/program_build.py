@@ -11,6 +11,7 @@ from .eligibility import anchored_in_program
 from .functional_optim import FunctionalOptimizer
 from .inductor import ProgramCompiler
 from .loss_scaling import ScalingState
+from .processes import ProgramAllReduce
 from .program_options import compile_kwargs
 from .saved_programs import DIRECTORY, SUFFIX, SavedProgram, program_key
 
@@ -55,7 +56,8 @@ def build_program(call, inputs, compiled, probed, contexts, stepwise, cache, ops
                       contexts, stepwise, scaling,
                       anchored_in_program(compiled.anchors, model, trained, call.training,
                                           probed.updated_buffers),
-                      buffer_names=probed.updated_buffers, buffer_sets=sets, draws_random=probed.draws_random)
+                      buffer_names=probed.updated_buffers, buffer_sets=sets, draws_random=probed.draws_random,
+                      all_reduce=ProgramAllReduce.of(call))
     program.compiler = compiler
     if cache is not None:
         saved_as = program_key(call, program, ops_digest, kwargs.get("options", {}))
