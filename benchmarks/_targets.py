@@ -71,6 +71,8 @@ TARGETS = [
            _ratio(_path("us_per_step", "compiled_di256"), _path("us_per_step", "hand_compiled")), 0.5, False),
     Target("small CNN (BatchNorm, dropout) DI=64: compiled step time / eager loop", "host_overhead",
            _path("cnn_ratio_vs_eager", "cnn_compiled_di64"), 0.3, False),
+    Target("BERT-tiny DI=16: openpop compiled step time / hand-written torch.compile loop", "host_overhead",
+           _ratio(_path("us_per_step", "bert_compiled_di16"), _path("us_per_step", "bert_hand_compiled")), 1.0, False),
     Target("scale-out: 2 instances x 1 thread vs 1 x 1, weak-scaling efficiency", "scaleout",
            _path("cpu_weak_scaling_efficiency_2_vs_1"), 0.85, True),
     Target("PopART tiny MLP: per-batch cost / hand-written torch.compile loop", "popart_overhead",

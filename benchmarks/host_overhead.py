@@ -9,11 +9,22 @@ rows run the same with ``Training.rollbackFailedCalls(False)``: their ratio to t
 is what making a failed host call roll back costs (``runtime/transaction.py``).
 
     python benchmarks/host_overhead.py [--steps 2048] [--clock cpu] [--accumulation 4]
+        [--bert-steps 64] [--bert-micro-batch 2]
 
 The ``CNN`` rows train a small CNN with BatchNorm and dropout (buffers written in forward, random
 masks drawn in the program) with a batch of 16 8x8 images per step: its own eager loop, the same
 loop with ``torch.compile(model)`` (the optimizer eager, as a user would write it), and openpop's
 compiled backend at DI=64; their ratios are to the CNN's eager loop.
+
+The ``BERT-tiny`` rows (``--bert-steps 0`` leaves them out) train openpop-bert's
+``PipelinedBertForPretraining`` with its MLM + NSP loss in the ``demo_tiny_128`` config (3 layers,
+hidden 64, sequence 128, 20 masked tokens, dropout 0.1; one IPU, no gradient accumulation, loss
+scaling 1) and its optimizer (AdamW without bias correction, ``openpop.bert.optimization``) on
+generated tokens, ``--bert-micro-batch`` samples per step: the user's eager loop, the same loop
+with ``torch.compile(model, fullgraph=True)`` and ``torch.compile(optimizer.step)`` (the peer: the
+compiled optimizer step is torch's recipe; fullgraph falls back to graph breaks if Dynamo refuses),
+and openpop-bert's own options (``openpop.bert.train.get_options``) at DI=16 on the eager and the
+compiled backend. Their ratios are to the BERT eager loop and to the hand-compiled loop.
 
 ``--clock cpu`` times with this process's CPU time instead of wall time: on a machine shared with
 other jobs (one torch thread here) it counts the work done, not the time spent waiting for a core.
@@ -27,6 +38,10 @@ import time
 import torch
 
 import poptorch
+from openpop.bert.config import make_config
+from openpop.bert.model import PipelinedBertForPretraining
+from openpop.bert.optimization import get_optimizer
+from openpop.bert.train import get_options
 
 
 class MLP(torch.nn.Module):
@@ -152,12 +167,112 @@ ROWS = (("eager", "eager PyTorch loop"), ("di1", "openpop DI=1"),
 CNN_ROWS = (("cnn_eager", "CNN eager PyTorch loop"), ("cnn_hand_compiled", "CNN loop, torch.compile(model)"),
             ("cnn_di64", "CNN openpop DI=64"), ("cnn_compiled_di64", "CNN openpop compiled DI=64"))
 CNN_MICRO = 16
+BERT_ROWS = (("bert_eager", "BERT-tiny eager PyTorch loop"), ("bert_hand_compiled", "BERT-tiny loop, torch.compile"),
+             ("bert_di16", "BERT-tiny openpop DI=16"), ("bert_compiled_di16", "BERT-tiny openpop compiled DI=16"))
+BERT_DI = 16
+
+
+def bert_config(micro):
+    """openpop-bert's ``demo_tiny_128`` on one IPU, one micro-batch per step, DI=16, loss scaling 1."""
+    return make_config("demo_tiny_128", micro_batch_size=micro, gradient_accumulation=1,
+                       device_iterations=BERT_DI, replication_factor=1, ipus_per_replica=1, layers_per_ipu=[3],
+                       loss_scaling=1.0, precision="fp32", threads=1)
+
+
+def bert_data(config, samples, seed=0):
+    """Generated pretraining inputs of ``samples`` rows: tokens, attention mask, token types, the
+    masked positions and their labels, the NSP label (``PipelinedBertForPretraining``'s order)."""
+    generator = torch.Generator().manual_seed(seed)
+    length, masked = config.sequence_length, config.mask_tokens
+    return [torch.randint(5, config.vocab_size, (samples, length), generator=generator),
+            torch.ones(samples, length, dtype=torch.long),
+            (torch.arange(length) >= length // 2).long().expand(samples, -1).contiguous(),
+            torch.randint(0, length, (samples, masked), generator=generator),
+            torch.randint(5, config.vocab_size, (samples, masked), generator=generator),
+            torch.randint(0, 2, (samples, 1), generator=generator)]
+
+
+def bert_model(config):
+    torch.manual_seed(0)  # every variant starts from the same weights
+    return PipelinedBertForPretraining(config).parallelize(lambda line: None).train()
+
+
+def bert_hand_loop(config, data, steps, compiled=False):
+    """The user's loop: forward, ``loss.backward()``, ``optimizer.step()``, ``zero_grad``, one
+    micro-batch per step. ``compiled``: the model under ``torch.compile(fullgraph=True)`` (graph
+    breaks allowed if Dynamo refuses it whole) and the optimizer step under ``torch.compile``,
+    both compiled outside the timing. Returns a function timing ``steps`` and the mode used."""
+    model = bert_model(config)
+    optimizer = get_optimizer(config, model)
+    micro = config.micro_batch_size
+    run_model, optimizer_step, mode = model, optimizer.step, "eager"
+    if compiled:
+        optimizer_step = torch.compile(optimizer.step)
+        for fullgraph in (True, False):
+            run_model = torch.compile(model, fullgraph=fullgraph)
+            try:
+                for i in range(2):  # compile; the second step's optimizer state recompiles the step
+                    run_model(*[t[i * micro:(i + 1) * micro] for t in data])[0].backward()
+                    optimizer_step()
+                    optimizer.zero_grad(set_to_none=True)
+                mode = "fullgraph" if fullgraph else "graph breaks"
+                break
+            except Exception:  # Dynamo refused the whole graph: the user's next try allows breaks
+                if not fullgraph:
+                    raise
+                optimizer.zero_grad(set_to_none=True)
+                torch._dynamo.reset()
+                optimizer_step = torch.compile(optimizer.step)
+
+    def timed():
+        start = CLOCK()
+        for i in range(steps):
+            loss = run_model(*[t[i * micro:(i + 1) * micro] for t in data])[0]
+            loss.backward()
+            optimizer_step()
+            optimizer.zero_grad(set_to_none=True)
+        return (CLOCK() - start) / steps
+    return timed, mode
+
+
+def bert_openpop_loop(config, data, steps, backend, separate_wrapper=False):
+    """openpop-bert's options (``get_options``) on ``backend`` at DI=16; compiled (and, for the
+    compiled backend, run once) outside the timing. ``separate_wrapper``: Inductor builds the
+    program's C++ wrapper apart from its kernels, at -O1 (``cpp_wrapper_build_separate``; by
+    default one -O3 build of both, which g++ takes over 20 CPU-minutes on for this program).
+    Returns a function timing ``steps`` and the seconds the build took."""
+    from torch._inductor import config as inductor_config
+    model = bert_model(config)
+    opts = get_options(config).openpopBackend(backend)
+    opts.showCompilationProgressBar(False)
+    training = poptorch.trainingModel(model, opts, get_optimizer(config, model))
+    per_call = config.micro_batch_size * BERT_DI
+    started = time.perf_counter()
+    separate = separate_wrapper or inductor_config.cpp_wrapper_build_separate
+    with inductor_config.patch(cpp_wrapper_build_separate=separate):
+        training.compile(*[t[:per_call] for t in data])
+        if backend == "compiled":
+            training(*[t[:per_call] for t in data])
+    build_seconds = time.perf_counter() - started
+
+    def timed():
+        start = CLOCK()
+        for c in range(steps // BERT_DI):
+            training(*[t[c * per_call:(c + 1) * per_call] for t in data])
+        return (CLOCK() - start) / (steps // BERT_DI * BERT_DI)
+    return timed, build_seconds
 
 
 def main():
     parser = argparse.ArgumentParser()
     add_timing_args(parser, steps=2048)
     parser.add_argument("--accumulation", type=int, default=4, help="micro-batches per step of the GA rows")
+    parser.add_argument("--bert-steps", type=int, default=64,
+                        help="optimizer steps per round of the BERT-tiny rows (a multiple of 16; 0: no BERT rows)")
+    parser.add_argument("--bert-micro-batch", type=int, default=2, help="samples per step of the BERT-tiny rows")
+    parser.add_argument("--bert-separate-wrapper", action="store_true",
+                        help="build the BERT program's C++ wrapper apart from its kernels, at -O1 (a first compile "
+                             "of minutes instead of over 20 CPU-minutes; Inductor's cpp_wrapper_build_separate)")
     args = parser.parse_args()
     use_timing_args(args)
     torch.manual_seed(0)
@@ -189,6 +304,18 @@ def main():
             compile_seconds[name] = seconds
     hand_cnn = copy.deepcopy(cnn)
     timers["cnn_hand_compiled"] = lambda: eager_loop(hand_cnn, images, labels, cnn_steps, CNN_MICRO, compiled=True)
+    bert_steps, bert_mode = args.bert_steps // BERT_DI * BERT_DI, None
+    if bert_steps:
+        config = bert_config(args.bert_micro_batch)
+        tokens = bert_data(config, bert_steps * config.micro_batch_size)
+        timers["bert_eager"], _ = bert_hand_loop(config, tokens, bert_steps)
+        started = time.perf_counter()
+        timers["bert_hand_compiled"], bert_mode = bert_hand_loop(config, tokens, bert_steps, compiled=True)
+        compile_seconds["bert_hand_compiled"] = time.perf_counter() - started
+        for name, backend in (("bert_di16", "eager"), ("bert_compiled_di16", "compiled")):
+            timers[name], seconds = bert_openpop_loop(config, tokens, bert_steps, backend, args.bert_separate_wrapper)
+            if backend == "compiled":
+                compile_seconds[name] = seconds
     results = {"eager": [], "cnn_eager": [], **{name: [] for name in timers}}
     for _ in range(args.repeats):  # interleaved, best of N, so machine load hits all alike
         results["eager"].append(eager_loop(copy.deepcopy(base), xs, ys, args.steps, args.micro_batch))
@@ -203,6 +330,14 @@ def main():
     print(f"{'':<28}{'us/step':>10}{'vs CNN eager':>14}")
     for key, label in CNN_ROWS:
         print(f"{label:<30}{best[key]:>8.1f}{cnn_ratio[key]:>13.2f}x")
+    bert_ratios = {}
+    if bert_steps:
+        bert_ratios = {"vs_eager": {k: best[k] / best["bert_eager"] for k, _ in BERT_ROWS},
+                       "vs_hand_compiled": {k: best[k] / best["bert_hand_compiled"] for k, _ in BERT_ROWS}}
+        print(f"{'':<34}{'us/step':>10}{'vs eager':>10}{'vs hand-compiled':>18}   (hand-compiled: {bert_mode})")
+        for key, label in BERT_ROWS:
+            print(f"{label:<34}{best[key]:>10.1f}{bert_ratios['vs_eager'][key]:>9.2f}x"
+                  f"{bert_ratios['vs_hand_compiled'][key]:>17.2f}x")
     rollback_cost = {f"di{di}": best[f"di{di}"] / best[f"di{di}_no_rollback"] for di in (1, 16)}
     print("rollback cost (time with / without): " + ", ".join(f"{k} {v:.3f}x" for k, v in rollback_cost.items()))
     speedup = {"compiled_di256_vs_eager_loop": best["eager"] / best["compiled_di256"],
@@ -212,8 +347,15 @@ def main():
               speedup["compiled_di256_vs_eager_loop"], speedup["compiled_di1_vs_hand_compiled"],
               ", ".join(f"{k} {v:.1f}" for k, v in compile_seconds.items())))
     print(json.dumps({"benchmark": "host_overhead", "clock": args.clock, "us_per_step": best,
-                      "ratio_vs_eager": {k: best[k] / best["eager"] for k in best if not k.startswith("cnn")},
+                      "ratio_vs_eager": {k: best[k] / best["eager"] for k in best
+                                         if not k.startswith(("cnn", "bert"))},
                       "cnn_ratio_vs_eager": cnn_ratio,
+                      "bert_ratio_vs_eager": bert_ratios.get("vs_eager"),
+                      "bert_ratio_vs_hand_compiled": bert_ratios.get("vs_hand_compiled"),
+                      "bert": bert_steps and {"config": "demo_tiny_128", "micro_batch": args.bert_micro_batch,
+                                              "device_iterations": BERT_DI, "steps": bert_steps,
+                                              "hand_compiled_mode": bert_mode,
+                                              "separate_wrapper": args.bert_separate_wrapper},
                       "rollback_cost": rollback_cost, "compiled_speedup": speedup,
                       "compile_seconds": compile_seconds, "accumulation": args.accumulation}))
 
