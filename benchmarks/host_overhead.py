@@ -9,7 +9,7 @@ rows run the same with ``Training.rollbackFailedCalls(False)``: their ratio to t
 is what making a failed host call roll back costs (``runtime/transaction.py``).
 
     python benchmarks/host_overhead.py [--steps 2048] [--clock cpu] [--accumulation 4]
-        [--bert-steps 64] [--bert-micro-batch 2]
+        [--bert-steps 64] [--bert-micro-batch 2] [--no-bert-separate-wrapper]
 
 The ``CNN`` rows train a small CNN with BatchNorm and dropout (buffers written in forward, random
 masks drawn in the program) with a batch of 16 8x8 images per step: its own eager loop, the same
@@ -24,7 +24,9 @@ generated tokens, ``--bert-micro-batch`` samples per step: the user's eager loop
 with ``torch.compile(model, fullgraph=True)`` and ``torch.compile(optimizer.step)`` (the peer: the
 compiled optimizer step is torch's recipe; fullgraph falls back to graph breaks if Dynamo refuses),
 and openpop-bert's own options (``openpop.bert.train.get_options``) at DI=16 on the eager and the
-compiled backend. Their ratios are to the BERT eager loop and to the hand-compiled loop.
+compiled backend. Their ratios are to the BERT eager loop and to the hand-compiled loop. The
+compiled program's C++ wrapper is built apart from its kernels (``--no-bert-separate-wrapper``:
+openpop's default single -O3 build, whose first compile of this program takes g++ over half an hour).
 
 ``--clock cpu`` times with this process's CPU time instead of wall time: on a machine shared with
 other jobs (one torch thread here) it counts the work done, not the time spent waiting for a core.
@@ -238,8 +240,8 @@ def bert_hand_loop(config, data, steps, compiled=False):
 def bert_openpop_loop(config, data, steps, backend, separate_wrapper=False):
     """openpop-bert's options (``get_options``) on ``backend`` at DI=16; compiled (and, for the
     compiled backend, run once) outside the timing. ``separate_wrapper``: Inductor builds the
-    program's C++ wrapper apart from its kernels, at -O1 (``cpp_wrapper_build_separate``; by
-    default one -O3 build of both, which g++ takes over 20 CPU-minutes on for this program).
+    program's C++ wrapper apart from its kernels, at -O1 (``cpp_wrapper_build_separate``;
+    openpop's default is one -O3 build of both, which g++ takes over 30 CPU-minutes on here).
     Returns a function timing ``steps`` and the seconds the build took."""
     from torch._inductor import config as inductor_config
     model = bert_model(config)
@@ -270,9 +272,10 @@ def main():
     parser.add_argument("--bert-steps", type=int, default=64,
                         help="optimizer steps per round of the BERT-tiny rows (a multiple of 16; 0: no BERT rows)")
     parser.add_argument("--bert-micro-batch", type=int, default=2, help="samples per step of the BERT-tiny rows")
-    parser.add_argument("--bert-separate-wrapper", action="store_true",
-                        help="build the BERT program's C++ wrapper apart from its kernels, at -O1 (a first compile "
-                             "of minutes instead of over 20 CPU-minutes; Inductor's cpp_wrapper_build_separate)")
+    parser.add_argument("--bert-separate-wrapper", action=argparse.BooleanOptionalAction, default=True,
+                        help="build the BERT program's C++ wrapper apart from its kernels, at -O1 (Inductor's "
+                             "cpp_wrapper_build_separate; default: a first compile of minutes - openpop's own "
+                             "one -O3 build of both ran 55 min here without finishing)")
     args = parser.parse_args()
     use_timing_args(args)
     torch.manual_seed(0)
