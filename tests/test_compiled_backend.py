@@ -384,7 +384,8 @@ def test_looping_cpu_programs_use_the_cpp_wrapper():
     cpu = torch.device("cpu")
     cacheable = {"unsafe_marked_cacheable_functions": {"torch.ops.higher_order.while_loop": torch.__version__}}
     looping = BatchGeometry.from_options(poptorch.Options().deviceIterations(4))
-    assert compile_kwargs(cpu, looping, False) == {"options": {"cpp_wrapper": True, **cacheable}}
+    wrapper = {"cpp_wrapper": True, "cpp_wrapper_build_separate": True}  # C++ loop driver, built apart
+    assert compile_kwargs(cpu, looping, False) == {"options": {**wrapper, **cacheable}}
     accumulating = poptorch.Options()
     accumulating.Training.gradientAccumulation(2)  # a while_loop over the micro-batches, one step
     assert compile_kwargs(cpu, BatchGeometry.from_options(accumulating), False) == {"options": cacheable}
@@ -392,21 +393,20 @@ def test_looping_cpu_programs_use_the_cpp_wrapper():
     assert compile_kwargs(cpu, BatchGeometry.from_options(poptorch.Options()), False) == {}
     # a small one-step program (aten ops per micro-batch as the probe counts them): C++ too
     one_step = BatchGeometry.from_options(poptorch.Options())
-    assert compile_kwargs(cpu, one_step, False, ops=13) == {"options": {"cpp_wrapper": True}}
+    assert compile_kwargs(cpu, one_step, False, ops=13) == {"options": wrapper}
     assert compile_kwargs(cpu, one_step, False, ops=122) == {}
     assert compile_kwargs(cpu, BatchGeometry.from_options(accumulating), False, ops=13) == {
-        "options": {"cpp_wrapper": True, **cacheable}}
+        "options": {**wrapper, **cacheable}}
     assert compile_kwargs(cpu, BatchGeometry.from_options(accumulating), False, loops=False, ops=13) == {}
     assert compile_kwargs(torch.device("cuda", 0), looping, False) == {
         "options": {**torch._inductor.list_mode_options("reduce-overhead"), **cacheable}}
     # A model that draws random numbers keeps aten's random ops (program.py)
-    assert compile_kwargs(cpu, looping, True) == {"options": {"cpp_wrapper": True, **cacheable,
-                                                               "fallback_random": True}}
+    assert compile_kwargs(cpu, looping, True) == {"options": {**wrapper, **cacheable, "fallback_random": True}}
     # CPU training programs: short attention's backward as tensor math (attention_backward.py)
     from openpop.runtime.compiled.attention_backward import ShortAttentionBackward
     trained = compile_kwargs(cpu, looping, False, training=True)["options"]
     assert isinstance(trained.pop("post_grad_custom_pre_pass"), ShortAttentionBackward)
-    assert trained == {"cpp_wrapper": True, **cacheable}
+    assert trained == {**wrapper, **cacheable}
     assert "post_grad_custom_pre_pass" not in compile_kwargs(torch.device("cuda", 0), looping, False,
                                                              training=True)["options"]
 

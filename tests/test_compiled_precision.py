@@ -126,7 +126,8 @@ def test_compile_options_for_half_programs():
     loop = SimpleNamespace(device_iterations=4, micro_batches_per_step=1)
     cacheable = {"unsafe_marked_cacheable_functions": {"torch.ops.higher_order.while_loop": torch.__version__}}
     assert compile_kwargs(cpu, loop, False, half_casts=True) == {
-        "options": {"cpp_wrapper": True, **cacheable, "emulate_precision_casts": True}}
+        "options": {"cpp_wrapper": True, "cpp_wrapper_build_separate": True, **cacheable,
+                    "emulate_precision_casts": True}}
     assert compile_kwargs(cpu, loop, False, half_casts=True, loops=False) == {
         "options": {"emulate_precision_casts": True}}
     assert compile_kwargs(cuda, loop, False, half_casts=True) == {

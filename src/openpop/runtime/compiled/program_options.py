@@ -47,6 +47,11 @@ def compile_kwargs(device, geometry, draws_random, half_casts=False, loops=True,
     small = ops is not None and ops <= SMALL_PROGRAM_OPS
     if not options and loops and (geometry.device_iterations > 1 or small):
         options["cpp_wrapper"] = True
+        # The wrapper (the loop driving the kernels) built apart from the kernels, at -O1: as one
+        # -O3 unit with them, BERT tiny's DI=16 program (1 MB of C++) did not build in 56 min of
+        # g++ (3.9 GB); apart, it compiles in ~5 min. Step times are unchanged (the tiny MLP's
+        # DI=16 and 256 within 3 %; benchmarks/host_overhead.py's BERT rows).
+        options["cpp_wrapper_build_separate"] = True
     if loops and (geometry.device_iterations > 1 or geometry.micro_batches_per_step > 1):
         options["unsafe_marked_cacheable_functions"] = {_WHILE_LOOP: torch.__version__}
     if draws_random:
