@@ -9,7 +9,7 @@ rows run the same with ``Training.rollbackFailedCalls(False)``: their ratio to t
 is what making a failed host call roll back costs (``runtime/transaction.py``).
 
     python benchmarks/host_overhead.py [--steps 2048] [--clock cpu] [--accumulation 4]
-        [--bert-steps 64] [--bert-micro-batch 2] [--no-bert-separate-wrapper]
+        [--bert-steps 64] [--bert-micro-batch 2]
 
 The ``CNN`` rows train a small CNN with BatchNorm and dropout (buffers written in forward, random
 masks drawn in the program) with a batch of 16 8x8 images per step: its own eager loop, the same
@@ -24,9 +24,7 @@ generated tokens, ``--bert-micro-batch`` samples per step: the user's eager loop
 with ``torch.compile(model, fullgraph=True)`` and ``torch.compile(optimizer.step)`` (the peer: the
 compiled optimizer step is torch's recipe; fullgraph falls back to graph breaks if Dynamo refuses),
 and openpop-bert's own options (``openpop.bert.train.get_options``) at DI=16 on the eager and the
-compiled backend. Their ratios are to the BERT eager loop and to the hand-compiled loop. The
-compiled program's C++ wrapper is built apart from its kernels (``--no-bert-separate-wrapper``:
-openpop's default single -O3 build, whose first compile of this program takes g++ over half an hour).
+compiled backend. Their ratios are to the BERT eager loop and to the hand-compiled loop.
 
 ``--clock cpu`` times with this process's CPU time instead of wall time: on a machine shared with
 other jobs (one torch thread here) it counts the work done, not the time spent waiting for a core.
@@ -237,24 +235,19 @@ def bert_hand_loop(config, data, steps, compiled=False):
     return timed, mode
 
 
-def bert_openpop_loop(config, data, steps, backend, separate_wrapper=False):
+def bert_openpop_loop(config, data, steps, backend):
     """openpop-bert's options (``get_options``) on ``backend`` at DI=16; compiled (and, for the
-    compiled backend, run once) outside the timing. ``separate_wrapper``: Inductor builds the
-    program's C++ wrapper apart from its kernels, at -O1 (``cpp_wrapper_build_separate``;
-    openpop's default is one -O3 build of both, which g++ takes over 30 CPU-minutes on here).
-    Returns a function timing ``steps`` and the seconds the build took."""
-    from torch._inductor import config as inductor_config
+    compiled backend, run once) outside the timing. Returns a function timing ``steps`` and the
+    seconds the build took."""
     model = bert_model(config)
     opts = get_options(config).openpopBackend(backend)
     opts.showCompilationProgressBar(False)
     training = poptorch.trainingModel(model, opts, get_optimizer(config, model))
     per_call = config.micro_batch_size * BERT_DI
     started = time.perf_counter()
-    separate = separate_wrapper or inductor_config.cpp_wrapper_build_separate
-    with inductor_config.patch(cpp_wrapper_build_separate=separate):
-        training.compile(*[t[:per_call] for t in data])
-        if backend == "compiled":
-            training(*[t[:per_call] for t in data])
+    training.compile(*[t[:per_call] for t in data])
+    if backend == "compiled":
+        training(*[t[:per_call] for t in data])
     build_seconds = time.perf_counter() - started
 
     def timed():
@@ -272,10 +265,6 @@ def main():
     parser.add_argument("--bert-steps", type=int, default=64,
                         help="optimizer steps per round of the BERT-tiny rows (a multiple of 16; 0: no BERT rows)")
     parser.add_argument("--bert-micro-batch", type=int, default=2, help="samples per step of the BERT-tiny rows")
-    parser.add_argument("--bert-separate-wrapper", action=argparse.BooleanOptionalAction, default=True,
-                        help="build the BERT program's C++ wrapper apart from its kernels, at -O1 (Inductor's "
-                             "cpp_wrapper_build_separate; default: a first compile of minutes - openpop's own "
-                             "one -O3 build of both ran 55 min here without finishing)")
     args = parser.parse_args()
     use_timing_args(args)
     torch.manual_seed(0)
@@ -316,7 +305,7 @@ def main():
         timers["bert_hand_compiled"], bert_mode = bert_hand_loop(config, tokens, bert_steps, compiled=True)
         compile_seconds["bert_hand_compiled"] = time.perf_counter() - started
         for name, backend in (("bert_di16", "eager"), ("bert_compiled_di16", "compiled")):
-            timers[name], seconds = bert_openpop_loop(config, tokens, bert_steps, backend, args.bert_separate_wrapper)
+            timers[name], seconds = bert_openpop_loop(config, tokens, bert_steps, backend)
             if backend == "compiled":
                 compile_seconds[name] = seconds
     results = {"eager": [], "cnn_eager": [], **{name: [] for name in timers}}
@@ -357,8 +346,7 @@ def main():
                       "bert_ratio_vs_hand_compiled": bert_ratios.get("vs_hand_compiled"),
                       "bert": bert_steps and {"config": "demo_tiny_128", "micro_batch": args.bert_micro_batch,
                                               "device_iterations": BERT_DI, "steps": bert_steps,
-                                              "hand_compiled_mode": bert_mode,
-                                              "separate_wrapper": args.bert_separate_wrapper},
+                                              "hand_compiled_mode": bert_mode},
                       "rollback_cost": rollback_cost, "compiled_speedup": speedup,
                       "compile_seconds": compile_seconds, "accumulation": args.accumulation}))
 
