@@ -116,7 +116,12 @@ def test_a_value_the_trace_read_changing_between_calls_retraces(tmp_path, monkey
     key = program_key(executor._view, program, digest, {})
     assert program_key(executor._view, program, digest, {}) == key
     monkeypatch.setattr(compile_cost, "program_source", lambda: "other openpop")
-    assert program_key(executor._view, program, digest, {}) != key
+    other_code = program_key(executor._view, program, digest, {})
+    assert other_code != key
+    import torch._inductor.config as inductor_config  # a process-wide Inductor setting: another program
+    with inductor_config.patch(cpp_wrapper_build_separate=not inductor_config.cpp_wrapper_build_separate):
+        assert program_key(executor._view, program, digest, {}) != other_code
+    assert program_key(executor._view, program, digest, {}) == other_code
 
 
 if __name__ == "__main__":

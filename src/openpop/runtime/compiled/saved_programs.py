@@ -140,8 +140,19 @@ def program_key(call, program, ops_digest, options) -> str:
          program.anchored, program.per_step_hyper, program.scaling.automatic),
         [_name_of(factory) for factory in program.forward_contexts],
         sorted((k, _describe(v)) for k, v in options.items()),
+        _compiler_configuration(),
     ]
     return hashlib.sha256(_ADDRESS.sub("", repr(parts)).encode()).hexdigest()[:40]
+
+
+def _compiler_configuration() -> str:
+    """Inductor's and AOTAutograd's process-wide settings (``TORCHINDUCTOR_*`` variables, a
+    ``torch._inductor.config`` the user set): a program built under other settings is another
+    program, as torch's own cache keys have it. ``options`` above are only what openpop patches."""
+    from ...torch_compat import functorch_config, inductor_config
+    settings = {**inductor_config.save_config_portable(),
+                **{"functorch." + k: v for k, v in functorch_config.save_config_portable().items()}}
+    return repr(sorted((k, repr(v)) for k, v in settings.items()))
 
 
 def _name_of(value) -> str:
