@@ -119,6 +119,14 @@ PRIVATE = (
     Private("get_compile_threads", "torch._inductor.async_compile:get_compile_threads", "kernel_batch"),
     Private("CppPythonBindingsCodeCache", "torch._inductor.codecache:CppPythonBindingsCodeCache", "kernel_batch"),
     Private("CppCodeCache", "torch._inductor.codecache:CppCodeCache", "dropout_masks' kernel"),
+    # --- functorch's per-thread state, dropped after a compiled call (runtime/compiled/functorch_state.py)
+    Private("functorch_layer_depth", "torch._C._functorch:get_dynamic_layer_stack_depth",
+            "functorch_state: no transform on the thread's stack"),
+    Private("functorch_inplace_requires_grad_allowed", "torch._C._functorch:get_inplace_requires_grad_allowed",
+            "functorch_state: the flag at its default"),
+    Private("functorch_single_level_function_allowed",
+            "torch._C._functorch:get_single_level_autograd_function_allowed",
+            "functorch_state: the flag at its default"),
 )
 
 _BY_NAME = {private.name: private for private in PRIVATE}

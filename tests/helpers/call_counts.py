@@ -11,7 +11,10 @@ def calls_made(call, c_functions: bool = False) -> collections.Counter:
     torch's optimizers wrap helpers in ``torch._disable_dynamo``, which goes through Dynamo's
     ``disable`` (``eval_frame.py``, ``is_exporting``) on each call once Dynamo has been imported (by
     any compile, a user's own too): those frames are torch's, not a declined compile's leftovers,
-    and are left out."""
+    and are left out. The first ``torch.compile`` in a process (any, a user's own too) wraps every
+    ``torch.optim`` class's ``_init_group`` the same way (Dynamo's ``TorchPatcher.patch``): one more
+    such wrapper per optimizer step from then on, its frames left out too; ``c_functions`` counts
+    its C calls (``set_eval_frame``, ``getattr``)."""
     counts = collections.Counter()
 
     def profile(frame, event, arg):

@@ -4,12 +4,14 @@ In order: the compiled backend's fast path for a call like its last one (``compi
 the compiled backend, unless the call falls in a trace window (a compiled program has no stages
 to trace: traced calls run eagerly, with the same results); else the eager backend, the reference
 (``eager.py``), on its own or with the compiled regions installed. Whenever the backend that runs
-the calls changes, one log line says which and why.
+the calls changes, one log line says which and why. A host call that may have run compiled code
+leaves no empty functorch state on its thread (``compiled/functorch_state.py``): eager backwards
+after it keep their speed.
 """
 from ..log import logger
 from . import messages, trace
 from .backend_contract import DECLINED, REGIONS
-from .compiled import CompiledBackend
+from .compiled import CompiledBackend, functorch_state
 from .eager import EagerBackend
 
 
@@ -43,13 +45,24 @@ class Dispatch:
         repeat = self.compiled.repeat
         if repeat is None:
             return DECLINED
-        result = repeat.run(call, args)
+        try:
+            result = repeat.run(call, args)
+        finally:
+            functorch_state.drop_if_empty()
         if result is not DECLINED:
             self.ran = self.compiled
         return result
 
     def run(self, call, inputs, executable):
         """One host call on the backend that can run it (module docstring)."""
+        if self.compiled.selection.backend == "eager":
+            return self._run(call, inputs, executable)
+        try:
+            return self._run(call, inputs, executable)
+        finally:
+            functorch_state.drop_if_empty()
+
+    def _run(self, call, inputs, executable):
         traced = trace.records_next_call(call.identity)
         result = DECLINED if traced else self.compiled.run(call, inputs, executable)
         self.compiled.finish_progress()  # (a call that did not compile: the executor's compile is over)
@@ -66,7 +79,10 @@ class Dispatch:
 
     def compile_ahead(self, call, inputs, executable) -> None:
         """``executor.compile()``: the compiled backend builds its program now when it will run it."""
-        self.compiled.compile_ahead(call, inputs, executable)
+        try:
+            self.compiled.compile_ahead(call, inputs, executable)
+        finally:
+            functorch_state.drop_if_empty()
 
     def reset(self) -> None:
         """The executor was destroyed."""

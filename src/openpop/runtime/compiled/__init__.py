@@ -10,6 +10,7 @@
 * ``arguments.py``       the program's parameter and input arguments, resolved once per program
 * ``backend.py``         ``CompiledBackend``: the ``Backend`` (``backend_contract.py``) ``dispatch.py`` asks
 * ``repeat_call.py``     the executor's fast path for a host call like the last compiled one
+* ``functorch_state.py`` a compiled call leaves no empty functorch state on its thread
 
 What front-ends use (Lightning's step module and step hooks, the BERT app) is exported here;
 they import nothing else from this package.
