@@ -83,6 +83,8 @@ TARGETS = [
            _path("peak_rss_vs_hand"), 1.1, False),
     Target("IPUStrategy DI=64: samples/s / Lightning's own CPU loop", "lightning_overhead",
            _path("ratio_vs_lightning_cpu", "ipu_compiled_di64"), 3.0, True),
+    Target("eager step after another model compiled in the process / before (worse of openpop eager, torch loop)",
+           "eager_after_compile", _path("worst_step_ratio"), 1.05, False),
 ]
 
 
