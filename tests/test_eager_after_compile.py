@@ -140,3 +140,13 @@ def test_an_empty_functorch_state_is_dropped_a_used_one_kept():
     weight = torch.ones(2, requires_grad=True)
     (weight * 3).sum().backward()  # autograd as before
     assert torch.equal(weight.grad, torch.full((2,), 3.0))
+
+
+def test_a_torch_it_was_not_checked_on_is_left_alone(monkeypatch):
+    """The accessor's return type is not in its mangled name: another torch minor version may
+    have changed it, so nothing is looked up or dropped there."""
+    from openpop.runtime.compiled import functorch_state
+    monkeypatch.setattr(functorch_state, "_functions", None)
+    monkeypatch.setattr(functorch_state.torch, "__version__", "9.9.0")
+    assert not functorch_state.available() and functorch_state.present() is None
+    assert functorch_state.drop_if_empty() is False

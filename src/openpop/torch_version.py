@@ -19,7 +19,8 @@ NOT_CHECKED = ("openpop was checked with torch {checked}; torch {found} is newer
                "(pip install torch=={checked}.0 to be sure).")
 
 
-def _minor(version: str) -> tuple:
+def minor_version(version: str) -> tuple:
+    """``(major, minor)`` of a torch version string (``"2.13.0+cpu"`` -> ``(2, 13)``)."""
     parts = []
     for piece in version.split("+")[0].split(".")[:2]:
         digits = "".join(c for c in piece if c.isdigit())
@@ -30,7 +31,7 @@ def _minor(version: str) -> tuple:
 def check(version: str = torch.__version__) -> None:
     """Raise ``ImportError`` for a torch older than ``MINIMUM``; warn once for one newer than
     every ``CHECKED`` version."""
-    found = _minor(version)
+    found = minor_version(version)
     dotted = ".".join(map(str, CHECKED[-1]))
     if found < MINIMUM:
         raise ImportError(TOO_OLD.format(minimum=".".join(map(str, MINIMUM)), found=version, checked=dotted))

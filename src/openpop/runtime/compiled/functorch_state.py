@@ -15,7 +15,9 @@ host call.
 
 Both C++ functions are libtorch's exported symbols, called through ctypes. Where they cannot be
 found (another platform or C++ ABI, a torch that renamed them) nothing is dropped, and eager steps
-after a compile keep that cost, as they do after a ``torch.compile`` of the user's own.
+after a compile keep that cost, as they do after a ``torch.compile`` of the user's own. The
+accessor's return type is not part of its mangled name, so only a torch minor version this was
+checked on (``torch_version.CHECKED``) is touched: on another one nothing is dropped either.
 """
 import ctypes
 import os
@@ -23,6 +25,7 @@ import os
 import torch
 
 from ... import torch_compat
+from ...torch_version import CHECKED, minor_version
 
 # libtorch's exported (Itanium C++ ABI) names of
 #   std::unique_ptr<FuncTorchTLSBase>& at::functorch::functorchTLSAccessor()
@@ -39,6 +42,8 @@ def _lookup() -> tuple:
     global _functions
     if _functions is None:
         _functions = ()
+        if minor_version(torch.__version__) not in CHECKED:
+            return _functions
         directory = os.path.join(os.path.dirname(torch.__file__), "lib")
         for name in _LIBRARIES:
             try:
