@@ -156,6 +156,25 @@ def test_the_environment_still_chooses_the_backend(monkeypatch):
     assert session.executor._dispatch.compiled.selection.backend == "eager"
 
 
+def test_popart_engine_caching_is_the_executable_cache_in_its_cache_path(tmp_path):
+    def session(**settings):
+        builder = popart.Builder()
+        x = builder.addInputTensor(popart.TensorInfo("FLOAT", [2]))
+        out = builder.aiOnnx.relu([x])
+        options = popart.SessionOptions()
+        for name, value in settings.items():
+            setattr(options, name, value)
+        dataflow = popart.DataFlow(1, {out: popart.AnchorReturnType("All")})
+        made = popart.InferenceSession(builder.getModelProto(), dataflow, popart.DeviceManager().createCpuDevice(),
+                                       userOptions=options)
+        made.prepareDevice()
+        return made.executor._compile_cache
+
+    cache = session(enableEngineCaching=True, cachePath=str(tmp_path / "engines"))
+    assert cache.path == str(tmp_path / "engines") and not cache.managed
+    assert session(cachePath=str(tmp_path / "unused")) is None  # not enabled: openpop's default (off in the suite)
+
+
 @pytest.mark.slow
 def test_a_declined_popart_graph_keeps_its_eager_host_call(monkeypatch, capsys):
     """Issue 31, item 3: a PopART graph torch.compile rejects (a PrintTensor in the step: Dynamo

@@ -245,6 +245,8 @@ class _Session:
                 PoptorchMeanStrategy(min(strategy, 1)))  # PostAndLoss: the same numbers as Post
         if o.enableStochasticRounding:
             opts.Precision.enableStochasticRounding(True)
+        if o.enableEngineCaching:  # PopART's engine cache: the executable cache, in its cachePath
+            opts.enableExecutableCaching(o.cachePath)
         if self._instances is not None:
             opts.Distributed.configureProcessId(*self._instances)
         else:  # under poprun, a session without enableDistributedReplicatedGraphs runs on its own
