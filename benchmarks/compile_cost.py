@@ -57,9 +57,7 @@ class ConvNet(torch.nn.Module):
 
 def build(case):
     """``(model, options, optimizer, batch)`` of one case, compiled backend not chosen yet."""
-    from _models import FourBlocks
-
-    from host_overhead import MLP
+    from _models import MLP, FourBlocks
     ga = int(case.rsplit("_ga", 1)[1]) if "_ga" in case else 1
     opts = poptorch.Options()
     opts.Training.gradientAccumulation(ga)

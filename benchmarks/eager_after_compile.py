@@ -34,6 +34,7 @@ import sys
 import time
 
 import torch
+from _models import MLP
 
 import poptorch
 from openpop.runtime.compiled import functorch_state
@@ -44,17 +45,6 @@ from helpers.call_counts import calls_made
 
 DEVICE_ITERATIONS = 16
 MICRO_BATCH = 32
-
-
-class MLP(torch.nn.Module):
-    def __init__(self, width=32):
-        super().__init__()
-        self.fc1 = torch.nn.Linear(width, width)
-        self.fc2 = torch.nn.Linear(width, 1)
-
-    def forward(self, x, y):
-        out = self.fc2(torch.relu(self.fc1(x)))
-        return out, torch.nn.functional.mse_loss(out, y)
 
 
 def training_model(backend):

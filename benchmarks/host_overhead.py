@@ -36,23 +36,13 @@ import json
 import time
 
 import torch
+from _models import MLP
 
 import poptorch
 from openpop.bert.config import make_config
 from openpop.bert.model import PipelinedBertForPretraining
 from openpop.bert.optimization import get_optimizer
 from openpop.bert.train import get_options
-
-
-class MLP(torch.nn.Module):
-    def __init__(self, width=32):
-        super().__init__()
-        self.fc1 = torch.nn.Linear(width, width)
-        self.fc2 = torch.nn.Linear(width, 1)
-
-    def forward(self, x, y):
-        out = self.fc2(torch.relu(self.fc1(x)))
-        return out, torch.nn.functional.mse_loss(out, y)
 
 
 class CNN(torch.nn.Module):

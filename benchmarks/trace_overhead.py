@@ -19,13 +19,11 @@ import time
 import timeit
 
 import torch
-from _models import FourBlocks
+from _models import MLP, FourBlocks
 
 import poptorch
 from openpop.runtime import eager as eager_module
 from openpop.runtime import trace
-
-from host_overhead import MLP  # the same tiny MLP as the host-overhead benchmark
 
 
 def mlp_seconds_per_step(base, xs, ys, steps, micro, di, bypass):
