@@ -143,6 +143,32 @@ def test_an_empty_functorch_state_is_dropped_a_used_one_kept():
     assert torch.equal(weight.grad, torch.full((2,), 3.0))
 
 
+@pytest.mark.skipif(not functorch_state.available(), reason="libtorch's functorch state cannot be read here")
+def test_the_state_is_read_per_thread_and_a_new_one_dropped_unread():
+    """Each thread reads its own state; ``absent_before`` (the repeat path's: no state before the
+    host call) drops without reading the flags, which a set flag shows."""
+    functorch_state.drop_if_empty()
+    seen = {}
+
+    def other():
+        torch._C._functorch.peek_interpreter_stack()
+        seen["other"] = functorch_state.present()
+        seen["dropped"] = functorch_state.drop_if_empty()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    assert seen == {"other": True, "dropped": True} and functorch_state.present() is False
+    torch._C._functorch.set_inplace_requires_grad_allowed(True)
+    try:
+        assert not functorch_state.drop_if_empty()
+        assert functorch_state.drop_if_empty(absent_before=True)  # trusted: the flag is not read
+    finally:
+        torch._C._functorch.set_inplace_requires_grad_allowed(False)
+        functorch_state.drop_if_empty()
+    assert functorch_state.present() is False
+
+
 def test_a_torch_it_was_not_checked_on_is_left_alone(monkeypatch):
     """The accessor's return type is not in its mangled name: another torch minor version may
     have changed it, so nothing is looked up or dropped there."""

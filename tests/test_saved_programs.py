@@ -124,6 +124,35 @@ def test_a_value_the_trace_read_changing_between_calls_retraces(tmp_path, monkey
     assert program_key(executor._view, program, digest, {}) == other_code
 
 
+class _Settings:
+    scale = 2
+
+
+def test_the_checks_read_the_values_the_trace_guarded_on_each_call():
+    """The saved program's per-call checks (``_Watched``): the values of Dynamo's guard names,
+    equal and of the same type; a class attribute read through Dynamo's ``dict(X.__dict__)[k]``
+    spelling is read in place, and seen to change."""
+    from openpop.runtime.compiled.saved_programs import _Globals, _Watched
+    names = ["dict(type(self).__dict__)['scale']", "self.flag", "G['__import_os_dot_path'].sep"]
+    watched = _Watched(["self"], [(names[0], 2), (names[1], True), (names[2], os.path.sep)], [])
+    instance = _Settings()
+    instance.flag = True
+    globals_ = _Globals({})
+    assert watched.constants_hold(globals_, (instance,))
+    assert globals_["__import_os_dot_path"] is os.path  # resolved once, kept
+    instance.flag = 1  # equal, another type: what the trace specialised on is not this
+    assert not watched.constants_hold(globals_, (instance,))
+    instance.flag = True
+    _Settings.scale = 3
+    try:
+        assert not watched.constants_hold(globals_, (instance,))
+        assert watched.differences(globals_, (instance,)) == [f"{names[0]}: 3 (was 2)"]
+    finally:
+        _Settings.scale = 2
+    del instance.flag  # an attribute gone: not the program's state
+    assert not watched.constants_hold(globals_, (instance,))
+
+
 if __name__ == "__main__":
     from torch._dynamo.utils import counters
 

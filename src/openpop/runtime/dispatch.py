@@ -45,10 +45,11 @@ class Dispatch:
         repeat = self.compiled.repeat
         if repeat is None:
             return DECLINED
+        absent = functorch_state.present() is False
         try:
             result = repeat.run(call, args)
         finally:
-            functorch_state.drop_if_empty()
+            functorch_state.drop_if_empty(absent)
         if result is not DECLINED:
             self.ran = self.compiled
         return result

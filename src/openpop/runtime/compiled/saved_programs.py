@@ -62,6 +62,7 @@ system info on load). The probe's op sequence is that of one eager micro-batch: 
 differently from how it runs eagerly (``torch.compiler.is_compiling()`` branches) is keyed on its
 eager ops only.
 """
+import ast
 import builtins
 import contextlib
 import hashlib
@@ -176,10 +177,13 @@ class _Globals(dict):
 
     def __missing__(self, name):
         if name.startswith("__builtins_dict__"):
-            return builtins.__dict__
-        if name.startswith("__import_"):
-            return importlib.import_module(name[len("__import_"):].replace("_dot_", "."))
-        raise KeyError(name)
+            value = builtins.__dict__
+        elif name.startswith("__import_"):
+            value = importlib.import_module(name[len("__import_"):].replace("_dot_", "."))
+        else:
+            raise KeyError(name)
+        self[name] = value  # (a module object stays the module: the checks read through it each call)
+        return value
 
 
 class _Watched:
@@ -192,6 +196,7 @@ class _Watched:
         self._constants = _compile(argnames, [name for name, _ in constants])
         self._identities = _compile(argnames, [name for name, _ in identities])
         self._expected = tuple(value for _, value in constants)
+        self._types = tuple(type(value) for value in self._expected)
 
     def state(self):
         return self.argnames, self.constants, self.identities
@@ -201,7 +206,7 @@ class _Watched:
             values = self._constants(globals_, *args)
         except Exception:  # an attribute that went away: not the program's state any more
             return False
-        return values == self._expected and all(type(a) is type(b) for a, b in zip(values, self._expected))
+        return values == self._expected and tuple(map(type, values)) == self._types
 
     def differences(self, globals_, args) -> list:
         """The guard names whose values differ (for the log line)."""
@@ -226,8 +231,28 @@ class _Watched:
 
 
 def _compile(argnames, names):
-    source = f"lambda G, {', '.join(argnames)}: ({''.join(name + ', ' for name in names)})"
-    return eval(source)  # guard names Dynamo wrote for this program
+    """One function of the traced function's arguments returning every guard name's value."""
+    values = ast.Tuple([_direct(ast.parse(name, mode="eval").body) for name in names], ast.Load())
+    function = ast.Lambda(ast.arguments(posonlyargs=[], args=[ast.arg(n) for n in ("G", *argnames)], kwonlyargs=[],
+                                        kw_defaults=[], defaults=[]), values)
+    code = compile(ast.fix_missing_locations(ast.Expression(function)), "<saved program checks>", "eval")
+    return eval(code)  # guard names Dynamo wrote for this program
+
+
+class _Direct(ast.NodeTransformer):
+    """``dict(x.__dict__)[k]`` (Dynamo's spelling of a class attribute read past descriptors) as
+    ``x.__dict__[k]``: the same object, without copying the class's namespace at every check."""
+
+    def visit_Call(self, node):
+        node = self.generic_visit(node)
+        if isinstance(node.func, ast.Name) and node.func.id == "dict" and len(node.args) == 1 and not node.keywords \
+                and isinstance(node.args[0], ast.Attribute) and node.args[0].attr == "__dict__":
+            return node.args[0]
+        return node
+
+
+def _direct(node):
+    return _Direct().visit(node)
 
 
 class SavedProgram:
