@@ -14,7 +14,12 @@ is what making a failed host call roll back costs (``runtime/transaction.py``).
 The ``CNN`` rows train a small CNN with BatchNorm and dropout (buffers written in forward, random
 masks drawn in the program) with a batch of 16 8x8 images per step: its own eager loop, the same
 loop with ``torch.compile(model)`` (the optimizer eager, as a user would write it), and openpop's
-compiled backend at DI=64; their ratios are to the CNN's eager loop.
+compiled backend at DI=64; their ratios are to the CNN's eager loop. ``CNN convolutions alone`` is
+a floor under every CNN row: its step's four convolution calls (two forwards, two
+``convolution_backward``) run by aten on their own at the step's shapes, in the faster of the two
+memory formats (contiguous; channels-last, which Inductor gives the program's convolutions on CPU).
+Every variant, eager or compiled, calls these same oneDNN kernels, so no host-side saving takes a
+row below that ratio.
 
 The ``BERT-tiny`` rows (``--bert-steps 0`` leaves them out) train openpop-bert's
 ``PipelinedBertForPretraining`` with its MLM + NSP loss in the ``demo_tiny_128`` config (3 layers,
@@ -98,6 +103,31 @@ def eager_loop(model, xs, ys, steps, micro, compiled=False):
     return (CLOCK() - start) / steps
 
 
+def convolution_floor(cnn, images, steps, micro):
+    """Time ``steps`` x the CNN step's convolution calls alone (module docstring), in each memory
+    format; returns the faster format's seconds per step."""
+    first, second = (m for m in cnn.modules() if isinstance(m, torch.nn.Conv2d))
+    x = images[:micro]
+    hidden = torch.empty(micro, second.in_channels, *x.shape[2:])
+    grad = torch.randn(micro, second.out_channels, *x.shape[2:])
+    best = float("inf")
+    for layout in (torch.contiguous_format, torch.channels_last):
+        def as_layout(tensor):
+            return tensor.detach().contiguous(memory_format=layout)
+        x1, h1, g1 = as_layout(x), as_layout(hidden), as_layout(grad)
+        w1, w2 = as_layout(first.weight), as_layout(second.weight)
+        calls = ((x1, w1, first, (False, True, True)), (h1, w2, second, (True, True, True)))
+        start = CLOCK()
+        for _ in range(steps):
+            for inp, weight, conv, mask in calls:
+                torch.nn.functional.conv2d(inp, weight, conv.bias.detach(), conv.stride, conv.padding)
+                torch.ops.aten.convolution_backward(g1, inp, weight, [conv.out_channels], list(conv.stride),
+                                                    list(conv.padding), list(conv.dilation), False, [0, 0], 1,
+                                                    list(mask))
+        best = min(best, (CLOCK() - start) / steps)
+    return best
+
+
 def hand_compiled_loop(model, xs, ys, steps, micro):
     """The anchor: a hand-written functional training step (``torch.func.grad`` + SGD in place)
     compiled by ``torch.compile``, called once per step. Returns a function timing ``steps``."""
@@ -155,7 +185,8 @@ ROWS = (("eager", "eager PyTorch loop"), ("di1", "openpop DI=1"),
         ("di16_ga", "openpop DI=16 GA={}"), ("compiled_di1_ga", "openpop compiled DI=1 GA={}"),
         ("compiled_di16_ga", "openpop compiled DI=16 GA={}"))
 CNN_ROWS = (("cnn_eager", "CNN eager PyTorch loop"), ("cnn_hand_compiled", "CNN loop, torch.compile(model)"),
-            ("cnn_di64", "CNN openpop DI=64"), ("cnn_compiled_di64", "CNN openpop compiled DI=64"))
+            ("cnn_di64", "CNN openpop DI=64"), ("cnn_compiled_di64", "CNN openpop compiled DI=64"),
+            ("cnn_convolutions", "CNN convolutions alone"))
 CNN_MICRO = 16
 BERT_ROWS = (("bert_eager", "BERT-tiny eager PyTorch loop"), ("bert_hand_compiled", "BERT-tiny loop, torch.compile"),
              ("bert_di16", "BERT-tiny openpop DI=16"), ("bert_compiled_di16", "BERT-tiny openpop compiled DI=16"))
@@ -286,6 +317,7 @@ def main():
             compile_seconds[name] = seconds
     hand_cnn = copy.deepcopy(cnn)
     timers["cnn_hand_compiled"] = lambda: eager_loop(hand_cnn, images, labels, cnn_steps, CNN_MICRO, compiled=True)
+    timers["cnn_convolutions"] = lambda: convolution_floor(cnn, images, cnn_steps, CNN_MICRO)
     bert_steps, bert_mode = args.bert_steps // BERT_DI * BERT_DI, None
     if bert_steps:
         config = bert_config(args.bert_micro_batch)
