@@ -88,6 +88,17 @@ TARGETS = [
 ]
 
 
+# What run_all.py gives a benchmark so that its JSON line holds every target's figure: arguments
+# its defaults leave out (the slow variants), and the seconds it may take (over run_all's --timeout).
+RUN_ARGUMENTS = {"bert_throughput": ("--compiled", "--hand-compiled", "--rounds", "2")}
+RUN_SECONDS = {"bert_throughput": 3600}
+
+
+def benchmarks() -> list:
+    """The benchmarks the targets read, in the order of ``TARGETS``."""
+    return list(dict.fromkeys(target.benchmark for target in TARGETS))
+
+
 def check_all(results: dict) -> list:
     """Per target ``(target, figure, verdict)``; ``results``: benchmark name -> its JSON line (or None)."""
     return [(target, *target.check(results.get(target.benchmark))) for target in TARGETS]

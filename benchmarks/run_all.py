@@ -3,11 +3,13 @@ markdown table (``RESULTS.md``) and as JSON lines (``results.jsonl``).
 
     python benchmarks/run_all.py [--only bert_throughput host_overhead] [--timeout 900] [--out DIR]
     python benchmarks/run_all.py --targets     # only the targets table, from the last results.jsonl
+    python benchmarks/run_all.py --for-targets # only the benchmarks the targets read
 
 A benchmark is any ``*.py`` here but this file; each prints its human-readable table and then
 one JSON line with a ``"benchmark"`` key (the last such line counts). They run one after
 another (never concurrently: they time this machine), each in its own process with its default
-arguments. A benchmark that fails or times out is listed as such; the others still run. RESULTS.md's
+arguments, plus those ``_targets.RUN_ARGUMENTS`` names (the variants a target reads that a
+benchmark leaves out by default) and with the longer timeout ``_targets.RUN_SECONDS`` gives it. A benchmark that fails or times out is listed as such; the others still run. RESULTS.md's
 measurements recorded by hand (below its ``HAND_RECORDED`` line) are kept; so are the results.jsonl
 records of benchmarks this run did not run.
 
@@ -23,7 +25,7 @@ import subprocess
 import sys
 import time
 
-from _targets import check_all
+from _targets import RUN_ARGUMENTS, RUN_SECONDS, benchmarks, check_all
 from _targets import markdown as targets_markdown
 
 from _machine import cpu_name
@@ -51,8 +53,10 @@ def machine():
 
 def run_one(name, timeout):
     started = time.perf_counter()
+    timeout = max(timeout, RUN_SECONDS.get(name, 0))
     try:
-        done = subprocess.run([sys.executable, os.path.join(HERE, name + ".py")], capture_output=True, text=True,
+        done = subprocess.run([sys.executable, os.path.join(HERE, name + ".py"), *RUN_ARGUMENTS.get(name, ())],
+                              capture_output=True, text=True,
                               timeout=timeout, cwd=os.path.dirname(HERE))
         output, status = done.stdout, ("ok" if done.returncode == 0 else f"exit {done.returncode}")
         errors = done.stderr
@@ -148,13 +152,14 @@ def main():
     parser.add_argument("--timeout", type=float, default=900, help="seconds per benchmark")
     parser.add_argument("--out", default=HERE, help="directory for RESULTS.md and results.jsonl")
     parser.add_argument("--targets", action="store_true", help="print the targets from results.jsonl; run nothing")
+    parser.add_argument("--for-targets", action="store_true", help="run only the benchmarks the targets read")
     args = parser.parse_args()
     jsonl = os.path.join(args.out, "results.jsonl")
     previous = previous_results(jsonl)
     if args.targets:
         print(targets_markdown(check_all(previous)))
         return 0
-    names = args.only or discover()
+    names = args.only or (benchmarks() if args.for_targets else discover())
     unknown = sorted(set(names) - set(discover()))
     if unknown:
         parser.error(f"no such benchmark: {', '.join(unknown)} (have: {', '.join(discover())})")
