@@ -112,7 +112,7 @@ def convolution_floor(cnn, images, steps, micro):
     grad = torch.randn(micro, second.out_channels, *x.shape[2:])
     best = float("inf")
     for layout in (torch.contiguous_format, torch.channels_last):
-        def as_layout(tensor):
+        def as_layout(tensor, layout=layout):
             return tensor.detach().contiguous(memory_format=layout)
         x1, h1, g1 = as_layout(x), as_layout(hidden), as_layout(grad)
         w1, w2 = as_layout(first.weight), as_layout(second.weight)

@@ -9,7 +9,8 @@ A benchmark is any ``*.py`` here but this file; each prints its human-readable t
 one JSON line with a ``"benchmark"`` key (the last such line counts). They run one after
 another (never concurrently: they time this machine), each in its own process with its default
 arguments, plus those ``_targets.RUN_ARGUMENTS`` names (the variants a target reads that a
-benchmark leaves out by default) and with the longer timeout ``_targets.RUN_SECONDS`` gives it. A benchmark that fails or times out is listed as such; the others still run. RESULTS.md's
+benchmark leaves out by default) and with the longer timeout ``_targets.RUN_SECONDS`` gives it.
+A benchmark that fails or times out is listed as such; the others still run. RESULTS.md's
 measurements recorded by hand (below its ``HAND_RECORDED`` line) are kept; so are the results.jsonl
 records of benchmarks this run did not run.
 
