@@ -147,6 +147,14 @@ def kept_by_hand(path: str) -> str:
     return "" if start < 0 else "\n" + text[start:]
 
 
+def write_results(path: str, table: str) -> None:
+    """``table`` above the hand-recorded part of the RESULTS.md at ``path`` (read before the file
+    is opened for writing, which empties it)."""
+    kept = kept_by_hand(path)
+    with open(path, "w") as stream:
+        stream.write(table + kept)
+
+
 def main():
     parser = argparse.ArgumentParser(description="Run every benchmark; write RESULTS.md and results.jsonl")
     parser.add_argument("--only", nargs="+", help="benchmark names (default: all)")
@@ -186,9 +194,7 @@ def main():
     targets = targets_markdown(check_all(records))
     print(targets)
     table = markdown(runs, info, when, targets)
-    results = os.path.join(args.out, "RESULTS.md")
-    with open(results, "w") as stream:
-        stream.write(table + kept_by_hand(results))
+    write_results(os.path.join(args.out, "RESULTS.md"), table)
     print(table)
     failed = [run["name"] for run in runs if run["status"] != "ok"]
     return 1 if failed else 0

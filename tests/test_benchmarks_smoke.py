@@ -188,3 +188,17 @@ def test_every_allowed_private_attribute_still_exists():
         if attribute not in defined:
             missing.append(f"{attribute} (expected in {where})")
     assert not missing, "allowed private attributes no longer defined: " + ", ".join(missing)
+
+
+def test_run_all_keeps_the_hand_recorded_results(tmp_path, monkeypatch):
+    """``run_all.py`` rewrites RESULTS.md's table and keeps what was recorded by hand below its
+    marker (it once opened the file for writing before reading that part, and lost it)."""
+    monkeypatch.syspath_prepend(BENCHMARKS)
+    import run_all
+    path = tmp_path / "RESULTS.md"
+    hand = f"{run_all.HAND_RECORDED}\n\n- a measurement made by hand\n"
+    path.write_text("# old table\n\n" + hand)
+    run_all.write_results(str(path), "# new table\n")
+    assert path.read_text() == "# new table\n\n" + hand
+    run_all.write_results(str(path), "# newer table\n")  # and again: the marker stays
+    assert path.read_text() == "# newer table\n\n" + hand
