@@ -184,7 +184,7 @@ class Hooked(Regressor):
     def __init__(self):
         super().__init__()
         self.rows = []
-        self.fc1.register_forward_hook(lambda module, args, out: self.rows.append(out.shape[0]))
+        self.fc1.register_full_backward_hook(lambda module, grad_in, grad_out: self.rows.append(grad_out[0].shape[0]))
 
 
 class FrozenBias(Regressor):
@@ -198,7 +198,7 @@ class FrozenBias(Regressor):
     (Printing, "ipu_print_tensor"),
     (Branching, "torch.compile(fullgraph=True) rejects"),
     (ClampsInput, "input x changed in place"),
-    (Hooked, "module hooks (forward_hooks on fc1"),
+    (Hooked, "module hooks (backward_hooks on fc1"),
     (FrozenBias, "parameter fc2.bias with requires_grad=False"),
 ])
 def test_unsupported_model_auto_logs_once_forced_raises(model_class, construct, warnings_logged):
@@ -230,6 +230,37 @@ def test_unsupported_model_auto_logs_once_forced_raises(model_class, construct, 
     assert len(lines) == 1 and construct in lines[0]
 
 
+class ScopedAndCheckpointed(Regressor):
+    """Forward hooks as Graphcore's applications register them: a name scope around every module
+    (vision/cnns) and a recomputation checkpoint on a block's output (ViT, Swin, CLIP...)."""
+
+    def __init__(self):
+        super().__init__()
+        for name, module in self.named_children():
+            module.register_forward_pre_hook(lambda module, args, name=name: torch.ops.poptorch.push_name_scope(name))
+            module.register_forward_hook(lambda module, args, out: torch.ops.poptorch.pop_name_scope())
+        self.fc1.register_forward_hook(lambda module, args, out: poptorch.recomputationCheckpoint(out))
+
+
+@pytest.mark.parametrize("device_iterations", [1, 4])
+def test_forward_hooks_are_traced_into_the_program(device_iterations):
+    """A model with forward and forward-pre hooks runs as one compiled program (the hooks traced,
+    as PopTorch traced them) with eager's losses and weights."""
+    results = {}
+    for backend in ("eager", "compiled"):
+        torch.manual_seed(0)
+        model = ScopedAndCheckpointed()
+        pop = poptorch.trainingModel(model, compiled_options(device_iterations, backend=backend),
+                                     torch.optim.SGD(model.parameters(), lr=0.1))
+        losses = [pop(*make_data(device_iterations * 4, seed=call))[1] for call in range(3)]
+        assert pop._dispatch.compiled.last == backend
+        results[backend] = losses, [p.detach().clone() for p in model.parameters()]
+    for got, expected in zip(*(results[b][0] for b in ("compiled", "eager"))):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    for got, expected in zip(*(results[b][1] for b in ("compiled", "eager"))):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
 def test_frozen_parameters_and_hooks_added_after_compiling_are_noticed():
     """Eager skips a parameter frozen between calls and runs a hook added between calls; the
     compiled program would do neither, so such a call is refused (auto: runs eagerly)."""
@@ -250,6 +281,14 @@ def test_frozen_parameters_and_hooks_added_after_compiling_are_noticed():
     handle.remove()
     pop(x, t)
     assert pop._dispatch.compiled.last == "compiled"
+    traced = poptorch.trainingModel(ScopedAndCheckpointed(), compiled_options(2))
+    traced(x, t)
+    handle = traced.model.fc2.register_forward_hook(lambda module, args, out: out * 2)
+    with pytest.raises(poptorch.Error, match="forward_hooks on fc2.* since the program was traced"):
+        traced(x, t)  # the program runs the hooks it traced, not this one
+    handle.remove()
+    traced(x, t)
+    assert traced._dispatch.compiled.last == "compiled"
 
 
 def test_calls_inside_saved_tensors_hooks_run_eagerly(warnings_logged):

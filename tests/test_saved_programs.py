@@ -122,6 +122,10 @@ def test_a_value_the_trace_read_changing_between_calls_retraces(tmp_path, monkey
     with inductor_config.patch(cpp_wrapper_build_separate=not inductor_config.cpp_wrapper_build_separate):
         assert program_key(executor._view, program, digest, {}) != other_code
     assert program_key(executor._view, program, digest, {}) == other_code
+    handle = executor._view.model.first.register_forward_hook(lambda module, args, out: out)  # traced: keyed
+    assert program_key(executor._view, program, digest, {}) != other_code
+    handle.remove()
+    assert program_key(executor._view, program, digest, {}) == other_code
 
 
 class _Settings:

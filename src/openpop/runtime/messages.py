@@ -63,7 +63,9 @@ INELIGIBLE_INPUT_MUTATED = "input {name} changed in place by the forward pass"
 EAGER_SAVED_TENSOR_HOOKS = ("openpop runs host calls made inside torch.autograd.graph.saved_tensors_hooks "
                             "eagerly: a compiled program has no saved tensors for the hooks to see")
 INELIGIBLE_FROZEN = "parameter {name} with requires_grad=False (eager leaves it and its state untouched)"
-INELIGIBLE_HOOKS = "module hooks ({kind} on {module}: a compiled program runs them once, when traced)"
+INELIGIBLE_HOOKS = "module hooks ({kind} on {module}: a compiled program computes gradients without autograd's hooks)"
+INELIGIBLE_HOOKS_CHANGED = ("module hooks ({kind} on {module}) added or removed since the program was traced "
+                            "(it runs the hooks it traced)")
 INELIGIBLE_NO_GRADIENT = "parameter {name} gets no gradient (eager leaves it and its state untouched)"
 INELIGIBLE_ANCHORED_GRADIENT = "an anchored gradient of {name}, which the optimizer does not update"
 INELIGIBLE_ANCHORED_BUFFER = "buffer {name}, updated by the forward pass, anchored in a mode other than Final"

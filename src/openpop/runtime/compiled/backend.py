@@ -44,6 +44,7 @@ from .eligibility import (
     Ineligible,
     changing_reasons,
     counted_probe,
+    forward_hooks,
     saved_tensor_hooks_active,
 )
 from .fused_updates import FusedUpdate
@@ -71,6 +72,7 @@ class CompiledBackend(Backend):
         self._arguments = None  # ProgramArguments of _program
         self._key = None
         self._hooks_seen = None  # RemovableHandle.next_id when hooks were last looked for
+        self._hooks_traced = None  # eligibility.forward_hooks of the model when its program was built
         self._told_saved_tensor_hooks = False
         self.last = None  # "compiled" or "eager": which backend ran the last host call
         self.progress = None  # the executor's unfinished bar, when the next run compiles
@@ -333,6 +335,7 @@ class CompiledBackend(Backend):
             self._new_program_reason = messages.NEW_PROGRAM_OPTIMIZER if self._key[0] == key[0] \
                 else messages.NEW_PROGRAM_MODEL
         self._hooks_seen = RemovableHandle.next_id
+        self._hooks_traced = forward_hooks(call.model)
         program = None
         contexts, stepwise = forward_contexts(call)
         # Saved whole with the executable cache (saved_programs.py); not stepwise programs, whose
@@ -363,7 +366,7 @@ class CompiledBackend(Backend):
         for only when a hook handle was created since)."""
         if (call.training and not all(p.requires_grad for p in self._program.optim.params)) \
                 or RemovableHandle.next_id != self._hooks_seen:
-            for reason in changing_reasons(call):
+            for reason in changing_reasons(call, self._hooks_traced):
                 raise Ineligible(reason)
             self._hooks_seen = RemovableHandle.next_id
 

@@ -75,8 +75,10 @@ def static_reasons(call, executable):
     yield from changing_reasons(call)
 
 
-def changing_reasons(call):
-    """Reasons the user can create between host calls: a parameter frozen, a hook added."""
+def changing_reasons(call, traced_hooks=None):
+    """Reasons the user can create between host calls: a parameter frozen, a backward hook added,
+    and - for a built program, which traced ``traced_hooks`` (``forward_hooks``) - a forward hook
+    added or removed."""
     if call.training:
         frozen = {id(p) for g in call.optimizer.param_groups for p in g["params"] if not p.requires_grad}
         if frozen:
@@ -85,6 +87,11 @@ def changing_reasons(call):
     reason = hooks_reason(call.model)
     if reason is not None:
         yield reason
+    if traced_hooks is not None:
+        now = forward_hooks(call.model)
+        if now != traced_hooks:
+            module, kind, _ = next(iter(set(now) ^ set(traced_hooks)))
+            yield messages.INELIGIBLE_HOOKS_CHANGED.format(kind=kind.strip("_"), module=module)
 
 
 def saved_tensor_hooks_active() -> bool:
@@ -94,20 +101,37 @@ def saved_tensor_hooks_active() -> bool:
     return top_saved_tensors_default_hooks(False) is not None
 
 
-_HOOK_KINDS = ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks")
+_TRACED_HOOKS = ("_forward_pre_hooks", "_forward_hooks")  # run by the forward: traced with it
+_AUTOGRAD_HOOKS = ("_backward_pre_hooks", "_backward_hooks")  # run by autograd, which a program does not use
 
 
 def hooks_reason(model):
-    """The first module hook a user registered, named; openpop's own hooks (blocks, BERT's
-    recomputation checkpoints) are traced as part of the model."""
-    for kind in _HOOK_KINDS:
+    """The first module backward hook a user registered, named: a program computes its gradients
+    without autograd's hooks. Forward and forward-pre hooks are traced as part of the forward, as
+    PopTorch traced them (``forward_hooks``); openpop's own hooks (blocks, BERT's recomputation
+    checkpoints) are part of the model too."""
+    for kind in _AUTOGRAD_HOOKS:
         if any(not _openpops(h) for h in global_module_hooks(kind).values()):
             return messages.INELIGIBLE_HOOKS.format(kind=kind.strip("_"), module="every module (global)")
     for name, module in model.named_modules():
-        for kind in _HOOK_KINDS:
+        for kind in _AUTOGRAD_HOOKS:
             if any(not _openpops(h) for h in getattr(module, kind).values()):
                 return messages.INELIGIBLE_HOOKS.format(kind=kind.strip("_"), module=name or "the model")
     return None
+
+
+def forward_hooks(model) -> tuple:
+    """The user's forward and forward-pre hooks, global and on ``model``'s modules, as
+    ``(module name, kind, hook)``: what a program traces, and what it must find again at each host
+    call (a hook added or removed since is ``changing_reasons``')."""
+    found = [("every module (global)", kind, hook) for kind in _TRACED_HOOKS
+             for hook in global_module_hooks(kind).values() if not _openpops(hook)]
+    for name, module in model.named_modules():
+        for kind in _TRACED_HOOKS:
+            hooks = getattr(module, kind)
+            if hooks:
+                found.extend((name or "the model", kind, hook) for hook in hooks.values() if not _openpops(hook))
+    return tuple(found)
 
 
 def _openpops(hook) -> bool:

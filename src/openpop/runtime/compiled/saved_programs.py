@@ -19,13 +19,13 @@ before every call. What the other guards covered is covered here:
   op sequence (each op's name, its tensor arguments' shapes and dtypes, its other arguments: one
   op that differs, e.g. ``tanh`` for ``relu``, or a different dropout probability, gives another
   key; the model's forward and backward only, run on fake tensors: *The probe* below), the
-  modules' classes, parameters (names, shapes, dtypes, devices, ``requires_grad``) and
-  buffers, the program's layout (geometry, output mode, outputs, anchors, loss index, updated
-  buffers), the optimizer's class and hyperparameter structure (``optimizer_support.signature``),
-  precision contexts, loss scaling, Inductor's options, torch / openpop / Python versions, a hash
-  of the compiled backend's source (``compile_cost.program_source``: a cache written by other
-  code holds programs of other inputs, which would fail their guards every process) and the
-  intra-op thread count;
+  modules' classes, parameters (names, shapes, dtypes, devices, ``requires_grad``), buffers and
+  forward hooks (by qualified name and code), the program's layout (geometry, output mode,
+  outputs, anchors, loss index, updated buffers), the optimizer's class and hyperparameter
+  structure (``optimizer_support.signature``), precision contexts, loss scaling, Inductor's
+  options, torch / openpop / Python versions, a hash of the compiled backend's source
+  (``compile_cost.program_source``: a cache written by other code holds programs of other inputs,
+  which would fail their guards every process) and the intra-op thread count;
 * *the Python values the trace read* (every constant-valued guard Dynamo made, e.g.
   ``self.layout.geometry.device_iterations`` or a module's ``training``, and the identity, by
   qualified name, of functions, classes and modules it guarded on) are saved with the program and
@@ -122,6 +122,7 @@ def program_key(call, program, ops_digest, options) -> str:
     """The saved program's file name: a hash of everything the program is a function of (module docstring)."""
     from ..._version import poptorch_version as __version__  # (the package root is a front-end)
     from .compile_cost import program_source
+    from .eligibility import forward_hooks  # (eligibility imports this module)
     from .optimizer_support import signature
     model = call.model
     layout = program.layout
@@ -131,6 +132,7 @@ def program_key(call, program, ops_digest, options) -> str:
         [f"{type(m).__module__}.{type(m).__qualname__}" for m in model.modules()],
         [(n, tuple(p.shape), p.dtype, p.device.type, p.requires_grad) for n, p in model.named_parameters()],
         [(n, tuple(b.shape), b.dtype, b.device.type) for n, b in model.named_buffers()],
+        [(module, kind, _name_of(hook)) for module, kind, hook in forward_hooks(model)],
         (g.device_iterations, g.gradient_accumulation, g.replication_factor, layout.chunks, layout.training),
         (layout.mode, layout.period, layout.output_spec, layout.output_leaves, layout.micro_batch_leaves,
          layout.mean, layout.running),
