@@ -11,8 +11,9 @@ A state with no transform on its stack and functorch's two flags at their defaul
 state at all, so after a host call that may have run compiled code, ``drop_if_empty`` drops such a
 state with ``at::functorch::setFuncTorchTLS(nullptr)`` - what torch itself does when it hands a
 thread a state without one (the next functorch question allocates it again). It costs ~3 us a
-host call (tiny MLP at DI=1, 2-core EPYC: 75 vs 72 us), most of it that allocation; the state is
-read in place through a per-thread view, without a foreign call.
+host call (tiny MLP at DI=1, 2-core EPYC: 75 vs 72 us), most of it that allocation; whether a state
+is present is read in place through a per-thread view (no foreign call), and only a present one
+costs the calls that read functorch's flags and drop it.
 
 Both C++ functions are libtorch's exported symbols, called through ctypes. Where they cannot be
 found (another platform or C++ ABI, a torch that renamed them) nothing is dropped, and eager steps
@@ -51,7 +52,8 @@ def _lookup() -> tuple:
         directory = os.path.join(os.path.dirname(torch.__file__), "lib")
         for name in _LIBRARIES:
             try:
-                # PyDLL: called holding the GIL (releasing it for these two would let another thread in)
+                # PyDLL: called holding the GIL (these two only touch the calling thread's state: releasing
+                # and re-taking the GIL around them would cost more than they do)
                 library = ctypes.PyDLL(os.path.join(directory, name))  # the one torch loaded (same file)
                 accessor, setter = getattr(library, _ACCESSOR), getattr(library, _SETTER)
             except (OSError, AttributeError):
@@ -93,9 +95,10 @@ def drop_if_empty(absent_before: bool = False) -> bool:
 
     Args:
         absent_before: The thread had no state (``present()`` was False) before the host call that
-            just returned: the state is then one that call allocated, and a host call leaves no
-            transform on the stack nor a flag set (both are scoped), so it is empty without reading
-            them - the repeat path's saving (~2 us a call).
+            just returned: the state is then one that call allocated, and a host call is trusted to
+            leave no transform on the stack nor a flag set (torch scopes both; code that sets a flag
+            unscoped inside the call would lose it), so it is dropped without reading them - the
+            repeat path's saving (~2 us a call).
     """
     slot = _slot()
     if slot is None or slot.value is None:

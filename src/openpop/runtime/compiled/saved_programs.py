@@ -245,11 +245,13 @@ class _Direct(ast.NodeTransformer):
     """``dict(x.__dict__)[k]`` (Dynamo's spelling of a class attribute read past descriptors) as
     ``x.__dict__[k]``: the same object, without copying the class's namespace at every check."""
 
-    def visit_Call(self, node):
+    def visit_Subscript(self, node):
         node = self.generic_visit(node)
-        if isinstance(node.func, ast.Name) and node.func.id == "dict" and len(node.args) == 1 and not node.keywords \
-                and isinstance(node.args[0], ast.Attribute) and node.args[0].attr == "__dict__":
-            return node.args[0]
+        call = node.value
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "dict" \
+                and len(call.args) == 1 and not call.keywords \
+                and isinstance(call.args[0], ast.Attribute) and call.args[0].attr == "__dict__":
+            node.value = call.args[0]
         return node
 
 
