@@ -116,7 +116,7 @@ def convolution_floor(cnn, images, steps, micro):
         calls = []
         for inp, conv, mask in ((x, first, [False, True, True]), (hidden, second, [True, True, True])):
             inp = inp.contiguous(memory_format=layout)
-            weight, bias = (t.detach().contiguous(memory_format=layout) for t in (conv.weight, conv.bias))
+            weight, bias = conv.weight.detach().contiguous(memory_format=layout), conv.bias.detach()
             grad = torch.randn(micro, conv.out_channels, *x.shape[2:]).contiguous(memory_format=layout)
             forward_args = (inp, weight, bias, conv.stride, conv.padding)
             backward_args = (grad, inp, weight, [conv.out_channels], list(conv.stride), list(conv.padding),
