@@ -96,6 +96,8 @@ class Dispatch:
             return "a traced call"
         if selection.backend == "eager":
             return "openpopBackend('eager')"
+        if selection.not_paying is not None:
+            return "auto: compiling would not pay"
         if selection.declined is not None:
             return "the compiled backend declined the model"
         return "auto: until compiling pays"

@@ -31,6 +31,10 @@ UNIT_NOT_PROGRAM = "openpop compiled backend: unit 'regions' (the compiled backe
 HOST_CALLS_RUN_ON = "openpop host calls run on the %s backend (%s)"
 COMPILED_FORCED = ("Options.openpopBackend('compiled') cannot run this model: {reason}. "
                    "Use openpopBackend('auto') or 'eager' to run it eagerly.")
+AUTO_STAYS_EAGER = ("openpop auto backend: this model stays eager (%s; Options.openpopBackend('compiled') "
+                    "compiles it anyway)")
+AUTO_CONVOLUTION_BOUND = ("convolutions do {share:.0%} of its FLOPs at {per_op:.3g} FLOPs per aten op: compiled, "
+                          "it calls the same convolution kernels and the host's share of a step is small")
 AUTO_COMPILES = ("openpop auto backend: compiling this model now: its eager host calls took %.1f s, the "
                  "estimated compile time (%.1f s, %s)")
 # One line before a compile bar that appears mid-run (the bar alone says nothing of why)

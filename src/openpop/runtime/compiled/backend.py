@@ -57,7 +57,7 @@ from .program_options import forward_contexts
 from .regions import CompiledRegions, distinct_share, find_regions, regions_pay
 from .repeat_call import RepeatCall
 from .run_contexts import compiled_modes, torch_warnings_ignored
-from .selection import Selection
+from .selection import Selection, compiling_pays
 
 
 class CompiledBackend(Backend):
@@ -83,6 +83,7 @@ class CompiledBackend(Backend):
         self._ops_digest = None  # their hash, with the executable cache on (saved_programs.py)
         self.probed_on = None  # "values" or "shapes" (fake tensors): how the last probe ran
         self._flops = None  # their floating-point operations (the unit's rule)
+        self._convolution_flops = None  # the convolutions' share of them (selection.compiling_pays)
         self._eager_call_seconds = None  # a host call's cost estimated from the probe (the ski rental)
         self.regions = None  # CompiledRegions, once the unit "regions" has compiled
 
@@ -267,6 +268,11 @@ class CompiledBackend(Backend):
             except Exception:  # Ineligible, or the model's own error
                 self.selection.set_cost(None)
                 return
+        if self.selection.compile_after is None and self.selection.unit == "auto" \
+                and not compiling_pays(self._flops, self._convolution_flops, self._ops, _device_type(call)):
+            self.selection.keep_eager(messages.AUTO_CONVOLUTION_BOUND.format(
+                share=self._convolution_flops / self._flops, per_op=self._flops / max(self._ops, 1)))
+            return
         loops = not forward_contexts(call)[1]
         regions = None
         if self._unit(call, inputs, compiled) == "regions":
@@ -280,7 +286,7 @@ class CompiledBackend(Backend):
         on fake tensors (``shapes_only.py``)."""
         probed, counter, self._ops_digest = counted_probe(call, inputs, compiled, shapes,
                                                           hashed=call.compile_cache is not None)
-        self._ops, self._flops = counter.ops, counter.flops
+        self._ops, self._flops, self._convolution_flops = counter.ops, counter.flops, counter.convolution_flops
         self._eager_call_seconds = compile_cost.eager_call_seconds(
             counter.ops, counter.flops, call.geometry.batches_per_call, _device_type(call))
         self.probed_on = "values" if shapes is None else "shapes"

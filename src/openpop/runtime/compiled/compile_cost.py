@@ -100,6 +100,7 @@ class OpCounter(TorchDispatchMode):
         self.all_ops = 0
         self.ops = 0
         self.flops = 0
+        self.convolution_flops = 0  # those of convolutions, forward and backward (selection.compiling_pays)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -112,9 +113,12 @@ class OpCounter(TorchDispatchMode):
         formula = flop_registry.get(func._overloadpacket)
         if formula is not None:
             try:
-                self.flops += formula(*args, **kwargs, out_val=out)
+                flops = formula(*args, **kwargs, out_val=out)
             except Exception:  # a formula that does not know these arguments: the op counts none
-                pass
+                flops = 0
+            self.flops += flops
+            if "convolution" in func._overloadpacket.__name__:
+                self.convolution_flops += flops
         return out
 
 

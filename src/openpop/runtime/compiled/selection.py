@@ -17,6 +17,17 @@ micro-batch does at least ``regions.REGIONS_FLOPS_PER_OP`` floating-point operat
 (the host's share of a step is then negligible, and the whole program's compile is not) and the
 model has regions, the program otherwise.
 
+``auto`` keeps a model eager for good when compiling cannot pay (``compiling_pays``): on the CPU,
+a model whose FLOPs are mostly convolutions and whose aten ops are large. Inductor calls the same
+oneDNN convolutions eager calls, the host's share of such a step is a few percent, and the
+batch-norm, pooling and layout copies Inductor generates around the convolutions cost more than
+aten's own kernels: torchvision's ResNet-18 (batch 2, 224x224, float32, SGD; 2-core EPYC, 2 threads)
+trains in 147 ms a step eagerly, 170 ms as a compiled program and 186 ms with compiled regions (a
+hand-written loop under ``torch.compile``: 164 against its eager 159). Small convolutional models,
+whose steps are mostly host work, still compile (``benchmarks/host_overhead.py``'s CNN: 0.41x its
+eager loop). ``compile_after`` and ``unit`` given by the user, and ``openpopBackend("compiled")``,
+are not second-guessed.
+
 Neither choice reads a clock: the eager seconds the rental counts are estimated from the probe's
 counts (``compile_cost.eager_call_seconds``) and the unit's rule counts FLOPs, so the same program
 switches at the same host call, to the same unit, on a busy machine as on an idle one.
@@ -38,6 +49,21 @@ def backend_from_env(default: str = "auto") -> str:
     return check_backend(openpop_settings.raw("backend") or default)
 
 
+#: ``compiling_pays``: on the CPU, convolutions holding at least this share of a micro-batch's FLOPs...
+CONVOLUTION_SHARE = 0.5
+#: ...at this many FLOPs per aten op or more (the host's ~10 us per op then ~5 % of the step or less)
+CONVOLUTION_FLOPS_PER_OP = 1e7
+
+
+def compiling_pays(flops: float, convolution_flops: float, ops: int, device_type: str) -> bool:
+    """Whether ``auto`` may compile a model whose probe micro-batch ran ``ops`` aten ops doing
+    ``flops`` floating-point operations, ``convolution_flops`` of them in convolutions (module
+    docstring): False for convolution-bound CPU models."""
+    if device_type != "cpu" or flops <= 0:
+        return True
+    return not (convolution_flops >= CONVOLUTION_SHARE * flops and flops / max(ops, 1) >= CONVOLUTION_FLOPS_PER_OP)
+
+
 class Selection:
     """The per-executor decision: eager, compiled, or eager until the rental is paid."""
 
@@ -49,6 +75,7 @@ class Selection:
         self.estimated = False
         self.eager_seconds = 0.0
         self.declined = None  # why the compiled backend cannot run this model (auto: once)
+        self.not_paying = None  # why ``auto`` keeps this model eager although it could compile it
         self._decided = False
         self.announcement = None  # why ``auto`` compiles mid-run, for the bar's first line (take_announcement)
 
@@ -73,6 +100,11 @@ class Selection:
         once). With a ``compile_after`` the probe still counts what an eager call costs."""
         return self.backend == "auto" and self.compile_after != 0 and not self.estimated \
             and self.declined is None
+
+    def keep_eager(self, reason: str) -> None:
+        """``auto`` found that compiling this model would not pay (``compiling_pays``): eager for good."""
+        self.declined = self.not_paying = reason
+        logger.info(messages.AUTO_STAYS_EAGER, reason)
 
     def set_cost(self, cost) -> None:
         """The estimate (a ``CompileCost``, or None: the model could not be probed)."""
