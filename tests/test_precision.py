@@ -354,6 +354,29 @@ def test_stochastic_rounding_leaves_fp32_models_alone():
     assert_params_close(models[0], models[1], rtol=0, atol=0)
 
 
+def test_stochastic_rounding_compiles_where_it_rounds_nothing():
+    """The compiled backend runs a float32 model with stochastic rounding on (eager rounds no
+    float32 weight) as eager does, and declines it where it would round: half weights."""
+    base = Net()
+    x, y = make_data(3 * 8)
+    models = []
+    for backend in ("eager", "compiled"):
+        model = copy.deepcopy(base)
+        opts = options(di=3).openpopBackend(backend)
+        opts.Precision.enableStochasticRounding(True)
+        pop = poptorch.trainingModel(model, opts, poptorch.optim.SGD(model.parameters(), lr=0.1))
+        pop(x, y)
+        assert pop._dispatch.compiled.last == backend
+        models.append(model)
+    assert_params_close(models[0], models[1], rtol=1e-5, atol=1e-6)
+    half = Plane(8, torch.float16)
+    opts = options(di=2).openpopBackend("compiled")
+    opts.Precision.enableStochasticRounding(True)
+    pop = poptorch.trainingModel(half, opts, poptorch.optim.SGD(half.parameters(), lr=0.1))
+    with pytest.raises(poptorch.Error, match="enableStochasticRounding with float16 or bfloat16 weights"):
+        pop(torch.ones(2, 1))
+
+
 # ------------------------------------------------------------------ floating-point exceptions
 class Body(torch.nn.Module):
     def __init__(self, fn):

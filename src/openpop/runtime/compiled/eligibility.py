@@ -25,6 +25,7 @@ from ...enums import OutputMode
 from ...torch_compat import NormBase, global_module_hooks, top_saved_tensors_default_hooks
 from .. import context, messages
 from ..anchors import GRADIENT
+from ..half_compute import LOW_PRECISION
 from ..losses import as_scalar
 from ..outputs import flatten_output
 from ..pipeline import CONCURRENCY_ENV
@@ -44,6 +45,7 @@ def static_reasons(call, executable):
     layout = executable.layout
     settings = call.settings
     precision = call.precision
+    half_weights = any(p.dtype in LOW_PRECISION for p in call.model.parameters())
     checks = [
         (layout.multi_device, messages.INELIGIBLE_STAGE_DEVICES.format(
             devices=", ".join(str(d) for d in layout.device_map.distinct_devices(0)))),
@@ -51,7 +53,8 @@ def static_reasons(call, executable):
         (layout.concurrent, messages.INELIGIBLE_CONCURRENT_STAGES.format(env=CONCURRENCY_ENV)),
         (executable.track_losses, "a loss that the model does not return as one of its outputs"),
         (precision.fp_exceptions, "Precision.enableFloatingPointExceptions"),
-        (precision.stochastic_rounding, "Precision.enableStochasticRounding"),
+        (precision.stochastic_rounding and call.training and half_weights,  # (eager rounds only those)
+         "Precision.enableStochasticRounding with float16 or bfloat16 weights"),
         (any(t.dtype == torch.float64 for t in list(call.model.parameters()) + list(call.model.buffers())),
          "float64 weights or buffers"),
         (OutputMode(settings.output_mode) == OutputMode.EveryN
