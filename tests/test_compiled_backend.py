@@ -261,9 +261,9 @@ def test_forward_hooks_are_traced_into_the_program(device_iterations):
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 
 
-def test_frozen_parameters_and_hooks_added_after_compiling_are_noticed():
-    """Eager skips a parameter frozen between calls and runs a hook added between calls; the
-    compiled program would do neither, so such a call is refused (auto: runs eagerly)."""
+def test_frozen_parameters_and_backward_hooks_added_after_compiling_are_noticed():
+    """Eager skips a parameter frozen between calls and runs a backward hook added between calls;
+    the compiled program would do neither, so such a call is refused (auto: runs eagerly)."""
     model = Regressor()
     pop = poptorch.trainingModel(model, compiled_options(2))
     x, t = make_data(2 * 3)
@@ -273,22 +273,50 @@ def test_frozen_parameters_and_hooks_added_after_compiling_are_noticed():
     with pytest.raises(poptorch.Error, match="parameter fc2.bias with requires_grad=False"):
         pop(x, t)
     model.fc2.bias.requires_grad_(True)
-    handle = model.fc1.register_forward_pre_hook(lambda module, args: None)
-    with pytest.raises(poptorch.Error, match="forward_pre_hooks on fc1"):
+    handle = model.fc1.register_full_backward_hook(lambda module, grad_in, grad_out: None)
+    with pytest.raises(poptorch.Error, match="backward_hooks on fc1"):
         pop(x, t)
     for key, value in model.state_dict().items():
         assert torch.equal(value, state[key])
     handle.remove()
     pop(x, t)
     assert pop._dispatch.compiled.last == "compiled"
-    traced = poptorch.trainingModel(ScopedAndCheckpointed(), compiled_options(2))
-    traced(x, t)
-    handle = traced.model.fc2.register_forward_hook(lambda module, args, out: out * 2)
-    with pytest.raises(poptorch.Error, match="forward_hooks on fc2.* since the program was traced"):
-        traced(x, t)  # the program runs the hooks it traced, not this one
-    handle.remove()
-    traced(x, t)
-    assert traced._dispatch.compiled.last == "compiled"
+
+
+def _doubled(module, args, out):
+    return out * 2
+
+
+@pytest.mark.parametrize("backend", ["compiled", "auto"])
+def test_forward_hooks_added_or_removed_between_calls_are_traced_again(backend):
+    """A forward hook added after the program was traced, removed again (also on the repeat fast
+    path, where removing a hook creates no handle), registered twice: each call runs the hooks the
+    model has then, as eager does."""
+    results = {}
+    for run_on in ("eager", backend):
+        torch.manual_seed(0)
+        model = ScopedAndCheckpointed()
+        options = compiled_options(2, backend=run_on)
+        if run_on == "auto":
+            options.openpopBackend("auto", compile_after=0.0)
+        pop = poptorch.trainingModel(model, options, torch.optim.SGD(model.parameters(), lr=0.1))
+        x, t = make_data(2 * 4)
+        losses = [pop(x, t)[1] for _ in range(3)]  # the third call takes the repeat path
+        handle = model.fc2.register_forward_hook(_doubled)
+        losses += [pop(x, t)[1] for _ in range(3)]
+        handle.remove()  # (no handle created: only the hook dict shows it)
+        losses += [pop(x, t)[1] for _ in range(3)]
+        handles = [model.fc2.register_forward_hook(_doubled) for _ in range(2)]  # the same hook twice
+        losses += [pop(x, t)[1] for _ in range(2)]
+        for handle in handles:
+            handle.remove()
+        losses.append(pop(x, t)[1])
+        assert pop._dispatch.compiled.last == ("eager" if run_on == "eager" else "compiled")
+        results[run_on] = losses, [p.detach().clone() for p in model.parameters()]
+    for got, expected in zip(results[backend][0], results["eager"][0]):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    for got, expected in zip(results[backend][1], results["eager"][1]):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 
 
 def test_calls_inside_saved_tensors_hooks_run_eagerly(warnings_logged):

@@ -43,6 +43,7 @@ AUTO_COMPILES_NOW = ("the auto backend compiles this model now: its eager host c
                      "OPENPOP_BACKEND=eager keeps it eager")
 NEW_PROGRAM_OPTIMIZER = ("the optimizer changed (setOptimizer with other parameter groups or settings the "
                          "program holds): the compiled program is built again for it")
+NEW_PROGRAM_HOOKS = "a forward hook was added or removed since the model was traced: it is traced again"
 NEW_PROGRAM_MODEL = "the model was compiled again (new inputs or options): so is its program"
 AUTO_ESTIMATE = "{ops} aten ops per micro-batch x {unrolled} unrolled, {tensors} trained tensors{warm}"
 AUTO_ESTIMATE_REGIONS = "{ops} distinct aten ops per micro-batch in {regions} distinct compiled regions{warm}"
@@ -68,8 +69,6 @@ EAGER_SAVED_TENSOR_HOOKS = ("openpop runs host calls made inside torch.autograd.
                             "eagerly: a compiled program has no saved tensors for the hooks to see")
 INELIGIBLE_FROZEN = "parameter {name} with requires_grad=False (eager leaves it and its state untouched)"
 INELIGIBLE_HOOKS = "module hooks ({kind} on {module}: a compiled program computes gradients without autograd's hooks)"
-INELIGIBLE_HOOKS_CHANGED = ("module hooks ({kind} on {module}) added or removed since the program was traced "
-                            "(it runs the hooks it traced)")
 INELIGIBLE_NO_GRADIENT = "parameter {name} gets no gradient (eager leaves it and its state untouched)"
 INELIGIBLE_ANCHORED_GRADIENT = "an anchored gradient of {name}, which the optimizer does not update"
 INELIGIBLE_ANCHORED_BUFFER = "buffer {name}, updated by the forward pass, anchored in a mode other than Final"

@@ -41,10 +41,10 @@ from ..weights import bump_weights_version
 from . import compile_cost
 from .arguments import ProgramArguments
 from .eligibility import (
+    HookState,
     Ineligible,
     changing_reasons,
     counted_probe,
-    forward_hooks,
     saved_tensor_hooks_active,
 )
 from .fused_updates import FusedUpdate
@@ -72,7 +72,7 @@ class CompiledBackend(Backend):
         self._arguments = None  # ProgramArguments of _program
         self._key = None
         self._hooks_seen = None  # RemovableHandle.next_id when hooks were last looked for
-        self._hooks_traced = None  # eligibility.forward_hooks of the model when its program was built
+        self._hook_state = None  # the forward hooks the program or regions traced (eligibility.HookState)
         self._told_saved_tensor_hooks = False
         self.last = None  # "compiled" or "eager": which backend ran the last host call
         self.progress = None  # the executor's unfinished bar, when the next run compiles
@@ -227,7 +227,10 @@ class CompiledBackend(Backend):
         """The unit ``regions``: compiled at the first call (``regions.py``); returns ``REGIONS``, the
         executor then runs the host call eagerly with the compiled regions installed."""
         if self.regions is not None:
-            return REGIONS
+            if self._hook_state.still(call.model):
+                return REGIONS
+            self.regions = None  # a forward hook added or removed inside a region: compiled again
+            self._new_program_reason = messages.NEW_PROGRAM_HOOKS
         if call.schedule.concurrent:
             self.finish_progress()
             return self._decline(messages.REGIONS_CONCURRENT)
@@ -236,6 +239,7 @@ class CompiledBackend(Backend):
             progress = CompilationProgress(reason=self._compile_reason())
         started = time.perf_counter()
         regions = CompiledRegions(call.session.replicas.models, call.training)
+        self._hook_state = HookState(call.model)
         try:
             with compile_cache_for(call.compile_cache), torch_warnings_ignored():
                 regions.compile(call, inputs, compiled)
@@ -329,6 +333,9 @@ class CompiledBackend(Backend):
     def _program_for(self, call, inputs, compiled):
         optimizer = call.optimizer
         key = (id(compiled), signature(optimizer) if call.training else None)
+        if self._key == key and not self._hook_state.still(call.model):  # traced other forward hooks
+            self._key, self.repeat = None, None
+            self._new_program_reason = messages.NEW_PROGRAM_HOOKS
         if self._key == key:
             self._check_changes(call)
             if call.training and self._program.optim.optimizer is not optimizer:
@@ -337,11 +344,11 @@ class CompiledBackend(Backend):
         reason = program_reason(call)  # (several processes on CUDA: processes.py)
         if reason is not None:
             raise Ineligible(reason)
-        if self._program is not None and self._program.ran:  # a program ran: this one compiles mid-run
+        if self._program is not None and self._program.ran and self._key is not None:  # compiles mid-run
             self._new_program_reason = messages.NEW_PROGRAM_OPTIMIZER if self._key[0] == key[0] \
                 else messages.NEW_PROGRAM_MODEL
         self._hooks_seen = RemovableHandle.next_id
-        self._hooks_traced = forward_hooks(call.model)
+        self._hook_state = HookState(call.model)
         program = None
         contexts, stepwise = forward_contexts(call)
         # Saved whole with the executable cache (saved_programs.py); not stepwise programs, whose
@@ -372,7 +379,7 @@ class CompiledBackend(Backend):
         for only when a hook handle was created since)."""
         if (call.training and not all(p.requires_grad for p in self._program.optim.params)) \
                 or RemovableHandle.next_id != self._hooks_seen:
-            for reason in changing_reasons(call, self._hooks_traced):
+            for reason in changing_reasons(call):
                 raise Ineligible(reason)
             self._hooks_seen = RemovableHandle.next_id
 

@@ -20,6 +20,7 @@ concurrent threads (``OPENPOP_CONCURRENT_STAGES=on``), decline. Replicas in seve
 import dataclasses
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from ...enums import OutputMode
 from ...torch_compat import NormBase, global_module_hooks, top_saved_tensors_default_hooks
@@ -78,10 +79,9 @@ def static_reasons(call, executable):
     yield from changing_reasons(call)
 
 
-def changing_reasons(call, traced_hooks=None):
-    """Reasons the user can create between host calls: a parameter frozen, a backward hook added,
-    and - for a built program, which traced ``traced_hooks`` (``forward_hooks``) - a forward hook
-    added or removed."""
+def changing_reasons(call):
+    """Reasons the user can create between host calls: a parameter frozen, a backward hook added.
+    (A forward hook added or removed makes a new program: ``HookState``.)"""
     if call.training:
         frozen = {id(p) for g in call.optimizer.param_groups for p in g["params"] if not p.requires_grad}
         if frozen:
@@ -90,11 +90,6 @@ def changing_reasons(call, traced_hooks=None):
     reason = hooks_reason(call.model)
     if reason is not None:
         yield reason
-    if traced_hooks is not None:
-        now = forward_hooks(call.model)
-        if now != traced_hooks:
-            module, kind, _ = next(iter(set(now) ^ set(traced_hooks)))
-            yield messages.INELIGIBLE_HOOKS_CHANGED.format(kind=kind.strip("_"), module=module)
 
 
 def saved_tensor_hooks_active() -> bool:
@@ -125,8 +120,7 @@ def hooks_reason(model):
 
 def forward_hooks(model) -> tuple:
     """The user's forward and forward-pre hooks, global and on ``model``'s modules, as
-    ``(module name, kind, hook)``: what a program traces, and what it must find again at each host
-    call (a hook added or removed since is ``changing_reasons``')."""
+    ``(module name, kind, hook)``: what a program traces (its saved key holds them)."""
     found = [("every module (global)", kind, hook) for kind in _TRACED_HOOKS
              for hook in global_module_hooks(kind).values() if not _openpops(hook)]
     for name, module in model.named_modules():
@@ -135,6 +129,38 @@ def forward_hooks(model) -> tuple:
             if hooks:
                 found.extend((name or "the model", kind, hook) for hook in hooks.values() if not _openpops(hook))
     return tuple(found)
+
+
+class HookState:
+    """The forward hooks a program traced, to find at each host call whether they are still the
+    same. A hook added always creates a ``RemovableHandle`` (``torch.utils.hooks``), so the
+    handles' counter shows additions; a removal (``handle.remove()``, or a deletion from the hook
+    dict as ``remove_weight_norm`` does) does not, so the dicts that held the user's hooks are
+    kept and their hooks' keys compared (a few dicts: cheap at every call)."""
+
+    def __init__(self, model):
+        self.handles = RemovableHandle.next_id
+        dicts = [global_module_hooks(kind) for kind in _TRACED_HOOKS]
+        dicts += [getattr(module, kind) for module in model.modules() for kind in _TRACED_HOOKS]
+        self._held = [(hooks, _user_keys(hooks)) for hooks in dicts if hooks and _user_keys(hooks)]
+
+    def still(self, model) -> bool:
+        """Whether no forward hook of the user's was added or removed since (all of ``model``'s
+        modules are looked at only when a handle was created since: a handle for another model's
+        hook, or a backward hook, leaves this program as it is)."""
+        if not all(_user_keys(hooks) == keys for hooks, keys in self._held):
+            return False
+        if RemovableHandle.next_id == self.handles:
+            return True
+        current = HookState(model)
+        if [(id(h), k) for h, k in current._held] != [(id(h), k) for h, k in self._held]:
+            return False
+        self.handles = current.handles  # the new handles hooked nothing this program traced
+        return True
+
+
+def _user_keys(hooks) -> tuple:
+    return tuple(key for key, hook in hooks.items() if not _openpops(hook))
 
 
 def _openpops(hook) -> bool:

@@ -46,6 +46,7 @@ class RepeatCall:
         self.snapshot = OptimizerSnapshot(call.optimizer)
         self.hyper = None  # (hyperparameters, loss scale) as program inputs while the snapshot holds
         self.hooks_seen = backend._hooks_seen
+        self.hook_state = backend._hook_state
         self.trained = program.optim.params
         self.training_flags = compiled.training_flags
         self.specs = [(t.dtype, t.shape) for t in inputs.args]
@@ -80,6 +81,7 @@ class RepeatCall:
         if (backend._program is not self.program or backend.progress is not None
                 or call.executable is not self.compiled or not self.session.attached
                 or optimizer is not self.optimizer or RemovableHandle.next_id != self.hooks_seen
+                or not self.hook_state.still(call.model)
                 or not backend.selection.wants_compiled() or saved_tensor_hooks_active()
                 or trace.watches(call.identity)):
             return DECLINED

@@ -65,6 +65,7 @@ eager ops only.
 import ast
 import builtins
 import contextlib
+import functools
 import hashlib
 import importlib
 import os
@@ -163,9 +164,8 @@ def _name_of(value) -> str:
     if isinstance(value, type(sys)):
         return f"module {value.__name__}"
     code = getattr(value, "__code__", None)
-    func = getattr(value, "func", None)  # functools.partial
-    if func is not None:
-        return f"partial {_name_of(func)} {_describe(value.args)} {_describe(value.keywords)}"
+    if isinstance(value, functools.partial):
+        return f"partial {_name_of(value.func)} {_describe(value.args)} {_describe(value.keywords)}"
     name = f"{getattr(value, '__module__', None)}.{getattr(value, '__qualname__', type(value).__qualname__)}"
     if code is not None:
         name += f" {hashlib.sha256(code.co_code).hexdigest()[:16]}"
