@@ -220,6 +220,41 @@ def test_training_matches_the_eager_backend_and_a_hand_written_loop():
     assert all("forward" not in m.__dict__ for m in model.modules())  # the user's model is as it was
 
 
+def _scaled(module, args, out):
+    return out * 0.5
+
+
+def test_a_forward_hook_added_after_the_regions_compiled_is_run_eagerly():
+    """torch.compile does not guard module hooks, so regions cannot trace a hook added after they
+    compiled: 'compiled' refuses that call before anything changes, 'auto' runs the model eagerly
+    from then on, as the eager backend does."""
+    torch.manual_seed(0)
+    model = Stack()
+    forced_model, eager_model = copy.deepcopy(model), copy.deepcopy(model)
+    forced = training(forced_model)
+    forced(*data())
+    forced_model.encoder.layers[1].v.register_forward_hook(_scaled)
+    state = copy.deepcopy(forced_model.state_dict())
+    with pytest.raises(poptorch.Error, match="forward hook added or removed after the regions were compiled"):
+        forced(*data(seed=1))
+    for key, value in forced_model.state_dict().items():
+        assert torch.equal(value, state[key])
+    auto = training(model, backend="auto")
+    auto._dispatch.compiled.selection.compile_after = 0.0
+    eager = training(eager_model, backend="eager")
+    losses = {"auto": [], "eager": []}
+    for seed in range(3):
+        if seed == 1:
+            for m in (model, eager_model):
+                m.encoder.layers[1].v.register_forward_hook(_scaled)
+        x, t = data(seed=seed)
+        losses["auto"].append(auto(x, t))
+        losses["eager"].append(eager(x, t))
+        assert auto._dispatch.compiled.last == ("compiled" if seed == 0 else "eager")
+    for got, expected in zip(losses["auto"], losses["eager"]):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+
+
 def test_dropout_masks_equal_eager_and_compile_leaves_no_trace():
     torch.manual_seed(0)
     model = Stack(dropout=0.5)

@@ -43,6 +43,8 @@ AUTO_COMPILES_NOW = ("the auto backend compiles this model now: its eager host c
                      "OPENPOP_BACKEND=eager keeps it eager")
 NEW_PROGRAM_OPTIMIZER = ("the optimizer changed (setOptimizer with other parameter groups or settings the "
                          "program holds): the compiled program is built again for it")
+INELIGIBLE_REGION_HOOKS = ("a forward hook added or removed after the regions were compiled (torch.compile does "
+                           "not guard module hooks: the regions would keep the hooks they traced)")
 NEW_PROGRAM_HOOKS = "a forward hook was added or removed since the model was traced: it is traced again"
 NEW_PROGRAM_MODEL = "the model was compiled again (new inputs or options): so is its program"
 AUTO_ESTIMATE = "{ops} aten ops per micro-batch x {unrolled} unrolled, {tensors} trained tensors{warm}"

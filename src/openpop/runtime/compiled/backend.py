@@ -229,8 +229,11 @@ class CompiledBackend(Backend):
         if self.regions is not None:
             if self._hook_state.still(call.model):
                 return REGIONS
-            self.regions = None  # a forward hook added or removed inside a region: compiled again
-            self._new_program_reason = messages.NEW_PROGRAM_HOOKS
+            # Compiling the regions again would not help: torch.compile does not guard module hooks
+            # (a region's graph is reused for its repeats, whatever hooks they have now).
+            self.regions = None
+            self.finish_progress()
+            return self._decline(messages.INELIGIBLE_REGION_HOOKS)
         if call.schedule.concurrent:
             self.finish_progress()
             return self._decline(messages.REGIONS_CONCURRENT)
