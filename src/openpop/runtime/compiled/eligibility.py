@@ -118,17 +118,21 @@ def hooks_reason(model):
     return None
 
 
+def _forward_hook_dicts(model):
+    """``(module name, kind, hook dict)`` of every forward(-pre) hook dict, global and on ``model``'s
+    modules: what a program traces."""
+    for kind in _TRACED_HOOKS:
+        yield "every module (global)", kind, global_module_hooks(kind)
+    for name, module in model.named_modules():
+        for kind in _TRACED_HOOKS:
+            yield name or "the model", kind, getattr(module, kind)
+
+
 def forward_hooks(model) -> tuple:
     """The user's forward and forward-pre hooks, global and on ``model``'s modules, as
     ``(module name, kind, hook)``: what a program traces (its saved key holds them)."""
-    found = [("every module (global)", kind, hook) for kind in _TRACED_HOOKS
-             for hook in global_module_hooks(kind).values() if not _openpops(hook)]
-    for name, module in model.named_modules():
-        for kind in _TRACED_HOOKS:
-            hooks = getattr(module, kind)
-            if hooks:
-                found.extend((name or "the model", kind, hook) for hook in hooks.values() if not _openpops(hook))
-    return tuple(found)
+    return tuple((name, kind, hook) for name, kind, hooks in _forward_hook_dicts(model)
+                 for hook in hooks.values() if not _openpops(hook))
 
 
 class HookState:
@@ -140,9 +144,8 @@ class HookState:
 
     def __init__(self, model):
         self.handles = RemovableHandle.next_id
-        dicts = [global_module_hooks(kind) for kind in _TRACED_HOOKS]
-        dicts += [getattr(module, kind) for module in model.modules() for kind in _TRACED_HOOKS]
-        self._held = [(hooks, _user_keys(hooks)) for hooks in dicts if hooks and _user_keys(hooks)]
+        held = ((hooks, _user_keys(hooks)) for _, _, hooks in _forward_hook_dicts(model) if hooks)
+        self._held = [(hooks, keys) for hooks, keys in held if keys]
 
     def still(self, model) -> bool:
         """Whether no forward hook of the user's was added or removed since (all of ``model``'s

@@ -234,7 +234,8 @@ class _Watched:
 
 def _compile(argnames, names):
     """One function of the traced function's arguments returning every guard name's value."""
-    values = ast.Tuple([_direct(ast.parse(name, mode="eval").body) for name in names], ast.Load())
+    direct = _Direct()
+    values = ast.Tuple([direct.visit(ast.parse(name, mode="eval").body) for name in names], ast.Load())
     function = ast.Lambda(ast.arguments(posonlyargs=[], args=[ast.arg(n) for n in ("G", *argnames)], kwonlyargs=[],
                                         kw_defaults=[], defaults=[]), values)
     code = compile(ast.fix_missing_locations(ast.Expression(function)), "<saved program checks>", "eval")
@@ -253,10 +254,6 @@ class _Direct(ast.NodeTransformer):
                 and isinstance(call.args[0], ast.Attribute) and call.args[0].attr == "__dict__":
             node.value = call.args[0]
         return node
-
-
-def _direct(node):
-    return _Direct().visit(node)
 
 
 class SavedProgram:
