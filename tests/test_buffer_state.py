@@ -450,3 +450,95 @@ def test_compiled_regions_train_as_the_oracle(one_thread, make, data):
     """The regions (TGN's memory module among them) write their buffers inside compiled code."""
     pop = train_against_oracle(make, data, 4, 2, backend="compiled", unit="regions")
     assert pop._dispatch.compiled.last == "compiled" and pop._dispatch.compiled.regions.regions
+
+
+# --------------------------------------------------------------------------- tensors assigned in forward
+MODULE_SETATTR = torch.nn.Module.__setattr__  # (openpop patches it while passes run: put back after)
+
+class MaskedBlock(torch.nn.Module):
+    """CLIP's attention block's pattern: a plain tensor attribute (not a buffer) reassigned in
+    forward to the same tensor (``.to(device)``, ``.type(dtype)``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(DIM, DIM)
+        self.mask = torch.triu(torch.full((DIM, DIM), -0.5), 1)
+
+    def forward(self, x):
+        self.mask = self.mask.to(x.device)
+        self.mask = self.mask.type(x.dtype)
+        return torch.tanh(self.fc(x)) @ (self.mask + torch.eye(DIM))
+
+
+class Masked(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = MaskedBlock()
+        self.out = torch.nn.Linear(DIM, DIM)
+
+    def forward(self, x, target):
+        out = self.out(self.block(x))
+        return out, F.mse_loss(out, target)
+
+
+class Caching(Masked):
+    """Stores a new tensor in a plain attribute each forward: the program cannot carry it."""
+
+    def __init__(self):
+        super().__init__()
+        self.block.last = torch.zeros(DIM)
+
+    def forward(self, x, target):
+        self.block.last = x.detach().mean(0)
+        return super().forward(x, target)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("make", [Masked, lambda: Wrapped(Reassigning())], ids=["attribute", "nested-buffer"])
+@pytest.mark.parametrize("di, ga", [(1, 1), (4, 2)])
+def test_compiled_program_takes_tensors_a_submodule_assigns_in_forward(one_thread, make, di, ga):
+    """A submodule's forward assigning a tensor to its attribute or buffer: Dynamo refused it in
+    the program's loops ("HOP: Unsafe side effect") and, at one micro-batch, let the traced value
+    escape ("Cannot access storage of TensorWrapper")."""
+    made = []
+
+    def make_and_keep():
+        model = make()
+        made.append((model, getattr(getattr(model, "block", None), "mask", None)))
+        return model
+
+    pop = train_against_oracle(make_and_keep, lambda call: dense_data(4 * di * ga, seed=call), di, ga,
+                               backend="compiled", unit="program")
+    assert pop._dispatch.compiled.last == "compiled"
+    model, mask = made[0]
+    if isinstance(model, Masked):  # the attribute holds the tensor it held before, as in eager
+        assert model.block.mask is mask
+    assert torch.nn.Module.__setattr__ is MODULE_SETATTR
+
+
+def test_a_plain_attribute_replaced_in_forward_is_refused_before_anything_changes(one_thread):
+    torch.manual_seed(0)
+    model = Caching()
+    before = model.block.last
+    weights = copy.deepcopy(model.state_dict())
+    pop = poptorch.trainingModel(model, options(2, 1, backend="compiled", unit="program"),
+                                 torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(poptorch.Error, match=r"attribute block\.last, a tensor the forward pass replaces .*"
+                                             r"register_buffer\(\.\.\., persistent=False\)"):
+        pop(*dense_data(8))
+    assert model.block.last is before
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, weights[name], msg=name)
+    assert torch.nn.Module.__setattr__ is MODULE_SETATTR
+
+    torch.manual_seed(0)
+    auto_model, reference = Caching(), Caching()
+    reference.load_state_dict(auto_model.state_dict())
+    auto = poptorch.trainingModel(auto_model, options(2, 1, backend="auto"),
+                                  torch.optim.SGD(auto_model.parameters(), lr=0.1))
+    inputs = dense_data(8)
+    _, losses = auto(*inputs)
+    assert auto._dispatch.compiled.last != "compiled"
+    expected = oracle(reference, torch.optim.SGD(reference.parameters(), lr=0.1), inputs, 2, 1)
+    torch.testing.assert_close(losses.reshape(-1), expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(auto_model.block.last, reference.block.last)

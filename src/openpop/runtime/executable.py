@@ -12,7 +12,7 @@ import torch
 
 from .. import errors
 from ..log import logger
-from . import compile_phases, context, messages
+from . import assigned_slots, compile_phases, context, messages
 from .anchors import AnchoredTensors
 from .args import BoundInputs, InputSignature
 from .buffer_state import has_history
@@ -98,9 +98,10 @@ def _trace(model, inputs, settings, precision, weights, shapes) -> Traced:
         tracker = LossTracker()
         recorder = BlockRecorder(model)
         statistics = NormStatistics()
+        assignments = assigned_slots.Recorded(model)
         try:
             with context.running(training, tracing=True) as ctx, torch.set_grad_enabled(training), statistics, \
-                    recorded((), shapes):
+                    recorded((), shapes), assigned_slots.recording(assignments):
                 ctx.block_recorder = recorder
                 ctx.checkpoints = recorder.checkpoints
                 with precision.forward(model, tracing=True):
@@ -122,6 +123,7 @@ def _trace(model, inputs, settings, precision, weights, shapes) -> Traced:
         finally:
             recorder.close()
             snapshot.restore()
+            assignments.restore_attributes()
             torch.random.set_rng_state(rng)
     plan = build_plan(recorder, settings)
     _check_parameters_unchanged(params_before, params_after)

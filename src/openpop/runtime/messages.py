@@ -67,6 +67,8 @@ INELIGIBLE_CUMULATIVE_AVERAGE = ("{module} with momentum=None (its cumulative av
                                  "as a Python number)")
 INELIGIBLE_OUTPUTS = "outputs that are not tensors"
 INELIGIBLE_INPUT_MUTATED = "input {name} changed in place by the forward pass"
+INELIGIBLE_ATTRIBUTE_REPLACED = ("attribute {name}, a tensor the forward pass replaces with another (register it "
+                                 "with register_buffer(..., persistent=False) to have the program carry it)")
 EAGER_SAVED_TENSOR_HOOKS = ("openpop runs host calls made inside torch.autograd.graph.saved_tensors_hooks "
                             "eagerly: a compiled program has no saved tensors for the hooks to see")
 INELIGIBLE_FROZEN = "parameter {name} with requires_grad=False (eager leaves it and its state untouched)"

@@ -24,7 +24,7 @@ from torch.utils.hooks import RemovableHandle
 
 from ...enums import OutputMode
 from ...torch_compat import NormBase, global_module_hooks, top_saved_tensors_default_hooks
-from .. import context, messages
+from .. import assigned_slots, context, messages
 from ..anchors import GRADIENT
 from ..half_compute import LOW_PRECISION
 from ..losses import as_scalar
@@ -183,6 +183,7 @@ class Probed:
     leaves: list  # (shape, dtype) of each output leaf
     updated_buffers: list  # names of the buffers the forward changes in place (model order)
     draws_random: bool  # the micro-batch advanced a random generator
+    assigned: list = dataclasses.field(default_factory=list)  # slots the forward assigns a tensor to
 
 
 def probe(call, micro_args, micro_kwargs, micro_inputs, executable, shapes=None, modes=()):
@@ -198,11 +199,12 @@ def probe(call, micro_args, micro_kwargs, micro_inputs, executable, shapes=None,
     devices = sorted({t.device.index or 0 for t in buffers + list(model.parameters()) if t.is_cuda})
     cuda_rng = [torch.cuda.get_rng_state(d) for d in devices]
     statistics = NormStatistics()
+    assignments = assigned_slots.Recorded(model)
     try:
         with context.running(call.training, tracing=True) as ctx, \
                 torch.set_grad_enabled(call.training), statistics, recorded(modes, shapes):
             ctx.compiled = True
-            with call.precision.forward(model, tracing=True):
+            with call.precision.forward(model, tracing=True), assigned_slots.recording(assignments):
                 output = model(*micro_args, **micro_kwargs)
             flat, spec = flatten_output(output)
             if call.training:
@@ -212,6 +214,7 @@ def probe(call, micro_args, micro_kwargs, micro_inputs, executable, shapes=None,
         # (a buffer reassigned in forward is updated too: its registered tensor gets the new value)
         updated = {id(b) for b in snapshot.mutated() + statistics.of(model)}
         updated.update(id(registered) for _, _, registered, _ in snapshot.reassigned())
+        replaced = assignments.replaced_attribute()
         if shapes is not None:
             draws_random = shapes.draws.drew
         else:
@@ -219,6 +222,7 @@ def probe(call, micro_args, micro_kwargs, micro_inputs, executable, shapes=None,
                 not torch.equal(torch.cuda.get_rng_state(d), state) for d, state in zip(devices, cuda_rng))
     finally:
         snapshot.restore()
+        assignments.restore_attributes()
         torch.random.set_rng_state(rng)
         for device, state in zip(devices, cuda_rng):
             torch.cuda.set_rng_state(state, device)
@@ -227,6 +231,8 @@ def probe(call, micro_args, micro_kwargs, micro_inputs, executable, shapes=None,
         raise Ineligible(messages.INELIGIBLE_INPUT_MUTATED.format(name=changed[0]))
     if host_io is not None:
         raise Ineligible(messages.INELIGIBLE_HOST_IO.format(host_io=host_io))
+    if replaced is not None:
+        raise Ineligible(messages.INELIGIBLE_ATTRIBUTE_REPLACED.format(name=replaced))
     if not all(isinstance(leaf, torch.Tensor) for leaf in flat):
         raise Ineligible(messages.INELIGIBLE_OUTPUTS)
     if call.training:
@@ -235,7 +241,8 @@ def probe(call, micro_args, micro_kwargs, micro_inputs, executable, shapes=None,
         if unused:
             raise Ineligible(messages.INELIGIBLE_NO_GRADIENT.format(name=unused[0]))
     return Probed(spec, [(tuple(leaf.shape), leaf.dtype) for leaf in flat],
-                  [name for name, b in model.named_buffers() if id(b) in updated], draws_random)
+                  [name for name, b in model.named_buffers() if id(b) in updated], draws_random,
+                  assignments.names())
 
 
 def counted_probe(call, inputs, executable, shapes=None, hashed=False):

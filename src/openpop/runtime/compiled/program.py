@@ -78,7 +78,7 @@ from torch.func import functional_call
 
 from ...enums import MeanReductionStrategy, OutputMode, ReductionType
 from ...torch_compat import pytree, while_loop
-from .. import context
+from .. import assigned_slots, context
 from ..gradients import MeanPolicy
 from ..losses import as_scalar
 from ..outputs import _DEMOTE, _unflatten, flatten_output, protect_output
@@ -114,7 +114,7 @@ class Program:
 
     def __init__(self, model, layout, functional_optimizer, loss_index, trained_names, frozen_names, compile_fn,
                  forward_contexts=(), stepwise=False, scaling=None, anchored=(), buffer_names=(), buffer_sets=1,
-                 draws_random=False, all_reduce=None):
+                 draws_random=False, all_reduce=None, assigned=()):
         self.model = model
         self.forward_contexts = list(forward_contexts)  # RunPrecision.traced_forward: autocast, half ops
         # A torch function mode among them (LowPrecisionOps) has no place in while_loop's body: pushing
@@ -134,6 +134,14 @@ class Program:
         self.frozen_names = frozen_names
         self.per_step_hyper = bool(functional_optimizer is not None and functional_optimizer.static[3])
         self.buffer_names = list(buffer_names)  # buffers the forward updates: carried state
+        # Slots the forward assigns a tensor to (assigned_slots.py), passed through functional_call;
+        # the buffers among them that it changes are carried (buffer_names), the others keep their tensor.
+        self.assigned = [name for name in assigned if name not in set(self.buffer_names)]
+        modules = dict(model.named_modules(remove_duplicate=False))
+        self.assigned_slots = {}
+        for name in assigned:
+            prefix, _, attribute = name.rpartition(".")
+            self.assigned_slots.setdefault(id(modules[prefix]), set()).add(attribute)
         self.buffer_sets = buffer_sets  # R with per-replica buffers, else 1
         self.draws_random = draws_random  # the model draws from torch's generators
         self.all_reduce = all_reduce  # processes.ProgramAllReduce: popdist's processes (else None)
@@ -153,9 +161,11 @@ class Program:
         ``buffers``: the updated buffers' values, replica set after replica set; ``scaling``:
         ``ScalingState.inputs``. Returns (new_params, new_state, new_buffers, outputs, scaling,
         anchored: per ``self.anchored`` entry its values ``[DI, ...]``) - nothing committed."""
-        if self.stepwise:
-            return self._run_stepwise(self._split(inputs), trained, frozen, buffers, state, hyper, scaling)
-        return self._compiled(tuple(inputs), tuple(trained), tuple(frozen), tuple(buffers), state, hyper, scaling)
+        with assigned_slots.scoped(self.assigned_slots):  # (a no-op without slots)
+            if self.stepwise:
+                return self._run_stepwise(self._split(inputs), trained, frozen, buffers, state, hyper, scaling)
+            return self._compiled(tuple(inputs), tuple(trained), tuple(frozen), tuple(buffers), state, hyper,
+                                  scaling)
 
     def _split(self, inputs):
         """The batched inputs viewed ``[DI, GA, R_in, micro, ...]`` (0-d ones as they are)."""
@@ -319,6 +329,8 @@ class Program:
             leaves[pos] = value
         args, kwargs = self.layout.inputs.rebuild(leaves)
         tensors = {**params, **dict(zip(self.buffer_names, (b.clone() for b in buffers)))}
+        for name in self.assigned:  # the tensor the slot holds, the same after the call
+            tensors[name] = _slot(self.model, name)
         output = _within(self.forward_contexts, functional_call, self.model, tensors, args, kwargs)
         # functional_call writes back what the module's slots hold after the call: a buffer the
         # forward reassigned (``self.buf = new``) is its new tensor there
@@ -364,6 +376,14 @@ class Program:
         (new_params, new_state), scaling = self.scaling.apply(scaling, grads, (list(trained), state), new, index)
         values = [unscaled[k] if kind == "grad" else new_params[k] for kind, k in self.anchored]
         return new_params, new_state, buffers, stacked, scaling, values
+
+
+def _slot(model, name):
+    """What ``model``'s slot ``name`` (``"block.attn_mask"``) holds, read attribute by attribute
+    (traced: the tensor's guards are the model's)."""
+    for part in name.split("."):
+        model = getattr(model, part)
+    return model
 
 
 def _within(contexts, fn, *args):

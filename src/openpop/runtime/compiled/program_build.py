@@ -57,7 +57,7 @@ def build_program(call, inputs, compiled, probed, contexts, stepwise, cache, ops
                       anchored_in_program(compiled.anchors, model, trained, call.training,
                                           probed.updated_buffers),
                       buffer_names=probed.updated_buffers, buffer_sets=sets, draws_random=probed.draws_random,
-                      all_reduce=ProgramAllReduce.of(call))
+                      all_reduce=ProgramAllReduce.of(call), assigned=probed.assigned)
     program.compiler = compiler
     if cache is not None:
         saved_as = program_key(call, program, ops_digest, kwargs.get("options", {}))

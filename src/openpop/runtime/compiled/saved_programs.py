@@ -140,7 +140,7 @@ def program_key(call, program, ops_digest, options) -> str:
         (layout.inputs.simple, layout.inputs.spec, layout.inputs.tensor_positions, _describe(layout.inputs.leaves)),
         signature(call.optimizer) if call.training else None,
         (program.loss_index, program.trained_names, program.frozen_names, program.buffer_names,
-         program.buffer_sets, program.draws_random, program.stepwise, program.loops_micro_batches,
+         program.assigned, program.buffer_sets, program.draws_random, program.stepwise, program.loops_micro_batches,
          program.anchored, program.per_step_hyper, program.scaling.automatic),
         [_name_of(factory) for factory in program.forward_contexts],
         sorted((k, _describe(v)) for k, v in options.items()),

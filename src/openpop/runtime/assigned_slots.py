@@ -1,0 +1,122 @@
+"""Tensors a forward assigns to its modules' existing slots: put back after passes that must
+leave no trace, and kept inside the forward in a compiled program.
+
+Models written for PopTorch often reassign a tensor their module already holds, in forward:
+CLIP's attention blocks do ``self.attn_mask = self.attn_mask.to(x.device)`` (a plain tensor
+attribute, the same tensor again), and a submodule may reassign a registered buffer
+(``self.ema = 0.9 * self.ema + ...``). Eager PyTorch just stores the tensor. In a program the
+forward runs inside ``torch.func.grad`` and, for several micro-batches or device iterations,
+inside ``while_loop`` bodies, where Dynamo refuses to store anything on an object from outside
+("HOP: Unsafe side effect"), and where a stored tensor would be a value of the traced body
+escaping it (at one micro-batch: "Cannot access storage of TensorWrapper").
+
+What openpop does:
+
+* the passes that run the forward and must leave no trace - the compile pass
+  (``executable.py``) and the compiled backend's probe (``compiled/eligibility.py``) - run it
+  under ``recording()``, which notes every tensor assigned to a slot that already held one: a
+  registered buffer, or a plain tensor attribute (not a parameter, not a new attribute). They put
+  the plain attributes back afterwards (``restore_attributes``; buffers: ``BufferSnapshot``), so
+  that no value of theirs - a fake tensor of a shapes-only pass - stays on the model;
+* a plain attribute that ends the probe holding another tensor than before is refused
+  (``Ineligible``: a program cannot carry it; registered as a buffer, it is carried as every
+  buffer the forward changes is, ``buffer_state.py``);
+* the program passes the noted slots through ``torch.func.functional_call`` with the tensors
+  they hold (``Program._forward``), so that the forward's assignment lasts until the forward
+  returns and is then undone, as ``functional_call`` undoes its own: a slot holds the same
+  tensor before and after the host call, as in eager (a carried buffer's new value is read back
+  from ``functional_call`` and committed after the call);
+* while a program may be traced (``Program.run``), ``scoped(slots)`` has those assignments - and
+  only those, by module and name - pass Dynamo's side-effect check
+  (``torch._dynamo.utils._disable_side_effect_safety_checks_for_current_subtracer``): they are
+  undone inside the traced body, so nothing escapes it. Any other assignment (an int counter, a
+  new attribute, a list a hook appends to) is checked by Dynamo as before.
+
+``recording`` and ``scoped`` patch ``torch.nn.Module.__setattr__`` for their duration only, with
+a function that does what the one before did (outside Dynamo the safety check is a plain call).
+"""
+import contextlib
+
+import torch
+
+
+def tensor_slots(module) -> dict:
+    """``module``'s own slots holding a tensor that an assignment replaces: its buffers and its
+    plain tensor attributes (not its parameters)."""
+    slots = {name: t for name, t in module._buffers.items() if t is not None}
+    slots.update((name, value) for name, value in vars(module).items()
+                 if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter))
+    return slots
+
+
+class Recorded:
+    """The slots a forward assigned a tensor to (``recording()``), in order of first assignment:
+    ``{qualified name: (module, attribute, the tensor it held before)}``."""
+
+    def __init__(self, model):
+        self._prefix = {id(m): prefix for prefix, m in model.named_modules(remove_duplicate=False)}
+        self.slots = {}
+
+    def note(self, module, name, value) -> None:
+        prefix = self._prefix.get(id(module))
+        if prefix is None or not isinstance(value, torch.Tensor) or isinstance(value, torch.nn.Parameter):
+            return
+        held = tensor_slots(module)
+        if name not in held:
+            return
+        qualified = f"{prefix}.{name}" if prefix else name
+        self.slots.setdefault(qualified, (module, name, held[name]))
+
+    def names(self) -> list:
+        return list(self.slots)
+
+    def restore_attributes(self) -> None:
+        """Put back every plain attribute the forward assigned (buffers: ``BufferSnapshot``)."""
+        for module, name, before in self.slots.values():
+            if name not in module._buffers and vars(module).get(name) is not before:
+                object.__setattr__(module, name, before)
+
+    def replaced_attribute(self):
+        """The first plain attribute holding another tensor than before (the program undoes the
+        assignment, so its new tensor would not reach the module), or None."""
+        return next((qualified for qualified, (module, name, before) in self.slots.items()
+                     if name not in module._buffers and vars(module).get(name) is not before), None)
+
+
+@contextlib.contextmanager
+def recording(record):
+    """Note in ``record`` (a ``Recorded``) the tensors assigned to its model's modules' existing
+    slots while inside."""
+    previous = torch.nn.Module.__setattr__
+
+    def noting_setattr(module, name, value):
+        record.note(module, name, value)
+        previous(module, name, value)
+
+    torch.nn.Module.__setattr__ = noting_setattr
+    try:
+        yield
+    finally:
+        torch.nn.Module.__setattr__ = previous
+
+
+@contextlib.contextmanager
+def scoped(slots):
+    """While inside, the assignments to ``slots`` (``{id(module): names}``) pass Dynamo's
+    side-effect check (module docstring). Nothing when ``slots`` is empty."""
+    if not slots:
+        yield
+        return
+    from ..torch_compat import dynamo_side_effects_allowed  # (imports Dynamo: programs only)
+    previous = torch.nn.Module.__setattr__
+
+    def scoped_setattr(module, name, value):
+        if name in slots.get(id(module), ()):
+            return dynamo_side_effects_allowed(previous, module, name, value)
+        return previous(module, name, value)
+
+    torch.nn.Module.__setattr__ = scoped_setattr
+    try:
+        yield
+    finally:
+        torch.nn.Module.__setattr__ = previous
