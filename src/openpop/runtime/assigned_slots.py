@@ -103,10 +103,7 @@ def recording(record):
 @contextlib.contextmanager
 def scoped(slots):
     """While inside, the assignments to ``slots`` (``{id(module): names}``) pass Dynamo's
-    side-effect check (module docstring). Nothing when ``slots`` is empty."""
-    if not slots:
-        yield
-        return
+    side-effect check (module docstring)."""
     from ..torch_compat import dynamo_side_effects_allowed  # (imports Dynamo: programs only)
     previous = torch.nn.Module.__setattr__
 

@@ -161,11 +161,15 @@ class Program:
         ``buffers``: the updated buffers' values, replica set after replica set; ``scaling``:
         ``ScalingState.inputs``. Returns (new_params, new_state, new_buffers, outputs, scaling,
         anchored: per ``self.anchored`` entry its values ``[DI, ...]``) - nothing committed."""
-        with assigned_slots.scoped(self.assigned_slots):  # (a no-op without slots)
-            if self.stepwise:
-                return self._run_stepwise(self._split(inputs), trained, frozen, buffers, state, hyper, scaling)
-            return self._compiled(tuple(inputs), tuple(trained), tuple(frozen), tuple(buffers), state, hyper,
-                                  scaling)
+        if self.assigned_slots:  # (no context per call for the others: the host call's hot path)
+            with assigned_slots.scoped(self.assigned_slots):
+                return self._run(inputs, trained, frozen, buffers, state, hyper, scaling)
+        return self._run(inputs, trained, frozen, buffers, state, hyper, scaling)
+
+    def _run(self, inputs, trained, frozen, buffers, state, hyper, scaling):
+        if self.stepwise:
+            return self._run_stepwise(self._split(inputs), trained, frozen, buffers, state, hyper, scaling)
+        return self._compiled(tuple(inputs), tuple(trained), tuple(frozen), tuple(buffers), state, hyper, scaling)
 
     def _split(self, inputs):
         """The batched inputs viewed ``[DI, GA, R_in, micro, ...]`` (0-d ones as they are)."""
