@@ -481,6 +481,25 @@ class Masked(torch.nn.Module):
         return out, F.mse_loss(out, target)
 
 
+class TableBlock(torch.nn.Module):
+    """Swin's pattern: a parameter reassigned in forward to itself (``.to(device=...)``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(DIM, DIM)
+        self.table = torch.nn.Parameter(torch.randn(DIM) * 0.1)
+
+    def forward(self, x):
+        self.table = self.table.to(device=x.device)
+        return torch.tanh(self.fc(x)) + self.table
+
+
+class Tabled(Masked):
+    def __init__(self):
+        super().__init__()
+        self.block = TableBlock()
+
+
 class Caching(Masked):
     """Stores a new tensor in a plain attribute each forward: the program cannot carry it."""
 
@@ -494,7 +513,8 @@ class Caching(Masked):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("make", [Masked, lambda: Wrapped(Reassigning())], ids=["attribute", "nested-buffer"])
+@pytest.mark.parametrize("make", [Masked, Tabled, lambda: Wrapped(Reassigning())],
+                         ids=["attribute", "parameter", "nested-buffer"])
 @pytest.mark.parametrize("di, ga", [(1, 1), (4, 2)])
 def test_compiled_program_takes_tensors_a_submodule_assigns_in_forward(one_thread, make, di, ga):
     """A submodule's forward assigning a tensor to its attribute or buffer: Dynamo refused it in
@@ -504,15 +524,16 @@ def test_compiled_program_takes_tensors_a_submodule_assigns_in_forward(one_threa
 
     def make_and_keep():
         model = make()
-        made.append((model, getattr(getattr(model, "block", None), "mask", None)))
+        block = getattr(model, "block", None)
+        made.append((model, getattr(block, "mask", getattr(block, "table", None))))
         return model
 
     pop = train_against_oracle(make_and_keep, lambda call: dense_data(4 * di * ga, seed=call), di, ga,
                                backend="compiled", unit="program")
     assert pop._dispatch.compiled.last == "compiled"
     model, mask = made[0]
-    if isinstance(model, Masked):  # the attribute holds the tensor it held before, as in eager
-        assert model.block.mask is mask
+    if isinstance(model, Masked):  # the slot holds the tensor it held before, as in eager
+        assert getattr(model.block, "table", getattr(model.block, "mask", None)) is mask
     assert torch.nn.Module.__setattr__ is MODULE_SETATTR
 
 
@@ -542,3 +563,21 @@ def test_a_plain_attribute_replaced_in_forward_is_refused_before_anything_change
     expected = oracle(reference, torch.optim.SGD(reference.parameters(), lr=0.1), inputs, 2, 1)
     torch.testing.assert_close(losses.reshape(-1), expected, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(auto_model.block.last, reference.block.last)
+
+
+def test_a_parameter_replaced_in_forward_is_refused_and_put_back(one_thread):
+    """PopTorch's error, from the compile pass, which puts the parameter back first."""
+    class Replacing(Tabled):
+        def forward(self, x, target):
+            self.block.table = torch.nn.Parameter(self.block.table.detach() * 1.0)
+            return super().forward(x, target)
+
+    torch.manual_seed(0)
+    model = Replacing()
+    table = model.block.table
+    pop = poptorch.trainingModel(model, options(2, 1, backend="compiled", unit="program"),
+                                 torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(poptorch.Error, match=r"Parameter block\.table is reassigned within the model"):
+        pop(*dense_data(8))
+    assert model.block.table is table and model.block._parameters["table"] is table
+    assert torch.nn.Module.__setattr__ is MODULE_SETATTR

@@ -1,26 +1,29 @@
 """Tensors a forward assigns to its modules' existing slots: put back after passes that must
 leave no trace, and kept inside the forward in a compiled program.
 
-Models written for PopTorch often reassign a tensor their module already holds, in forward:
+Models written for PopTorch often reassign, in forward, a tensor their module already holds:
 CLIP's attention blocks do ``self.attn_mask = self.attn_mask.to(x.device)`` (a plain tensor
-attribute, the same tensor again), and a submodule may reassign a registered buffer
+attribute, the same tensor again), Swin's do it with a parameter
+(``self.relative_position_bias_table``), and a submodule may reassign a registered buffer
 (``self.ema = 0.9 * self.ema + ...``). Eager PyTorch just stores the tensor. In a program the
 forward runs inside ``torch.func.grad`` and, for several micro-batches or device iterations,
 inside ``while_loop`` bodies, where Dynamo refuses to store anything on an object from outside
 ("HOP: Unsafe side effect"), and where a stored tensor would be a value of the traced body
-escaping it (at one micro-batch: "Cannot access storage of TensorWrapper").
+escaping it (at one micro-batch: "Cannot access storage of TensorWrapper"); a parameter's slot
+holds ``functional_call``'s plain tensor there, which ``Module.__setattr__`` refuses to store.
 
 What openpop does:
 
 * the passes that run the forward and must leave no trace - the compile pass
   (``executable.py``) and the compiled backend's probe (``compiled/eligibility.py``) - run it
   under ``recording()``, which notes every tensor assigned to a slot that already held one: a
-  registered buffer, or a plain tensor attribute (not a parameter, not a new attribute). They put
-  the plain attributes back afterwards (``restore_attributes``; buffers: ``BufferSnapshot``), so
-  that no value of theirs - a fake tensor of a shapes-only pass - stays on the model;
+  registered buffer, a parameter, or a plain tensor attribute (not a new attribute). They put
+  the parameters and plain attributes back afterwards (``Recorded.restore``; buffers:
+  ``BufferSnapshot``), so that no value of theirs - a fake tensor of a shapes-only pass - stays
+  on the model;
 * a plain attribute that ends the probe holding another tensor than before is refused
-  (``Ineligible``: a program cannot carry it; registered as a buffer, it is carried as every
-  buffer the forward changes is, ``buffer_state.py``);
+  (``Ineligible``: a program cannot carry it; a buffer is carried, as every buffer the forward
+  changes is, ``buffer_state.py``; a replaced parameter the compile pass refuses, as PopTorch);
 * the program passes the noted slots through ``torch.func.functional_call`` with the tensors
   they hold (``Program._forward``), so that the forward's assignment lasts until the forward
   returns and is then undone, as ``functional_call`` undoes its own: a slot holds the same
@@ -40,18 +43,19 @@ import contextlib
 import torch
 
 
-def tensor_slots(module) -> dict:
-    """``module``'s own slots holding a tensor that an assignment replaces: its buffers and its
-    plain tensor attributes (not its parameters)."""
-    slots = {name: t for name, t in module._buffers.items() if t is not None}
-    slots.update((name, value) for name, value in vars(module).items()
-                 if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter))
-    return slots
+def held(module, name):
+    """``(kind, tensor)`` of ``module``'s own slot ``name`` if it holds a tensor - kind
+    "buffer", "parameter" or "attribute" (a plain tensor attribute) - else None."""
+    for kind, table in (("buffer", module._buffers), ("parameter", module._parameters), ("attribute", vars(module))):
+        value = table.get(name)
+        if isinstance(value, torch.Tensor):
+            return kind, value
+    return None
 
 
 class Recorded:
     """The slots a forward assigned a tensor to (``recording()``), in order of first assignment:
-    ``{qualified name: (module, attribute, the tensor it held before)}``."""
+    ``{qualified name: (module, attribute, kind, the tensor it held before)}``."""
 
     def __init__(self, model):
         self._prefix = {id(m): prefix for prefix, m in model.named_modules(remove_duplicate=False)}
@@ -59,28 +63,32 @@ class Recorded:
 
     def note(self, module, name, value) -> None:
         prefix = self._prefix.get(id(module))
-        if prefix is None or not isinstance(value, torch.Tensor) or isinstance(value, torch.nn.Parameter):
-            return
-        held = tensor_slots(module)
-        if name not in held:
-            return
-        qualified = f"{prefix}.{name}" if prefix else name
-        self.slots.setdefault(qualified, (module, name, held[name]))
+        found = held(module, name) if prefix is not None and isinstance(value, torch.Tensor) else None
+        if found is not None:
+            qualified = f"{prefix}.{name}" if prefix else name
+            self.slots.setdefault(qualified, (module, name, *found))
 
     def names(self) -> list:
         return list(self.slots)
 
-    def restore_attributes(self) -> None:
-        """Put back every plain attribute the forward assigned (buffers: ``BufferSnapshot``)."""
-        for module, name, before in self.slots.values():
-            if name not in module._buffers and vars(module).get(name) is not before:
-                object.__setattr__(module, name, before)
+    def replaced(self):
+        """The qualified name of the first plain attribute that holds another tensor than before
+        (a program undoes the assignment, so the new tensor would not reach the module), or None.
+        A changed buffer a program carries; a replaced parameter the compile pass refuses
+        (``errors.PARAMETER_REASSIGNED``, PopTorch's message)."""
+        for qualified, (module, name, kind, before) in self.slots.items():
+            if kind == "attribute" and vars(module).get(name) is not before:
+                return qualified
+        return None
 
-    def replaced_attribute(self):
-        """The first plain attribute holding another tensor than before (the program undoes the
-        assignment, so its new tensor would not reach the module), or None."""
-        return next((qualified for qualified, (module, name, before) in self.slots.items()
-                     if name not in module._buffers and vars(module).get(name) is not before), None)
+    def restore(self) -> None:
+        """Put back every parameter and plain attribute the forward assigned (buffers:
+        ``weights.BufferSnapshot``)."""
+        for module, name, kind, before in self.slots.values():
+            if kind == "parameter":
+                module._parameters[name] = before
+            elif kind == "attribute":
+                object.__setattr__(module, name, before)
 
 
 @contextlib.contextmanager
@@ -109,7 +117,10 @@ def scoped(slots):
 
     def scoped_setattr(module, name, value):
         if name in slots.get(id(module), ()):
-            return dynamo_side_effects_allowed(previous, module, name, value)
+            # A parameter's slot holds functional_call's tensor, which Module.__setattr__ would
+            # refuse there (not an nn.Parameter): it is stored as functional_call stores it.
+            store = _store_parameter if name in module._parameters else previous
+            return dynamo_side_effects_allowed(store, module, name, value)
         return previous(module, name, value)
 
     torch.nn.Module.__setattr__ = scoped_setattr
@@ -117,3 +128,7 @@ def scoped(slots):
         yield
     finally:
         torch.nn.Module.__setattr__ = previous
+
+
+def _store_parameter(module, name, value):
+    module._parameters[name] = value

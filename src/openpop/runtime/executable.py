@@ -123,7 +123,7 @@ def _trace(model, inputs, settings, precision, weights, shapes) -> Traced:
         finally:
             recorder.close()
             snapshot.restore()
-            assignments.restore_attributes()
+            assignments.restore()
             torch.random.set_rng_state(rng)
     plan = build_plan(recorder, settings)
     _check_parameters_unchanged(params_before, params_after)

@@ -214,7 +214,7 @@ def probe(call, micro_args, micro_kwargs, micro_inputs, executable, shapes=None,
         # (a buffer reassigned in forward is updated too: its registered tensor gets the new value)
         updated = {id(b) for b in snapshot.mutated() + statistics.of(model)}
         updated.update(id(registered) for _, _, registered, _ in snapshot.reassigned())
-        replaced = assignments.replaced_attribute()
+        replaced = assignments.replaced()
         if shapes is not None:
             draws_random = shapes.draws.drew
         else:
@@ -222,7 +222,7 @@ def probe(call, micro_args, micro_kwargs, micro_inputs, executable, shapes=None,
                 not torch.equal(torch.cuda.get_rng_state(d), state) for d, state in zip(devices, cuda_rng))
     finally:
         snapshot.restore()
-        assignments.restore_attributes()
+        assignments.restore()
         torch.random.set_rng_state(rng)
         for device, state in zip(devices, cuda_rng):
             torch.cuda.set_rng_state(state, device)

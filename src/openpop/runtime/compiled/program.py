@@ -134,9 +134,10 @@ class Program:
         self.frozen_names = frozen_names
         self.per_step_hyper = bool(functional_optimizer is not None and functional_optimizer.static[3])
         self.buffer_names = list(buffer_names)  # buffers the forward updates: carried state
-        # Slots the forward assigns a tensor to (assigned_slots.py), passed through functional_call;
-        # the buffers among them that it changes are carried (buffer_names), the others keep their tensor.
-        self.assigned = [name for name in assigned if name not in set(self.buffer_names)]
+        # Slots the forward assigns a tensor to (assigned_slots.py), passed through functional_call:
+        # parameters are already, changed buffers are carried (buffer_names); the others keep their tensor.
+        passed = {*self.buffer_names, *(n for n, _ in model.named_parameters(remove_duplicate=False))}
+        self.assigned = [name for name in assigned if name not in passed]
         modules = dict(model.named_modules(remove_duplicate=False))
         self.assigned_slots = {}
         for name in assigned:
