@@ -537,6 +537,40 @@ def test_compiled_program_takes_tensors_a_submodule_assigns_in_forward(one_threa
     assert torch.nn.Module.__setattr__ is MODULE_SETATTR
 
 
+class SharedMasked(torch.nn.Module):
+    """One masked block at two places of the tree, run twice."""
+
+    def __init__(self):
+        super().__init__()
+        self.first = MaskedBlock()
+        self.second = self.first
+        self.out = torch.nn.Linear(DIM, DIM)
+
+    def forward(self, x, target):
+        out = self.out(self.second(self.first(x)))
+        return out, F.mse_loss(out, target)
+
+
+class HookMasked(Masked):
+    """The assignment in a forward-pre hook (traced with the forward)."""
+
+    def __init__(self):
+        super().__init__()
+        self.block.register_forward_pre_hook(_move_mask)
+
+
+def _move_mask(module, args):
+    module.mask = module.mask.to(args[0].device)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("make", [SharedMasked, HookMasked])
+def test_compiled_program_takes_assignments_in_shared_modules_and_hooks(one_thread, make):
+    pop = train_against_oracle(make, lambda call: dense_data(8, seed=call), 2, 2, backend="compiled", unit="program")
+    assert pop._dispatch.compiled.last == "compiled"
+    assert torch.nn.Module.__setattr__ is MODULE_SETATTR
+
+
 def test_a_plain_attribute_replaced_in_forward_is_refused_before_anything_changes(one_thread):
     torch.manual_seed(0)
     model = Caching()
