@@ -26,6 +26,10 @@ call's inputs split ``[DI, GA, R_in, micro, ...]`` - compiled by ``torch.compile
   from the micro-batch's gradient (``buffer_state.py``: as on an IPU) - carried across device
   iterations; with per-replica buffers (``weights.ReplicaBuffers``) each replica carries its own
   set. A model in ``eval()`` updates nothing (the probe then finds no updated buffer).
+* tensors the forward assigns to slots its modules already hold (``self.mask = self.mask.to(...)``
+  on an attribute, a parameter or a buffer): passed through ``functional_call``, which undoes
+  the assignment when the forward returns, and let past Dynamo's side-effect check inside the
+  loops (``assigned_slots.py``);
 * random numbers: Inductor's ``fallback_random`` (``backend.py`` sets it when the probe saw the
   model draw) keeps aten's random ops, which draw from torch's global generator at run time -
   inside ``torch.func.grad`` and ``while_loop`` bodies as well - in the program's order, which
