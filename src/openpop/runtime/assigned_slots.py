@@ -55,10 +55,18 @@ def held(module, name):
 
 class Recorded:
     """The slots a forward assigned a tensor to (``recording()``), in order of first assignment:
-    ``{qualified name: (module, attribute, kind, the tensor it held before)}``."""
+    ``{qualified name: (module, attribute, kind, the tensor it held before, its version then)}``.
+
+    A slot whose tensor was changed in place (``self.total += x``: the same tensor assigned
+    back, as torchmetrics' states are) is left to whoever restores values (a compile pass's
+    ``lightning.steps._restored_metrics`` puts copies back): it is neither reported as replaced
+    nor put back."""
 
     def __init__(self, model):
         self._prefix = {id(m): prefix for prefix, m in model.named_modules(remove_duplicate=False)}
+        # Versions before the forward: ``self.total += x`` changes the tensor before it is assigned.
+        self._versions = {id(value): _version(value) for module in model.modules()
+                          for value in vars(module).values() if isinstance(value, torch.Tensor)}
         self.slots = {}
 
     def note(self, module, name, value) -> None:
@@ -66,7 +74,8 @@ class Recorded:
         found = held(module, name) if prefix is not None and isinstance(value, torch.Tensor) else None
         if found is not None:
             qualified = f"{prefix}.{name}" if prefix else name
-            self.slots.setdefault(qualified, (module, name, *found))
+            if qualified not in self.slots:
+                self.slots[qualified] = (module, name, *found, self._versions.get(id(found[1]), _version(found[1])))
 
     def names(self) -> list:
         return list(self.slots)
@@ -76,18 +85,18 @@ class Recorded:
         (a program undoes the assignment, so the new tensor would not reach the module), or None.
         A changed buffer a program carries; a replaced parameter the compile pass refuses
         (``errors.PARAMETER_REASSIGNED``, PopTorch's message)."""
-        for qualified, (module, name, kind, before) in self.slots.items():
-            if kind == "attribute" and vars(module).get(name) is not before:
+        for qualified, (module, name, kind, before, version) in self.slots.items():
+            if kind == "attribute" and _version(before) == version and vars(module).get(name) is not before:
                 return qualified
         return None
 
     def restore(self) -> None:
         """Put back every parameter and plain attribute the forward assigned (buffers:
         ``weights.BufferSnapshot``)."""
-        for module, name, kind, before in self.slots.values():
+        for module, name, kind, before, version in self.slots.values():
             if kind == "parameter":
                 module._parameters[name] = before
-            elif kind == "attribute":
+            elif kind == "attribute" and _version(before) == version:
                 object.__setattr__(module, name, before)
 
 
@@ -132,3 +141,8 @@ def scoped(slots):
 
 def _store_parameter(module, name, value):
     module._parameters[name] = value
+
+
+def _version(tensor):
+    """The tensor's version counter (None for an inference tensor, which keeps none)."""
+    return None if tensor.is_inference() else tensor._version
