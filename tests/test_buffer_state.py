@@ -615,3 +615,53 @@ def test_a_parameter_replaced_in_forward_is_refused_and_put_back(one_thread):
         pop(*dense_data(8))
     assert model.block.table is table and model.block._parameters["table"] is table
     assert torch.nn.Module.__setattr__ is MODULE_SETATTR
+
+
+class DecayingBlock(MaskedBlock):
+    """Reassigns its mask to itself, and to a new tensor once ``decay`` is set."""
+
+    decay = False
+
+    def forward(self, x):
+        self.mask = self.mask.to(x.device)
+        if self.decay:
+            self.mask = self.mask * 0.5
+        return super().forward(x)
+
+
+class Decaying(Masked):
+    def __init__(self):
+        super().__init__()
+        self.block = DecayingBlock()
+
+
+def test_a_program_with_assigned_slots_refuses_to_retrace(one_thread):
+    """Only the probe saw that the assigned tensor was the slot's own: a retrace (a Python value the
+    forward reads changed) could store another, which the program would silently undo."""
+    torch.manual_seed(0)
+    model = Decaying()
+    pop = poptorch.trainingModel(model, options(2, 1, backend="compiled", unit="program"),
+                                 torch.optim.SGD(model.parameters(), lr=0.1))
+    pop(*dense_data(8))
+    assert pop._dispatch.compiled.last == "compiled"
+    model.block.decay = True
+    weights = copy.deepcopy(model.state_dict())
+    with pytest.raises(poptorch.Error, match="re-traced the program until its recompile limit"):
+        pop(*dense_data(8, seed=1))
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, weights[name], msg=name)
+    assert torch.nn.Module.__setattr__ is MODULE_SETATTR
+
+
+def test_overlapping_recordings_and_scopes_put_setattr_back():
+    """As two threads entering and leaving in turn do: A in, B in, A out, B out."""
+    from openpop.runtime import assigned_slots
+    model = Masked()
+    first, second = assigned_slots.scoped({id(model.block): {"mask"}}), assigned_slots.recording(
+        assigned_slots.Recorded(model))
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert torch.nn.Module.__setattr__ is not MODULE_SETATTR  # the recording is still inside
+    second.__exit__(None, None, None)
+    assert torch.nn.Module.__setattr__ is MODULE_SETATTR

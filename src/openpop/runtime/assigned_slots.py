@@ -35,10 +35,15 @@ What openpop does:
   undone inside the traced body, so nothing escapes it. Any other assignment (an int counter, a
   new attribute, a list a hook appends to) is checked by Dynamo as before.
 
-``recording`` and ``scoped`` patch ``torch.nn.Module.__setattr__`` for their duration only, with
-a function that does what the one before did (outside Dynamo the safety check is a plain call).
+``recording`` and ``scoped`` patch ``torch.nn.Module.__setattr__`` while any of them is inside
+(one patch for all threads), with a function that does what the one before did (outside Dynamo
+the safety check is a plain call). A program with slots is traced once: its scope lets a store
+pass whatever tensor it stores, and only the probe saw that the tensor was the slot's own, so a
+retrace (a Python value the forward reads changed) is refused as past the recompile limit
+(``Program.run``) and the backend declines the model.
 """
 import contextlib
+import threading
 
 import torch
 
@@ -63,7 +68,9 @@ class Recorded:
     nor put back."""
 
     def __init__(self, model):
-        self._prefix = {id(m): prefix for prefix, m in model.named_modules(remove_duplicate=False)}
+        self._prefix = {}  # a module's first name, as named_buffers() and named_parameters() name its tensors
+        for prefix, module in model.named_modules(remove_duplicate=False):
+            self._prefix.setdefault(id(module), prefix)
         # Versions before the forward: ``self.total += x`` changes the tensor before it is assigned.
         self._versions = {id(value): _version(value) for module in model.modules()
                           for value in vars(module).values() if isinstance(value, torch.Tensor)}
@@ -100,43 +107,62 @@ class Recorded:
                 object.__setattr__(module, name, before)
 
 
-@contextlib.contextmanager
-def recording(record):
-    """Note in ``record`` (a ``Recorded``) the tensors assigned to its model's modules' existing
-    slots while inside."""
-    previous = torch.nn.Module.__setattr__
+# One patch of ``Module.__setattr__`` for every recording and scope inside, on any thread: each
+# saving and restoring the function it found would leave a patch installed when two overlap.
+_lock = threading.Lock()
+_recorders = []  # the ``Recorded`` of the recordings inside
+_scopes = []  # the slot maps (``{id(module): names}``) of the scopes inside
+_replaced = None  # the ``Module.__setattr__`` the patch replaced
 
-    def noting_setattr(module, name, value):
+
+def _setattr(module, name, value):
+    """``Module.__setattr__`` while a recording or a scope is inside (module docstring)."""
+    for record in _recorders:
         record.note(module, name, value)
-        previous(module, name, value)
-
-    torch.nn.Module.__setattr__ = noting_setattr
-    try:
-        yield
-    finally:
-        torch.nn.Module.__setattr__ = previous
-
-
-@contextlib.contextmanager
-def scoped(slots):
-    """While inside, the assignments to ``slots`` (``{id(module): names}``) pass Dynamo's
-    side-effect check (module docstring)."""
-    from ..torch_compat import dynamo_side_effects_allowed  # (imports Dynamo: programs only)
-    previous = torch.nn.Module.__setattr__
-
-    def scoped_setattr(module, name, value):
+    for slots in _scopes:
         if name in slots.get(id(module), ()):
             # A parameter's slot holds functional_call's tensor, which Module.__setattr__ would
             # refuse there (not an nn.Parameter): it is stored as functional_call stores it.
-            store = _store_parameter if name in module._parameters else previous
-            return dynamo_side_effects_allowed(store, module, name, value)
-        return previous(module, name, value)
+            store = _store_parameter if name in module._parameters else _replaced
+            return _dynamo_side_effects_allowed(store, module, name, value)
+    return _replaced(module, name, value)
 
-    torch.nn.Module.__setattr__ = scoped_setattr
+
+@contextlib.contextmanager
+def _patched(entries, entry):
+    global _replaced
+    with _lock:
+        if not _recorders and not _scopes:
+            _replaced = torch.nn.Module.__setattr__
+            torch.nn.Module.__setattr__ = _setattr
+        entries.append(entry)
     try:
         yield
     finally:
-        torch.nn.Module.__setattr__ = previous
+        with _lock:
+            del entries[next(i for i, e in enumerate(entries) if e is entry)]
+            if not _recorders and not _scopes:
+                torch.nn.Module.__setattr__ = _replaced
+                _replaced = None
+
+
+def recording(record):
+    """Note in ``record`` (a ``Recorded``) the tensors assigned to its model's modules' existing
+    slots while inside."""
+    return _patched(_recorders, record)
+
+
+def scoped(slots):
+    """While inside, the assignments to ``slots`` (``{id(module): names}``) pass Dynamo's
+    side-effect check (module docstring)."""
+    global _dynamo_side_effects_allowed
+    if _dynamo_side_effects_allowed is None:
+        from ..torch_compat import dynamo_side_effects_allowed  # (imports Dynamo: programs only)
+        _dynamo_side_effects_allowed = dynamo_side_effects_allowed
+    return _patched(_scopes, slots)
+
+
+_dynamo_side_effects_allowed = None
 
 
 def _store_parameter(module, name, value):

@@ -81,7 +81,7 @@ import torch
 from torch.func import functional_call
 
 from ...enums import MeanReductionStrategy, OutputMode, ReductionType
-from ...torch_compat import pytree, while_loop
+from ...torch_compat import dynamo_config, pytree, while_loop
 from .. import assigned_slots, context
 from ..gradients import MeanPolicy
 from ..losses import as_scalar
@@ -167,7 +167,8 @@ class Program:
         ``ScalingState.inputs``. Returns (new_params, new_state, new_buffers, outputs, scaling,
         anchored: per ``self.anchored`` entry its values ``[DI, ...]``) - nothing committed."""
         if self.assigned_slots:  # (no context per call for the others: the host call's hot path)
-            with assigned_slots.scoped(self.assigned_slots):
+            # Traced once (assigned_slots.py): a retrace fails as past the recompile limit.
+            with assigned_slots.scoped(self.assigned_slots), dynamo_config.patch(recompile_limit=1):
                 return self._run(inputs, trained, frozen, buffers, state, hyper, scaling)
         return self._run(inputs, trained, frozen, buffers, state, hyper, scaling)
 
