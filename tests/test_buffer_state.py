@@ -635,13 +635,17 @@ class Decaying(Masked):
         self.block = DecayingBlock()
 
 
-def test_a_program_with_assigned_slots_refuses_to_retrace(one_thread):
+@pytest.mark.parametrize("cached", [False, True], ids=["traced", "saved-program"])
+def test_a_program_with_assigned_slots_refuses_to_retrace(one_thread, cached, tmp_path):
     """Only the probe saw that the assigned tensor was the slot's own: a retrace (a Python value the
-    forward reads changed) could store another, which the program would silently undo."""
+    forward reads changed) could store another, which the program would silently undo. With the
+    executable cache the saved program's checks fail instead of Dynamo's guards."""
     torch.manual_seed(0)
     model = Decaying()
-    pop = poptorch.trainingModel(model, options(2, 1, backend="compiled", unit="program"),
-                                 torch.optim.SGD(model.parameters(), lr=0.1))
+    opts = options(2, 1, backend="compiled", unit="program")
+    if cached:
+        opts.enableExecutableCaching(str(tmp_path))
+    pop = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
     pop(*dense_data(8))
     assert pop._dispatch.compiled.last == "compiled"
     model.block.decay = True

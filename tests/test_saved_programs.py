@@ -170,3 +170,43 @@ if __name__ == "__main__":
     result.update(dynamo_frames=sum(counters["stats"].values()) + sum(counters["frames"].values()),
                   outcome=outcome.describe())
     print(json.dumps(result))
+
+
+class _ScaledBlock(torch.nn.Module):
+    scale = False  # a class attribute, shadowed by an instance attribute after the first call
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return y * 0.5 if self.scale else y
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.block = _ScaledBlock()
+
+    def forward(self, x, target):
+        out = self.block(x)
+        return out, torch.nn.functional.mse_loss(out, target)
+
+
+def test_an_instance_attribute_shadowing_a_class_attribute_the_trace_read_is_seen(tmp_path):
+    """Dynamo guards that no instance shadows a class attribute its trace read; the saved
+    program's checks did not keep that guard and ran the old trace."""
+    losses = {}
+    for cache in (None, str(tmp_path)):
+        torch.manual_seed(0)
+        model = _Scaled()
+        opts = poptorch.Options().deviceIterations(2).openpopBackend("compiled", unit="program")
+        opts.enableExecutableCaching(cache)
+        pop = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1))
+        g = torch.Generator().manual_seed(0)
+        x, target = torch.randn(4, 4, generator=g), torch.randn(4, 4, generator=g)
+        pop(x, target)
+        model.block.scale = True
+        losses[cache] = pop(x, target)[1]
+    torch.testing.assert_close(losses[str(tmp_path)], losses[None])

@@ -99,6 +99,8 @@ PRIVATE = (
     Private("dynamo_side_effects_allowed",
             "torch._dynamo.utils:_disable_side_effect_safety_checks_for_current_subtracer",
             "a forward's assignments to its modules' tensors inside a program's loops (assigned_slots)"),
+    Private("FailOnRecompileLimitHit", "torch._dynamo.exc:FailOnRecompileLimitHit",
+            "a saved program with assigned slots whose values changed (declined as past the recompile limit)"),
     Private("dynamo_counters", "torch._dynamo.utils:counters", "cache hits and fresh compiles"),
     Private("get_metrics_context", "torch._dynamo.utils:get_metrics_context", "saved programs"),
     Private("AOTCompiledFunction", "torch._dynamo.aot_compile:AOTCompiledFunction", "saved programs"),

@@ -293,6 +293,9 @@ class SavedProgram:
                 if self._compiler.skipping:  # compile(): compiled or loaded, not run (backend.py)
                     return (None,) * 6
                 return self._call(*full)
+            if self._fn.__self__.assigned_slots:  # traced once only (assigned_slots.py), here too
+                from ...torch_compat import FailOnRecompileLimitHit
+                raise FailOnRecompileLimitHit(messages.SAVED_PROGRAM_SLOTS_CHANGED.format(path=self.path))
             self._use_fallback(messages.SAVED_PROGRAM_CHANGED, self.path)
         return self._fallback(*args)
 
@@ -402,7 +405,15 @@ def _watched_from(argnames, entries) -> _Watched:
         name = entry.name
         if name in names or not entry.has_value or name.startswith(_TORCH_GLOBALS):
             continue
-        if entry.guard_type in _VALUE_GUARDS and type(entry.value) in _CONSTANTS:
+        if entry.guard_type == "NOT_PRESENT_IN_GENERIC_DICT":  # a class attribute no instance shadows
+            attribute = getattr(getattr(entry.orig_guard, "create_fn", None), "keywords", {}).get("attr")
+            if attribute is None:
+                raise ValueError(messages.SAVED_PROGRAM_VALUES.format(differences=f"{name}: an unnamed attribute"))
+            name = f"{attribute!r} in {name}.__dict__"
+            if name in names:
+                continue
+            constants.append((name, False))
+        elif entry.guard_type in _VALUE_GUARDS and type(entry.value) in _CONSTANTS:
             constants.append((name, entry.value))
         elif entry.guard_type in _IDENTITY_GUARDS and (callable(entry.value) or isinstance(entry.value, type(sys))):
             identities.append((name, _name_of(entry.value)))
