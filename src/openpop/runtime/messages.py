@@ -174,6 +174,8 @@ SHAPES_ONLY_FAILED = "The probe micro-batch does not run on fake tensors (%s): i
 SAVED_PROGRAM_LOADED = "Compiled program loaded from %s (no trace)"
 SAVED_PROGRAM_UNUSABLE = "Saved program %s not used (%s): compiling it as usual"
 SAVED_PROGRAM_NOT_SAVED = "Program not saved to %s (%s): compiled as usual"
+SAVED_PROGRAM_UNNAMED_GUARD = ("torch guards that {name} has no instance attribute shadowing its class's, without "
+                               "naming the attribute: the program is not saved")
 SAVED_PROGRAM_SLOTS_CHANGED = ("a Python value the saved program {path} was compiled with changed, and a program "
                                "whose forward assigns its modules' tensors is not traced again")
 SAVED_PROGRAM_CHANGED = ("A Python value the saved program %s was compiled with changed (or a tensor argument's "

@@ -408,7 +408,7 @@ def _watched_from(argnames, entries) -> _Watched:
         if entry.guard_type == "NOT_PRESENT_IN_GENERIC_DICT":  # a class attribute no instance shadows
             attribute = getattr(getattr(entry.orig_guard, "create_fn", None), "keywords", {}).get("attr")
             if attribute is None:
-                raise ValueError(messages.SAVED_PROGRAM_VALUES.format(differences=f"{name}: an unnamed attribute"))
+                raise ValueError(messages.SAVED_PROGRAM_UNNAMED_GUARD.format(name=name))
             name = f"{attribute!r} in {name}.__dict__"
             if name in names:
                 continue
