@@ -72,3 +72,63 @@ def test_inference_replicas_trace_one_forward(traced_graphs):
     assert pop._dispatch.compiled.last == "compiled"
     torch.testing.assert_close(out, model(x, t)[0], rtol=1e-5, atol=1e-6)
     assert [linear_calls(graph) for graph in traced_graphs] == [2]
+
+
+class Reconstruct(torch.nn.Module):
+    """``forward(x, target, mask=None, scale=1.0, reduction="mean")``: non-tensor defaults, and
+    ``target`` may be ``x`` itself (an autoencoder's call: ``model(x, x)``)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = torch.nn.Linear(6, 6)
+
+    def forward(self, x, target, mask=None, scale=1.0, reduction="mean"):
+        out = self.fc(x)
+        if mask is not None:
+            out = out * mask
+        return out, torch.nn.functional.mse_loss(out * scale, target, reduction=reduction)
+
+
+def reconstruct_pair(model, options_):
+    reference = copy.deepcopy(model)
+    pop = poptorch.trainingModel(model, options_, poptorch.optim.SGD(model.parameters(), lr=0.1))
+    return pop, reference, torch.optim.SGD(reference.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize("given", ["omitted", "keywords"])
+def test_program_takes_none_and_python_constants_as_arguments(traced_graphs, given):
+    pop, reference, ref_opt = reconstruct_pair(Reconstruct(), options(2, 2, 1))
+    kwargs = {} if given == "omitted" else {"mask": None, "scale": 0.5, "reduction": "sum"}
+    for call in range(2):
+        x, _ = make_data(12, seed=call)
+        _, losses = pop(x, x.flip(0), **kwargs)
+        assert pop._dispatch.compiled.last == "compiled"
+        ref_losses = train_loop(reference, ref_opt, (x, x.flip(0)),
+                                lambda m, a, b: m(a, b, **kwargs)[1], 2, 2, 1)
+        torch.testing.assert_close(losses.reshape(-1), ref_losses, rtol=1e-5, atol=1e-6)
+    assert len(traced_graphs) == 1
+    for p, q in zip(pop.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+    with pytest.raises(poptorch.Error, match="Value mismatch for scale: expected"):
+        pop(x, x, scale=2.0)  # as PopTorch: a constant of the compiled call does not change
+
+
+@pytest.mark.parametrize("aliasing", ["same-tensor", "rows-of-one-tensor"])
+def test_program_takes_inputs_that_share_memory(traced_graphs, aliasing):
+    """``model(x, x)``: ``while_loop`` refuses operands aliasing each other, so the program gets a
+    copy; calls that alias and calls that do not alternate, each equal to the oracle."""
+    pop, reference, ref_opt = reconstruct_pair(Reconstruct(), options(2, 2, 1))
+    for call in range(4):
+        if call % 2 == 0:  # shares memory
+            x, _ = make_data(24 if aliasing == "rows-of-one-tensor" else 12, seed=call)
+            a, b = (x[:12], x[12:]) if aliasing == "rows-of-one-tensor" else (x, x)
+        else:
+            a, _ = make_data(12, seed=call)
+            b = a.flip(0)
+        _, losses = pop(a, b)
+        assert pop._dispatch.compiled.last == "compiled"
+        ref_losses = train_loop(reference, ref_opt, (a.clone(), b.clone()), regressor_loss, 2, 2, 1)
+        torch.testing.assert_close(losses.reshape(-1), ref_losses, rtol=1e-5, atol=1e-6)
+    for p, q in zip(pop.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)

@@ -6,7 +6,11 @@ module tree or recomputing shapes on every call shows (``benchmarks/host_overhea
   name once; later calls check the few dict slots those names go through (``_modules`` and
   ``_parameters`` entries) and resolve again when one holds another object (a parameter or
   submodule replaced), so they see exactly what ``named_parameters()`` would give.
-* ``tensors(inputs)``: the call's tensor inputs, in the program's order.
+* ``tensors(inputs)``: the call's tensor inputs, in the program's order. Inputs sharing memory
+  (the same tensor passed twice, or two views of one tensor) are handed over as copies after the
+  first: ``while_loop`` refuses operands that alias each other, and the program cannot tell from
+  its trace whether a later call aliases. Nothing is lost by copying: a forward that changes an
+  input in place does not run as a program (``eligibility.probe``).
 """
 
 
@@ -37,7 +41,15 @@ class ProgramArguments:
     def tensors(inputs):
         """The call's tensor inputs in ``tensor_positions`` order (the program views them per micro-batch)."""
         leaves = inputs.leaves
-        return [leaves[pos] for pos in inputs.tensor_positions]
+        tensors = [leaves[pos] for pos in inputs.tensor_positions]
+        if len(tensors) > 1 and share_memory(tensors):
+            seen = set()
+            for index, tensor in enumerate(tensors):
+                storage = tensor.untyped_storage().data_ptr()
+                if storage in seen:
+                    tensors[index] = tensor.clone()
+                seen.add(storage)
+        return tensors
 
     def _resolve(self):
         named = dict(self._model.named_parameters())
@@ -47,6 +59,11 @@ class ProgramArguments:
             self._slots = tuple(_slots_of(self._model, self._names))
         except KeyError:  # names not made of _modules / _parameters keys (a custom named_parameters)
             self._slots = None
+
+
+def share_memory(tensors) -> bool:
+    """Whether two of ``tensors`` (host or device tensors with storage) share a storage."""
+    return len({tensor.untyped_storage().data_ptr() for tensor in tensors}) < len(tensors)
 
 
 def _slots_of(model, names):

@@ -36,6 +36,12 @@ from .compile_cost import OpCounter
 from .optimizer_support import unsupported_reason
 from .saved_programs import OpRecorder
 
+# Non-tensor arguments the program takes as constants of its trace (``forward(x, mask=None)``).
+# Every later call has equal values: the executor checks them against the compiled signature
+# (PopTorch's "Value mismatch") before any backend runs. Other objects may hold tensors the
+# program would not see as inputs, so they decline.
+CONSTANT_INPUTS = (type(None), bool, int, float, str)
+
 
 class Ineligible(Exception):
     """The reason, naming the construct, why a model runs eagerly."""
@@ -250,7 +256,7 @@ def counted_probe(call, inputs, executable, shapes=None, hashed=False):
     aten ops and FLOPs counted (``compile_cost.OpCounter``) and, ``hashed``, hashed (``digest``,
     ``saved_programs.OpRecorder``; else None). ``shapes``: on fake tensors."""
     check_static(call, executable)
-    if not all(isinstance(leaf, torch.Tensor) for leaf in inputs.leaves):
+    if not all(isinstance(leaf, torch.Tensor) or type(leaf) in CONSTANT_INPUTS for leaf in inputs.leaves):
         raise Ineligible(messages.INELIGIBLE_INPUTS)
     counter = OpCounter()
     recorder = OpRecorder() if hashed else None

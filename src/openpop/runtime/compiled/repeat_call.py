@@ -6,9 +6,9 @@ adds around it - binding the arguments, checking them against the compiled signa
 up the program, building its inputs - shows (``benchmarks/host_overhead.py``). After a compiled
 training call of positional tensors ran, the backend keeps a ``RepeatCall``: the next call
 checks, in one pass, that it is the same kind of call - as many tensors with the same dtypes and
-shapes, none needing a conversion (requires grad, not contiguous), the same optimizer with the
-same static choices, no parameter frozen and no hook added, the same train/eval modes, no trace
-session watching the call, no saved-tensor hooks - and then runs the program as the general
+shapes, none needing a conversion (requires grad, not contiguous) nor sharing memory with another,
+the same optimizer with the same static choices, no parameter frozen and no hook added, the same
+train/eval modes, no trace session watching the call, no saved-tensor hooks - and then runs the program as the general
 path would (``CompiledBackend.run_tensors``), or, for a *plain* program (only weights and optimizer
 state to commit: no updated buffers, anchors, random numbers, automatic loss scaling, per-step
 hyperparameters, stepwise loop or CUDA tensors), as ``_run_plain``: the same steps in one
@@ -28,6 +28,7 @@ from ..backend_contract import DECLINED
 from ..devices import HostPlacement
 from ..perf import UniformCounters
 from ..weights import version_cell
+from .arguments import share_memory
 from .eligibility import saved_tensor_hooks_active
 from .optimizer_snapshot import OptimizerSnapshot
 from .optimizer_support import signature
@@ -76,6 +77,8 @@ class RepeatCall:
             if (type(tensor) is not torch.Tensor or tensor.dtype != dtype or tensor.shape != shape
                     or tensor.requires_grad or not tensor.is_contiguous()):
                 return DECLINED
+        if len(args) > 1 and share_memory(args):  # (the general path copies them: arguments.py)
+            return DECLINED
         backend = self.backend
         optimizer = call.optimizer
         if (backend._program is not self.program or backend.progress is not None
