@@ -356,7 +356,7 @@ def test_stochastic_rounding_leaves_fp32_models_alone():
 
 def test_stochastic_rounding_compiles_where_it_rounds_nothing():
     """The compiled backend runs a float32 model with stochastic rounding on (eager rounds no
-    float32 weight) as eager does, and declines it where it would round: half weights."""
+    float32 weight) as eager does."""
     base = Net()
     x, y = make_data(3 * 8)
     models = []
@@ -369,12 +369,80 @@ def test_stochastic_rounding_compiles_where_it_rounds_nothing():
         assert pop._dispatch.compiled.last == backend
         models.append(model)
     assert_params_close(models[0], models[1], rtol=1e-5, atol=1e-6)
+
+
+def rounded_half_run(base, backend, dtype, make_optimizer, di=3, rounding=True, compile_first=False, stepwise=None):
+    """``base`` trained by two host calls (DI ``di`` x GA 2) with stochastic rounding: the model and
+    openpop's rounding generators' states after them."""
+    model = copy.deepcopy(base)
+    opts = options(di=di, ga=2).openpopBackend(backend).randomSeed(7)
+    opts.Precision.enableStochasticRounding(rounding)
+    pop = poptorch.trainingModel(model, opts, make_optimizer(model.parameters()))
+    for call in range(2):
+        x, y = make_data(di * 2 * 4, seed=call)
+        inputs = (x[:, :1].to(dtype),) if isinstance(base, Plane) else (x.to(dtype), y)
+        if compile_first and call == 0:
+            pop.compile(*inputs)  # a dry run: draws nothing
+        pop(*inputs)
+        assert pop._dispatch.compiled.last == backend
+    if stepwise is not None:
+        assert pop._dispatch.compiled._program.stepwise == stepwise
+    return model, {device: g.get_state() for device, g in pop._precision.generators.items()}
+
+
+@pytest.mark.parametrize("di", [3, 1])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_compiled_program_rounds_half_weights_as_eager(dtype, di):
+    """The program rounds with numbers the host draws from openpop's generator in eager's order
+    (step after step, weight after weight): with exact gradients the weights equal eager's bit for
+    bit, and the generator ends where eager's does. Half weights trace under ``LowPrecisionOps``:
+    at DI 3 the host loops over one-step programs, at DI 1 the program is the step."""
+    base = Plane(1000, dtype)
+    with torch.no_grad():
+        base.w.mul_(torch.linspace(0.5, 2.0, 1000, dtype=dtype))
+
+    def sgd(params):
+        return poptorch.optim.SGD(params, lr=2.0 ** -13, momentum=0.9)
+
+    eager, eager_generators = rounded_half_run(base, "eager", dtype, sgd, di=di)
+    compiled, compiled_generators = rounded_half_run(base, "compiled", dtype, sgd, di=di, compile_first=True,
+                                                     stepwise=di > 1)
+    assert torch.equal(eager.w, compiled.w)
+    assert eager_generators.keys() == compiled_generators.keys() and eager_generators
+    for device, state in eager_generators.items():
+        assert torch.equal(state, compiled_generators[device])
+    nearest, _ = rounded_half_run(base, "eager", dtype, sgd, di=di, rounding=False)
+    assert (nearest.w != compiled.w).sum() > 20  # the rounding was stochastic
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_compiled_program_rounds_a_half_network_as_eager(dtype):
+    """A half network with AdamW: its float16 gradients differ from eager's by an ulp here and
+    there (as without rounding), so the weights end within a step of eager's."""
+    torch.manual_seed(0)
+    base = Net().to(dtype)
+
+    def adamw(params):
+        return poptorch.optim.AdamW(params, lr=1e-3)
+
+    eager, _ = rounded_half_run(base, "eager", dtype, adamw)
+    compiled, _ = rounded_half_run(base, "compiled", dtype, adamw)
+    ulp = 2.0 ** -10 if dtype == torch.float16 else 2.0 ** -7
+    for p, q in zip(eager.parameters(), compiled.parameters()):
+        torch.testing.assert_close(p.float(), q.float(), rtol=2 * ulp, atol=1e-4)  # (a tenth of a step)
+
+
+def test_stochastic_rounding_with_automatic_loss_scaling_stays_eager():
+    """A step automatic loss scaling skips draws no rounding numbers in eager: the program, whose
+    numbers are drawn before it runs, declines."""
     half = Plane(8, torch.float16)
     opts = options(di=2).openpopBackend("compiled")
     opts.Precision.enableStochasticRounding(True)
+    opts.Training.setAutomaticLossScaling(True)
     pop = poptorch.trainingModel(half, opts, poptorch.optim.SGD(half.parameters(), lr=0.1))
-    with pytest.raises(poptorch.Error, match="enableStochasticRounding with float16 or bfloat16 weights"):
+    with pytest.raises(poptorch.Error, match="enableStochasticRounding of float16 or bfloat16 weights with automatic"):
         pop(torch.ones(2, 1))
+    assert torch.equal(half.w, torch.ones(8, dtype=torch.float16))
 
 
 # ------------------------------------------------------------------ floating-point exceptions

@@ -160,6 +160,36 @@ class RunPrecision:
             for (_, data, _), master in zip(low, masters):
                 data.copy_(stochastic_round(master, data.dtype, self._generator(data.device)))
 
+    def rounding_noise(self, params, steps: int):
+        """Per parameter of ``params`` the uniform numbers ``steps`` optimizer steps' stochastic
+        rounding of it draws, ``[steps, *shape]`` float32, taken from openpop's generators in
+        ``optimizer_step``'s order (step after step, parameter after parameter): the compiled
+        program rounds as eager would."""
+        noise = [torch.empty((steps, *p.shape), dtype=torch.float32, device=p.device) for p in params]
+        for step in range(steps):
+            for p, values in zip(params, noise):
+                values[step].uniform_(0.0, 1.0, generator=self._generator(p.device))
+        return noise
+
+    @contextlib.contextmanager
+    def generators_kept(self, always: bool = False):
+        """openpop's generators as they were when the block raises (``always``: also when it
+        returns, for ``compile()``'s dry run); generators the block created are dropped."""
+        saved = {device: g.get_state() for device, g in self._generators.items()}
+        try:
+            yield
+        except BaseException:
+            self._put_back(saved)
+            raise
+        if always:
+            self._put_back(saved)
+
+    def _put_back(self, saved):
+        for device in [d for d in self._generators if d not in saved]:
+            del self._generators[device]
+        for device, state in saved.items():
+            self._generators[device].set_state(state)
+
     @property
     def generators(self) -> dict:
         """openpop's stochastic-rounding generators, ``{device: torch.Generator}`` (made on first use)."""
@@ -181,16 +211,32 @@ def stochastic_round(x: torch.Tensor, dtype: torch.dtype, generator: torch.Gener
     above with probability ``(x - below) / (above - below)``, else to the one below. Values
     already representable are unchanged; inf/NaN stay inf/NaN; values beyond the largest finite
     number round to it or to inf."""
+    u = torch.rand(x.shape, generator=generator, device=x.device, dtype=torch.float32)
+    return round_with_noise(x, dtype, u)
+
+
+def round_with_noise(x: torch.Tensor, dtype: torch.dtype, noise: torch.Tensor) -> torch.Tensor:
+    """``stochastic_round`` with its uniform numbers given: ``noise``, float32 in [0, 1) of ``x``'s
+    shape (pure tensor maths: the compiled program rounds with numbers drawn before it runs)."""
     x = x.float()
     nearest = x.to(dtype)
     nearest_f = nearest.float()
-    # The representable neighbour on the other side of x from `nearest`.
-    direction = torch.where(nearest_f > x, float("-inf"), float("inf")).to(dtype)
-    other = torch.nextafter(nearest, direction)
+    other = _neighbour(nearest, nearest_f < x)  # the representable neighbour on x's other side
     gap = (other.float() - nearest_f).abs()
     p_other = (x - nearest_f).abs() / gap
-    u = torch.rand(x.shape, generator=generator, device=x.device, dtype=torch.float32)
-    return torch.where(u < p_other, other, nearest)
+    return torch.where(noise < p_other, other, nearest)
+
+
+def _neighbour(value: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``torch.nextafter(value, +inf if up else -inf)`` for float16/bfloat16 ``value``, on the bits
+    (Inductor's half ``nextafter`` returns ``value`` itself, torch 2.13): one step of the 16-bit
+    pattern away from or towards zero; from a zero, the smallest subnormal; infinities stay."""
+    bits = value.view(torch.int16)
+    away = up == (bits >= 0)
+    step = torch.where(away, 1, -1).to(torch.int16)  # sign and magnitude: +1 is away from zero
+    from_zero = torch.where(up, 1, -32767).to(torch.int16)  # 0x0001, 0x8001
+    moved = torch.where(value == 0, from_zero, bits + step).view(value.dtype)
+    return torch.where(value.isinf() & away, value, moved)
 
 
 # ---------------------------------------------------------------------- partials (CUDA)

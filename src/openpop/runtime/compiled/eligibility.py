@@ -60,8 +60,10 @@ def static_reasons(call, executable):
         (layout.concurrent, messages.INELIGIBLE_CONCURRENT_STAGES.format(env=CONCURRENCY_ENV)),
         (executable.track_losses, "a loss that the model does not return as one of its outputs"),
         (precision.fp_exceptions, "Precision.enableFloatingPointExceptions"),
-        (precision.stochastic_rounding and call.training and half_weights,  # (eager rounds only those)
-         "Precision.enableStochasticRounding with float16 or bfloat16 weights"),
+        # The program rounds with numbers drawn before it runs, one set per step; eager draws none
+        # for a step that automatic loss scaling skips.
+        (precision.stochastic_rounding and call.training and half_weights and precision.dynamic is not None,
+         messages.INELIGIBLE_ROUNDING_SKIPPED_STEPS),
         (any(t.dtype == torch.float64 for t in list(call.model.parameters()) + list(call.model.buffers())),
          "float64 weights or buffers"),
         (OutputMode(settings.output_mode) == OutputMode.EveryN

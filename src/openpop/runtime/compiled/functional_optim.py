@@ -25,8 +25,9 @@ update.
 
 Precision follows ``optim/_base.py``: updates are computed in float32 from float32 copies of
 float16/bfloat16 parameters, gradients and state, the new parameters rounded to the parameter's
-dtype; state is stored in its ``*_accum_type`` (float16 rounded after each update, the update
-itself using the unrounded value) or else float32. torch's own optimizers compute half
+dtype (stochastically with ``Precision.enableStochasticRounding``, from numbers the host drew); state
+is stored in its ``*_accum_type`` (float16 rounded after each update, the update itself using the
+unrounded value) or else float32. torch's own optimizers compute half
 parameters in half: only their float32 parameters are supported.
 """
 import itertools
@@ -34,6 +35,7 @@ import itertools
 import torch
 
 from ...optim import updates
+from ..precision import round_with_noise
 from .optimizer_support import clipping, family_of, signature
 
 _VELOCITY_SCALE_KEY = "velocity_scaling"  # optim/sgd.py: momentum_buffer is stored times this
@@ -174,8 +176,10 @@ class FunctionalOptimizer:
         return flag
 
     # ------------------------------------------------------------------ the update (traced)
-    def update(self, params, grads, state, hyper):
-        """New (params, state): pure, traced by torch.compile. Computed in float32 (module docstring)."""
+    def update(self, params, grads, state, hyper, noise=None):
+        """New (params, state): pure, traced by torch.compile. Computed in float32 (module docstring);
+        ``noise``: ``{index: uniform numbers}`` of the parameters rounded to their dtype
+        stochastically (``precision.round_with_noise``), the others rounded to nearest."""
         dtypes = [p.dtype for p in params]
         params = [p.to(torch.float32) for p in params]
         grads = [g.to(torch.float32) for g in grads]
@@ -194,7 +198,7 @@ class FunctionalOptimizer:
                       for st in state[i:i + n]]
             group_params, group_state = self._update_group(group, params[i:i + n], grads[i:i + n], states, h)
             for k, p, st in zip(range(i, i + n), group_params, group_state):
-                new_params.append(p.to(dtypes[k]))
+                new_params.append(round_with_noise(p, dtypes[k], noise[k]) if noise and k in noise else p.to(dtypes[k]))
                 new_state.append({key: st[key].to(value.dtype) for key, value in state[k].items()})
             i += n
         return new_params, new_state

@@ -1,7 +1,7 @@
 """One run of a compiled program for a host call: its inputs gathered (optimizer state,
-hyperparameters, loss scale, the updated buffers' replica sets), the program run, and its results
-committed - parameters, buffers, optimizer state, loss scaler, anchors - or, for ``compile()``'s
-dry run, nothing committed."""
+hyperparameters, loss scale, the updated buffers' replica sets, stochastic rounding's numbers),
+the program run, and its results committed - parameters, buffers, optimizer state, loss scaler,
+anchors - or, for ``compile()``'s dry run, nothing committed."""
 import torch
 
 from ...torch_compat import foreach_copy_
@@ -29,11 +29,13 @@ def run_program(call, compiled, program, tensors, trained, frozen, dry_run):
     args = (tensors, trained, [p.detach() for p in frozen],
             [b for values in buffers for b in values], state, hyper, scaling)
     try:
-        if program.draws_random:
-            with generators_kept_on_error([*trained, *frozen]):
-                new_params, new_state, new_buffers, outs, scaling, anchored = program.run(*args)
+        if program.rounded:  # drawn as eager draws them; put back if the program raises, and after a dry run
+            with call.precision.generators_kept(always=dry_run):
+                noise = call.precision.rounding_noise([trained[k] for k in program.rounded],
+                                                      call.geometry.device_iterations)
+                new_params, new_state, new_buffers, outs, scaling, anchored = _run(program, args + (noise,))
         else:
-            new_params, new_state, new_buffers, outs, scaling, anchored = program.run(*args)
+            new_params, new_state, new_buffers, outs, scaling, anchored = _run(program, args)
     except BaseException:
         if hooks is not None:
             hooks.abort_compiled_call()
@@ -60,6 +62,13 @@ def run_program(call, compiled, program, tensors, trained, frozen, dry_run):
     if compiled.anchors:
         program.record_anchors(compiled.anchors, anchored)
     return outs
+
+
+def _run(program, args):
+    if program.draws_random:
+        with generators_kept_on_error(args[1] + args[2]):
+            return program.run(*args)
+    return program.run(*args)
 
 
 def _buffer_sets(model, program, replica_buffers):

@@ -41,6 +41,10 @@ call's inputs split ``[DI, GA, R_in, micro, ...]`` - compiled by ``torch.compile
   and, on CUDA, dropout itself from a seed it draws: other numbers. CPU dropout is aten's
   ``bernoulli_`` either way. ``torch._functorch.config.functionalize_rng_ops`` is not used: it
   threads a CUDA philox seed and offset through the graph, i.e. its own numbers too.)
+* stochastic rounding of half weights (``Precision.enableStochasticRounding``): the host draws
+  each step's uniform numbers from openpop's generators in eager's order
+  (``RunPrecision.rounding_noise``), an input ``[DI, *shape]`` per weight, and the update rounds
+  with them: the weights equal eager's bit for bit when the float32 update does;
 * hyperparameters: one tensor (``FunctionalOptimizer.hyper``), per-step ones (``step_hooks.py``)
   ``[values, DI]``, indexed by the step counter;
 * CPU attention: aten's flash kernels, but for short sequences the backward is Inductor-fused
@@ -118,7 +122,7 @@ class Program:
 
     def __init__(self, model, layout, functional_optimizer, loss_index, trained_names, frozen_names, compile_fn,
                  forward_contexts=(), stepwise=False, scaling=None, anchored=(), buffer_names=(), buffer_sets=1,
-                 draws_random=False, all_reduce=None, assigned=()):
+                 draws_random=False, all_reduce=None, assigned=(), rounded=()):
         self.model = model
         self.forward_contexts = list(forward_contexts)  # RunPrecision.traced_forward: autocast, half ops
         # A torch function mode among them (LowPrecisionOps) has no place in while_loop's body: pushing
@@ -149,6 +153,9 @@ class Program:
             self.assigned_slots.setdefault(id(modules[prefix]), set()).add(attribute)
         self.buffer_sets = buffer_sets  # R with per-replica buffers, else 1
         self.draws_random = draws_random  # the model draws from torch's generators
+        # Indices into trained of the weights rounded stochastically (Precision.enableStochasticRounding):
+        # the program takes their uniform numbers as an input, [DI, *shape] each (RunPrecision.rounding_noise).
+        self.rounded = list(rounded)
         self.all_reduce = all_reduce  # processes.ProgramAllReduce: popdist's processes (else None)
         self.compiled = False  # torch.compile has compiled it (compile() does, without running it)
         self.ran = False  # a first run that fails is a compile failure (backend.py)
@@ -160,28 +167,30 @@ class Program:
                                       lambda: context.running(layout.training))
 
     # ------------------------------------------------------------------ host side
-    def run(self, inputs, trained, frozen, buffers, state, hyper, scaling):
+    def run(self, inputs, trained, frozen, buffers, state, hyper, scaling, noise=()):
         """Run the program; ``inputs``: the call's tensors (``ProgramArguments.tensors``, viewed
         ``[DI, GA, R_in, micro, ...]`` inside the program: a view made per call costs microseconds);
         ``buffers``: the updated buffers' values, replica set after replica set; ``scaling``:
-        ``ScalingState.inputs``. Returns (new_params, new_state, new_buffers, outputs, scaling,
-        anchored: per ``self.anchored`` entry its values ``[DI, ...]``) - nothing committed."""
+        ``ScalingState.inputs``; ``noise``: per ``rounded`` weight its rounding numbers. Returns
+        (new_params, new_state, new_buffers, outputs, scaling, anchored: per ``self.anchored``
+        entry its values ``[DI, ...]``) - nothing committed."""
         if self.assigned_slots:  # (no context per call for the others: the host call's hot path)
             # Traced once (assigned_slots.py): a retrace fails as past the recompile limit.
             with assigned_slots.scoped(self.assigned_slots), dynamo_config.patch(recompile_limit=1):
-                return self._run(inputs, trained, frozen, buffers, state, hyper, scaling)
-        return self._run(inputs, trained, frozen, buffers, state, hyper, scaling)
+                return self._run(inputs, trained, frozen, buffers, state, hyper, scaling, noise)
+        return self._run(inputs, trained, frozen, buffers, state, hyper, scaling, noise)
 
-    def _run(self, inputs, trained, frozen, buffers, state, hyper, scaling):
+    def _run(self, inputs, trained, frozen, buffers, state, hyper, scaling, noise):
         if self.stepwise:
-            return self._run_stepwise(self._split(inputs), trained, frozen, buffers, state, hyper, scaling)
-        return self._compiled(tuple(inputs), tuple(trained), tuple(frozen), tuple(buffers), state, hyper, scaling)
+            return self._run_stepwise(self._split(inputs), trained, frozen, buffers, state, hyper, scaling, noise)
+        return self._compiled(tuple(inputs), tuple(trained), tuple(frozen), tuple(buffers), state, hyper, scaling,
+                              tuple(noise))
 
     def _split(self, inputs):
         """The batched inputs viewed ``[DI, GA, R_in, micro, ...]`` (0-d ones as they are)."""
         return [x if x.dim() == 0 else self.layout.geometry.split(x) for x in inputs]
 
-    def _run_stepwise(self, split_inputs, trained, frozen, buffers, state, hyper, scaling):
+    def _run_stepwise(self, split_inputs, trained, frozen, buffers, state, hyper, scaling, noise):
         steps = self.layout.geometry.device_iterations
         keep_all = [self.layout.keeps_all(leaf) for leaf in range(len(self.layout.output_leaves))]
         kept, anchored = [], []
@@ -191,7 +200,7 @@ class Program:
             index = torch.tensor([i], device=device)  # an input: the same program serves every step
             trained, state, buffers, outs, scaling, values = self._compiled(
                 step_inputs, tuple(trained), tuple(frozen), tuple(buffers), state, self._hyper_row(hyper, i), scaling,
-                index)
+                index, tuple(n[i] for n in noise))
             kept.append(outs)
             anchored.append(values)
         stacked = [torch.stack(leaf) if keep else leaf[-1].unsqueeze(0) for leaf, keep in zip(zip(*kept), keep_all)]
@@ -247,7 +256,7 @@ class Program:
         return leaves
 
     # ------------------------------------------------------------------ traced
-    def _program(self, inputs, trained, frozen, buffers, state, hyper, scaling):
+    def _program(self, inputs, trained, frozen, buffers, state, hyper, scaling, noise):
         split_inputs = self._split(inputs)
         layout = self.layout
         steps = layout.geometry.device_iterations
@@ -257,7 +266,8 @@ class Program:
         if steps == 1:
             trained, state, buffers, outs, scaling, values = self._step(
                 [x if x.dim() == 0 else x[0] for x in split_inputs], trained, frozen, buffers, state,
-                self._hyper_at(hyper, 0), scaling, torch.zeros(1, dtype=torch.int64, device=device))
+                self._hyper_at(hyper, 0), scaling, torch.zeros(1, dtype=torch.int64, device=device),
+                [n[0] for n in noise])
             return (trained, state, buffers, self._assemble([o.unsqueeze(0) for o in outs]), scaling,
                     [v.unsqueeze(0) for v in values])
 
@@ -291,7 +301,7 @@ class Program:
             step_inputs = [x if x.dim() == 0 else x.index_select(0, index)[0] for x in split_inputs]
             params, st, bufs, step_outs, sc, values = self._step(
                 step_inputs, params, frozen, bufs, st, self._hyper_at(hyper, index),
-                sc if self.scaling.automatic else fixed_scaling, index)
+                sc if self.scaling.automatic else fixed_scaling, index, [n.index_select(0, index)[0] for n in noise])
             if not self.scaling.automatic:
                 sc = {}
             outs = [o.index_copy(0, index, s.unsqueeze(0)) if keep else s.clone()
@@ -312,10 +322,11 @@ class Program:
         return (trained, state, buffers, self._assemble(outs), scaling if self.scaling.automatic else fixed_scaling,
                 anchored)
 
-    def _one_step(self, step_inputs, trained, frozen, buffers, state, hyper, scaling, index):
-        """One device iteration as a program of its own (``stepwise``; ``hyper``: the step's row)."""
+    def _one_step(self, step_inputs, trained, frozen, buffers, state, hyper, scaling, index, noise):
+        """One device iteration as a program of its own (``stepwise``; ``hyper``, ``noise``: the step's rows)."""
         hyper = hyper if self.optim is None else self.optim.unpack(hyper)
-        return self._step(list(step_inputs), list(trained), frozen, list(buffers), state, hyper, scaling, index)
+        return self._step(list(step_inputs), list(trained), frozen, list(buffers), state, hyper, scaling, index,
+                          list(noise))
 
     def _hyper_row(self, hyper, index):
         """Step ``index``'s hyperparameters as ``FunctionalOptimizer.hyper()`` gives them (per-step
@@ -363,9 +374,9 @@ class Program:
         grads, (flat, buffers) = torch.func.grad(scaled_loss, has_aux=True)(trained, list(buffers))
         return grads, flat, buffers
 
-    def _step(self, step_inputs, trained, frozen, buffers, state, hyper, scaling, index):
-        """One device iteration (``index``: which, a 1-element tensor): every micro-batch
-        (``micro_batches.py``), then (training) the update. Returns (params, state, buffers,
+    def _step(self, step_inputs, trained, frozen, buffers, state, hyper, scaling, index, noise):
+        """One device iteration (``index``: which, a 1-element tensor; ``noise``: its rounding
+        numbers): every micro-batch (``micro_batches.py``), then (training) the update. Returns (params, state, buffers,
         stacked outputs, scaling, anchored values)."""
         layout = self.layout
         loss_scale = scaling["scale"]
@@ -382,7 +393,7 @@ class Program:
             grads = self.all_reduce(grads)
         divisor = MeanPolicy.unfolded(layout.mean, layout.running).divisor(loss_scale, g.micro_batches_per_step)
         unscaled = [gr * (1.0 / divisor) for gr in grads]  # as eager unscales (gradients.py)
-        new = self.optim.update(list(trained), unscaled, state, hyper)
+        new = self.optim.update(list(trained), unscaled, state, hyper, dict(zip(self.rounded, noise)))
         (new_params, new_state), scaling = self.scaling.apply(scaling, grads, (list(trained), state), new, index)
         values = [unscaled[k] if kind == "grad" else new_params[k] for kind, k in self.anchored]
         return new_params, new_state, buffers, stacked, scaling, values

@@ -6,6 +6,7 @@ import os
 
 import torch
 
+from ..half_compute import LOW_PRECISION
 from .cache_hit import program_guards
 from .eligibility import anchored_in_program
 from .functional_optim import FunctionalOptimizer
@@ -31,10 +32,13 @@ def build_program(call, inputs, compiled, probed, contexts, stepwise, cache, ops
     else:
         functional, trained = None, names
     frozen = [n for n in names if n not in set(trained)]
+    # Precision.enableStochasticRounding: the half weights the update rounds with drawn numbers.
+    rounded = [k for k, p in enumerate(functional.params) if p.dtype in LOW_PRECISION] \
+        if call.training and call.precision.stochastic_rounding else []
     micro_batch_leaves = getattr(model, "compiled_micro_batch_leaves", None)
     layout = Layout(call, inputs, probed.spec, probed.leaves, micro_batch_leaves() if micro_batch_leaves else 0)
     device = next(iter(model.parameters()), torch.empty(0)).device
-    kwargs = compile_kwargs(device, call.geometry, probed.draws_random, half_casts=bool(contexts),
+    kwargs = compile_kwargs(device, call.geometry, probed.draws_random, half_casts=bool(contexts or rounded),
                             loops=not stepwise, ops=ops, training=call.training)
     scaling = ScalingState(call.precision.dynamic if call.training else None,
                            call.geometry.device_iterations)
@@ -57,7 +61,8 @@ def build_program(call, inputs, compiled, probed, contexts, stepwise, cache, ops
                       anchored_in_program(compiled.anchors, model, trained, call.training,
                                           probed.updated_buffers),
                       buffer_names=probed.updated_buffers, buffer_sets=sets, draws_random=probed.draws_random,
-                      all_reduce=ProgramAllReduce.of(call), assigned=probed.assigned)
+                      all_reduce=ProgramAllReduce.of(call), assigned=probed.assigned,
+                      rounded=rounded)
     program.compiler = compiler
     if cache is not None:
         saved_as = program_key(call, program, ops_digest, kwargs.get("options", {}))

@@ -41,7 +41,8 @@ def compile_kwargs(device, geometry, draws_random, half_casts=False, loops=True,
     (``program.py``); only then, as it changes Inductor's decompositions. ``half_casts`` (programs
     holding float16/bfloat16 tensors): every half intermediate rounded as eager rounds it
     (Inductor otherwise keeps fused element-wise chains in float32: half gradients summed over
-    micro-batches, half weights updated would differ from eager's by an ulp). A CPU training program:
+    micro-batches, half weights updated would differ from eager's by an ulp; stochastic rounding
+    would see its float32 value as already rounded). A CPU training program:
     short attention's backward as tensor math (``attention_backward.py``)."""
     options = dict(compile_options(device))
     small = ops is not None and ops <= SMALL_PROGRAM_OPS

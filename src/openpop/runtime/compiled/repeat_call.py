@@ -11,8 +11,8 @@ the same optimizer with the same static choices, no parameter frozen and no hook
 train/eval modes, no trace session watching the call, no saved-tensor hooks - and then runs the program as the general
 path would (``CompiledBackend.run_tensors``), or, for a *plain* program (only weights and optimizer
 state to commit: no updated buffers, anchors, random numbers, automatic loss scaling, per-step
-hyperparameters, stepwise loop or CUDA tensors), as ``_run_plain``: the same steps in one
-function. Whenever one check fails it returns ``DECLINED`` having changed nothing, and the
+hyperparameters, stochastic rounding, stepwise loop or CUDA tensors), as ``_run_plain``: the
+same steps in one function. Whenever one check fails it returns ``DECLINED`` having changed nothing, and the
 executor takes its general path, which checks everything again, explains what is wrong or
 rebuilds the program.
 """
@@ -57,7 +57,8 @@ class RepeatCall:
         trained, frozen = self.arguments.parameters()
         # A program with nothing but weights and optimizer state to commit runs in ``_run_plain``.
         self.plain = not (program.stepwise or program.per_step_hyper or program.buffer_names or compiled.anchors
-                          or program.draws_random or program.scaling.automatic or program.host_call_result
+                          or program.draws_random or program.rounded or program.scaling.automatic
+                          or program.host_call_result
                           or any(p.is_cuda for p in (*trained, *frozen)))
 
     @classmethod
