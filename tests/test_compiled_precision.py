@@ -105,8 +105,12 @@ def test_half_weights_and_automatic_loss_scaling_match_eager():
         return poptorch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, use_combined_accum=True,
                                   accum_type=torch.float16, loss_scaling=2.0 ** 10)
 
+    from torch._dynamo.utils import counters
+    traced = counters["stats"]["unique_graphs"]
     results = run_both(lambda: Regressor().half(), make_options, make_optimizer, di=4)
     assert results["compiled"][2]._dispatch.compiled._program.stepwise
+    # One trace serves every step: the first step takes plain tensors too, not Parameters.
+    assert counters["stats"]["unique_graphs"] - traced == 1
     assert [out[2:5] for out in results["compiled"][0]] == [(1024.0, 1, 1), (4096.0, 1, 1), (16384.0, 1, 1)]
     assert_same(results, rtol=1e-3, atol=1e-4)
     eager, compiled = (results[b][2]._optimizer.state_dict()["state"] for b in ("eager", "compiled"))

@@ -195,6 +195,9 @@ class Program:
         keep_all = [self.layout.keeps_all(leaf) for leaf in range(len(self.layout.output_leaves))]
         kept, anchored = [], []
         device = next((x.device for x in split_inputs), torch.device("cpu"))
+        # Every step takes plain tensors, as the steps after the first do (the previous step's results):
+        # Parameters for the first would be another type to Dynamo's guards, and a second trace.
+        trained = [p.detach() for p in trained]
         for i in range(steps):
             step_inputs = tuple(x if x.dim() == 0 else x[i] for x in split_inputs)
             index = torch.tensor([i], device=device)  # an input: the same program serves every step
