@@ -31,9 +31,9 @@ def run_program(call, compiled, program, tensors, trained, frozen, dry_run):
     try:
         if program.rounded:  # drawn as eager draws them; put back if the program raises, and after a dry run
             with call.precision.generators_kept(always=dry_run):
-                noise = call.precision.rounding_noise([trained[k] for k in program.rounded],
-                                                      call.geometry.device_iterations)
-                new_params, new_state, new_buffers, outs, scaling, anchored = _run(program, args + (noise,))
+                rounded = [trained[k] for k in program.rounded]
+                new_params, new_state, new_buffers, outs, scaling, anchored = _run(
+                    program, args + (lambda steps: call.precision.rounding_noise(rounded, steps),))
         else:
             new_params, new_state, new_buffers, outs, scaling, anchored = _run(program, args)
     except BaseException:

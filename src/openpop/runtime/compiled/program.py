@@ -43,7 +43,8 @@ call's inputs split ``[DI, GA, R_in, micro, ...]`` - compiled by ``torch.compile
   threads a CUDA philox seed and offset through the graph, i.e. its own numbers too.)
 * stochastic rounding of half weights (``Precision.enableStochasticRounding``): the host draws
   each step's uniform numbers from openpop's generators in eager's order
-  (``RunPrecision.rounding_noise``), an input ``[DI, *shape]`` per weight, and the update rounds
+  (``RunPrecision.rounding_noise``), an input ``[DI, *shape]`` per weight (a stepwise program's
+  host loop draws step by step: one step's numbers held at a time), and the update rounds
   with them: the weights equal eager's bit for bit when the float32 update does;
 * hyperparameters: one tensor (``FunctionalOptimizer.hyper``), per-step ones (``step_hooks.py``)
   ``[values, DI]``, indexed by the step counter;
@@ -167,11 +168,12 @@ class Program:
                                       lambda: context.running(layout.training))
 
     # ------------------------------------------------------------------ host side
-    def run(self, inputs, trained, frozen, buffers, state, hyper, scaling, noise=()):
+    def run(self, inputs, trained, frozen, buffers, state, hyper, scaling, noise=None):
         """Run the program; ``inputs``: the call's tensors (``ProgramArguments.tensors``, viewed
         ``[DI, GA, R_in, micro, ...]`` inside the program: a view made per call costs microseconds);
         ``buffers``: the updated buffers' values, replica set after replica set; ``scaling``:
-        ``ScalingState.inputs``; ``noise``: per ``rounded`` weight its rounding numbers. Returns
+        ``ScalingState.inputs``; ``noise``: ``draw(steps)``, per ``rounded`` weight its rounding
+        numbers for the next ``steps`` steps (``RunPrecision.rounding_noise``), or None. Returns
         (new_params, new_state, new_buffers, outputs, scaling, anchored: per ``self.anchored``
         entry its values ``[DI, ...]``) - nothing committed."""
         if self.assigned_slots:  # (no context per call for the others: the host call's hot path)
@@ -184,7 +186,7 @@ class Program:
         if self.stepwise:
             return self._run_stepwise(self._split(inputs), trained, frozen, buffers, state, hyper, scaling, noise)
         return self._compiled(tuple(inputs), tuple(trained), tuple(frozen), tuple(buffers), state, hyper, scaling,
-                              tuple(noise))
+                              () if noise is None else tuple(noise(self.layout.geometry.device_iterations)))
 
     def _split(self, inputs):
         """The batched inputs viewed ``[DI, GA, R_in, micro, ...]`` (0-d ones as they are)."""
@@ -203,7 +205,7 @@ class Program:
             index = torch.tensor([i], device=device)  # an input: the same program serves every step
             trained, state, buffers, outs, scaling, values = self._compiled(
                 step_inputs, tuple(trained), tuple(frozen), tuple(buffers), state, self._hyper_row(hyper, i), scaling,
-                index, tuple(n[i] for n in noise))
+                index, () if noise is None else tuple(n[0] for n in noise(1)))
             kept.append(outs)
             anchored.append(values)
         stacked = [torch.stack(leaf) if keep else leaf[-1].unsqueeze(0) for leaf, keep in zip(zip(*kept), keep_all)]
