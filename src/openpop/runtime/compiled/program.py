@@ -163,7 +163,8 @@ class Program:
         self.compiler = None  # the torch.compile backend (inductor.ProgramCompiler), set by backend.py
         self.aliased = None  # indices of outputs returned in an input's memory (backend.py)
         self.saved = None  # saved_programs.SavedProgram, with the executable cache on (backend.py)
-        traced = _own_code(self._one_step if self.stepwise else self._program)
+        traced = _own_code(self._one_step if self.stepwise else self._rounding_program if self.rounded
+                           else self._program)
         self._compiled = CacheHitCall(traced, compile_fn(traced),  # torch.compile's function, called cheaply
                                       lambda: context.running(layout.training))
 
@@ -185,8 +186,10 @@ class Program:
     def _run(self, inputs, trained, frozen, buffers, state, hyper, scaling, noise):
         if self.stepwise:
             return self._run_stepwise(self._split(inputs), trained, frozen, buffers, state, hyper, scaling, noise)
-        return self._compiled(tuple(inputs), tuple(trained), tuple(frozen), tuple(buffers), state, hyper, scaling,
-                              () if noise is None else tuple(noise(self.layout.geometry.device_iterations)))
+        if self.rounded:
+            return self._compiled(tuple(inputs), tuple(trained), tuple(frozen), tuple(buffers), state, hyper,
+                                  scaling, tuple(noise(self.layout.geometry.device_iterations)))
+        return self._compiled(tuple(inputs), tuple(trained), tuple(frozen), tuple(buffers), state, hyper, scaling)
 
     def _split(self, inputs):
         """The batched inputs viewed ``[DI, GA, R_in, micro, ...]`` (0-d ones as they are)."""
@@ -261,7 +264,15 @@ class Program:
         return leaves
 
     # ------------------------------------------------------------------ traced
-    def _program(self, inputs, trained, frozen, buffers, state, hyper, scaling, noise):
+    def _program(self, inputs, trained, frozen, buffers, state, hyper, scaling):
+        return self._steps(inputs, trained, frozen, buffers, state, hyper, scaling, ())
+
+    def _rounding_program(self, inputs, trained, frozen, buffers, state, hyper, scaling, noise):
+        """``_program`` with stochastic rounding's numbers (an input only of such programs: each
+        input costs every host call its guards)."""
+        return self._steps(inputs, trained, frozen, buffers, state, hyper, scaling, noise)
+
+    def _steps(self, inputs, trained, frozen, buffers, state, hyper, scaling, noise):
         split_inputs = self._split(inputs)
         layout = self.layout
         steps = layout.geometry.device_iterations
