@@ -657,3 +657,22 @@ def test_automatic_loss_scaling_rejects_bad_input(kwargs, text):
     with pytest.raises((AssertionError, ValueError), match=text):
         training.setAutomaticLossScaling(**kwargs)
     assert training.automaticLossScalingSettings == {"enabled": False}
+
+
+def test_saved_programs_tell_rounding_from_rounding_to_nearest(tmp_path):
+    """The executable cache keys a program by whether it rounds stochastically: the same half
+    model without rounding does not load the rounding program (nor the other way round)."""
+    base = Plane(100, torch.float16)
+    finals, sources = {}, []
+    for rounding in (True, False, True):
+        for backend in ("eager", "compiled"):
+            model = copy.deepcopy(base)
+            opts = options(ga=2).openpopBackend(backend).randomSeed(7).enableExecutableCaching(str(tmp_path))
+            opts.Precision.enableStochasticRounding(rounding)
+            pop = poptorch.trainingModel(model, opts, poptorch.optim.SGD(model.parameters(), lr=2.0 ** -13))
+            for call in range(2):
+                pop(make_data(8, seed=call)[0][:, :1].half())
+            finals[backend] = model.w.detach().clone()
+        assert torch.equal(finals["eager"], finals["compiled"]), rounding
+        sources.append(pop._dispatch.compiled._program.saved.source)
+    assert sources == ["saved", "saved", "loaded"]  # (not "traced": a program of the other kind, not run)

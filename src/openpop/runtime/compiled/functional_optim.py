@@ -25,10 +25,10 @@ update.
 
 Precision follows ``optim/_base.py``: updates are computed in float32 from float32 copies of
 float16/bfloat16 parameters, gradients and state, the new parameters rounded to the parameter's
-dtype (stochastically with ``Precision.enableStochasticRounding``, from numbers the host drew); state
-is stored in its ``*_accum_type`` (float16 rounded after each update, the update itself using the
-unrounded value) or else float32. torch's own optimizers compute half
-parameters in half: only their float32 parameters are supported.
+dtype (stochastically with ``Precision.enableStochasticRounding``, from numbers the host drew);
+state is stored in its ``*_accum_type`` (float16 rounded after each update, the update itself
+using the unrounded value) or else float32. torch's own optimizers compute half parameters in
+half: only their float32 parameters are supported.
 """
 import itertools
 

@@ -392,8 +392,8 @@ class Program:
 
     def _step(self, step_inputs, trained, frozen, buffers, state, hyper, scaling, index, noise):
         """One device iteration (``index``: which, a 1-element tensor; ``noise``: its rounding
-        numbers): every micro-batch (``micro_batches.py``), then (training) the update. Returns (params, state, buffers,
-        stacked outputs, scaling, anchored values)."""
+        numbers): every micro-batch (``micro_batches.py``), then (training) the update. Returns
+        (params, state, buffers, stacked outputs, scaling, anchored values)."""
         layout = self.layout
         loss_scale = scaling["scale"]
         g = layout.geometry

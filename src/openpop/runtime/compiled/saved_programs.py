@@ -141,7 +141,7 @@ def program_key(call, program, ops_digest, options) -> str:
         signature(call.optimizer) if call.training else None,
         (program.loss_index, program.trained_names, program.frozen_names, program.buffer_names,
          program.assigned, program.buffer_sets, program.draws_random, program.stepwise, program.loops_micro_batches,
-         program.anchored, program.per_step_hyper, program.scaling.automatic),
+         program.anchored, program.per_step_hyper, program.scaling.automatic, program.rounded),
         [_name_of(factory) for factory in program.forward_contexts],
         sorted((k, _describe(v)) for k, v in options.items()),
         _compiler_configuration(),
