@@ -571,6 +571,59 @@ def test_compiled_program_takes_assignments_in_shared_modules_and_hooks(one_thre
     assert torch.nn.Module.__setattr__ is MODULE_SETATTR
 
 
+class EmaBlock(torch.nn.Module):
+    """A buffer the forward reassigns (``self.ema = ...``) or, ``in_place``, updates in place."""
+
+    def __init__(self, in_place):
+        super().__init__()
+        self.fc = torch.nn.Linear(DIM, DIM)
+        self.in_place = in_place
+        self.register_buffer("ema", torch.zeros(DIM))
+
+    def forward(self, x):
+        h = torch.tanh(self.fc(x))
+        if self.in_place:
+            self.ema.mul_(0.5).add_(0.5 * h.detach().mean(0))
+        else:
+            self.ema = 0.5 * self.ema + 0.5 * h.detach().mean(0)
+        return h + self.ema
+
+
+class SharedEma(torch.nn.Module):
+    """One ``EmaBlock`` under two names, run twice; ``tied``: the output layer's weight is the
+    input layer's too (a tensor at two slots, as BERT's tied embeddings)."""
+
+    def __init__(self, in_place=False, tied=False):
+        super().__init__()
+        self.first = EmaBlock(in_place)
+        self.second = self.first
+        self.out = torch.nn.Linear(DIM, DIM)
+        if tied:
+            self.out.weight = self.first.fc.weight
+
+    def forward(self, x, target):
+        out = self.out(self.second(self.first(x)))
+        return out, F.mse_loss(out, target)
+
+
+@pytest.mark.parametrize("make", [SharedEma, lambda: SharedEma(in_place=True), lambda: SharedEma(tied=True)],
+                         ids=["reassigned", "in-place", "tied-weights"])
+@pytest.mark.parametrize("di, ga", [(1, 1), (2, 2)])
+def test_compiled_program_updates_buffers_of_a_module_under_two_names(one_thread, make, di, ga):
+    """``functional_call`` set the shared slot twice and left the traced forward's input in it:
+    at one micro-batch the program failed ("Cannot access storage of TensorWrapper")."""
+    made = []
+
+    def make_and_keep():
+        made.append(make())
+        return made[-1]
+
+    pop = train_against_oracle(make_and_keep, lambda call: dense_data(4 * di * ga, seed=call), di, ga,
+                               backend="compiled", unit="program")
+    assert pop._dispatch.compiled.last == "compiled"
+    assert all(type(b) is torch.Tensor and not b.requires_grad for b in made[0].buffers())
+
+
 def test_a_plain_attribute_replaced_in_forward_is_refused_before_anything_changes(one_thread):
     torch.manual_seed(0)
     model = Caching()

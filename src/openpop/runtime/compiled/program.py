@@ -152,6 +152,7 @@ class Program:
         for name in assigned:
             prefix, _, attribute = name.rpartition(".")
             self.assigned_slots.setdefault(id(modules[prefix]), set()).add(attribute)
+        self.aliases = _slot_aliases(model)
         self.buffer_sets = buffer_sets  # R with per-replica buffers, else 1
         self.draws_random = draws_random  # the model draws from torch's generators
         # Indices into trained of the weights rounded stochastically (Precision.enableStochasticRounding):
@@ -368,7 +369,13 @@ class Program:
         tensors = {**params, **dict(zip(self.buffer_names, (b.clone() for b in buffers)))}
         for name in self.assigned:  # the tensor the slot holds, the same after the call
             tensors[name] = _slot(self.model, name)
-        output = _within(self.forward_contexts, functional_call, self.model, tensors, args, kwargs)
+        if self.aliases is None:
+            output = _within(self.forward_contexts, functional_call, self.model, tensors, args, kwargs)
+        else:  # a module under several names: each slot given once, its other slots named (_slot_aliases)
+            for name, others in self.aliases.items():
+                if name in tensors:
+                    tensors.update(dict.fromkeys(others, tensors[name]))
+            output = _within(self.forward_contexts, _untied_call, self.model, tensors, args, kwargs)
         # functional_call writes back what the module's slots hold after the call: a buffer the
         # forward reassigned (``self.buf = new``) is its new tensor there
         return flatten_output(output)[0], [tensors[name] for name in self.buffer_names]
@@ -421,6 +428,38 @@ def _slot(model, name):
     for part in name.split("."):
         model = getattr(model, part)
     return model
+
+
+def _slot_aliases(model):
+    """None when every parameter and buffer slot of ``model`` is reached under one name; else
+    ``{name: [other names]}``: per tensor (by its ``named_parameters``/``named_buffers`` name), the
+    names of its other slots, one name per slot.
+
+    ``functional_call`` ties names by tensor (``tie_weights``): for a module reached under two
+    names (``self.second = self.first``) it sets the one slot twice and, undoing both in order,
+    leaves the second setting - the traced forward's input - in it: a buffer such a module
+    updates escaped the program ("Cannot access storage of TensorWrapper"). Given each slot once,
+    untied, it puts every slot back; tensors held by several modules (tied embeddings) are given
+    under each of their slots."""
+    modules = dict(model.named_modules(remove_duplicate=False))
+    slots, shared = {}, False
+    names = {}
+    for table in (model.named_parameters(remove_duplicate=False), model.named_buffers(remove_duplicate=False)):
+        for name, tensor in table:
+            prefix, _, attribute = name.rpartition(".")
+            slot = (id(modules[prefix]), attribute)
+            if slot in slots:
+                shared = True
+                continue
+            slots[slot] = name
+            names.setdefault(id(tensor), []).append(name)
+    if not shared:
+        return None
+    return {first: others for first, *others in names.values()}
+
+
+def _untied_call(model, tensors, args, kwargs):
+    return functional_call(model, tensors, args, kwargs, tie_weights=False)
 
 
 def _within(contexts, fn, *args):
