@@ -132,3 +132,70 @@ def test_program_takes_inputs_that_share_memory(traced_graphs, aliasing):
         torch.testing.assert_close(losses.reshape(-1), ref_losses, rtol=1e-5, atol=1e-6)
     for p, q in zip(pop.parameters(), reference.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", ["eager", "compiled"])
+def test_float_constants_compare_in_sign_and_nan(traced_graphs, backend):
+    """A program bakes the first call's constants in: ``-0.0`` after ``0.0`` is PopTorch's value
+    mismatch (equal by ``==``, not for ``copysign``), and NaN after NaN is the same value."""
+    model = Reconstruct()
+    opts = options(1, 1, 1).openpopBackend(backend)
+    pop = poptorch.trainingModel(model, opts, poptorch.optim.SGD(model.parameters(), lr=0.0))
+    x, _ = make_data(4)
+    pop(x, x, scale=0.0)
+    with pytest.raises(poptorch.Error, match="Value mismatch for scale: expected 0.0 but got -0.0"):
+        pop(x, x, scale=-0.0)
+    other = Reconstruct()
+    nan = poptorch.trainingModel(other, options(1, 1, 1).openpopBackend(backend),
+                                 poptorch.optim.SGD(other.parameters(), lr=0.0))
+    for _ in range(2):
+        nan(x, x, scale=float("nan"))
+
+
+class DictInputs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = torch.nn.Linear(6, 6)
+
+    def forward(self, batch):
+        out = self.fc(batch["x"]) * batch["scale"]
+        return out, torch.nn.functional.mse_loss(out, batch["target"])
+
+
+def test_program_follows_dict_inputs_given_in_another_key_order(traced_graphs):
+    """The program places inputs by the first call's flattening: a dict in another key order
+    builds another program instead of swapping its tensors (it did, silently)."""
+    model = DictInputs()
+    reference = copy.deepcopy(model)
+    pop = poptorch.trainingModel(model, options(2, 2, 1), poptorch.optim.SGD(model.parameters(), lr=0.1))
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for call in range(3):
+        x, _ = make_data(12, seed=call)
+        target = x.flip(0)
+        batch = {"x": x, "target": target, "scale": 0.5} if call != 1 else {"target": target, "scale": 0.5, "x": x}
+        _, losses = pop(batch)
+        assert pop._dispatch.compiled.last == "compiled"
+        ref_losses = train_loop(reference, ref_opt, (x, target),
+                                lambda m, a, b: m({"x": a, "target": b, "scale": 0.5})[1], 2, 2, 1)
+        torch.testing.assert_close(losses.reshape(-1), ref_losses, rtol=1e-5, atol=1e-6)
+
+
+def test_set_optimizer_over_the_same_parameters_in_another_order(traced_graphs):
+    """The program pairs weights with their optimizer state by position: an optimizer of the same
+    kind over the parameters in another order builds another program (it mixed their momentum)."""
+    model = Regressor()
+    reference = copy.deepcopy(model)
+    params = list(model.parameters())
+    pop = poptorch.trainingModel(model, options(2, 1, 1), poptorch.optim.SGD(params, lr=0.1, momentum=0.9))
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9)
+    for call in range(3):
+        if call == 1:
+            pop.setOptimizer(poptorch.optim.SGD(params[::-1], lr=0.1, momentum=0.9))
+        x, t = make_data(2 * 3, seed=call)
+        _, losses = pop(x, t)
+        assert pop._dispatch.compiled.last == "compiled"
+        ref_losses = train_loop(reference, ref_opt, (x, t), regressor_loss, 2, 1, 1)
+        torch.testing.assert_close(losses.reshape(-1), ref_losses, rtol=1e-5, atol=1e-6)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)

@@ -336,6 +336,13 @@ class CompiledBackend(Backend):
     def _program_for(self, call, inputs, compiled):
         optimizer = call.optimizer
         key = (id(compiled), signature(optimizer) if call.training else None)
+        if self._key == key and (inputs.spec != self._program.layout.inputs.spec or (
+                call.training and self._program.optim.optimizer is not optimizer
+                and not _same_parameters(self._program.optim.params, optimizer))):
+            # Dict inputs in another key order (the program places tensors and constants by the
+            # first call's), or an optimizer of the same signature over its parameters in another
+            # order (the program pairs weights, state and rounding by position): another program.
+            self._key, self.repeat = None, None
         if self._key == key and not self._hook_state.still(call.model):  # traced other forward hooks
             self._key, self.repeat = None, None
             self._new_program_reason = messages.NEW_PROGRAM_HOOKS
@@ -438,6 +445,12 @@ class CompiledBackend(Backend):
                 with call.precision.running(call.model):  # CUDA matmul partials, as eager
                     return run_program(call, compiled, program, tensors, trained, frozen, dry_run)
         return run_program(call, compiled, program, tensors, trained, frozen, dry_run)
+
+
+def _same_parameters(params, optimizer) -> bool:
+    """Whether ``optimizer`` holds exactly ``params``, in that order."""
+    held = [p for group in optimizer.param_groups for p in group["params"]]
+    return len(held) == len(params) and all(p is q for p, q in zip(held, params))
 
 
 def _first_line(exc) -> str:
