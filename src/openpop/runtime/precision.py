@@ -175,20 +175,14 @@ class RunPrecision:
     def generators_kept(self, always: bool = False):
         """openpop's generators as they were when the block raises (``always``: also when it
         returns, for ``compile()``'s dry run); generators the block created are dropped."""
-        saved = {device: g.get_state() for device, g in self._generators.items()}
+        saved = generator_states(self._generators)
         try:
             yield
         except BaseException:
-            self._put_back(saved)
+            restore_generator_states(self._generators, saved)
             raise
         if always:
-            self._put_back(saved)
-
-    def _put_back(self, saved):
-        for device in [d for d in self._generators if d not in saved]:
-            del self._generators[device]
-        for device, state in saved.items():
-            self._generators[device].set_state(state)
+            restore_generator_states(self._generators, saved)
 
     @property
     def generators(self) -> dict:
@@ -206,6 +200,19 @@ class RunPrecision:
 
 
 # ---------------------------------------------------------------------- stochastic rounding
+def generator_states(generators: dict) -> dict:
+    """``{device: state}`` of openpop's rounding generators (``RunPrecision.generators``)."""
+    return {device: g.get_state() for device, g in generators.items()}
+
+
+def restore_generator_states(generators: dict, saved: dict) -> None:
+    """Put ``generators`` back to ``saved`` (``generator_states``): generators made since are dropped."""
+    for device in [d for d in generators if d not in saved]:
+        del generators[device]
+    for device, state in saved.items():
+        generators[device].set_state(state)
+
+
 def stochastic_round(x: torch.Tensor, dtype: torch.dtype, generator: torch.Generator = None) -> torch.Tensor:
     """Round float32 ``x`` to ``dtype`` (float16 or bfloat16) stochastically: to the neighbour
     above with probability ``(x - below) / (above - below)``, else to the one below. Values

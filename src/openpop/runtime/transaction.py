@@ -50,6 +50,7 @@ from ..log import logger
 from ..torch_compat import foreach_copy_
 from . import messages
 from .buffer_state import buffer_slots, has_history
+from .precision import generator_states, restore_generator_states
 from .weights import SharedBuffers
 
 try:  # the C functions: signal.py's wrappers convert to and from enums, which costs more
@@ -117,17 +118,14 @@ class HostCallRollback:
 
     def _save_rng(self):
         return (torch.get_rng_state(), [(d, torch.cuda.get_rng_state(d)) for d in self.cuda_devices],
-                {device: g.get_state() for device, g in self.generators.items()})
+                generator_states(self.generators))
 
     def _restore_rng(self, saved) -> None:
         cpu, cuda, own = saved
         torch.set_rng_state(cpu)
         for device, state in cuda:
             torch.cuda.set_rng_state(state, device)
-        for device in [d for d in self.generators if d not in own]:
-            del self.generators[device]  # created by the failed call
-        for device, state in own.items():
-            self.generators[device].set_state(state)
+        restore_generator_states(self.generators, own)  # (drops those the failed call created)
 
     def _save_weights(self, optimizer) -> "_SavedWeights":
         """Copies of the optimizer's parameters and state, in reused tensors."""

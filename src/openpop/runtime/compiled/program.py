@@ -442,7 +442,7 @@ def _slot_aliases(model):
     untied, it puts every slot back; tensors held by several modules (tied embeddings) are given
     under each of their slots."""
     modules = dict(model.named_modules(remove_duplicate=False))
-    slots, shared = {}, False
+    slots, shared = set(), False
     names = {}
     for table in (model.named_parameters(remove_duplicate=False), model.named_buffers(remove_duplicate=False)):
         for name, tensor in table:
@@ -451,7 +451,7 @@ def _slot_aliases(model):
             if slot in slots:
                 shared = True
                 continue
-            slots[slot] = name
+            slots.add(slot)
             names.setdefault(id(tensor), []).append(name)
     if not shared:
         return None

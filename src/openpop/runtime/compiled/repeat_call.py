@@ -8,13 +8,13 @@ training call of positional tensors ran, the backend keeps a ``RepeatCall``: the
 checks, in one pass, that it is the same kind of call - as many tensors with the same dtypes and
 shapes, none needing a conversion (requires grad, not contiguous) nor sharing memory with another,
 the same optimizer with the same static choices, no parameter frozen and no hook added, the same
-train/eval modes, no trace session watching the call, no saved-tensor hooks - and then runs the program as the general
-path would (``CompiledBackend.run_tensors``), or, for a *plain* program (only weights and optimizer
-state to commit: no updated buffers, anchors, random numbers, automatic loss scaling, per-step
-hyperparameters, stochastic rounding, stepwise loop or CUDA tensors), as ``_run_plain``: the
-same steps in one function. Whenever one check fails it returns ``DECLINED`` having changed nothing, and the
-executor takes its general path, which checks everything again, explains what is wrong or
-rebuilds the program.
+train/eval modes, no trace session watching the call, no saved-tensor hooks - and then runs the
+program as the general path would (``CompiledBackend.run_tensors``), or, for a *plain* program
+(only weights and optimizer state to commit: no updated buffers, anchors, random numbers,
+automatic loss scaling, per-step hyperparameters, stochastic rounding, stepwise loop or CUDA
+tensors), as ``_run_plain``: the same steps in one function. Whenever one check fails it returns
+``DECLINED`` having changed nothing, and the executor takes its general path, which checks
+everything again, explains what is wrong or rebuilds the program.
 """
 import time
 
