@@ -33,10 +33,9 @@ def run_program(call, compiled, program, tensors, trained, frozen, dry_run):
             with call.precision.generators_kept(always=dry_run):
                 rounded = [trained[k] for k in program.rounded]
                 new_params, new_state, new_buffers, outs, scaling, anchored = _run(
-                    program, args + (lambda steps: call.precision.rounding_noise(rounded, steps),),
-                    [*trained, *frozen])
+                    program, args + (lambda steps: call.precision.rounding_noise(rounded, steps),), trained, frozen)
         else:
-            new_params, new_state, new_buffers, outs, scaling, anchored = _run(program, args, [*trained, *frozen])
+            new_params, new_state, new_buffers, outs, scaling, anchored = _run(program, args, trained, frozen)
     except BaseException:
         if hooks is not None:
             hooks.abort_compiled_call()
@@ -65,11 +64,11 @@ def run_program(call, compiled, program, tensors, trained, frozen, dry_run):
     return outs
 
 
-def _run(program, args, weights):
+def _run(program, args, trained, frozen):
     """``program.run(*args)``; one that draws random numbers leaves torch's generators of the
-    ``weights``' devices as they were if it raises."""
+    weights' devices as they were if it raises."""
     if program.draws_random:
-        with generators_kept_on_error(weights):
+        with generators_kept_on_error([*trained, *frozen]):
             return program.run(*args)
     return program.run(*args)
 
