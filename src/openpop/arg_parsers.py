@@ -9,6 +9,8 @@ import abc
 from collections.abc import Iterator
 from typing import Any, Optional
 
+import torch
+
 from . import errors
 from .errors import createPoptorchError
 from .torch_compat import pytree
@@ -43,9 +45,83 @@ def registerCustomArgParser(arg_data_type: type, arg_parser: ICustomArgParser) -
         # whichever parser is registered for the type at the time of the walk.
         pytree.register_pytree_node(
             arg_data_type,
-            lambda obj: (list(custom_arg_parser_for(obj).yieldTensors(obj)), obj),
-            lambda tensors, obj: custom_arg_parser_for(obj).reconstruct(obj, iter(tensors)),
+            lambda obj: (list(custom_arg_parser_for(obj).yieldTensors(obj)), ParsedInput(obj)),
+            lambda tensors, parsed: custom_arg_parser_for(parsed.obj).reconstruct(parsed.obj, iter(tensors)),
         )
+
+
+class ParsedInput:
+    """How an input of a registered type appears in the structure of a call's inputs (its pytree
+    context): the object itself, for ``reconstruct``, and the values its parser does not yield.
+
+    Two calls have the same structure when their objects are of one type and hold equal values
+    besides their tensors (``1.0`` in ``Batch(x, scale=1.0)``): a compiled program, which keeps
+    those values as constants of its trace, serves both. Comparing the objects themselves would
+    tell every new object from the last (a new program each call), or, for a dataclass, compare
+    its tensors. The values are the object's attributes (``__dict__`` and ``__slots__``) with
+    tensors left out; an object that has neither is only the same as itself."""
+
+    __slots__ = ("obj", "values")
+
+    def __init__(self, obj):
+        self.obj = obj
+        self.values = _values_besides_tensors(obj)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, ParsedInput) or type(self.obj) is not type(other.obj):
+            return False
+        if self.values is None or other.values is None:
+            return self.obj is other.obj
+        (spec, leaves), (other_spec, other_leaves) = self.values, other.values
+        return spec == other_spec and all(_same_constant(a, b) for a, b in zip(leaves, other_leaves))
+
+    def __hash__(self) -> int:
+        return hash(type(self.obj))
+
+    def __repr__(self) -> str:  # (part of a saved program's key: saved_programs.py)
+        kind = f"{type(self.obj).__module__}.{type(self.obj).__qualname__}"
+        return f"{kind}(at {id(self.obj):#x})" if self.values is None else f"{kind}{self.values!r}"
+
+
+class _Tensor:
+    """Where an attribute held a tensor (its values reach the program as an input)."""
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _Tensor)
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __repr__(self) -> str:
+        return "<tensor>"
+
+
+_TENSOR = _Tensor()
+
+
+def _values_besides_tensors(obj):
+    """``(spec, leaves)`` of ``obj``'s attributes, tensors replaced by a marker; None when it has
+    no ``__dict__`` and no ``__slots__``."""
+    attributes = dict(getattr(obj, "__dict__", None) or {})
+    slotted = False
+    for cls in type(obj).__mro__:
+        slots = cls.__dict__.get("__slots__", ())
+        for name in ((slots,) if isinstance(slots, str) else slots):
+            slotted = True
+            if name not in ("__dict__", "__weakref__") and hasattr(obj, name):
+                attributes[name] = getattr(obj, name)
+    if not attributes and not slotted and not hasattr(obj, "__dict__"):
+        return None
+    leaves, spec = pytree.tree_flatten(dict(sorted(attributes.items())))
+    return spec, [_TENSOR if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
+
+
+def _same_constant(a, b) -> bool:
+    from .runtime.args import same_value  # (runtime.args imports this module)
+    try:
+        return same_value(a, b)
+    except Exception:  # a value whose == gives no truth value (an array): only itself is the same
+        return a is b
 
 
 def custom_arg_parser_for(obj) -> Optional[ICustomArgParser]:

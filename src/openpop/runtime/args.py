@@ -250,7 +250,7 @@ def _compare(name, expected, value):
             return f"Shape mismatch for {name}: expected {expected[2]} but got {got[2]}."
         return None
     if kind == "value":
-        if not _same_value(expected[1], got[1]):
+        if not same_value(expected[1], got[1]):
             return f"Value mismatch for {name}: expected {expected[1]} but got {got[1]}."
         return None
     if kind is dict:
@@ -272,7 +272,7 @@ def _compare(name, expected, value):
     return None
 
 
-def _same_value(a, b) -> bool:
+def same_value(a, b) -> bool:
     """Equal as a compiled program's constant: floats also in sign (``-0.0`` is not ``0.0``: a
     program traced with one computes ``copysign`` with it), NaN equal to NaN."""
     if isinstance(a, float) and isinstance(b, float):
