@@ -123,6 +123,11 @@ SETTINGS = (
             "bfloat16 models. `auto` measures this CPU once per process and computes in float32 where "
             "half precision is slower. Read when a model is wrapped; any other value is an error there.",
             see="guides/precision.md#half-precision-at-cpu-speed"),
+    Setting("half_overflow", "OPENPOP_HALF_OVERFLOW", _text, "`saturate`",
+            "`saturate` or `inf`: what a float16 result too large for float16 becomes. `saturate` "
+            "clamps it to +-65504, as the IPU does unless floating-point exceptions are enabled; `inf` "
+            "is IEEE's overflow. Read when a model is wrapped; any other value is an error there.",
+            see="guides/precision.md#float16-overflow-saturates"),
     # --- front-ends ---------------------------------------------------------------------------
     Setting("lightning_hook", "OPENPOP_LIGHTNING_HOOK", _on_unless("0", "off", "false", "no"), "`1` (on)",
             "`0`, `off`, `false` or `no` stop the import hook that adds `IPUStrategy` and friends to "

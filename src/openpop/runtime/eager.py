@@ -30,7 +30,7 @@ class EagerBackend(Backend):
         started = time.perf_counter()
         with session.running(training, precision, host_call), \
                 contextlib.nullcontext() if training else torch.no_grad(), \
-                around if around is not None else contextlib.nullcontext():
+                around if around is not None else contextlib.nullcontext(), precision.saturating(call.model):
             result = _steps(call.identity, inputs, executable, call, self, host_call)
         self.last_run_seconds = time.perf_counter() - started
         return result

@@ -115,6 +115,7 @@ ENGINE_OPTION_DIRECTORY = ("{key} must be a directory path (a string), got {valu
 
 # --- half compute ---------------------------------------------------------------
 HALF_COMPUTE_ENV = "{env}={value!r} is not valid: set it to auto, native or float32 (or unset it for auto)."
+HALF_OVERFLOW_ENV = "{env}={value!r} is not valid: set it to saturate or inf (or unset it for saturate)."
 HALF_COMPUTE_SETTING = "half compute setting must be one of {settings}, not {setting!r}"
 CPU_GEMM_ENV = "{env}={value!r} is not valid: set it to auto, onednn or aten (or unset it for auto)."
 CPU_GEMM_CHOICE = ("compiled float32 GEMMs on this CPU: aten {aten:.0f} vs oneDNN {onednn:.0f} GFLOP/s -> {choice} "

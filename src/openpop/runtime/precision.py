@@ -23,6 +23,8 @@ wrapped:
   and "half" turns them on (``torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction``,
   ``allow_bf16_reduced_precision_reduction``, ``allow_fp16_accumulation``); the previous values
   are restored afterwards.
+* ``saturating(model)`` — around an eager host call's steps: float16 results that overflow
+  become +-65504, as on the IPU (``half_saturation.py``; compiled programs insert the clamps).
 * ``loss_scaler(optimizer)`` — automatic loss scaling (``loss_scaling.py``).
 * ``optimizer_step(optimizer)`` — the optimizer's ``step()`` (``optim.checks.optimizer_method``); with
   ``Precision.enableStochasticRounding(True)``, float16/bfloat16 parameters are updated in
@@ -43,8 +45,9 @@ from torch.overrides import TorchFunctionMode
 from .. import errors
 from ..optim.checks import optimizer_method
 from ..torch_compat import pytree
-from . import messages
+from . import half_saturation, messages
 from .half_compute import LOW_PRECISION, HalfComputePolicy, LowPrecisionOps, op_name
+from .half_saturation import SaturatingHalf
 from .loss_scaling import DynamicLossScaling, StaticLossScaling
 
 _NO_CONTEXT = contextlib.nullcontext()
@@ -64,6 +67,7 @@ class RunPrecision:
         self._seed = options.random_seed if options.exists("random_seed") else None
         self._generators = {}
         self.half_compute = HalfComputePolicy.from_env()  # validates OPENPOP_HALF_COMPUTE
+        self.half_overflow = half_saturation.setting_from_env()  # validates OPENPOP_HALF_OVERFLOW
         self._low_precision_ops = None  # decided on the first forward
 
     # ------------------------------------------------------------------ forward
@@ -128,6 +132,11 @@ class RunPrecision:
             return
         with cuda_matmul_partials(half=self.half_partials):
             yield
+
+    def saturating(self, model: torch.nn.Module):
+        """Context for an eager host call's steps: float16 results clamped to +-65504 where the
+        model computes in float16 (``half_saturation.py``)."""
+        return SaturatingHalf() if half_saturation.applies(model, self) else _NO_CONTEXT
 
     # ------------------------------------------------------------------ training
     def loss_scaler(self, optimizer):

@@ -4,6 +4,7 @@ import torch
 
 from .attention_backward import ShortAttentionBackward
 from .cuda_graphs import compile_options
+from .half_saturation_pass import SaturateHalf
 
 _WHILE_LOOP = "torch.ops.higher_order.while_loop"  # the name torch's caches know it by
 SMALL_PROGRAM_OPS = 32  # (the tiny MLP of benchmarks/host_overhead.py: 13; one BERT layer: 122)
@@ -21,7 +22,8 @@ def forward_contexts(call):
     return contexts, stepwise
 
 
-def compile_kwargs(device, geometry, draws_random, half_casts=False, loops=True, ops=None, training=False):
+def compile_kwargs(device, geometry, draws_random, half_casts=False, loops=True, ops=None, training=False,
+                   saturate_half=False):
     """``torch.compile``'s arguments for a program on ``device``. CUDA: CUDA graphs
     (``cuda_graphs.py``). CPU, a program that loops over device iterations, or a small one (at
     most ``SMALL_PROGRAM_OPS`` aten ops per micro-batch, ``ops`` as the probe counted them):
@@ -43,7 +45,9 @@ def compile_kwargs(device, geometry, draws_random, half_casts=False, loops=True,
     (Inductor otherwise keeps fused element-wise chains in float32: half gradients summed over
     micro-batches, half weights updated would differ from eager's by an ulp; stochastic rounding
     would see its float32 value as already rounded). A CPU training program:
-    short attention's backward as tensor math (``attention_backward.py``)."""
+    short attention's backward as tensor math (``attention_backward.py``). ``saturate_half`` (a
+    model computing in float16, ``half_saturation.applies``): float16 results clamped to +-65504, as
+    eager clamps them (``half_saturation_pass.py``)."""
     options = dict(compile_options(device))
     small = ops is not None and ops <= SMALL_PROGRAM_OPS
     if not options and loops and (geometry.device_iterations > 1 or small):
@@ -62,4 +66,6 @@ def compile_kwargs(device, geometry, draws_random, half_casts=False, loops=True,
     from .passes import active  # (the registry: each pass's switch)
     if training and device.type == "cpu" and active("attention_backward"):
         options["post_grad_custom_pre_pass"] = ShortAttentionBackward()
+    if saturate_half:
+        options["post_grad_custom_post_pass"] = SaturateHalf()
     return {"options": options} if options else {}

@@ -1,0 +1,162 @@
+"""Float16 overflow saturates at +-65504, as on the IPU (runtime/half_saturation.py): in the
+forward, the backward (the loss-scaled seed included) and the optimizer step; the same in the
+compiled program; not with floating-point exceptions, automatic loss scaling or
+OPENPOP_HALF_OVERFLOW=inf."""
+import copy
+
+import pytest
+import torch
+
+import poptorch
+from openpop.runtime import half_saturation
+
+MAX = 65504.0
+
+
+class Scaled(torch.nn.Module):
+    """``sum(w * x) * k``: with ``k`` large the forward overflows float16."""
+
+    def __init__(self, k=1.0):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.full((4,), 0.5))
+        self.k = k
+
+    def forward(self, x):
+        y = self.w * x * self.k
+        return y, poptorch.identity_loss(y.sum(), reduction="sum")
+
+
+def options(backend="eager", di=1):
+    opts = poptorch.Options().deviceIterations(di).openpopBackend(backend)
+    opts.showCompilationProgressBar(False)
+    return opts
+
+
+@pytest.mark.parametrize("backend", ["eager", "compiled"])
+def test_forward_overflow_saturates(backend):
+    model = Scaled(k=1024.0).half()
+    pop = poptorch.inferenceModel(model, options(backend))
+    x = torch.tensor([[128.0, -128.0, 1.0, float("inf")]]).half()
+    y, loss = pop(x)
+    # 0.5 * 128 * 1024 = 65536 > 65504; arithmetic on an inf operand is clamped too (module docstring)
+    assert y[0].tolist() == [MAX, -MAX, 512.0, MAX]
+    assert loss.item() == MAX  # 65504 - 65504 + 512 + 65504 overflows: saturated
+
+
+@pytest.mark.parametrize("backend", ["eager", "compiled"])
+def test_loss_scale_beyond_float16_saturates_the_backward_seed(backend):
+    """MAE's configurations: a float16 loss scaled by 2**23. IEEE arithmetic seeds the backward
+    with inf (NaN weights after one step); saturated, the seed is 65504 and SGD steps by
+    lr * 65504 * x / 2**23. The hand computation is the oracle."""
+    model = Scaled().half()
+    scale = 2.0 ** 23
+    pop = poptorch.trainingModel(model, options(backend), poptorch.optim.SGD(model.parameters(), lr=1.0,
+                                                                            loss_scaling=scale))
+    x = torch.tensor([[0.25, 0.5, -0.5, 0.125]]).half()
+    pop(x)
+    grad = (torch.tensor(MAX).half() * x[0]).float() / scale  # d(sum(w*x)*seed)/dw, unscaled
+    expected = (torch.full((4,), 0.5) - grad).half()
+    assert torch.equal(model.w.detach(), expected)
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(8, 16)
+        self.fc2 = torch.nn.Linear(16, 4)
+
+    def forward(self, x, t):
+        h = torch.relu(self.fc1(x)) * 64.0  # activations and their gradients near float16's limit
+        out = self.fc2(h)
+        return out, poptorch.identity_loss((out * t).mean(), reduction="mean")
+
+
+def test_compiled_program_saturates_as_eager(monkeypatch):
+    """Overflow in forward and backward, over DI 2 x GA 2: the compiled program's clamps are
+    eager's, bit for bit. (Where an op that eager runs as one kernel overflows inside - an
+    ``mse_loss`` squaring a large difference - the program's decomposed ops clamp the
+    intermediate and eager does not: such overflow is kept out of the comparison.)"""
+    torch.manual_seed(0)
+    model = Net().half()
+    with torch.no_grad():
+        model.fc1.weight.mul_(20)
+
+    def train(backend):
+        m = copy.deepcopy(model)
+        opts = options(backend, di=2)
+        opts.Training.gradientAccumulation(2)
+        pop = poptorch.trainingModel(m, opts, poptorch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9,
+                                                                 loss_scaling=512.0))
+        g = torch.Generator().manual_seed(1)
+        for _ in range(2):
+            pop(torch.randn(8, 8, generator=g).half() * 4, torch.randn(8, 4, generator=g).half())
+        if backend == "compiled":
+            assert pop._dispatch.compiled.last == "compiled"
+        return list(m.parameters())
+
+    eager, compiled = train("eager"), train("compiled")
+    for name, a, b, before in zip(["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"], eager, compiled,
+                                  model.parameters()):
+        assert torch.isfinite(a).all() and not torch.equal(a, before), name
+        assert torch.equal(a, b), name
+    monkeypatch.setenv("OPENPOP_HALF_OVERFLOW", "inf")  # the run really overflowed: IEEE's gives NaN
+    assert not torch.isfinite(train("eager")[0]).all()
+
+
+def test_explicit_infinities_pass_through_selections():
+    """A -inf mask is a value the model gave, not an overflow: where/masked_fill keep it."""
+
+    class Masked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(4).half())
+
+        def forward(self, x, mask):
+            return x.masked_fill(mask, float("-inf")) * 1, torch.where(mask, float("-inf"), x * self.w)
+
+    x = torch.ones(1, 4).half()
+    mask = torch.tensor([[True, False, False, True]])
+    arithmetic, selected = poptorch.inferenceModel(Masked(), options())(x, mask)
+    assert selected[0].tolist() == [float("-inf"), 1.0, 1.0, float("-inf")]
+    assert arithmetic[0].tolist() == [-MAX, 1.0, 1.0, -MAX]  # (x * 1 is arithmetic)
+
+
+def test_ieee_overflow_where_saturation_does_not_apply(monkeypatch):
+    x = torch.tensor([[100.0, 100.0, 1.0, 1.0]]).half()
+    monkeypatch.setenv("OPENPOP_HALF_OVERFLOW", "inf")
+    y, _ = poptorch.inferenceModel(Scaled(k=10000.0).half(), options())(x)
+    assert y[0, 0] == float("inf")
+    monkeypatch.delenv("OPENPOP_HALF_OVERFLOW")
+    opts = options()
+    opts.Precision.enableFloatingPointExceptions(True)  # then overflow is an error (the IPU's NaN-on-overflow)
+    with pytest.raises(poptorch.Error, match="overflow"):
+        poptorch.inferenceModel(Scaled(k=10000.0).half(), opts)(x)
+    y, _ = poptorch.inferenceModel(Scaled(k=10000.0).bfloat16(), options())(x.bfloat16())
+    assert y[0, 0] == 500000.0  # bfloat16 has float32's range: nothing to saturate
+
+
+def test_automatic_loss_scaling_keeps_ieee_overflow():
+    model = Scaled().half()
+    opts = options()
+    opts.Training.setAutomaticLossScaling(True)
+    optimizer = poptorch.optim.SGD(model.parameters(), lr=1.0, loss_scaling=2.0 ** 23)
+    pop = poptorch.trainingModel(model, opts, optimizer)
+    pop(torch.tensor([[0.25, 0.5, -0.5, 0.125]]).half())
+    assert optimizer.loss_scaling == 2.0 ** 22  # it saw the overflow: step skipped, scale halved
+    assert torch.equal(model.w.detach(), torch.full((4,), 0.5).half())
+
+
+def test_bad_setting_names_the_values(monkeypatch):
+    monkeypatch.setenv("OPENPOP_HALF_OVERFLOW", "clip")
+    with pytest.raises(ValueError, match="OPENPOP_HALF_OVERFLOW='clip' is not valid: set it to saturate or inf"):
+        poptorch.inferenceModel(Scaled().half(), options())
+
+
+@pytest.mark.parametrize("op, computes", [
+    (torch.ops.aten.mul.Tensor, True), (torch.ops.aten.addmm.default, True), (torch.ops.aten._to_copy.default, True),
+    (torch.ops.aten.sum.dim_IntList, True), (torch.ops.aten.scatter.reduce, True),
+    (torch.ops.aten.where.self, False), (torch.ops.aten.masked_fill.Scalar, False), (torch.ops.aten.cat.default, False),
+    (torch.ops.aten.view.default, False), (torch.ops.aten.scatter.src, False), (torch.ops.aten.full.default, False),
+])
+def test_which_ops_compute_values(op, computes):
+    assert half_saturation.computes_values(op) is computes
