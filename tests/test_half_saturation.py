@@ -160,3 +160,13 @@ def test_bad_setting_names_the_values(monkeypatch):
 ])
 def test_which_ops_compute_values(op, computes):
     assert half_saturation.computes_values(op) is computes
+
+
+def test_regions_leave_saturating_models_to_the_program():
+    """Eager's saturating mode would run compiled regions eagerly (Dynamo does not compile under a
+    dispatch mode): the unit 'regions' declines such a model, with the way out."""
+    model = Scaled().half()
+    opts = poptorch.Options().openpopBackend("compiled", unit="regions")
+    pop = poptorch.trainingModel(model, opts, poptorch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(poptorch.Error, match="'regions' for a model computing in float16.*OPENPOP_HALF_OVERFLOW=inf"):
+        pop(torch.ones(1, 4).half())

@@ -51,6 +51,9 @@ AUTO_ESTIMATE = "{ops} aten ops per micro-batch x {unrolled} unrolled, {tensors}
 AUTO_ESTIMATE_REGIONS = "{ops} distinct aten ops per micro-batch in {regions} distinct compiled regions{warm}"
 COMPILED_DECLINED = "openpop runs this model eagerly: the compiled backend does not support %s"
 # Why the compiled backend declines a model (the {reason} above)
+REGIONS_SATURATION = ("the compiled unit 'regions' for a model computing in float16, whose overflow saturates "
+                      "(eager's saturating mode would run the regions eagerly): use unit='program' or 'auto', "
+                      "or OPENPOP_HALF_OVERFLOW=inf")
 REGIONS_NONE = ("a model without regions to compile: no module with parameters whose forward the model calls "
                 "(use unit='program')")
 INELIGIBLE_REGIONS = "what torch.compile of its regions rejects: {error}"
