@@ -170,3 +170,61 @@ def test_regions_leave_saturating_models_to_the_program():
     pop = poptorch.trainingModel(model, opts, poptorch.optim.SGD(model.parameters(), lr=0.1))
     with pytest.raises(poptorch.Error, match="'regions' for a model computing in float16.*OPENPOP_HALF_OVERFLOW=inf"):
         pop(torch.ones(1, 4).half())
+
+
+class Growing(torch.nn.Module):
+    """Overflows float16 once its input is large enough; dropout draws from torch's generator
+    and a buffer counts the forwards, so a call run twice would show."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.drop = torch.nn.Dropout(0.25)
+        self.register_buffer("forwards", torch.zeros((), dtype=torch.float16))
+
+    def forward(self, x):
+        self.forwards += 1
+        y = self.drop(self.fc(x)) * 256.0
+        return y, poptorch.identity_loss(y.sum(), reduction="sum")
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_eager_runs_a_call_again_saturating_when_it_overflows(training, caplog, monkeypatch):
+    """Eager runs float16 models without its saturating mode (a cost on every op) until a call
+    overflows; that call is rolled back and runs again saturating, as do all later calls. The
+    oracle: the same executor saturating from the start (which it does when calls cannot be
+    rolled back)."""
+    monkeypatch.setattr(poptorch.logger, "propagate", True)
+    torch.manual_seed(0)
+    model = Growing().half()
+    x = torch.randn(6, 4).half()
+    inputs = [x, x * 1000, x]  # the second call overflows (in its second step, when training)
+    runs = {}
+    for watched in [True, False]:
+        m = copy.deepcopy(model)
+        opts = options(di=3)
+        opts.randomSeed(0)
+        if training:
+            opts.Training.rollbackFailedCalls(watched)
+            pop = poptorch.trainingModel(m, opts, poptorch.optim.SGD(m.parameters(), lr=1e-3, momentum=0.9))
+        else:
+            m.eval()
+            pop = poptorch.inferenceModel(m, opts)
+        if not watched and not training:
+            pop._precision._saturating = True
+        torch.manual_seed(1)
+        outputs = []
+        for call, batch in enumerate(inputs):
+            with caplog.at_level("INFO", logger=poptorch.logger.name):
+                outputs.append(pop(batch)[0])
+            if watched:
+                assert pop._precision._saturating == (call >= 1), call
+        runs[watched] = outputs, [t.detach().clone() for t in m.state_dict().values()], torch.get_rng_state()
+    (out_w, state_w, rng_w), (out_s, state_s, rng_s) = runs[True], runs[False]
+    for a, b in zip(out_w + state_w, out_s + state_s):
+        assert torch.equal(a, b)
+    assert torch.equal(rng_w, rng_s)
+    if training:  # one forward per micro-batch: no call ran twice ("forwards" comes first)
+        assert state_w[0].item() == 3 * 3  # one forward per micro-batch: no call ran twice
+    assert isinstance(out_w[1], torch.Tensor) and out_w[1].abs().max() == MAX
+    assert sum("float16 overflow" in r.getMessage() for r in caplog.records) == 1

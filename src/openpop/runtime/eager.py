@@ -10,12 +10,16 @@ import time
 
 import torch
 
+from ..torch_compat import pytree
 from . import context, trace
 from .backend_contract import Backend
+from .compiled.generator_states import RngState
 from .gradients import GradientReduction, MeanPolicy, ReplicaSum
+from .half_saturation import HalfOverflow
 from .outputs import OutputCollector
 from .perf import PerfRecorder
 from .schedules import CallState, MicroBatchInputs
+from .weights import BufferSnapshot
 
 
 class EagerBackend(Backend):
@@ -25,23 +29,49 @@ class EagerBackend(Backend):
 
     def run(self, call, inputs, executable, around=None):
         """The host call (``Backend.run``); ``around``: a context it runs in (compiled regions)."""
+        precision, model = call.precision, call.model
+        rerun_possible = call.settings.rollback_failed_calls if call.training else True
+        if not precision.watches_half_overflow(model, rerun_possible):
+            return self._run(call, inputs, executable, around, watching=False)
+        # A float16 model runs without saturation until a call overflows (half_saturation.py)
+        snapshot = None if call.training else (RngState(), BufferSnapshot(list(model.buffers()), model))
+        try:
+            result = self._run(call, inputs, executable, around, watching=True)
+            if call.training or all(torch.isfinite(t).all() for t in _half_tensors(result)):
+                return result
+        except HalfOverflow:  # (a training call: rolled back before its update)
+            pass
+        if snapshot is not None:
+            snapshot[0].restore()
+            snapshot[1].restore()
+        precision.start_saturating()
+        return self._run(call, inputs, executable, around, watching=False)
+
+    def _run(self, call, inputs, executable, around, watching):
         session, training, precision = call.session, call.training, call.precision
         host_call = session.host_call(call.optimizer, precision) if training else contextlib.nullcontext()
         started = time.perf_counter()
         with session.running(training, precision, host_call), \
                 contextlib.nullcontext() if training else torch.no_grad(), \
-                around if around is not None else contextlib.nullcontext(), precision.saturating(call.model):
-            result = _steps(call.identity, inputs, executable, call, self, host_call)
+                around if around is not None else contextlib.nullcontext(), \
+                precision.saturating(call.model, watching):
+            result = _steps(call.identity, inputs, executable, call, self, host_call, watching)
         self.last_run_seconds = time.perf_counter() - started
         return result
 
 
+def _half_tensors(result):
+    return [t for t in pytree.tree_leaves(result) if isinstance(t, torch.Tensor) and t.dtype == torch.float16]
+
+
 @trace.host_call
-def _steps(executor, inputs, executable, call, backend, host_call):
-    """The host call's steps (``executor``: the key a trace session knows the calls by)."""
+def _steps(executor, inputs, executable, call, backend, host_call, watching):
+    """The host call's steps (``executor``: the key a trace session knows the calls by;
+    ``watching``: for float16 overflow, ``half_saturation.py``)."""
     geometry, schedule = call.geometry, call.schedule
+    gradients = _gradients(call, executable, watching) if call.training else None
     state = CallState(MicroBatchInputs(inputs, geometry), OutputCollector(
-        call.settings.output_mode, call.settings.output_return_period, geometry), _gradients(call, executable))
+        call.settings.output_mode, call.settings.output_return_period, geometry), gradients)
     perf = PerfRecorder()
     executable.anchors.start_call()
     for step in range(geometry.device_iterations):
@@ -65,10 +95,8 @@ def _steps(executor, inputs, executable, call, backend, host_call):
     return result
 
 
-def _gradients(call, executable):
-    """The call's gradient reduction (training; None for inference)."""
-    if not call.training:
-        return None
+def _gradients(call, executable, watch_overflow):
+    """The call's gradient reduction (training)."""
     optimizer, geometry = call.optimizer, call.geometry
     params = [p for group in optimizer.param_groups for p in group["params"]]
     scaler = call.precision.loss_scaler(optimizer)
@@ -76,4 +104,5 @@ def _gradients(call, executable):
     policy = MeanPolicy.choose(call.settings, params, scaler.automatic, replicas.own_weights)
     return GradientReduction(
         policy, geometry.micro_batches_per_step, params, scaler, trainable=executable.trainable,
-        replica_sum=ReplicaSum(replicas, call.processes, executable.trainable, geometry.micro_batches_per_step))
+        replica_sum=ReplicaSum(replicas, call.processes, executable.trainable, geometry.micro_batches_per_step),
+        watch_overflow=watch_overflow)

@@ -39,6 +39,7 @@ from typing import Optional
 import torch
 
 from ..torch_compat import amp_foreach_non_finite_check_and_unscale_, foreach_mul_
+from .half_saturation import HalfOverflow
 from .losses import backward
 
 
@@ -127,7 +128,7 @@ class GradientReduction:
     processes) onto these, first thing in ``finish_step``."""
 
     def __init__(self, policy: MeanPolicy, micro_batches: int, params, scaler, *, trainable=(),
-                 replica_sum=None):
+                 replica_sum=None, watch_overflow=False):
         self.policy = policy
         self.params = params
         self.trainable = trainable
@@ -137,6 +138,10 @@ class GradientReduction:
         self.loss_scale = scaler.scale
         self._count = 0
         self._in_order = _InOrder()
+        # A float16 model run without saturation (half_saturation.py): a step whose losses or
+        # gradients are not finite raises HalfOverflow before its update.
+        self.watch_overflow = watch_overflow
+        self._losses_finite = []
 
     @property
     def seed_scale(self) -> float:
@@ -150,11 +155,14 @@ class GradientReduction:
             p.grad = None
         self._count = 0
         self.loss_scale = self.scaler.scale
+        self._losses_finite.clear()
         self._in_order.reset()
         self.replica_sum.start_step(overlap_reduction)
 
     def backward(self, loss: torch.Tensor) -> None:
         """Back-propagate one micro-batch's loss into the accumulated gradients."""
+        if self.watch_overflow:
+            self._losses_finite.append(torch.isfinite(loss.detach()).all())
         k = self._count
         if self.policy is MeanPolicy.RUNNING:
             if k > 0:
@@ -171,6 +179,8 @@ class GradientReduction:
         its gradients for ``leaves`` are added to their ``.grad`` after every earlier micro-batch
         has added its own (see the module docstring), by this thread or - if an earlier one is
         not done yet - by the thread that adds the one just before it; nobody waits."""
+        if self.watch_overflow:
+            self._losses_finite.append(torch.isfinite(loss.detach()).all())
         running = self.policy is MeanPolicy.RUNNING
         grads = _gradients_of(loss, self.loss_scale / (index + 1) if running else self.seed_scale, leaves)
 
@@ -206,6 +216,11 @@ class GradientReduction:
             finite = _unscale_and_check(grads, 1.0 / divisor)
             self.loss_scale = self.scaler.update(finite)
             return finite
+        if self.watch_overflow:
+            finite = _unscale_and_check(grads, 1.0 / divisor) if grads else True
+            if not (finite and all(bool(f) for f in self._losses_finite)):
+                raise HalfOverflow()
+            return True
         if grads and divisor != 1.0:
             foreach_mul_(grads, 1.0 / divisor)
         return True

@@ -17,10 +17,20 @@ create given values (``where``, ``masked_fill``, ``cat``, ``index``, ``full``, v
 them, so a ``-inf`` attention mask stays ``-inf`` until arithmetic uses it. Finer than the
 hardware cannot be done without per-element provenance: an op's infinite result is clamped
 whether it overflowed or came from an infinite operand (``x + (-inf)`` gives -65504, not
-``-inf``; in a softmax both give zeros). NaN stays NaN.
+``-inf``; in a softmax both give zeros). NaN stays NaN. Infinities
+that are not overflows (``log(0)``, ``1 / 0``) are clamped as well.
 
 * eager: ``SaturatingHalf``, a torch dispatch mode around the host call's steps (it sees the
-  backward's and the optimizer's ops too);
+  backward's and the optimizer's ops too). A dispatch mode costs Python work on every op
+  (1.4-2.8x the step time of small float16 MLPs), and saturation changes nothing until a value
+  overflows, so an executor starts without it and watches: a training call whose loss or
+  gradients hold an inf or NaN (checked with the gradients' unscaling, in the same pass) raises
+  ``HalfOverflow`` before its optimizer update, is rolled back (``transaction.py``) and runs again
+  saturating, as do all later calls; an inference call with such outputs runs again the same
+  way (buffers and generators put back). Where a call cannot be rolled back
+  (``Training.rollbackFailedCalls(False)``) it saturates from the start. An overflow whose inf
+  vanishes before the loss, outputs and gradients (``exp(-inf)``) is not seen: those values then
+  differ from the IPU's in the last place at most;
 * compiled programs: ``compiled/half_saturation_pass.py`` inserts the same clamps into the
   program's graph, where Inductor fuses them into the kernels computing the values.
 
@@ -83,6 +93,10 @@ def applies(model: torch.nn.Module, precision) -> bool:
         return True
     return any(t.dtype == torch.float16 for t in model.parameters()) or \
         any(t.dtype == torch.float16 for t in model.buffers())
+
+
+class HalfOverflow(Exception):
+    """A call of a watched float16 model overflowed: it runs again, saturating (module docstring)."""
 
 
 def saturate_(tensor: torch.Tensor) -> None:

@@ -118,6 +118,8 @@ ENGINE_OPTION_DIRECTORY = ("{key} must be a directory path (a string), got {valu
 
 # --- half compute ---------------------------------------------------------------
 HALF_COMPUTE_ENV = "{env}={value!r} is not valid: set it to auto, native or float32 (or unset it for auto)."
+HALF_OVERFLOW_SEEN = ("float16 overflow: this model's float16 results saturate at +-65504 from this host call on, as "
+                      "on the IPU (the call runs again; OPENPOP_HALF_OVERFLOW=inf keeps IEEE overflow)")
 HALF_OVERFLOW_ENV = "{env}={value!r} is not valid: set it to saturate or inf (or unset it for saturate)."
 HALF_COMPUTE_SETTING = "half compute setting must be one of {settings}, not {setting!r}"
 CPU_GEMM_ENV = "{env}={value!r} is not valid: set it to auto, onednn or aten (or unset it for auto)."

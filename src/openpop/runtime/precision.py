@@ -23,8 +23,9 @@ wrapped:
   and "half" turns them on (``torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction``,
   ``allow_bf16_reduced_precision_reduction``, ``allow_fp16_accumulation``); the previous values
   are restored afterwards.
-* ``saturating(model)`` — around an eager host call's steps: float16 results that overflow
-  become +-65504, as on the IPU (``half_saturation.py``; compiled programs insert the clamps).
+* ``saturating(model, watching)`` — around an eager host call's steps: float16 results that
+  overflow become +-65504, as on the IPU, once a watched call overflowed
+  (``watches_half_overflow``, ``half_saturation.py``; compiled programs insert the clamps).
 * ``loss_scaler(optimizer)`` — automatic loss scaling (``loss_scaling.py``).
 * ``optimizer_step(optimizer)`` — the optimizer's ``step()`` (``optim.checks.optimizer_method``); with
   ``Precision.enableStochasticRounding(True)``, float16/bfloat16 parameters are updated in
@@ -43,6 +44,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .. import errors
+from ..log import logger
 from ..optim.checks import optimizer_method
 from ..torch_compat import pytree
 from . import half_saturation, messages
@@ -68,6 +70,7 @@ class RunPrecision:
         self._generators = {}
         self.half_compute = HalfComputePolicy.from_env()  # validates OPENPOP_HALF_COMPUTE
         self.half_overflow = half_saturation.setting_from_env()  # validates OPENPOP_HALF_OVERFLOW
+        self._saturating = False  # a watched call overflowed (half_saturation.py)
         self._low_precision_ops = None  # decided on the first forward
 
     # ------------------------------------------------------------------ forward
@@ -133,10 +136,21 @@ class RunPrecision:
         with cuda_matmul_partials(half=self.half_partials):
             yield
 
-    def saturating(self, model: torch.nn.Module):
+    def watches_half_overflow(self, model: torch.nn.Module, rerun_possible: bool) -> bool:
+        """Whether an eager host call of ``model`` runs without saturation and watches for
+        overflow (``half_saturation.py``): it computes in float16, no overflow was seen yet, and a
+        call that overflows can be run again (``rerun_possible``)."""
+        return rerun_possible and not self._saturating and half_saturation.applies(model, self)
+
+    def saturating(self, model: torch.nn.Module, watching: bool):
         """Context for an eager host call's steps: float16 results clamped to +-65504 where the
-        model computes in float16 (``half_saturation.py``)."""
-        return SaturatingHalf() if half_saturation.applies(model, self) else _NO_CONTEXT
+        model computes in float16 and the call is not ``watching`` for overflow."""
+        return SaturatingHalf() if not watching and half_saturation.applies(model, self) else _NO_CONTEXT
+
+    def start_saturating(self) -> None:
+        """A watched call overflowed: this and every later call saturate."""
+        self._saturating = True
+        logger.info(messages.HALF_OVERFLOW_SEEN)
 
     # ------------------------------------------------------------------ training
     def loss_scaler(self, optimizer):
