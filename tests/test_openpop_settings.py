@@ -70,7 +70,8 @@ DEFAULTS = {
     "device_map": None, "concurrent_stages": "auto", "host_memory": None, "backend": None, "compile_after": None,
     "compiled_unit": "auto", "cpu_gemm": None, "disable_passes": (), "cache_lock_timeout": 1800.0,
     "executable_cache": True, "executable_cache_max_mb": 2048.0,
-    "half_compute": None, "lightning_hook": True, "popart_num_ipus": 64, "collective_timeout": 600.0,
+    "half_compute": None, "half_overflow": None, "lightning_hook": True, "popart_num_ipus": 64,
+    "collective_timeout": 600.0,
     "allreduce_bucket_mb": 25.0, "allreduce_overlap": True, "horovod_compat": True,
 }
 

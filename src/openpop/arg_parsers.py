@@ -6,6 +6,7 @@ A model may take objects of its own types as inputs. For such a type, register a
 devices, ...) and ``reconstruct`` to build an object of the same shape around new tensors.
 """
 import abc
+import math
 from collections.abc import Iterator
 from typing import Any, Optional
 
@@ -116,10 +117,17 @@ def _values_besides_tensors(obj):
     return spec, [_TENSOR if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
 
 
+def same_constant(a, b) -> bool:
+    """Equal as a compiled program's constant: floats also in sign (``-0.0`` is not ``0.0``: a
+    program traced with one computes ``copysign`` with it), NaN equal to NaN."""
+    if isinstance(a, float) and isinstance(b, float):
+        return (a == b and math.copysign(1.0, a) == math.copysign(1.0, b)) or (math.isnan(a) and math.isnan(b))
+    return not a != b
+
+
 def _same_constant(a, b) -> bool:
-    from .runtime.args import same_value  # (runtime.args imports this module)
     try:
-        return same_value(a, b)
+        return same_constant(a, b)
     except Exception:  # a value whose == gives no truth value (an array): only itself is the same
         return a is b
 

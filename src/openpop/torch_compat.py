@@ -66,6 +66,7 @@ PRIVATE = (
             "the ``__module__`` of ``torch.nn.functional``'s C++ functions (op names in messages)"),
     Private("FakeTensor", "torch._subclasses.fake_tensor:FakeTensor", "outputs of shapes-only runs"),
     Private("FakeTensorMode", "torch._subclasses.fake_tensor:FakeTensorMode", "shapes-only runs, saved programs"),
+    Private("OpOverload", "torch._ops:OpOverload", "aten ops in graph passes (float16 saturation)"),
     Private("while_loop", "torch._higher_order_ops:while_loop", "loops over steps and micro-batches in programs"),
     Private("NormBase", "torch.nn.modules.batchnorm:_NormBase", "batch norms in training (compile eligibility)"),
     Private("nn_module_globals", "torch.nn.modules.module",

@@ -1,12 +1,11 @@
 """Host-call arguments: binding against ``forward``'s signature, the micro-batch split, and the
 checks that later calls match the compiled ones (PopTorch's exact mismatch messages)."""
 import inspect
-import math
 
 import torch
 
 from .. import errors
-from ..arg_parsers import custom_arg_parser_for
+from ..arg_parsers import custom_arg_parser_for, same_constant
 from ..log import logger
 from ..torch_compat import has_internal_overlap, pytree
 
@@ -250,7 +249,7 @@ def _compare(name, expected, value):
             return f"Shape mismatch for {name}: expected {expected[2]} but got {got[2]}."
         return None
     if kind == "value":
-        if not same_value(expected[1], got[1]):
+        if not same_constant(expected[1], got[1]):
             return f"Value mismatch for {name}: expected {expected[1]} but got {got[1]}."
         return None
     if kind is dict:
@@ -270,14 +269,6 @@ def _compare(name, expected, value):
         if problem:
             return problem
     return None
-
-
-def same_value(a, b) -> bool:
-    """Equal as a compiled program's constant: floats also in sign (``-0.0`` is not ``0.0``: a
-    program traced with one computes ``copysign`` with it), NaN equal to NaN."""
-    if isinstance(a, float) and isinstance(b, float):
-        return (a == b and math.copysign(1.0, a) == math.copysign(1.0, b)) or (math.isnan(a) and math.isnan(b))
-    return not a != b
 
 
 def _keys_problem(name, expected, got):

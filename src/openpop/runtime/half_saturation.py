@@ -40,10 +40,9 @@ near 65504 instead). Its steps keep IEEE overflow. ``OPENPOP_HALF_OVERFLOW=inf``
 overflow everywhere.
 """
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from .. import openpop_settings
-from ..torch_compat import pytree
+from ..torch_compat import TorchDispatchMode, pytree
 from . import messages
 
 FLOAT16_MAX = 65504.0

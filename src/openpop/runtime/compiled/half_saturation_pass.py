@@ -13,7 +13,7 @@ import sys
 
 import torch
 
-from ...torch_compat import get_hash_for_files
+from ...torch_compat import OpOverload, get_hash_for_files
 from .. import half_saturation
 from .graph_pass import SourceKeyedPass
 
@@ -43,7 +43,7 @@ def _computes_float16(node: torch.fx.Node) -> bool:
     op = node.target
     if op is operator.getitem:  # one result of a multi-result op
         op = node.args[0].target
-    if not isinstance(op, torch._ops.OpOverload) or op._schema.is_mutable:
+    if not isinstance(op, OpOverload) or op._schema.is_mutable:
         return False
     return half_saturation.computes_values(op)
 
