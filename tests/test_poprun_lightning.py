@@ -25,15 +25,38 @@ def test_lightning_trainer_in_every_instance(tmp_path):
     # Oracle: instance 0's initial weights; each step one batch made of both instances' shards.
     torch.manual_seed(100)
     model = programs.lightning_module()
+    train_oracle(model, torch.optim.SGD(model.parameters(), lr=0.1), local_replicas=1)
+    for r in results:
+        for name, value in model.state_dict().items():
+            torch.testing.assert_close(r["weights"][name], value, atol=1e-6, rtol=0)
+
+
+def train_oracle(model, optimizer, local_replicas):
+    """Each step one batch made of both instances' shards (each instance's part: its replicas'
+    micro-batches; an epoch of 2 local replicas is 2 steps)."""
     x, y = programs.lightning_data()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    half, batch = programs.LIGHTNING_SAMPLES // 2, programs.LIGHTNING_BATCH
+    half, batch = programs.LIGHTNING_SAMPLES // 2, programs.LIGHTNING_BATCH * local_replicas
     for step in range(programs.LIGHTNING_STEPS):
-        rows = (list(range(step * batch, (step + 1) * batch))
-                + list(range(half + step * batch, half + (step + 1) * batch)))
+        start = step % (half // batch) * batch
+        rows = list(range(start, start + batch)) + list(range(half + start, half + start + batch))
         optimizer.zero_grad()
         torch.nn.functional.cross_entropy(model.fc(x[rows]), y[rows]).backward()
         optimizer.step()
+
+
+@pytest.mark.parametrize("local_replicas", [1, 2])
+def test_manual_optimization_in_every_instance(tmp_path, local_replicas):
+    """Manual optimization under poprun: the replicas of both instances are one DDP group (each
+    ``manual_backward`` averages over all of them), from instance 0's weights and optimizer state.
+    Oracle as for automatic optimization, with momentum (every replica's loss is a mean over as
+    many rows)."""
+    result = run_poprun("--num-instances", "2", "--num-replicas", str(2 * local_replicas), "python", PROGRAMS,
+                        "lightning-manual", str(tmp_path), str(local_replicas))
+    assert result.returncode == 0, result.stderr
+    results = load_results(tmp_path, 2)
+    torch.manual_seed(100)
+    model = programs.lightning_manual_module()
+    train_oracle(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9), local_replicas)
     for r in results:
         for name, value in model.state_dict().items():
             torch.testing.assert_close(r["weights"][name], value, atol=1e-6, rtol=0)

@@ -339,6 +339,46 @@ def lightning(outdir):
                os.path.join(outdir, f"rank{rank}.pt"))
 
 
+def lightning_manual_module():
+    """``lightning_module`` trained by manual optimization (momentum: the instances' optimizer
+    states must start alike too)."""
+    import lightning.pytorch as pl
+
+    class ManualClassifier(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 4)
+            self.automatic_optimization = False
+
+        def training_step(self, batch, batch_idx):
+            optimizer = self.optimizers()
+            optimizer.zero_grad()
+            x, y = batch
+            loss = torch.nn.functional.cross_entropy(self.fc(x), y)
+            self.manual_backward(loss)
+            optimizer.step()
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
+
+    return ManualClassifier()
+
+
+def lightning_manual(outdir, devices):
+    import lightning.pytorch as pl
+    rank = int(os.environ["RANK"])
+    torch.manual_seed(100 + rank)  # different initial weights: instance 0's must win
+    model = lightning_manual_module()
+    x, y = lightning_data()
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=LIGHTNING_BATCH)
+    trainer = pl.Trainer(accelerator="ipu", devices=devices, max_steps=LIGHTNING_STEPS, logger=False,
+                         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+    trainer.fit(model, loader)
+    torch.save({"weights": {k: v.detach().clone() for k, v in model.state_dict().items()}},
+               os.path.join(outdir, f"rank{rank}.pt"))
+
+
 if __name__ == "__main__":
     command, arguments = sys.argv[1], sys.argv[2:]
     if command == "train":
@@ -357,6 +397,8 @@ if __name__ == "__main__":
         mismatch()
     elif command == "lightning":
         lightning(arguments[0])
+    elif command == "lightning-manual":
+        lightning_manual(arguments[0], int(arguments[1]))
     elif command == "replicas":
         replicas(arguments[0])
     else:

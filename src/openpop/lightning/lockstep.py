@@ -5,7 +5,8 @@ With automatic optimization the executor runs replicas; with manual optimization
 meet where DDP ranks would:
 
 * ``manual_backward``: after each replica's backward, gradients are averaged over replicas
-  (DDP's all-reduce); every replica then holds the same gradients;
+  (DDP's all-reduce), then over poprun's instances (``instances``); every replica then holds
+  the same gradients;
 * ``optimizer.step()``: applied once, with the averaged gradients (every rank would apply the
   same update to the same weights).
 
@@ -41,9 +42,10 @@ def replica() -> int:
 
 
 class Lockstep:
-    def __init__(self, module: torch.nn.Module, replicas: int):
+    def __init__(self, module: torch.nn.Module, replicas: int, instances=None):
         self.module = module
         self.replicas = replicas
+        self.instances = instances  # GlobalReplication across processes, or None
         self.params = list(module.parameters())
         self._go = [threading.Event() for _ in range(replicas)]
         self._paused = threading.Event()
@@ -139,13 +141,25 @@ class Lockstep:
         self.module._param_requires_grad_state = toggled
 
     def _average(self, private) -> None:
-        """DDP's all-reduce: every replica's gradients become their mean."""
+        """DDP's all-reduce: every replica's gradients become their mean (over the instances'
+        replicas too, with ``instances``)."""
         count = self.replicas
+        means = []
         for i in range(len(self.params)):
             grads = [state[0][i] for state in private]
             present = [g for g in grads if g is not None]
-            if not present:
+            means.append(None if not present else torch.stack(
+                [g if g is not None else torch.zeros_like(present[0]) for g in grads]).sum(0) / count)
+        if self.instances is not None:
+            saved = [p.grad for p in self.params]
+            for p, mean in zip(self.params, means):
+                p.grad = mean
+            self.instances.all_reduce(self.params)
+            means = [p.grad for p in self.params]
+            for p, grad in zip(self.params, saved):
+                p.grad = grad
+        for i, mean in enumerate(means):
+            if mean is None:
                 continue
-            mean = torch.stack([g if g is not None else torch.zeros_like(present[0]) for g in grads]).sum(0) / count
             for r, state in enumerate(private):
                 state[0][i] = mean if r == 0 else mean.clone()

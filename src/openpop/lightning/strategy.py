@@ -139,6 +139,7 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
         self._step_module: Optional[StepModule] = None
         self._restore_accumulation: Optional[int] = None
         self._warned_sharded = False
+        self._manual_instances = None  # GlobalReplication of manual steps under poprun
 
     @classmethod
     @override
@@ -397,10 +398,14 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
         call = self._call("training_step", self._options.training, args, kwargs, training=False)
         call.batch_idx = self.lightning_module.trainer.fit_loop.epoch_loop.batch_idx
         started = time.perf_counter()
+        if self._manual_instances is None and self.world_size > 1:  # under poprun: instance 0's model everywhere
+            self._manual_instances = manual_optimization.instances_of(
+                self.lightning_module, list(self.optimizers), self.world_size, self.global_rank)
         result = manual_optimization.training_step(
             self._step_module, call, args[0], self._options.training, precision_plugin=self.precision_plugin,
             lightning_optimizers=self._lightning_optimizers,
-            schedulers=[config.scheduler for config in self.lightning_module.trainer.lr_scheduler_configs])
+            schedulers=[config.scheduler for config in self.lightning_module.trainer.lr_scheduler_configs],
+            instances=self._manual_instances)
         self._flush_logs(RunningStage.TRAINING, call)
         self._runners[RunningStage.TRAINING].record(time.perf_counter() - started, args[0])
         return result
@@ -408,7 +413,7 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
     @override
     def backward(self, closure_loss, optimizer, *args: Any, **kwargs: Any):
         result = super().backward(closure_loss, optimizer, *args, **kwargs)
-        manual_optimization.meet_after_backward()
+        manual_optimization.meet_after_backward(self.lightning_module)
         return result
 
     @override

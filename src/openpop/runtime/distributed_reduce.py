@@ -178,7 +178,7 @@ class GlobalReplication:
         tensors = [t for _, _, t in _named_state(model)]
         with torch.no_grad():
             self._broadcast_tensors(tensors, "the broadcast of instance 0's weights")
-        self._broadcast_optimizer(optimizer)
+        self.broadcast_optimizer(optimizer)
 
     def _broadcast_tensors(self, tensors, what: str) -> None:
         import torch.distributed as dist
@@ -188,7 +188,8 @@ class GlobalReplication:
             self._collective(what, lambda flat=flat: dist.broadcast(flat, src=0))
             _copy_back(flat, members)
 
-    def _broadcast_optimizer(self, optimizer) -> None:
+    def broadcast_optimizer(self, optimizer) -> None:
+        """Instance 0's optimizer state (and loss scale) in every process."""
         import torch.distributed as dist
         if optimizer is None:
             return
