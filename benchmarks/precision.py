@@ -16,6 +16,11 @@ host call of ``--device-iterations`` optimizer steps per variant, interleaved so
 hits all alike; the best repeat counts. Prints ms per optimizer step, each variant's time
 relative to float32, the policy's choice and the matmul rates (float32, bfloat16, float16 at
 ``--matmul-size``, this run's thread count), then one JSON line.
+
+Float16 overflow (``runtime/half_saturation.py``): ``fp16_model_policy`` runs as every eager
+float16 model does, watched for overflow (none happens here); ``fp16_model_ieee`` with
+``OPENPOP_HALF_OVERFLOW=inf`` (no watching); ``fp16_model_saturating`` with the saturating mode on
+from the start (``rollbackFailedCalls(False)``), as a model runs once it has overflowed.
 """
 import argparse
 import copy
@@ -44,13 +49,16 @@ class Encoder(torch.nn.Module):
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1))
 
 
-# name: (model dtype, autocast dtype, OPENPOP_HALF_COMPUTE, backend)
+# name: (model dtype, autocast dtype, OPENPOP_HALF_COMPUTE, backend[, float16 overflow: watched (default),
+# "inf" or "saturating"])
 VARIANTS = {
     "fp32": (torch.float32, None, "auto", "eager"),
     "bf16_model_native": (torch.bfloat16, None, "native", "eager"),
     "bf16_model_policy": (torch.bfloat16, None, "auto", "eager"),
     "fp16_model_native": (torch.float16, None, "native", "eager"),
     "fp16_model_policy": (torch.float16, None, "auto", "eager"),
+    "fp16_model_ieee": (torch.float16, None, "auto", "eager", "inf"),
+    "fp16_model_saturating": (torch.float16, None, "auto", "eager", "saturating"),
     "bf16_autocast_native": (torch.float32, torch.bfloat16, "native", "eager"),
     "bf16_autocast_policy": (torch.float32, torch.bfloat16, "auto", "eager"),
     "fp32_compiled": (torch.float32, None, "auto", "compiled"),
@@ -60,22 +68,24 @@ VARIANTS = {
 DEFAULT_VARIANTS = [name for name, variant in VARIANTS.items() if variant[3] == "eager"]
 
 
-def make_runner(base, dtype, autocast, setting, backend, args):
+def make_runner(base, args, dtype, autocast, setting, backend, overflow="watched"):
     model = copy.deepcopy(base).to(dtype)
     opts = poptorch.Options().deviceIterations(args.device_iterations).openpopBackend(backend)
     opts.showCompilationProgressBar(False)
     if autocast is not None:
         opts.Precision.autocast(True, autocast)
+    if overflow == "saturating":
+        opts.Training.rollbackFailedCalls(False)  # calls cannot run again: they saturate from the start
     optimizer = poptorch.optim.AdamW(model.parameters(), lr=1e-4)
-    previous = os.environ.get(half_compute.SETTING_ENV)
-    os.environ[half_compute.SETTING_ENV] = setting  # read when the model is wrapped
+    environment = {half_compute.SETTING_ENV: setting, "OPENPOP_HALF_OVERFLOW": "inf" if overflow == "inf" else None}
+    previous = {name: os.environ.get(name) for name in environment}
+    for name, value in environment.items():  # read when the model is wrapped
+        os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
     try:
         return poptorch.trainingModel(model, opts, optimizer)
     finally:
-        if previous is None:
-            del os.environ[half_compute.SETTING_ENV]
-        else:
-            os.environ[half_compute.SETTING_ENV] = previous
+        for name, value in previous.items():
+            os.environ.pop(name, None) if value is None else os.environ.__setitem__(name, value)
 
 
 def matmul_rate(dtype, size, repeats=3):
@@ -115,7 +125,7 @@ def main():
 
     rates = {str(dtype).replace("torch.", ""): matmul_rate(dtype, args.matmul_size)
              for dtype in (torch.float32, torch.bfloat16, torch.float16)}
-    runners = {name: make_runner(base, *VARIANTS[name], args) for name in args.variants}
+    runners = {name: make_runner(base, args, *VARIANTS[name]) for name in args.variants}
     for runner in runners.values():  # compile + one warm-up call each, not timed
         runner(tokens, labels)
     seconds = {name: [] for name in runners}
@@ -148,6 +158,10 @@ def main():
         native, chosen_run = f"{dtype}_model_native", f"{dtype}_model_policy"
         if native in best and chosen_run in best:
             print(f"{dtype} model: the policy runs it {best[native] / best[chosen_run]:.1f}x faster than as written")
+    if {"fp16_model_ieee", "fp16_model_policy", "fp16_model_saturating"} <= set(best):
+        ieee = best["fp16_model_ieee"]
+        print(f"fp16 model against IEEE overflow: watched for overflow {best['fp16_model_policy'] / ieee:.2f}x the "
+              f"time, saturating every op {best['fp16_model_saturating'] / ieee:.2f}x")
     print(json.dumps({"benchmark": "precision", "ms_per_step": {k: round(v * 1e3, 2) for k, v in best.items()},
                       "time_vs_fp32": {k: round(v, 3) for k, v in relative.items()},
                       "policy": chosen, "policy_rates_gflops_half_vs_fp32": measured,
