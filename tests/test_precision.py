@@ -432,17 +432,35 @@ def test_compiled_program_rounds_a_half_network_as_eager(dtype):
         torch.testing.assert_close(p.float(), q.float(), rtol=2 * ulp, atol=1e-4)  # (a tenth of a step)
 
 
-def test_stochastic_rounding_with_automatic_loss_scaling_stays_eager():
-    """A step automatic loss scaling skips draws no rounding numbers in eager: the program, whose
-    numbers are drawn before it runs, declines."""
-    half = Plane(8, torch.float16)
-    opts = options(di=2).openpopBackend("compiled")
-    opts.Precision.enableStochasticRounding(True)
-    opts.Training.setAutomaticLossScaling(True)
-    pop = poptorch.trainingModel(half, opts, poptorch.optim.SGD(half.parameters(), lr=0.1))
-    with pytest.raises(poptorch.Error, match="enableStochasticRounding of float16 or bfloat16 weights with automatic"):
-        pop(torch.ones(2, 1))
-    assert torch.equal(half.w, torch.ones(8, dtype=torch.float16))
+@pytest.mark.parametrize("di", [3, 1])
+def test_compiled_program_rounds_as_eager_when_automatic_loss_scaling_skips_steps(di):
+    """Eager draws no rounding numbers for a step automatic loss scaling skips: the program, whose
+    numbers are drawn before each step runs, puts openpop's generators back after a skipped step.
+    Weights, loss scale and generator end equal eager's bit for bit (DI 3: one-step programs in a
+    host loop; DI 1: the program is the step)."""
+    base = Plane(1000, torch.float16)
+    with torch.no_grad():
+        base.w.mul_(torch.linspace(0.5, 2.0, 1000, dtype=torch.float16))
+    x = torch.full((3 * 2, 1), 2.0 ** -10, dtype=torch.float16)
+    x[2:4] = float("inf")  # the second step's gradients: skipped, the scale halves
+    runs = {}
+    for backend in ("eager", "compiled"):
+        model = copy.deepcopy(base)
+        opts = options(di=di, ga=2).openpopBackend(backend).randomSeed(7)
+        opts.Precision.enableStochasticRounding(True)
+        opts.Training.setAutomaticLossScaling(True)
+        optimizer = poptorch.optim.SGD(model.parameters(), lr=2.0 ** -3, loss_scaling=8.0)
+        pop = poptorch.trainingModel(model, opts, optimizer)
+        for rows in ([x] if di == 3 else [x[0:2], x[2:4], x[4:6]]):
+            pop(rows)
+            assert pop._dispatch.compiled.last == backend
+        runs[backend] = (model.w.detach().clone(), optimizer.loss_scaling, pop._precision.dynamic.skipped_steps,
+                         {device: g.get_state() for device, g in pop._precision.generators.items()})
+    (w_e, scale_e, skipped_e, gen_e), (w_c, scale_c, skipped_c, gen_c) = runs["eager"], runs["compiled"]
+    assert skipped_e == skipped_c == 1 and scale_e == scale_c == 4.0
+    assert torch.equal(w_e, w_c)
+    assert gen_e.keys() == gen_c.keys() and all(torch.equal(gen_e[d], gen_c[d]) for d in gen_e)
+    assert not torch.equal(w_e, base.w)
 
 
 # ------------------------------------------------------------------ floating-point exceptions

@@ -65,7 +65,8 @@ INELIGIBLE_PROBE = "a model whose probe micro-batch fails ({error})"
 INELIGIBLE_RECOMPILES = ("Python values the model reads that change between host calls (torch.compile re-traced "
                          "the program until its recompile limit): {error}")
 INELIGIBLE_ROUNDING_SKIPPED_STEPS = ("Precision.enableStochasticRounding of float16 or bfloat16 weights with automatic "
-                                    "loss scaling (a step it skips draws no rounding numbers)")
+                                    "loss scaling in a PopART graph over several device iterations (a step it skips "
+                                    "draws no rounding numbers)")
 INELIGIBLE_INPUTS = "inputs that are neither tensors nor None, bool, int, float or str constants"
 INELIGIBLE_HOST_IO = "{host_io} (host I/O inside the model)"
 INELIGIBLE_CUMULATIVE_AVERAGE = ("{module} with momentum=None (its cumulative average reads the batch count "

@@ -200,6 +200,10 @@ class RunPrecision:
                 values[step].uniform_(0.0, 1.0, generator=self._generator(p.device))
         return noise
 
+    def rounding_draws(self, params) -> "RoundingDraws":
+        """``rounding_noise`` for ``params`` as a compiled program draws it (``RoundingDraws``)."""
+        return RoundingDraws(self, params)
+
     @contextlib.contextmanager
     def generators_kept(self, always: bool = False):
         """openpop's generators as they were when the block raises (``always``: also when it
@@ -229,6 +233,27 @@ class RunPrecision:
 
 
 # ---------------------------------------------------------------------- stochastic rounding
+class RoundingDraws:
+    """A compiled program's stochastic-rounding numbers: ``draws(steps)`` is
+    ``RunPrecision.rounding_noise(params, steps)``. With automatic loss scaling a step may be
+    skipped, and eager draws nothing for a skipped step: the program takes ``mark()`` before a
+    step's draw and ``undo(mark)`` once it knows the step was skipped, so the generators go on as
+    eager's do."""
+
+    def __init__(self, precision: RunPrecision, params):
+        self._precision = precision
+        self._params = params
+
+    def __call__(self, steps: int):
+        return self._precision.rounding_noise(self._params, steps)
+
+    def mark(self) -> dict:
+        return generator_states(self._precision.generators)
+
+    def undo(self, mark: dict) -> None:
+        restore_generator_states(self._precision.generators, mark)
+
+
 def generator_states(generators: dict) -> dict:
     """``{device: state}`` of openpop's rounding generators (``RunPrecision.generators``)."""
     return {device: g.get_state() for device, g in generators.items()}

@@ -60,9 +60,12 @@ def static_reasons(call, executable):
         (layout.concurrent, messages.INELIGIBLE_CONCURRENT_STAGES.format(env=CONCURRENCY_ENV)),
         (executable.track_losses, "a loss that the model does not return as one of its outputs"),
         (precision.fp_exceptions, "Precision.enableFloatingPointExceptions"),
-        # The program rounds with numbers drawn before it runs, one set per step; eager draws none
-        # for a step that automatic loss scaling skips.
-        (precision.stochastic_rounding and call.training and half_weights and precision.dynamic is not None,
+        # The program rounds with numbers drawn before it runs; eager draws none for a step that
+        # automatic loss scaling skips. A program running one step at a time (stepwise: every
+        # PopTorch model with half weights; or DI 1) puts the generators back after a skipped step;
+        # one looping over several steps (PopART's graphs computing in low precision) cannot.
+        (precision.stochastic_rounding and call.training and half_weights and precision.dynamic is not None
+         and getattr(call.model, "computes_low_precision", False) and call.geometry.device_iterations > 1,
          messages.INELIGIBLE_ROUNDING_SKIPPED_STEPS),
         (any(t.dtype == torch.float64 for t in list(call.model.parameters()) + list(call.model.buffers())),
          "float64 weights or buffers"),

@@ -33,7 +33,7 @@ def run_program(call, compiled, program, tensors, trained, frozen, dry_run):
             with call.precision.generators_kept(always=dry_run):
                 rounded = [trained[k] for k in program.rounded]
                 new_params, new_state, new_buffers, outs, scaling, anchored = _run(
-                    program, args + (lambda steps: call.precision.rounding_noise(rounded, steps),), trained, frozen)
+                    program, args + (call.precision.rounding_draws(rounded),), trained, frozen)
         else:
             new_params, new_state, new_buffers, outs, scaling, anchored = _run(program, args, trained, frozen)
     except BaseException:

@@ -175,7 +175,7 @@ class Program:
         ``[DI, GA, R_in, micro, ...]`` inside the program: a view made per call costs microseconds);
         ``buffers``: the updated buffers' values, replica set after replica set; ``scaling``:
         ``ScalingState.inputs``; ``noise``: ``draw(steps)``, per ``rounded`` weight its rounding
-        numbers for the next ``steps`` steps (``RunPrecision.rounding_noise``), or None. Returns
+        numbers for the next ``steps`` steps (``RunPrecision.rounding_draws``), or None. Returns
         (new_params, new_state, new_buffers, outputs, scaling, anchored: per ``self.anchored``
         entry its values ``[DI, ...]``) - nothing committed."""
         if self.assigned_slots:  # (no context per call for the others: the host call's hot path)
@@ -188,8 +188,13 @@ class Program:
         if self.stepwise:
             return self._run_stepwise(self._split(inputs), trained, frozen, buffers, state, hyper, scaling, noise)
         if self.rounded:
-            return self._compiled(tuple(inputs), tuple(trained), tuple(frozen), tuple(buffers), state, hyper,
-                                  scaling, tuple(noise(self.layout.geometry.device_iterations)))
+            steps = self.layout.geometry.device_iterations
+            mark = noise.mark() if self.scaling.automatic else None  # (then DI is 1: eligibility.py)
+            result = self._compiled(tuple(inputs), tuple(trained), tuple(frozen), tuple(buffers), state, hyper,
+                                    scaling, tuple(noise(steps)))
+            if mark is not None and not bool(result[4]["history"][0]):  # skipped: eager draws nothing for it
+                noise.undo(mark)
+            return result
         return self._compiled(tuple(inputs), tuple(trained), tuple(frozen), tuple(buffers), state, hyper, scaling)
 
     def _split(self, inputs):
@@ -204,12 +209,16 @@ class Program:
         # Every step takes plain tensors, as the steps after the first do (the previous step's results):
         # Parameters for the first would be another type to Dynamo's guards, and a second trace.
         trained = [p.detach() for p in trained]
+        undo = noise is not None and self.scaling.automatic
         for i in range(steps):
             step_inputs = tuple(x if x.dim() == 0 else x[i] for x in split_inputs)
             index = torch.tensor([i], device=device)  # an input: the same program serves every step
+            mark = noise.mark() if undo else None
             trained, state, buffers, outs, scaling, values = self._compiled(
                 step_inputs, tuple(trained), tuple(frozen), tuple(buffers), state, self._hyper_row(hyper, i), scaling,
                 index, () if noise is None else tuple(n[0] for n in noise(1)))
+            if undo and not bool(scaling["history"][i]):  # skipped: eager draws nothing for it
+                noise.undo(mark)
             kept.append(outs)
             anchored.append(values)
         stacked = [torch.stack(leaf) if keep else leaf[-1].unsqueeze(0) for leaf, keep in zip(zip(*kept), keep_all)]
