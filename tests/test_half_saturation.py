@@ -228,3 +228,44 @@ def test_eager_runs_a_call_again_saturating_when_it_overflows(training, caplog, 
         assert state_w[0].item() == 3 * 3  # one forward per micro-batch: no call ran twice
     assert isinstance(out_w[1], torch.Tensor) and out_w[1].abs().max() == MAX
     assert sum("float16 overflow" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_lightning_logs_of_a_call_run_again_are_not_kept():
+    """A Lightning step that overflows runs again saturating: what the first run logged (inf,
+    NaN) is dropped; the logs and weights equal a run saturating from the start."""
+    pl = pytest.importorskip("lightning.pytorch")
+    import openpop.lightning  # noqa: F401  (IPUStrategy)
+    from lightning.pytorch.strategies import IPUStrategy
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+            self.seen = []
+
+        def training_step(self, batch, batch_idx):
+            y = self.fc(batch[0]) * 256.0
+            self.log("ymax", y.float().abs().max(), reduce_fx="max")
+            return y.float().mean()
+
+        def on_train_batch_end(self, outputs, batch, batch_idx):
+            self.seen.append(float(self.trainer.callback_metrics["ymax"]))
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=1e-6)
+
+    x = torch.randn(12, 4, generator=torch.Generator().manual_seed(0))
+    x[4:8] *= 1000  # the second step overflows
+    runs = []
+    for watched in (True, False):
+        torch.manual_seed(1)
+        module = Module().half()
+        opts = poptorch.Options()
+        opts.Training.rollbackFailedCalls(watched)  # (off: saturating from the start)
+        trainer = pl.Trainer(accelerator="ipu", devices=1, max_steps=3, logger=False, enable_progress_bar=False,
+                             enable_model_summary=False, enable_checkpointing=False,
+                             strategy=IPUStrategy(training_opts=opts))
+        trainer.fit(module, torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x.half()), batch_size=4))
+        runs.append((module.seen, module.fc.weight.detach().clone()))
+    assert runs[0][0] == runs[1][0] and runs[0][0][1] == MAX
+    assert torch.equal(runs[0][1], runs[1][1])

@@ -88,6 +88,11 @@ class StepLogs:
             self._records.setdefault(name, []).append(_Record(position, value, options, batch_size))
         return None
 
+    def discard(self) -> None:
+        """Forget what the host call logged so far (it runs again: ``StepModule.restart_host_call``)."""
+        with self._lock:
+            self._records.clear()
+
     def add_micro_batches(self, spec, stacked) -> None:
         """A compiled host call's logs: ``stacked[i][p]`` is what micro-batch ``p`` logged as
         ``spec.entries[i]`` (``compiled_steps.py``)."""

@@ -114,6 +114,12 @@ class StepModule(torch.nn.Module):
         finally:
             self.call = None
 
+    def restart_host_call(self) -> None:
+        """The executor runs the host call again from its start (``runtime/eager.py``: float16
+        overflow): what its micro-batches logged so far is dropped, not logged twice."""
+        if self.call is not None:
+            self.call.logs.discard()
+
     def forward(self, batch, positions):
         call = self.call
         if torch.compiler.is_compiling():

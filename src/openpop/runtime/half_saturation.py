@@ -28,7 +28,10 @@ that are not overflows (``log(0)``, ``1 / 0``) are clamped as well.
   ``HalfOverflow`` before its optimizer update, is rolled back (``transaction.py``) and runs again
   saturating, as do all later calls; an inference call with such outputs runs again the same
   way (buffers and generators put back). Where a call cannot be rolled back
-  (``Training.rollbackFailedCalls(False)``) it saturates from the start. An overflow whose inf
+  (``Training.rollbackFailedCalls(False)``) it saturates from the start. A call run again runs
+  the model's Python code again (prints, counters, torchmetrics updates inside ``forward``);
+  Lightning's ``self.log`` records of the first run are dropped (the model's
+  ``restart_host_call``). An overflow whose inf
   vanishes before the loss, outputs and gradients (``exp(-inf)``) is not seen: those values then
   differ from the IPU's in the last place at most;
 * compiled programs: ``compiled/half_saturation_pass.py`` inserts the same clamps into the
