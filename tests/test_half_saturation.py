@@ -234,8 +234,9 @@ def test_lightning_logs_of_a_call_run_again_are_not_kept():
     """A Lightning step that overflows runs again saturating: what the first run logged (inf,
     NaN) is dropped; the logs and weights equal a run saturating from the start."""
     pl = pytest.importorskip("lightning.pytorch")
-    import openpop.lightning  # noqa: F401  (IPUStrategy)
     from lightning.pytorch.strategies import IPUStrategy
+
+    import openpop.lightning  # noqa: F401  (IPUStrategy)
 
     class Module(pl.LightningModule):
         def __init__(self):
