@@ -84,3 +84,17 @@ def test_four_instances_equal_one_process_with_four_replicas(tmp_path):
                         str(tmp_path), "sgd_momentum_mean")
     assert result.returncode == 0, result.stdout + result.stderr
     assert_matches_oracle(load_results(tmp_path, 4), "sgd_momentum_mean", total_replicas=4, local_replicas=1)
+
+
+def test_float16_overflow_in_one_instance_reruns_the_call_in_all(tmp_path):
+    """Float16 overflow is watched per call (runtime/half_saturation.py): instance 1's loss
+    overflows while the summed gradients stay finite, so both instances must agree to run the
+    call again saturating (else instance 0 would go on to the next collective alone)."""
+    import torch
+    result = run_poprun("--num-instances", "2", "--num-replicas", "2", "python", PROGRAMS, "half-loss-overflow",
+                        str(tmp_path), timeout=120, OPENPOP_COLLECTIVE_TIMEOUT="60")
+    assert result.returncode == 0, result.stderr
+    first, second = load_results(tmp_path, 2)
+    assert first["saturating"] and second["saturating"]
+    assert torch.equal(first["weights"], second["weights"])
+    assert second["losses"].max() == 65504.0  # saturated, not inf (the losses are each instance's own)

@@ -291,6 +291,31 @@ def replicas(how):
               f"{'unchanged' if unchanged else 'trained'}", flush=True)
 
 
+def half_loss_overflow(outdir):
+    """A float16 model whose loss overflows in instance 1 only (its gradients stay finite): every
+    instance must run the call again saturating, or the instances' collectives part ways."""
+    import popdist
+    import popdist.poptorch
+    import poptorch
+    rank = popdist.getInstanceIndex()
+
+    class Summed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(4, dtype=torch.float16))
+
+        def forward(self, x):
+            return poptorch.identity_loss((self.w * x).sum(), reduction="sum")
+
+    model = Summed()
+    options = popdist.poptorch.Options().deviceIterations(2)
+    training = poptorch.trainingModel(model, options, poptorch.optim.SGD(model.parameters(), lr=2.0 ** -20))
+    x = torch.full((2, 4), 30000.0 if rank == 1 else 1.0, dtype=torch.float16)  # 4 x 30000 > 65504
+    losses = training(x)
+    torch.save({"weights": model.w.detach().clone(), "losses": losses.detach().clone(),
+                "saturating": training._precision._saturating}, os.path.join(outdir, f"rank{rank}.pt"))
+
+
 LIGHTNING_SAMPLES, LIGHTNING_BATCH, LIGHTNING_STEPS = 32, 4, 3
 
 
@@ -397,6 +422,8 @@ if __name__ == "__main__":
         mismatch()
     elif command == "lightning":
         lightning(arguments[0])
+    elif command == "half-loss-overflow":
+        half_loss_overflow(arguments[0])
     elif command == "lightning-manual":
         lightning_manual(arguments[0], int(arguments[1]))
     elif command == "replicas":

@@ -122,6 +122,9 @@ class SingleProcess:
     def all_reduce(self, params) -> None:
         pass
 
+    def all_true(self, flag: bool) -> bool:
+        return flag
+
 
 class GlobalReplication:
     """The processes' side of one training model's data-parallel group."""
@@ -306,6 +309,16 @@ class GlobalReplication:
                 else:
                     p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
                 offset += n
+
+    def all_true(self, flag: bool) -> bool:
+        """Whether ``flag`` holds in every process (each calls this at the same point)."""
+        import torch.distributed as dist
+
+        from ..distributed import process_group
+        value = torch.tensor([int(flag)], dtype=torch.int32)
+        self._collective("the check of the step's losses", lambda: dist.all_reduce(
+            value, op=dist.ReduceOp.MIN, group=process_group.current_group()))
+        return bool(value.item())
 
     def _collective(self, what: str, call):
         from ..distributed import process_group

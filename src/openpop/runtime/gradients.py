@@ -216,9 +216,13 @@ class GradientReduction:
             finite = _unscale_and_check(grads, 1.0 / divisor)
             self.loss_scale = self.scaler.update(finite)
             return finite
-        if self.watch_overflow:
+        if self.watch_overflow:  # (gradients are the processes' sum by now; losses are each process's own)
             finite = _unscale_and_check(grads, 1.0 / divisor) if grads else True
-            if not (finite and all(bool(f) for f in self._losses_finite)):
+            processes = getattr(self.replica_sum, "processes", None)
+            losses_finite = all(bool(f) for f in self._losses_finite)
+            if processes is not None:
+                losses_finite = processes.all_true(losses_finite)
+            if not (finite and losses_finite):
                 raise HalfOverflow()
             return True
         if grads and divisor != 1.0:
