@@ -230,9 +230,10 @@ def test_eager_runs_a_call_again_saturating_when_it_overflows(training, caplog, 
     assert sum("float16 overflow" in r.getMessage() for r in caplog.records) == 1
 
 
-def test_lightning_logs_of_a_call_run_again_are_not_kept():
-    """A Lightning step that overflows runs again saturating: what the first run logged (inf,
-    NaN) is dropped; the logs and weights equal a run saturating from the start."""
+def test_lightning_call_run_again_logs_and_schedules_once():
+    """A Lightning host call (2 device iterations) whose second step overflows runs again
+    saturating: what its first run logged (inf, NaN) is dropped and its first step's LR scheduler
+    step is undone; logs, learning rates and weights equal a run saturating from the start."""
     pl = pytest.importorskip("lightning.pytorch")
     from lightning.pytorch.strategies import IPUStrategy
 
@@ -250,23 +251,61 @@ def test_lightning_logs_of_a_call_run_again_are_not_kept():
             return y.float().mean()
 
         def on_train_batch_end(self, outputs, batch, batch_idx):
-            self.seen.append(float(self.trainer.callback_metrics["ymax"]))
+            self.seen.append((float(self.trainer.callback_metrics["ymax"]),
+                              self.trainer.optimizers[0].param_groups[0]["lr"]))
 
         def configure_optimizers(self):
-            return torch.optim.SGD(self.parameters(), lr=1e-6)
+            optimizer = torch.optim.SGD(self.parameters(), lr=1e-6)
+            scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+            return [optimizer], [{"scheduler": scheduler, "interval": "step"}]
 
-    x = torch.randn(12, 4, generator=torch.Generator().manual_seed(0))
-    x[4:8] *= 1000  # the second step overflows
+    x = torch.randn(16, 4, generator=torch.Generator().manual_seed(0))
+    x[4:8] *= 1000  # the second step of the first host call overflows
     runs = []
     for watched in (True, False):
         torch.manual_seed(1)
         module = Module().half()
         opts = poptorch.Options()
         opts.Training.rollbackFailedCalls(watched)  # (off: saturating from the start)
-        trainer = pl.Trainer(accelerator="ipu", devices=1, max_steps=3, logger=False, enable_progress_bar=False,
+        trainer = pl.Trainer(accelerator="ipu", devices=1, max_steps=4, logger=False, enable_progress_bar=False,
                              enable_model_summary=False, enable_checkpointing=False,
-                             strategy=IPUStrategy(training_opts=opts))
+                             strategy=IPUStrategy(device_iterations=2, training_opts=opts))
         trainer.fit(module, torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x.half()), batch_size=4))
-        runs.append((module.seen, module.fc.weight.detach().clone()))
-    assert runs[0][0] == runs[1][0] and runs[0][0][1] == MAX
+        runs.append((module.seen, module.fc.weight.detach().clone(),
+                     trainer.lr_scheduler_configs[0].scheduler.last_epoch))
+    assert runs[0][0] == runs[1][0] and runs[0][0][0][0] == MAX
+    assert runs[0][2] == runs[1][2] == 4
     assert torch.equal(runs[0][1], runs[1][1])
+
+
+def test_concurrent_pipeline_stages_saturate(monkeypatch):
+    """Pipelined stages running micro-batches on threads of their own enter the saturating mode
+    too (a dispatch mode is per thread): the run equals one on a single thread."""
+
+    class Staged(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.first = poptorch.BeginBlock(torch.nn.Linear(4, 4), ipu_id=0)
+            self.second = poptorch.BeginBlock(torch.nn.Linear(4, 4), ipu_id=1)
+
+        def forward(self, x):
+            y = self.second(self.first(x) * 256.0) * 256.0
+            return y, poptorch.identity_loss(y.float().mean(), reduction="mean")
+
+    torch.manual_seed(0)
+    model = Staged().half()
+    x = torch.randn(2 * 4 * 2, 4, generator=torch.Generator().manual_seed(0)).half()
+    x[8:] *= 100  # the second step overflows
+    weights = {}
+    for concurrency in ("on", "off"):
+        monkeypatch.setenv("OPENPOP_CONCURRENT_STAGES", concurrency)
+        m = copy.deepcopy(model)
+        opts = options(di=2)
+        opts.Training.gradientAccumulation(4)
+        opts.setExecutionStrategy(poptorch.PipelinedExecution())
+        pop = poptorch.trainingModel(m, opts, poptorch.optim.SGD(m.parameters(), lr=1e-6))
+        pop(x)
+        assert pop._executable.concurrent == (concurrency == "on") and pop._precision._saturating
+        weights[concurrency] = [p.detach().clone() for p in m.parameters()]
+    for a, b in zip(weights["on"], weights["off"]):
+        assert torch.isfinite(a).all() and torch.equal(a, b)

@@ -89,7 +89,7 @@ class StepLogs:
         return None
 
     def discard(self) -> None:
-        """Forget what the host call logged so far (it runs again: ``StepModule.restart_host_call``)."""
+        """Forget what the host call logged so far (it runs again: ``StepModule.openpop_restart_host_call``)."""
         with self._lock:
             self._records.clear()
 

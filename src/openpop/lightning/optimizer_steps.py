@@ -56,6 +56,7 @@ class PerStepHooks:
         self._user_hooks = _user_before_step_hooks(trainer, precision)
         self._before_needed = self._user_hooks is not None or bool(trainer.gradient_clip_val)
         self._snapshot = None
+        self._at_start = None  # _state() when the host call started (restart)
         step_hooks.attach(optimizer, self)
 
     @property
@@ -90,15 +91,26 @@ class PerStepHooks:
         self.batch_idx = self._loop.batch_idx
         self.steps = self._applied = 0
         self._skipped_before = self._skipped_steps()
+        self._at_start = self._state()
         try:
             yield
         finally:
             self.active = False
+            self._at_start = None
         # Steps the executor skipped (automatic loss scaling found inf/NaN) still count, in their
         # place, as a skipped GradScaler step does on the CPU: those before a step when it starts,
         # the call's last ones here.
         while self.steps < self.device_iterations:
             self._count_step()
+
+    def restart(self) -> None:
+        """The executor runs the host call again from its start (float16 overflow,
+        ``runtime/eager.py``): the schedulers, counters and group values go back to where the call
+        found them, so its steps count once."""
+        if self._at_start is not None:
+            self._restore(self._at_start)
+        self.steps = self._applied = 0
+        self._skipped_before = self._skipped_steps()
 
     def _count_skipped(self) -> None:
         while self.steps < self._applied + self._skipped_steps() - self._skipped_before:
@@ -135,15 +147,18 @@ class PerStepHooks:
     def abort_compiled_call(self) -> None:
         if self._snapshot is None:
             return
-        groups, schedulers, progress = self._snapshot
-        self._snapshot = None
+        snapshot, self._snapshot = self._snapshot, None
+        self._restore(snapshot)
+        self.steps = 0
+
+    def _restore(self, state) -> None:
+        groups, schedulers, progress = state
         for group, values in zip(self.optimizer.param_groups, groups):
             group.update(values)
-        for config, state in zip(self.trainer.lr_scheduler_configs, schedulers):
-            config.scheduler.load_state_dict(state)
-        for counter, state in zip(self._progress(), progress):
-            counter.load_state_dict(state)
-        self.steps = 0
+        for config, saved in zip(self.trainer.lr_scheduler_configs, schedulers):
+            config.scheduler.load_state_dict(saved)
+        for counter, saved in zip(self._progress(), progress):
+            counter.load_state_dict(saved)
 
     def _progress(self):
         return [self._loop.automatic_optimization.optim_progress.optimizer.step, self._loop.scheduler_progress]

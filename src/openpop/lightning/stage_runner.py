@@ -84,8 +84,12 @@ class StageRunner:
         if self.profile is not None:
             self.profile.hook_blocks(self.executor, step_module)
         started = time.perf_counter()
-        with self.per_step.host_call() if self.per_step is not None else contextlib.nullcontext():
-            result = self.executor(batch, positions)
+        step_module.per_step = self.per_step
+        try:
+            with self.per_step.host_call() if self.per_step is not None else contextlib.nullcontext():
+                result = self.executor(batch, positions)
+        finally:
+            step_module.per_step = None
         return result, time.perf_counter() - started
 
     def refresh_weights(self) -> None:

@@ -94,6 +94,7 @@ class StepModule(torch.nn.Module):
         super().__init__()
         self.module = lightning_module
         self.call: Optional[StepCall] = None
+        self.per_step = None  # the training stage's PerStepHooks during its host calls (stage_runner.py)
         self._takes_batch_idx = {}  # step method name -> whether its signature has batch_idx
         self._log_specs = {}  # step method name -> its self.log calls (compiled backend's probe)
         self._output_kinds = {}  # step method name -> what the training step returns (probe)
@@ -114,11 +115,14 @@ class StepModule(torch.nn.Module):
         finally:
             self.call = None
 
-    def restart_host_call(self) -> None:
+    def openpop_restart_host_call(self) -> None:
         """The executor runs the host call again from its start (``runtime/eager.py``: float16
-        overflow): what its micro-batches logged so far is dropped, not logged twice."""
+        overflow): what its micro-batches logged so far is dropped, not logged twice, and the
+        per-step optimizer hooks (LR schedulers, step counters) go back to the call's start."""
         if self.call is not None:
             self.call.logs.discard()
+        if self.per_step is not None:
+            self.per_step.restart()
 
     def forward(self, batch, positions):
         call = self.call

@@ -44,7 +44,7 @@ class EagerBackend(Backend):
         if snapshot is not None:
             snapshot[0].restore()
             snapshot[1].restore()
-        restart = getattr(model, "restart_host_call", None)  # a front-end's per-call records (Lightning's logs)
+        restart = getattr(model, "openpop_restart_host_call", None)  # a front-end's per-call records (Lightning's logs)
         if restart is not None:
             restart()
         precision.start_saturating()

@@ -31,7 +31,7 @@ that are not overflows (``log(0)``, ``1 / 0``) are clamped as well.
   (``Training.rollbackFailedCalls(False)``) it saturates from the start. A call run again runs
   the model's Python code again (prints, counters, torchmetrics updates inside ``forward``);
   Lightning's ``self.log`` records of the first run are dropped (the model's
-  ``restart_host_call``). An overflow whose inf
+  ``openpop_restart_host_call``). An overflow whose inf
   vanishes before the loss, outputs and gradients (``exp(-inf)``) is not seen: those values then
   differ from the IPU's in the last place at most;
 * compiled programs: ``compiled/half_saturation_pass.py`` inserts the same clamps into the
@@ -42,6 +42,8 @@ finds an overflow by its inf gradients, which saturation would hide (PopART's co
 near 65504 instead). Its steps keep IEEE overflow. ``OPENPOP_HALF_OVERFLOW=inf`` gives IEEE
 overflow everywhere.
 """
+import threading
+
 import torch
 
 from .. import openpop_settings
@@ -105,8 +107,25 @@ def saturate_(tensor: torch.Tensor) -> None:
     tensor.clamp_(-FLOAT16_MAX, FLOAT16_MAX)
 
 
+_active = threading.local()
+
+
+def active() -> bool:
+    """Whether this thread runs under ``SaturatingHalf`` (a thread a host call starts - pipeline
+    stages on threads of their own - enters it again: dispatch modes are per thread)."""
+    return getattr(_active, "depth", 0) > 0
+
+
 class SaturatingHalf(TorchDispatchMode):
     """Clamps the float16 results of ops that compute values to ±65504 (module docstring)."""
+
+    def __enter__(self):
+        _active.depth = getattr(_active, "depth", 0) + 1
+        return super().__enter__()
+
+    def __exit__(self, *exc_info):
+        _active.depth -= 1
+        return super().__exit__(*exc_info)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))

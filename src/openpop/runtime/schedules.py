@@ -18,11 +18,12 @@ as plain values, as on an IPU. Such a model's layout is serial (``DeviceLayout.o
 import contextlib
 from dataclasses import dataclass
 
-from . import context, trace
+from . import context, half_saturation, trace
 from .args import BoundInputs
 from .buffer_state import BufferState
 from .devices import SameDeviceOps, reset_boundary_frames
 from .gradients import GradientReduction
+from .half_saturation import SaturatingHalf
 from .losses import LossTracker
 from .outputs import OutputCollector, flatten_output
 
@@ -137,6 +138,7 @@ class ConcurrentStages(SerialTraining):
         own_weights = self.replicas.own_weights
         gradients = call.gradients
         trained = gradients.leaves_of(self.replicas.models)
+        saturating = half_saturation.active()  # (the caller's dispatch mode does not reach the pool's threads)
 
         def task(index):
             micro = order[index]
@@ -144,7 +146,8 @@ class ConcurrentStages(SerialTraining):
                 locks.begin_micro_batch(index)
                 args, kwargs = call.inputs.of(step, micro, own_leaves=True)
                 # Torch function modes are per thread: enter SameDeviceOps here, not only in the caller.
-                with context.running(True), SameDeviceOps() if self.multi_device else contextlib.nullcontext():
+                with context.running(True), SameDeviceOps() if self.multi_device else contextlib.nullcontext(), \
+                        SaturatingHalf() if saturating else contextlib.nullcontext():
                     with trace.span("forward"):
                         output, loss = self.forward(self.replicas.model(micro.replica), args, kwargs)
                     locks.end_micro_batch()  # the forward is done: later micro-batches may pass
