@@ -253,3 +253,36 @@ def test_program_follows_the_constants_of_custom_parser_inputs(traced_graphs, ki
                                 lambda m, a, b, s=scale: m(kind(a, b, s))[1], 2, 1, 1)
         torch.testing.assert_close(losses.reshape(-1), ref_losses, rtol=1e-5, atol=1e-6)
     assert len(traced_graphs) == 3  # scale 1.0, 3.0, then 1.0 again (the program kept is the last one)
+
+
+class BiasedBatch(PlainBatch):
+    """A batch holding a tensor its parser does not yield (kept from the object, as ``scale``)."""
+
+    def __init__(self, x, target, scale, bias=None):
+        super().__init__(x, target, scale)
+        self.bias = bias
+
+
+class BiasedParser(BatchParser):
+    def reconstruct(self, original_structure, tensor_iterator):
+        return BiasedBatch(next(tensor_iterator), next(tensor_iterator), original_structure.scale,
+                           original_structure.bias)
+
+
+class UsesBias(ParsedInputs):
+    def forward(self, batch):
+        out = self.fc(batch.x) * batch.scale + batch.bias
+        return out, torch.nn.functional.mse_loss(out, batch.target)
+
+
+def test_program_does_not_keep_a_tensor_the_parser_does_not_yield(traced_graphs):
+    """A tensor attribute the parser leaves out is the same only as itself: a new one builds
+    another program rather than the first call's being kept."""
+    poptorch.registerCustomArgParser(BiasedBatch, BiasedParser())
+    model = UsesBias()
+    pop = poptorch.inferenceModel(model, options(2, 1, 1))
+    x, _ = make_data(6)
+    for bias in (torch.zeros(6), torch.ones(6)):
+        out, _ = pop(BiasedBatch(x, x, 1.0, bias))
+        assert pop._dispatch.compiled.last == "compiled"
+        torch.testing.assert_close(out, model.fc(x) + bias)

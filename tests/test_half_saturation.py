@@ -152,14 +152,24 @@ def test_bad_setting_names_the_values(monkeypatch):
         poptorch.inferenceModel(Scaled().half(), options())
 
 
-@pytest.mark.parametrize("op, computes", [
-    (torch.ops.aten.mul.Tensor, True), (torch.ops.aten.addmm.default, True), (torch.ops.aten._to_copy.default, True),
-    (torch.ops.aten.sum.dim_IntList, True), (torch.ops.aten.scatter.reduce, True),
-    (torch.ops.aten.where.self, False), (torch.ops.aten.masked_fill.Scalar, False), (torch.ops.aten.cat.default, False),
-    (torch.ops.aten.view.default, False), (torch.ops.aten.scatter.src, False), (torch.ops.aten.full.default, False),
-])
-def test_which_ops_compute_values(op, computes):
-    assert half_saturation.computes_values(op) is computes
+_H, _F = torch.empty(1, dtype=torch.float16), torch.empty(1)
+_aten = torch.ops.aten
+
+
+@pytest.mark.parametrize("op, operands, computes", [
+    (_aten.mul.Tensor, (), True), (_aten.addmm.default, (), True), (_aten.sum.dim_IntList, (), True),
+    (_aten.scatter.reduce, (), True), (_aten._to_copy.default, (_F,), True), (_aten.copy_.default, (_H, _F), True),
+    (_aten.index_put_.default, (_H, [None], _H, True), True),
+    (_aten.where.self, (), False), (_aten.masked_fill.Scalar, (), False), (_aten.cat.default, (), False),
+    (_aten.view.default, (), False), (_aten.scatter.src, (), False), (_aten.full.default, (), False),
+    (_aten._to_copy.default, (_H,), False), (_aten.copy_.default, (_H, _H), False),
+    (_aten.index_put_.default, (_H, [None], _H), False),
+], ids=lambda v: str(v) if isinstance(v, (bool, torch._ops.OpOverload)) else "")
+def test_which_ops_compute_values(op, operands, computes):
+    """Arithmetic clamps; selections, views and copies between float16 tensors keep values (a
+    -inf written into a float16 tensor stays -inf); a conversion to float16 and an accumulating
+    index_put clamp."""
+    assert half_saturation.computes_values(op, operands) is computes
 
 
 def test_regions_leave_saturating_models_to_the_program():

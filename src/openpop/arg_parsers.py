@@ -59,14 +59,16 @@ class ParsedInput:
     besides their tensors (``1.0`` in ``Batch(x, scale=1.0)``): a compiled program, which keeps
     those values as constants of its trace, serves both. Comparing the objects themselves would
     tell every new object from the last (a new program each call), or, for a dataclass, compare
-    its tensors. The values are the object's attributes (``__dict__`` and ``__slots__``) with
-    tensors left out; an object that has neither is only the same as itself."""
+    its tensors. The values are the object's attributes (``__dict__`` and ``__slots__``) and, for a
+    list, tuple or dict subclass, its items, with the tensors its parser yields left out (another
+    tensor is the same only as itself: the program would keep the first one); an object that has
+    none of these is only the same as itself."""
 
     __slots__ = ("obj", "values")
 
     def __init__(self, obj):
         self.obj = obj
-        self.values = _values_besides_tensors(obj)
+        self.values = _values_besides_tensors(obj, {id(t) for t in custom_arg_parser_for(obj).yieldTensors(obj)})
 
     def __eq__(self, other) -> bool:
         if not isinstance(other, ParsedInput) or type(self.obj) is not type(other.obj):
@@ -100,10 +102,14 @@ class _Tensor:
 _TENSOR = _Tensor()
 
 
-def _values_besides_tensors(obj):
-    """``(spec, leaves)`` of ``obj``'s attributes, tensors replaced by a marker; None when it has
-    no ``__dict__`` and no ``__slots__``."""
+def _values_besides_tensors(obj, yielded):
+    """``(spec, leaves)`` of ``obj``'s attributes (and items), the ``yielded`` tensors (ids)
+    replaced by a marker; None when it has no ``__dict__``, ``__slots__`` or items."""
     attributes = dict(getattr(obj, "__dict__", None) or {})
+    if isinstance(obj, dict):
+        attributes[" items"] = list(obj.items())
+    elif isinstance(obj, (list, tuple)):
+        attributes[" items"] = list(obj)
     slotted = False
     for cls in type(obj).__mro__:
         slots = cls.__dict__.get("__slots__", ())
@@ -114,7 +120,7 @@ def _values_besides_tensors(obj):
     if not attributes and not slotted and not hasattr(obj, "__dict__"):
         return None
     leaves, spec = pytree.tree_flatten(dict(sorted(attributes.items())))
-    return spec, [_TENSOR if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
+    return spec, [_TENSOR if isinstance(leaf, torch.Tensor) and id(leaf) in yielded else leaf for leaf in leaves]
 
 
 def same_constant(a, b) -> bool:
@@ -126,6 +132,8 @@ def same_constant(a, b) -> bool:
 
 
 def _same_constant(a, b) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return a is b
     try:
         return same_constant(a, b)
     except Exception:  # a value whose == gives no truth value (an array): only itself is the same

@@ -290,6 +290,7 @@ class IPUStrategy(pl.strategies.ParallelStrategy):
         for runner in dict.fromkeys(self._runners.values()):  # validation's is also the sanity check's
             runner.close()  # poptorch_models keeps answering with the destroyed executors, as in Lightning
         self._step_module = None
+        self._manual_instances = None  # a later fit joins again (its model and optimizers are new)
         if self._restore_accumulation is not None and self.lightning_module is not None:
             self.lightning_module.trainer.accumulate_grad_batches = self._restore_accumulation
             self._restore_accumulation = None

@@ -30,20 +30,24 @@ class EagerBackend(Backend):
     def run(self, call, inputs, executable, around=None):
         """The host call (``Backend.run``); ``around``: a context it runs in (compiled regions)."""
         precision, model = call.precision, call.model
-        rerun_possible = call.settings.rollback_failed_calls if call.training else True
+        # Training: the host-call transaction puts everything back. Inference: this puts back the
+        # model's buffers and torch's generators; replicas' own buffers or weights it does not.
+        rerun_possible = call.settings.rollback_failed_calls if call.training else \
+            not (executable.replica_buffers.per_replica or call.session.replicas.own_weights)
         if not precision.watches_half_overflow(model, rerun_possible):
             return self._run(call, inputs, executable, around, watching=False)
         # A float16 model runs without saturation until a call overflows (half_saturation.py)
-        snapshot = None if call.training else (RngState(), BufferSnapshot(list(model.buffers()), model))
+        generators = None if call.training else RngState()
+        buffers = None if call.training else BufferSnapshot(list(model.buffers()), model)
         try:
             result = self._run(call, inputs, executable, around, watching=True)
-            if call.training or all(torch.isfinite(t).all() for t in _half_tensors(result)):
+            if call.training or _all_finite(_half_tensors(result)):
                 return result
         except HalfOverflow:  # (a training call: rolled back before its update)
             pass
-        if snapshot is not None:
-            snapshot[0].restore()
-            snapshot[1].restore()
+        if buffers is not None:
+            generators.restore()
+            buffers.restore()
         restart = getattr(model, "openpop_restart_host_call", None)  # a front-end's per-call records (Lightning's logs)
         if restart is not None:
             restart()
@@ -61,6 +65,10 @@ class EagerBackend(Backend):
             result = _steps(call.identity, inputs, executable, call, self, host_call, watching)
         self.last_run_seconds = time.perf_counter() - started
         return result
+
+
+def _all_finite(tensors) -> bool:
+    return not tensors or bool(torch.stack([torch.isfinite(t).all() for t in tensors]).all())
 
 
 def _half_tensors(result):

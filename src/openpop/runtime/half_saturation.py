@@ -69,15 +69,28 @@ _KEEP_VALUES = {
     _aten.flip, _aten.roll, _aten.repeat, _aten.slice_scatter, _aten.select_scatter,
     _aten.diagonal_scatter, _aten.as_strided_scatter, _aten.masked_scatter, _aten.pixel_shuffle,
     _aten.pixel_unshuffle, _aten.channel_shuffle, _aten.upsample_nearest1d, _aten.upsample_nearest2d,
-    _aten.upsample_nearest3d, _aten.narrow_copy, _aten.masked_select, _aten.sign, _aten.copy, _aten.scatter,
+    _aten.upsample_nearest3d, _aten.narrow_copy, _aten.masked_select, _aten.sign, _aten.scatter,
     _aten.scatter_,
 }
 
 
-def computes_values(op) -> bool:
+_COPIES = {_aten.copy_, _aten._to_copy, _aten.copy}  # conversions: overflow only from a wider dtype
+_ACCUMULATES = {_aten.index_put, _aten.index_put_, _aten._unsafe_index_put}  # accumulate=True adds
+
+
+def computes_values(op, args=(), kwargs=None) -> bool:
     """Whether the aten op ``op`` (an ``OpOverload``) computes its results, so that a float16 result
-    may have overflowed (and is clamped)."""
-    keeps = op.overloadpacket in _KEEP_VALUES and "reduce" not in op._overloadname  # (scatter's reduce= adds)
+    may have overflowed (and is clamped). ``args``/``kwargs``: its operands (tensors or anything with
+    a ``dtype``), for the ops that compute only sometimes: a copy converts only from another dtype,
+    ``index_put`` adds only with ``accumulate``."""
+    packet = op.overloadpacket
+    if packet in _COPIES:
+        source = args[1] if packet is _aten.copy_ or packet is _aten.copy else (args[0] if args else None)
+        return getattr(source, "dtype", None) not in (torch.float16, None)
+    if packet in _ACCUMULATES:
+        accumulate = (kwargs or {}).get("accumulate", args[3] if len(args) > 3 else False)
+        return bool(accumulate)
+    keeps = packet in _KEEP_VALUES and "reduce" not in op._overloadname  # (scatter's reduce= adds)
     return not (op.is_view or keeps)
 
 
@@ -128,8 +141,9 @@ class SaturatingHalf(TorchDispatchMode):
         return super().__exit__(*exc_info)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if computes_values(func):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if computes_values(func, args, kwargs):
             if isinstance(out, torch.Tensor):
                 if out.dtype == torch.float16 and out.numel():
                     saturate_(out)

@@ -29,9 +29,10 @@ class SaturateHalf(SourceKeyedPass):
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         root = graph.owning_module
-        modules = [graph.owning_module] if root is None else \
-            [m for m in root.modules() if isinstance(m, torch.fx.GraphModule)]
-        for module in modules:
+        if root is None:
+            _saturate(graph)
+            return
+        for module in [m for m in root.modules() if isinstance(m, torch.fx.GraphModule)]:
             if _saturate(module.graph) and module is not root:
                 module.recompile()
 
@@ -40,12 +41,12 @@ def _computes_float16(node: torch.fx.Node) -> bool:
     value = node.meta.get("val")
     if not isinstance(value, torch.Tensor) or value.dtype != torch.float16 or not node.users:
         return False
-    op = node.target
-    if op is operator.getitem:  # one result of a multi-result op
-        op = node.args[0].target
+    source = node.args[0] if node.target is operator.getitem else node  # (one result of a multi-result op)
+    op = source.target
     if not isinstance(op, OpOverload) or op._schema.is_mutable:
         return False
-    return half_saturation.computes_values(op)
+    operands = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in source.args]
+    return half_saturation.computes_values(op, operands, source.kwargs)
 
 
 def _saturate(graph: torch.fx.Graph) -> bool:
