@@ -37,7 +37,8 @@ that are not overflows (``log(0)``, ``1 / 0``) are clamped as well.
 * compiled programs: ``compiled/half_saturation_pass.py`` inserts the same clamps into the
   program's graph, where Inductor fuses them into the kernels computing the values.
 
-Not with automatic loss scaling: openpop's (``loss_scaling.py``, torch's ``GradScaler`` rule)
+Not where no executor runs the step: Lightning's manual optimization calls the user's
+``training_step`` directly (IEEE overflow there). Not with automatic loss scaling: openpop's (``loss_scaling.py``, torch's ``GradScaler`` rule)
 finds an overflow by its inf gradients, which saturation would hide (PopART's counted gradients
 near 65504 instead). Its steps keep IEEE overflow. ``OPENPOP_HALF_OVERFLOW=inf`` gives IEEE
 overflow everywhere.
