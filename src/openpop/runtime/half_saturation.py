@@ -33,15 +33,15 @@ that are not overflows (``log(0)``, ``1 / 0``) are clamped as well.
   Lightning's ``self.log`` records of the first run are dropped (the model's
   ``openpop_restart_host_call``). An overflow whose inf
   vanishes before the loss, outputs and gradients (``exp(-inf)``) is not seen: those values then
-  differ from the IPU's in the last place at most;
+  differ from the IPU's;
 * compiled programs: ``compiled/half_saturation_pass.py`` inserts the same clamps into the
   program's graph, where Inductor fuses them into the kernels computing the values.
 
 Not where no executor runs the step: Lightning's manual optimization calls the user's
-``training_step`` directly (IEEE overflow there). Not with automatic loss scaling: openpop's (``loss_scaling.py``, torch's ``GradScaler`` rule)
-finds an overflow by its inf gradients, which saturation would hide (PopART's counted gradients
-near 65504 instead). Its steps keep IEEE overflow. ``OPENPOP_HALF_OVERFLOW=inf`` gives IEEE
-overflow everywhere.
+``training_step`` directly (IEEE overflow there). Not with automatic loss scaling: openpop's
+(``loss_scaling.py``, torch's ``GradScaler`` rule) finds an overflow by its inf gradients, which
+saturation would hide (PopART's counted gradients near 65504 instead). Its steps keep IEEE
+overflow. ``OPENPOP_HALF_OVERFLOW=inf`` gives IEEE overflow everywhere.
 """
 import threading
 
