@@ -221,14 +221,14 @@ def test_eager_runs_a_call_again_saturating_when_it_overflows(training, caplog, 
             m.eval()
             pop = poptorch.inferenceModel(m, opts)
         if not watched and not training:
-            pop._precision._saturating = True
+            pop._precision.overflow_seen = True
         torch.manual_seed(1)
         outputs = []
         for call, batch in enumerate(inputs):
             with caplog.at_level("INFO", logger=poptorch.logger.name):
                 outputs.append(pop(batch)[0])
             if watched:
-                assert pop._precision._saturating == (call >= 1), call
+                assert pop._precision.overflow_seen == (call >= 1), call
         runs[watched] = outputs, [t.detach().clone() for t in m.state_dict().values()], torch.get_rng_state()
     (out_w, state_w, rng_w), (out_s, state_s, rng_s) = runs[True], runs[False]
     for a, b in zip(out_w + state_w, out_s + state_s):
@@ -315,7 +315,7 @@ def test_concurrent_pipeline_stages_saturate(monkeypatch):
         opts.setExecutionStrategy(poptorch.PipelinedExecution())
         pop = poptorch.trainingModel(m, opts, poptorch.optim.SGD(m.parameters(), lr=1e-6))
         pop(x)
-        assert pop._executable.concurrent == (concurrency == "on") and pop._precision._saturating
+        assert pop._executable.concurrent == (concurrency == "on") and pop._precision.overflow_seen
         weights[concurrency] = [p.detach().clone() for p in m.parameters()]
     for a, b in zip(weights["on"], weights["off"]):
         assert torch.isfinite(a).all() and torch.equal(a, b)

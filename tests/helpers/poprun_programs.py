@@ -313,7 +313,7 @@ def half_loss_overflow(outdir):
     x = torch.full((2, 4), 30000.0 if rank == 1 else 1.0, dtype=torch.float16)  # 4 x 30000 > 65504
     losses = training(x)
     torch.save({"weights": model.w.detach().clone(), "losses": losses.detach().clone(),
-                "saturating": training._precision._saturating}, os.path.join(outdir, f"rank{rank}.pt"))
+                "saturating": training._precision.overflow_seen}, os.path.join(outdir, f"rank{rank}.pt"))
 
 
 LIGHTNING_SAMPLES, LIGHTNING_BATCH, LIGHTNING_STEPS = 32, 4, 3

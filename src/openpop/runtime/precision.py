@@ -70,8 +70,8 @@ class RunPrecision:
         self._generators = {}
         self.half_compute = HalfComputePolicy.from_env()  # validates OPENPOP_HALF_COMPUTE
         self.half_overflow = half_saturation.setting_from_env()  # validates OPENPOP_HALF_OVERFLOW
-        self._saturating = False  # a watched call overflowed (half_saturation.py)
-        self._model_saturates = None  # half_saturation.applies, decided at the first eager call
+        self.overflow_seen = False  # a watched call overflowed (half_saturation.py)
+        self._saturation_applies = None  # half_saturation.applies, decided at the first eager call
         self._low_precision_ops = None  # decided on the first forward
 
     # ------------------------------------------------------------------ forward
@@ -141,21 +141,21 @@ class RunPrecision:
         """Whether an eager host call of ``model`` runs without saturation and watches for
         overflow (``half_saturation.py``): it computes in float16, no overflow was seen yet, and a
         call that overflows can be run again (``rerun_possible``)."""
-        return rerun_possible and not self._saturating and self._saturates(model)
+        return rerun_possible and not self.overflow_seen and self._saturation_applies_to(model)
 
     def saturating(self, model: torch.nn.Module, watching: bool):
         """Context for an eager host call's steps: float16 results clamped to +-65504 where the
         model computes in float16 and the call is not ``watching`` for overflow."""
-        return SaturatingHalf() if not watching and self._saturates(model) else _NO_CONTEXT
+        return SaturatingHalf() if not watching and self._saturation_applies_to(model) else _NO_CONTEXT
 
-    def _saturates(self, model) -> bool:
-        if self._model_saturates is None:  # decided at the first call, as the low-precision ops are
-            self._model_saturates = half_saturation.applies(model, self)
-        return self._model_saturates
+    def _saturation_applies_to(self, model) -> bool:
+        if self._saturation_applies is None:  # decided at the first call, as the low-precision ops are
+            self._saturation_applies = half_saturation.applies(model, self)
+        return self._saturation_applies
 
     def start_saturating(self) -> None:
         """A watched call overflowed: this and every later call saturate."""
-        self._saturating = True
+        self.overflow_seen = True
         logger.info(messages.HALF_OVERFLOW_SEEN)
 
     # ------------------------------------------------------------------ training
