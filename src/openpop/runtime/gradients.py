@@ -99,6 +99,9 @@ class NoReduction:
     def __call__(self) -> None:
         pass
 
+    def all_true(self, flag: bool) -> bool:
+        return flag
+
 
 class ReplicaSum:
     """The replicas' gradient sum: local replicas with their own weights onto replica 0
@@ -116,6 +119,10 @@ class ReplicaSum:
     def __call__(self) -> None:
         self.replicas.reduce_gradients()
         self.processes.all_reduce(self.trainable)
+
+    def all_true(self, flag: bool) -> bool:
+        """Whether ``flag`` holds in every process."""
+        return self.processes.all_true(flag)
 
 
 class GradientReduction:
@@ -218,10 +225,7 @@ class GradientReduction:
             return finite
         if self.watch_overflow:  # (gradients are the processes' sum by now; losses are each process's own)
             finite = _unscale_and_check(grads, 1.0 / divisor) if grads else True
-            processes = getattr(self.replica_sum, "processes", None)
-            losses_finite = all(bool(f) for f in self._losses_finite)
-            if processes is not None:
-                losses_finite = processes.all_true(losses_finite)
+            losses_finite = self.replica_sum.all_true(all(bool(f) for f in self._losses_finite))
             if not (finite and losses_finite):
                 raise HalfOverflow()
             return True

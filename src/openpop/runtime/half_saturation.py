@@ -145,11 +145,7 @@ class SaturatingHalf(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if computes_values(func, args, kwargs):
-            if isinstance(out, torch.Tensor):
-                if out.dtype == torch.float16 and out.numel():
-                    saturate_(out)
-            else:
-                for leaf in pytree.tree_leaves(out):
-                    if isinstance(leaf, torch.Tensor) and leaf.dtype == torch.float16 and leaf.numel():
-                        saturate_(leaf)
+            for leaf in (out,) if isinstance(out, torch.Tensor) else pytree.tree_leaves(out):
+                if isinstance(leaf, torch.Tensor) and leaf.dtype == torch.float16 and leaf.numel():
+                    saturate_(leaf)
         return out

@@ -141,14 +141,16 @@ class RunPrecision:
         """Whether an eager host call of ``model`` runs without saturation and watches for
         overflow (``half_saturation.py``): it computes in float16, no overflow was seen yet, and a
         call that overflows can be run again (``rerun_possible``)."""
-        return rerun_possible and not self.overflow_seen and self._saturation_applies_to(model)
+        return rerun_possible and not self.overflow_seen and self.saturates(model)
 
     def saturating(self, model: torch.nn.Module, watching: bool):
         """Context for an eager host call's steps: float16 results clamped to +-65504 where the
         model computes in float16 and the call is not ``watching`` for overflow."""
-        return SaturatingHalf() if not watching and self._saturation_applies_to(model) else _NO_CONTEXT
+        return SaturatingHalf() if not watching and self.saturates(model) else _NO_CONTEXT
 
-    def _saturation_applies_to(self, model) -> bool:
+    def saturates(self, model: torch.nn.Module) -> bool:
+        """Whether ``model``'s float16 overflow saturates (``half_saturation.applies``), decided
+        once per executor."""
         if self._saturation_applies is None:  # decided at the first call, as the low-precision ops are
             self._saturation_applies = half_saturation.applies(model, self)
         return self._saturation_applies

@@ -31,7 +31,7 @@ from torch.utils.hooks import RemovableHandle
 from ... import errors
 from ...log import logger
 from ...torch_compat import set_grad_enabled
-from .. import context, half_saturation, messages
+from .. import context, messages
 from ..backend_contract import DECLINED, REGIONS, Backend
 from ..compile_cache import compile_cache_for
 from ..perf import UniformCounters
@@ -210,7 +210,7 @@ class CompiledBackend(Backend):
                     self.selection.unit = "program"
                     return "program"
             per_op = self._flops / max(self._ops, 1)
-            has_regions = not call.schedule.concurrent and not half_saturation.applies(call.model, call.precision) \
+            has_regions = not call.schedule.concurrent and not call.precision.saturates(call.model) \
                 and find_regions(call.model)
             unit = "regions" if regions_pay(per_op, _device_type(call)) and has_regions else "program"
             reason = program_reason(call) if unit == "program" and has_regions else None
@@ -238,7 +238,7 @@ class CompiledBackend(Backend):
         if call.schedule.concurrent:
             self.finish_progress()
             return self._decline(messages.REGIONS_CONCURRENT)
-        if half_saturation.applies(call.model, call.precision):
+        if call.precision.saturates(call.model):
             self.finish_progress()
             return self._decline(messages.REGIONS_SATURATION)
         progress, self.progress = self.progress, None

@@ -6,7 +6,6 @@ import os
 
 import torch
 
-from .. import half_saturation
 from ..half_compute import LOW_PRECISION
 from .cache_hit import program_guards
 from .eligibility import anchored_in_program
@@ -41,7 +40,7 @@ def build_program(call, inputs, compiled, probed, contexts, stepwise, cache, ops
     device = next(iter(model.parameters()), torch.empty(0)).device
     kwargs = compile_kwargs(device, call.geometry, probed.draws_random, half_casts=bool(contexts or rounded),
                             loops=not stepwise, ops=ops, training=call.training,
-                            saturate_half=half_saturation.applies(model, call.precision))
+                            saturate_half=call.precision.saturates(model))
     scaling = ScalingState(call.precision.dynamic if call.training else None,
                            call.geometry.device_iterations)
     sets = call.geometry.replication_factor if compiled.replica_buffers.per_replica else 1
