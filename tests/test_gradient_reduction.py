@@ -140,3 +140,52 @@ def test_automatic_loss_scaling_skips_non_finite_steps_and_backs_off():
         assert reduction.finish_step()
     torch.testing.assert_close(weight.grad, torch.tensor([1.0, 3.0]))
     assert optimizer.loss_scaling == 16.0  # grown after growth_interval finite steps
+
+
+class _OtherProcesses:
+    """A replica sum across processes: records what this process says, answers for all."""
+
+    def __init__(self, others_agree: bool):
+        self.others_agree = others_agree
+        self.said = []
+
+    def start_step(self, overlap):
+        pass
+
+    def __call__(self):
+        pass
+
+    def all_true(self, flag):
+        self.said.append(flag)
+        return flag and self.others_agree
+
+
+@pytest.mark.parametrize("summed", [True, False])
+def test_automatic_loss_scaling_agrees_with_the_other_processes_on_unsummed_gradients(summed):
+    # An optimizer parameter that no process sums (``trainable`` excludes it) may overflow in
+    # another process alone: every process must skip that step and back off alike.
+    optimizer = _Optimizer(16.0)
+    weight = torch.nn.Parameter(torch.ones(2))
+    others = _OtherProcesses(others_agree=False)
+    reduction = GradientReduction(MeanPolicy.POST, 1, [weight], DynamicLossScaling().bind(optimizer),
+                                  trainable=(weight,) if summed else (), replica_sum=others)
+    reduction.start_step()
+    reduction.backward((weight * torch.tensor([1.0, 3.0])).sum())
+    finite = reduction.finish_step()
+    if summed:  # (every process sees the same summed gradients: nothing to agree on)
+        assert finite and others.said == [] and optimizer.loss_scaling == 16.0
+    else:
+        assert not finite and others.said == [True] and optimizer.loss_scaling == 8.0
+
+
+def test_float16_watch_tells_the_other_processes_of_an_unsummed_overflow():
+    from openpop.runtime.half_saturation import HalfOverflow
+    weight = torch.nn.Parameter(torch.full((2,), 1e-3, dtype=torch.float16))  # a finite loss, an inf gradient
+    others = _OtherProcesses(others_agree=True)
+    reduction = GradientReduction(MeanPolicy.POST, 1, [weight], StaticLossScaling(_Optimizer(1.0)),
+                                  replica_sum=others, watch_overflow=True)
+    reduction.start_step()
+    reduction.backward((weight * torch.tensor([1.0, 60000.0], dtype=torch.float16)).sum() * 2)
+    with pytest.raises(HalfOverflow):
+        reduction.finish_step()
+    assert others.said == [False]  # its finite loss alone would have let the others step

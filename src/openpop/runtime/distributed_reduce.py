@@ -316,7 +316,7 @@ class GlobalReplication:
 
         from ..distributed import process_group
         value = torch.tensor([int(flag)], dtype=torch.int32)
-        self._collective("the check of the step's losses", lambda: dist.all_reduce(
+        self._collective("the check that the step's values are finite", lambda: dist.all_reduce(
             value, op=dist.ReduceOp.MIN, group=process_group.current_group()))
         return bool(value.item())
 

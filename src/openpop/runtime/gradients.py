@@ -149,6 +149,10 @@ class GradientReduction:
         # gradients are not finite raises HalfOverflow before its update.
         self.watch_overflow = watch_overflow
         self._losses_finite = []
+        # Gradients the processes do not sum (an optimizer parameter no module registers) can be
+        # finite in one process and not in another: then the processes agree on the verdict.
+        summed = {id(p) for p in trainable}
+        self._verdict_is_local = any(id(p) not in summed for p in params)
 
     @property
     def seed_scale(self) -> float:
@@ -221,12 +225,13 @@ class GradientReduction:
         grads = self._grads()
         if self.scaler.automatic:
             finite = _unscale_and_check(grads, 1.0 / divisor)
+            if self._verdict_is_local:
+                finite = self.replica_sum.all_true(finite)
             self.loss_scale = self.scaler.update(finite)
             return finite
-        if self.watch_overflow:  # (gradients are the processes' sum by now; losses are each process's own)
+        if self.watch_overflow:  # (summed gradients are the processes' sum by now; losses are each process's own)
             finite = _unscale_and_check(grads, 1.0 / divisor) if grads else True
-            losses_finite = self.replica_sum.all_true(all(bool(f) for f in self._losses_finite))
-            if not (finite and losses_finite):
+            if not self.replica_sum.all_true(finite and all(bool(f) for f in self._losses_finite)):
                 raise HalfOverflow()
             return True
         if grads and divisor != 1.0:
