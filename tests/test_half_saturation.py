@@ -3,6 +3,7 @@ forward, the backward (the loss-scaled seed included) and the optimizer step; th
 compiled program; not with floating-point exceptions, automatic loss scaling or
 OPENPOP_HALF_OVERFLOW=inf."""
 import copy
+import json
 
 import pytest
 import torch
@@ -319,3 +320,22 @@ def test_concurrent_pipeline_stages_saturate(monkeypatch):
         weights[concurrency] = [p.detach().clone() for p in m.parameters()]
     for a, b in zip(weights["on"], weights["off"]):
         assert torch.isfinite(a).all() and torch.equal(a, b)
+
+
+def test_a_call_run_again_is_one_call_in_the_trace(tmp_path, monkeypatch, no_environment_session):
+    """The rerun of an overflowing call is part of that call: the report numbers the host calls
+    as the user made them."""
+    directory = tmp_path / "report"
+    monkeypatch.setenv("POPLAR_ENGINE_OPTIONS", json.dumps(
+        {"autoReport.all": "true", "autoReport.directory": str(directory),
+         "autoReport.executionProfileProgramRunCount": 3}))
+    torch.manual_seed(0)
+    model = Growing().half()
+    pop = poptorch.trainingModel(model, options(di=3), poptorch.optim.SGD(model.parameters(), lr=1e-3))
+    x = torch.randn(6, 4).half()
+    for batch in (x, x * 1000, x):  # the second call overflows and runs again
+        pop(batch)
+    assert pop._precision.overflow_seen
+    report = json.loads((directory / "training" / "report.json").read_text())
+    assert [c["call"] for c in report["host_calls"]] == [0, 1, 2]
+    pop.destroy()

@@ -29,32 +29,10 @@ class EagerBackend(Backend):
 
     def run(self, call, inputs, executable, around=None):
         """The host call (``Backend.run``); ``around``: a context it runs in (compiled regions)."""
-        precision, model = call.precision, call.model
-        # Training: the host-call transaction puts everything back. Inference: this puts back the
-        # model's buffers and torch's generators; replicas' own buffers or weights it does not.
-        rerun_possible = call.settings.rollback_failed_calls if call.training else \
-            not (executable.replica_buffers.per_replica or call.session.replicas.own_weights)
-        if not precision.watches_half_overflow(model, rerun_possible):
-            return self._run(call, inputs, executable, around, watching=False)
-        # A float16 model runs without saturation until a call overflows (half_saturation.py)
-        generators = None if call.training else RngState()
-        buffers = None if call.training else BufferSnapshot(list(model.buffers()), model)
-        try:
-            result = self._run(call, inputs, executable, around, watching=True)
-            if call.training or _all_finite(_half_tensors(result)):
-                return result
-        except HalfOverflow:  # (a training call: rolled back before its update)
-            pass
-        if buffers is not None:
-            generators.restore()
-            buffers.restore()
-        restart = getattr(model, "openpop_restart_host_call", None)  # a front-end's per-call records (Lightning's logs)
-        if restart is not None:
-            restart()
-        precision.start_saturating()
-        return self._run(call, inputs, executable, around, watching=False)
+        return _host_call(call.identity, inputs, executable, call, self, around)
 
-    def _run(self, call, inputs, executable, around, watching):
+    def run_once(self, call, inputs, executable, around, watching):
+        """The host call run once (``watching``: for a float16 overflow, see ``_host_call``)."""
         session, training, precision = call.session, call.training, call.precision
         host_call = session.host_call(call.optimizer, precision) if training else contextlib.nullcontext()
         started = time.perf_counter()
@@ -62,7 +40,7 @@ class EagerBackend(Backend):
                 contextlib.nullcontext() if training else torch.no_grad(), \
                 around if around is not None else contextlib.nullcontext(), \
                 precision.saturating(call.model, watching):
-            result = _steps(call.identity, inputs, executable, call, self, host_call, watching)
+            result = _steps(inputs, executable, call, self, host_call, watching)
         self.last_run_seconds = time.perf_counter() - started
         return result
 
@@ -76,9 +54,37 @@ def _half_tensors(result):
 
 
 @trace.host_call
-def _steps(executor, inputs, executable, call, backend, host_call, watching):
-    """The host call's steps (``executor``: the key a trace session knows the calls by;
-    ``watching``: for float16 overflow, ``half_saturation.py``)."""
+def _host_call(executor, inputs, executable, call, backend, around):
+    """One host call (``executor``: the key a trace session knows the calls by): a float16 call
+    that overflows runs again saturating, within the same traced call."""
+    precision, model = call.precision, call.model
+    # Training: the host-call transaction puts everything back. Inference: this puts back the
+    # model's buffers and torch's generators; replicas' own buffers or weights it does not.
+    rerun_possible = call.settings.rollback_failed_calls if call.training else \
+        not (executable.replica_buffers.per_replica or call.session.replicas.own_weights)
+    if not precision.watches_half_overflow(model, rerun_possible):
+        return backend.run_once(call, inputs, executable, around, watching=False)
+    # A float16 model runs without saturation until a call overflows (half_saturation.py)
+    generators = None if call.training else RngState()
+    buffers = None if call.training else BufferSnapshot(list(model.buffers()), model)
+    try:
+        result = backend.run_once(call, inputs, executable, around, watching=True)
+        if call.training or _all_finite(_half_tensors(result)):
+            return result
+    except HalfOverflow:  # (a training call: rolled back before its update)
+        pass
+    if buffers is not None:
+        generators.restore()
+        buffers.restore()
+    restart = getattr(model, "openpop_restart_host_call", None)  # a front-end's per-call records (Lightning's logs)
+    if restart is not None:
+        restart()
+    precision.start_saturating()
+    return backend.run_once(call, inputs, executable, around, watching=False)
+
+
+def _steps(inputs, executable, call, backend, host_call, watching):
+    """The host call's steps (``watching``: for float16 overflow, ``half_saturation.py``)."""
     geometry, schedule = call.geometry, call.schedule
     gradients = _gradients(call, executable, watching) if call.training else None
     state = CallState(MicroBatchInputs(inputs, geometry), OutputCollector(
