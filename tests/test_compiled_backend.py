@@ -187,10 +187,10 @@ class Hooked(Regressor):
         self.fc1.register_full_backward_hook(lambda module, grad_in, grad_out: self.rows.append(grad_out[0].shape[0]))
 
 
-class FrozenBias(Regressor):
+class UnusedHead(Regressor):
     def __init__(self):
         super().__init__()
-        self.fc2.bias.requires_grad_(False)
+        self.unused = torch.nn.Linear(6, 2)  # trainable, in the optimizer, never called
 
 
 @pytest.mark.parametrize("model_class,construct", [
@@ -199,7 +199,7 @@ class FrozenBias(Regressor):
     (Branching, "torch.compile(fullgraph=True) rejects"),
     (ClampsInput, "input x changed in place"),
     (Hooked, "module hooks (backward_hooks on fc1"),
-    (FrozenBias, "parameter fc2.bias with requires_grad=False"),
+    (UnusedHead, "parameter unused.weight gets no gradient"),
 ])
 def test_unsupported_model_auto_logs_once_forced_raises(model_class, construct, warnings_logged):
     x, t = make_data(8)
@@ -261,18 +261,57 @@ def test_forward_hooks_are_traced_into_the_program(device_iterations):
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 
 
-def test_frozen_parameters_and_backward_hooks_added_after_compiling_are_noticed():
-    """Eager skips a parameter frozen between calls and runs a backward hook added between calls;
-    the compiled program would do neither, so such a call is refused (auto: runs eagerly)."""
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_frozen_parameters_are_constants_of_the_program(optimizer):
+    """Parameters with requires_grad=False in the optimizer (fine-tuning with part of the model
+    frozen): eager's step leaves them and their state untouched, and so does the program. Freezing
+    or unfreezing one between calls builds another program; every call equals eager's."""
+    def make(model):
+        if optimizer == "sgd":
+            return poptorch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+        return poptorch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.1)
+
+    results = {}
+    for backend in ("eager", "compiled"):
+        torch.manual_seed(0)
+        model = Regressor()
+        model.fc1.weight.requires_grad_(False)
+        opt = make(model)
+        pop = poptorch.trainingModel(model, compiled_options(2, backend=backend), opt)
+        frozen = model.fc1.weight.detach().clone()
+        losses = []
+        for call in range(5):
+            if call == 2:
+                model.fc1.weight.requires_grad_(True)
+                model.fc2.bias.requires_grad_(False)
+            losses.append(pop(*make_data(2 * 3, seed=call))[1])
+            if call < 2:
+                assert torch.equal(model.fc1.weight, frozen) and model.fc1.weight not in opt.state
+            assert pop._dispatch.compiled.last == backend
+        results[backend] = losses, [p.detach().clone() for p in model.parameters()], \
+            {name: {k: v.clone() for k, v in opt.state[p].items()} if p in opt.state else None
+             for name, p in model.named_parameters()}
+    (eager_losses, eager_params, eager_state), (losses, params, state) = results["eager"], results["compiled"]
+    for got, expected in zip(losses + params, eager_losses + eager_params):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    assert state.keys() == eager_state.keys()
+    for name, expected in eager_state.items():
+        if expected is None:
+            assert state[name] is None, name
+        else:
+            for key, value in expected.items():
+                torch.testing.assert_close(torch.as_tensor(state[name][key]), torch.as_tensor(value), rtol=1e-5,
+                                           atol=1e-6, msg=f"{name} {key}")
+
+
+def test_backward_hooks_added_after_compiling_are_noticed():
+    """Eager runs a backward hook added between calls; the compiled program would not, so such a
+    call is refused (auto: runs eagerly)."""
     model = Regressor()
     pop = poptorch.trainingModel(model, compiled_options(2))
     x, t = make_data(2 * 3)
     pop(x, t)
-    model.fc2.bias.requires_grad_(False)
     state = copy.deepcopy(model.state_dict())
-    with pytest.raises(poptorch.Error, match="parameter fc2.bias with requires_grad=False"):
-        pop(x, t)
-    model.fc2.bias.requires_grad_(True)
     handle = model.fc1.register_full_backward_hook(lambda module, grad_in, grad_out: None)
     with pytest.raises(poptorch.Error, match="backward_hooks on fc1"):
         pop(x, t)
@@ -281,6 +320,16 @@ def test_frozen_parameters_and_backward_hooks_added_after_compiling_are_noticed(
     handle.remove()
     pop(x, t)
     assert pop._dispatch.compiled.last == "compiled"
+
+
+def test_an_optimizer_with_every_parameter_frozen_stays_eager():
+    model = Regressor()
+    frozen = [model.fc1.weight, model.fc1.bias]
+    for p in frozen:
+        p.requires_grad_(False)
+    pop = poptorch.trainingModel(model, compiled_options(2), torch.optim.SGD(frozen, lr=0.1))
+    with pytest.raises(poptorch.Error, match="parameters all have requires_grad=False"):
+        pop(*make_data(2 * 3))
 
 
 def _doubled(module, args, out):

@@ -36,6 +36,31 @@ def test_matches_hand_written_loop(di, ga, r, momentum, backend):
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("di,ga,r", [(2, 1, 1), (2, 2, 2)])
+def test_parameters_frozen_and_unfrozen_between_calls_train_as_the_loop(di, ga, r, backend):
+    """Fine-tuning schedules freeze and unfreeze parameters between calls, the optimizer holding
+    them all: a frozen one is left as it is (no update, no state), an unfrozen one trains from its
+    next step (its gradient zeroed at every step, as ``zero_grad`` does)."""
+    model = Regressor()
+    model.fc1.weight.requires_grad_(False)
+    reference = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
+    pop = poptorch.trainingModel(model, options(di, ga, r, poptorch.OutputMode.All), opt)
+    for call in range(4):
+        if call == 2:  # unfreeze fc1.weight, freeze fc2.bias
+            for m in (model, reference):
+                m.fc1.weight.requires_grad_(True)
+                m.fc2.bias.requires_grad_(False)
+        x, t = make_data(di * ga * r * 3, seed=call)
+        _, losses = pop(x, t)
+        ref_losses = train_loop(reference, ref_opt, (x, t), regressor_loss, di, ga, r)
+        torch.testing.assert_close(losses.reshape(-1), ref_losses, rtol=1e-6, atol=1e-6)
+        for p, q in zip(model.parameters(), reference.parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6)
+        assert (model.fc1.weight in opt.state) == (call >= 2)
+
+
 def test_sum_reduction_matches_summed_gradients(backend):
     model = Regressor()
     reference = copy.deepcopy(model)

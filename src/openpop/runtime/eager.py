@@ -119,7 +119,8 @@ def _gradients(call, executable, watch_overflow):
     scaler = call.precision.loss_scaler(optimizer)
     replicas = call.session.replicas
     policy = MeanPolicy.choose(call.settings, params, scaler.automatic, replicas.own_weights)
+    trainable = executable.trainable
     return GradientReduction(
-        policy, geometry.micro_batches_per_step, params, scaler, trainable=executable.trainable,
-        replica_sum=ReplicaSum(replicas, call.processes, executable.trainable, geometry.micro_batches_per_step),
+        policy, geometry.micro_batches_per_step, params, scaler, trainable=trainable,
+        replica_sum=ReplicaSum(replicas, call.processes, trainable, geometry.micro_batches_per_step),
         watch_overflow=watch_overflow)

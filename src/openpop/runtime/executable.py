@@ -41,8 +41,8 @@ class Executable:
     track_losses: bool
     #: ``(module, training)`` as they were when compiled: calls run in these modes.
     training_flags: tuple
-    #: Parameters that receive gradients.
-    trainable: tuple
+    #: The model's parameters (``trainable``: those that receive gradients now).
+    parameters: tuple
     #: The forward writes buffers with autograd history or reassigns them: each micro-batch ends
     #: with ``buffer_state.BufferState.settle`` (values kept, history dropped).
     stateful_buffers: bool = False
@@ -50,6 +50,12 @@ class Executable:
     @property
     def concurrent(self) -> bool:
         return self.layout.concurrent
+
+    @property
+    def trainable(self) -> tuple:
+        """The parameters that receive gradients: those with ``requires_grad`` at this call (a
+        parameter frozen or unfrozen between calls is honoured from the next call on)."""
+        return tuple(p for p in self.parameters if p.requires_grad)
 
 
 @dataclass(frozen=True)

@@ -159,7 +159,7 @@ class PoplarExecutor(ExecutorWeights, ExecutorTimings):
             signature=InputSignature(inputs), plan=traced.plan, layout=traced.layout, weights=weights,
             replica_buffers=traced.replica_buffers, anchors=anchors, loss_index=traced.loss_index,
             track_losses=traced.track_losses, training_flags=tuple((m, m.training) for m in model.modules()),
-            trainable=tuple(p for p in model.parameters() if p.requires_grad),
+            parameters=tuple(model.parameters()),
             stateful_buffers=traced.stateful_buffers)
         with weights.active():
             session = DeviceSession(model, executable, settings)

@@ -77,7 +77,7 @@ INELIGIBLE_ATTRIBUTE_REPLACED = ("attribute {name}, a tensor the forward pass re
                                  "with register_buffer(..., persistent=False) to have the program carry it)")
 EAGER_SAVED_TENSOR_HOOKS = ("openpop runs host calls made inside torch.autograd.graph.saved_tensors_hooks "
                             "eagerly: a compiled program has no saved tensors for the hooks to see")
-INELIGIBLE_FROZEN = "parameter {name} with requires_grad=False (eager leaves it and its state untouched)"
+INELIGIBLE_ALL_FROZEN = "an optimizer whose parameters all have requires_grad=False (nothing to train)"
 INELIGIBLE_HOOKS = "module hooks ({kind} on {module}: a compiled program computes gradients without autograd's hooks)"
 INELIGIBLE_NO_GRADIENT = "parameter {name} gets no gradient (eager leaves it and its state untouched)"
 INELIGIBLE_ANCHORED_GRADIENT = "an anchored gradient of {name}, which the optimizer does not update"

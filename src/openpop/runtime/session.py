@@ -157,7 +157,7 @@ class DeviceSession:
         if self._rollback is None:
             self._rollback = HostCallRollback(
                 self.settings.rollback_failed_calls, steps=self.settings.geometry.device_iterations,
-                models=self.replicas.models, trainable=self.executable.trainable,
+                models=self.replicas.models, parameters=self.executable.parameters,
                 replica_buffers=self.executable.replica_buffers,
                 loss_scaler=precision.dynamic, generators=precision.generators,
                 devices=self.executable.plan.device_map.all_devices())

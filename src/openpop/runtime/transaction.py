@@ -66,17 +66,18 @@ class HostCallRollback:
     calls, with the copies it reuses from call to call. ``call(optimizer)`` gives the context of
     one host call.
 
-    ``models``: replica 0 first (replicas with their own weights after it); ``trainable``: the
-    parameters whose ``.grad`` a call sets; ``replica_buffers``: a ``weights.ReplicaBuffers`` (or ``SharedBuffers``);
+    ``models``: replica 0 first (replicas with their own weights after it); ``parameters``: the
+    model's (a failed call leaves their ``.grad`` unset); ``replica_buffers``: a
+    ``weights.ReplicaBuffers`` (or ``SharedBuffers``);
     ``loss_scaler``: the object holding the automatic loss scaling counters; ``generators``:
     openpop's own ``{device: torch.Generator}`` (filled as they are needed); ``devices``: the
     torch devices the calls run on."""
 
-    def __init__(self, enabled: bool, *, steps: int, models, trainable=(), replica_buffers=None,
+    def __init__(self, enabled: bool, *, steps: int, models, parameters=(), replica_buffers=None,
                  loss_scaler=None, generators=None, devices=()):
         self.enabled = enabled
         self.steps = steps
-        self.trainable = list(trainable)
+        self.parameters = list(parameters)
         self.replica_buffers = replica_buffers if replica_buffers is not None else SharedBuffers()
         self.loss_scaler = loss_scaler
         self.generators = generators if generators is not None else {}
@@ -233,7 +234,7 @@ class HostCall:
 
     def _after_failure(self, exc: BaseException) -> None:
         owner = self._owner
-        for p in owner.trainable:
+        for p in owner.parameters:
             p.grad = None
         if not owner.enabled:
             if self.applied and hasattr(exc, "add_note"):

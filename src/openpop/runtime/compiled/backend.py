@@ -50,7 +50,7 @@ from .eligibility import (
 from .fused_updates import FusedUpdate
 from .generator_states import RngState
 from .host_call import run_program
-from .optimizer_support import signature
+from .optimizer_support import signature, updated_parameters
 from .processes import num_processes, program_reason
 from .program_build import build_program
 from .program_options import forward_contexts
@@ -391,8 +391,7 @@ class CompiledBackend(Backend):
     def _check_changes(self, call):
         """What the user may have changed since the program was built (cheap: hooks are looked
         for only when a hook handle was created since)."""
-        if (call.training and not all(p.requires_grad for p in self._program.optim.params)) \
-                or RemovableHandle.next_id != self._hooks_seen:
+        if RemovableHandle.next_id != self._hooks_seen:
             for reason in changing_reasons(call):
                 raise Ineligible(reason)
             self._hooks_seen = RemovableHandle.next_id
@@ -453,7 +452,7 @@ class CompiledBackend(Backend):
 
 def _same_parameters(params, optimizer) -> bool:
     """Whether ``optimizer`` holds exactly ``params``, in that order."""
-    held = [p for group in optimizer.param_groups for p in group["params"]]
+    held = [p for group in updated_parameters(optimizer) for p in group]
     return len(held) == len(params) and all(p is q for p, q in zip(held, params))
 
 

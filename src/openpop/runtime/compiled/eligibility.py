@@ -2,12 +2,13 @@
 
 ``static_reasons`` looks at the compiled plan, the options and the optimizer; ``probe`` runs one
 micro-batch eagerly (as the compile pass does: no trace left - buffers and RNG restored, nothing
-printed) to find what only running shows: host I/O such as ``ipu_print_tensor``, inputs
-changed in place, parameters that get no gradient (eager skips their update; a functional update
-would not), outputs that are not tensors - and what the program must carry: the buffers the forward updates in place
-(by version counter, and normalisation statistics, whose kernels do not bump it) or reassigns,
-and whether it draws random numbers. Data-dependent Python control flow and
-unsupported ops are found by ``torch.compile(fullgraph=True)`` itself (``backend.py``).
+printed) to find what only running shows: host I/O such as ``ipu_print_tensor``, inputs changed in
+place, parameters with ``requires_grad`` that get no gradient (eager skips their update; a
+functional update would not; frozen ones are the program's constants), outputs that are not tensors
+- and what the program must carry: the buffers the forward updates in place (by version counter, and
+normalisation statistics, whose kernels do not bump it) or reassigns, and whether it draws random
+numbers. Data-dependent Python control flow and unsupported ops are found by
+``torch.compile(fullgraph=True)`` itself (``backend.py``).
 
 Block annotations and execution strategies (pipelined, sharded, phased) do not decline a model:
 when every virtual IPU maps onto one torch device such a plan computes what the plain forward
@@ -33,7 +34,7 @@ from ..pipeline import CONCURRENCY_ENV
 from ..shapes_only import recorded
 from ..weights import BufferSnapshot, NormStatistics
 from .compile_cost import OpCounter
-from .optimizer_support import unsupported_reason
+from .optimizer_support import unsupported_reason, updated_parameters
 from .saved_programs import OpRecorder
 
 # Non-tensor arguments the program takes as constants of its trace (``forward(x, mask=None)``).
@@ -91,13 +92,11 @@ def static_reasons(call, executable):
 
 
 def changing_reasons(call):
-    """Reasons the user can create between host calls: a parameter frozen, a backward hook added.
-    (A forward hook added or removed makes a new program: ``HookState``.)"""
-    if call.training:
-        frozen = {id(p) for g in call.optimizer.param_groups for p in g["params"] if not p.requires_grad}
-        if frozen:
-            yield messages.INELIGIBLE_FROZEN.format(
-                name=next(n for n, p in call.model.named_parameters() if id(p) in frozen))
+    """Reasons the user can create between host calls: every parameter frozen, a backward hook
+    added. (A forward hook added or removed, or some parameters frozen or unfrozen, makes a new
+    program: ``HookState``, ``optimizer_support.signature``.)"""
+    if call.training and not any(updated_parameters(call.optimizer)):
+        yield messages.INELIGIBLE_ALL_FROZEN
     reason = hooks_reason(call.model)
     if reason is not None:
         yield reason
@@ -219,7 +218,7 @@ def probe(call, micro_args, micro_kwargs, micro_inputs, executable, shapes=None,
                 output = model(*micro_args, **micro_kwargs)
             flat, spec = flatten_output(output)
             if call.training:
-                params = [p for g in call.optimizer.param_groups for p in g["params"]]
+                params = [p for group in updated_parameters(call.optimizer) for p in group]
                 grads = torch.autograd.grad(as_scalar(flat[executable.loss_index]), params, allow_unused=True)
             host_io = getattr(ctx, "host_io", None)
         # (a buffer reassigned in forward is updated too: its registered tensor gets the new value)

@@ -36,7 +36,7 @@ import torch
 
 from ...optim import updates
 from ..precision import round_with_noise
-from .optimizer_support import clipping, family_of, signature
+from .optimizer_support import clipping, family_of, signature, updated_parameters
 
 _VELOCITY_SCALE_KEY = "velocity_scaling"  # optim/sgd.py: momentum_buffer is stored times this
 
@@ -57,7 +57,7 @@ class FunctionalOptimizer:
         the caller has checked ``signature(optimizer)`` is this one's."""
         self.optimizer = optimizer
         self._cache = {}
-        self.groups = [list(group["params"]) for group in optimizer.param_groups]
+        self.groups = updated_parameters(optimizer)  # (frozen parameters are constants of the program)
         self.params = [p for params in self.groups for p in params]
         self._no_state = [{} for _ in self.params]  # plain SGD's (the program never changes its inputs)
         self.device = self.params[0].device if self.params else torch.device("cpu")

@@ -109,16 +109,30 @@ def clipping(optimizer):
 
 def signature(optimizer):
     """The static choices an update program is built for: (family, clipping kind, per group
-    (parameter count, momentum on, nesterov, maximize, decoupled weight decay, bias correction,
-    centered, TensorFlow's RMSprop), per-step hyperparameters)."""
+    (count of the parameters it updates, momentum on, nesterov, maximize, decoupled weight decay,
+    bias correction, centered, TensorFlow's RMSprop), per-step hyperparameters, the positions of
+    the parameters with ``requires_grad=False``). A frozen parameter gets no gradient, so eager's
+    step leaves it and its state untouched: the program takes it as a constant input (freezing or
+    unfreezing one between calls builds another program)."""
     family = family_of(optimizer)
     groups = []
+    frozen = []
+    position = 0
     for group in optimizer.param_groups:
         momentum_on = family in ("sgd", "rmsprop") and float(group["momentum"]) != 0.0
-        groups.append((len(group["params"]), momentum_on, bool(group.get("nesterov", False)),
-                       bool(group.get("maximize", False)),
+        params = group["params"]
+        before = len(frozen)
+        frozen.extend(position + i for i, p in enumerate(params) if not p.requires_grad)
+        position += len(params)
+        groups.append((len(params) - (len(frozen) - before), momentum_on,
+                       bool(group.get("nesterov", False)), bool(group.get("maximize", False)),
                        family == "adamw" or bool(group.get("decoupled_weight_decay", False)),
                        bool(getattr(optimizer, "bias_correction", True)),
                        bool(group.get("centered", False)), bool(getattr(optimizer, "use_tf_variant", False))))
     clip = clipping(optimizer)
-    return (family, clip[0] if clip else None, tuple(groups), step_hooks.of(optimizer) is not None)
+    return (family, clip[0] if clip else None, tuple(groups), step_hooks.of(optimizer) is not None, tuple(frozen))
+
+
+def updated_parameters(optimizer):
+    """Per group the parameters the optimizer's step can update: those with ``requires_grad``."""
+    return [[p for p in group["params"] if p.requires_grad] for group in optimizer.param_groups]

@@ -7,7 +7,7 @@ up the program, building its inputs - shows (``benchmarks/host_overhead.py``). A
 training call of positional tensors ran, the backend keeps a ``RepeatCall``: the next call
 checks, in one pass, that it is the same kind of call - as many tensors with the same dtypes and
 shapes, none needing a conversion (requires grad, not contiguous) nor sharing memory with another,
-the same optimizer with the same static choices, no parameter frozen and no hook added, the same
+the same optimizer with the same static choices, no parameter frozen or unfrozen and no hook added, the same
 train/eval modes, no trace session watching the call, no saved-tensor hooks - and then runs the
 program as the general path would (``CompiledBackend.run_tensors``), or, for a *plain* program
 (only weights and optimizer state to commit: no updated buffers, anchors, random numbers,
@@ -48,7 +48,8 @@ class RepeatCall:
         self.hyper = None  # (hyperparameters, loss scale) as program inputs while the snapshot holds
         self.hooks_seen = backend._hooks_seen
         self.hook_state = backend._hook_state
-        self.trained = program.optim.params
+        # requires_grad of every optimizer parameter: frozen ones are the program's constants
+        self.requires_grad = [(p, p.requires_grad) for group in call.optimizer.param_groups for p in group["params"]]
         self.training_flags = compiled.training_flags
         self.specs = [(t.dtype, t.shape) for t in inputs.args]
         self.arguments = backend._arguments
@@ -92,8 +93,8 @@ class RepeatCall:
         for module, mode in self.training_flags:
             if module.training != mode:
                 return DECLINED
-        for p in self.trained:
-            if not p.requires_grad:
+        for p, flag in self.requires_grad:
+            if p.requires_grad is not flag:  # (frozen or unfrozen since: another program)
                 return DECLINED
         if not self.snapshot.unchanged():
             self.hyper = None
