@@ -221,3 +221,49 @@ def test_mixed_precision_compiles_and_equals_eager(precision):
         t, record = fit(backend, model, precision=precision)
         runs.append((t, model, record))
     assert_same_run(*runs)  # (forced "compiled" raises where it cannot run the model)
+
+
+class FineTuned(pl.LightningModule):
+    """A backbone frozen for the first epoch (Lightning's ``BaseFinetuning``), its parameters in
+    the optimizer from the start."""
+
+    def __init__(self):
+        super().__init__()
+        self.backbone = make_net(hidden=8)[:2]
+        self.head = torch.nn.Linear(8, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = torch.nn.functional.mse_loss(self.head(self.backbone(x)), y)
+        self.log("train_loss", loss)
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
+
+
+def test_fine_tuning_that_unfreezes_a_backbone_compiles_and_equals_eager():
+    from lightning.pytorch.callbacks import BaseFinetuning
+
+    class Unfreeze(BaseFinetuning):
+        def freeze_before_training(self, pl_module):
+            self.freeze(pl_module.backbone)
+
+        def finetune_function(self, pl_module, current_epoch, optimizer):
+            if current_epoch == 1:
+                self.make_trainable(pl_module.backbone)
+
+    runs = {}
+    for backend in ("eager", "compiled"):  # (compiled is forced: a declined program would raise)
+        model = FineTuned()
+        frozen = [p.detach().clone() for p in model.backbone.parameters()]
+        x, y = regression_data(n=32)
+        opts = poptorch.Options().openpopBackend(backend, compile_after=0.0)
+        t = trainer(accelerator="ipu", devices=1, max_epochs=2, callbacks=[Unfreeze()],
+                    strategy=IPUStrategy(device_iterations=4, training_opts=opts))
+        t.fit(model, loader(x, y, batch_size=4))
+        assert not all(torch.equal(p, q) for p, q in zip(model.backbone.parameters(), frozen))  # trained in epoch 1
+        runs[backend] = [p.detach().clone() for p in model.parameters()], float(t.callback_metrics["train_loss"])
+    for ours, theirs in zip(runs["compiled"][0], runs["eager"][0]):
+        torch.testing.assert_close(ours, theirs, rtol=0, atol=1e-6)
+    assert runs["compiled"][1] == pytest.approx(runs["eager"][1], rel=1e-5)
