@@ -262,6 +262,8 @@ def test_fine_tuning_that_unfreezes_a_backbone_compiles_and_equals_eager():
         t = trainer(accelerator="ipu", devices=1, max_epochs=2, callbacks=[Unfreeze()],
                     strategy=IPUStrategy(device_iterations=4, training_opts=opts))
         t.fit(model, loader(x, y, batch_size=4))
+        (executor,) = t.strategy.poptorch_models.values()
+        assert executor._dispatch.compiled.last == backend
         assert not all(torch.equal(p, q) for p, q in zip(model.backbone.parameters(), frozen))  # trained in epoch 1
         runs[backend] = [p.detach().clone() for p in model.parameters()], float(t.callback_metrics["train_loss"])
     for ours, theirs in zip(runs["compiled"][0], runs["eager"][0]):

@@ -189,3 +189,19 @@ def test_float16_watch_tells_the_other_processes_of_an_unsummed_overflow():
     with pytest.raises(HalfOverflow):
         reduction.finish_step()
     assert others.said == [False]  # its finite loss alone would have let the others step
+
+
+def test_a_frozen_parameter_needs_no_agreement_and_loses_its_leftover_gradient():
+    """A frozen parameter (in the optimizer, not summed: it gets no gradient) costs no collective,
+    and a ``.grad`` it held before the call is dropped, as ``zero_grad(set_to_none=True)`` would."""
+    optimizer = _Optimizer(16.0)
+    weight = torch.nn.Parameter(torch.ones(2))
+    frozen = torch.nn.Parameter(torch.ones(2), requires_grad=False)
+    frozen.grad = torch.ones(2)
+    others = _OtherProcesses(others_agree=False)
+    reduction = GradientReduction(MeanPolicy.POST, 1, [weight, frozen], DynamicLossScaling().bind(optimizer),
+                                  trainable=(weight,), replica_sum=others)
+    reduction.start_step()
+    assert frozen.grad is None
+    reduction.backward((weight * torch.tensor([1.0, 3.0])).sum())
+    assert reduction.finish_step() and others.said == []

@@ -339,3 +339,6 @@ def test_a_call_run_again_is_one_call_in_the_trace(tmp_path, monkeypatch, no_env
     report = json.loads((directory / "training" / "report.json").read_text())
     assert [c["call"] for c in report["host_calls"]] == [0, 1, 2]
     pop.destroy()
+    events = json.loads((directory / "training" / "trace.json").read_text())["traceEvents"]
+    steps = [e["args"]["step"] for e in events if e.get("cat") == "openpop_stage"]
+    assert steps and max(steps) == 2, sorted(set(steps))  # DI 3: the rerun numbers its steps from 0 again

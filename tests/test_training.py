@@ -44,6 +44,7 @@ def test_parameters_frozen_and_unfrozen_between_calls_train_as_the_loop(di, ga, 
     model = Regressor()
     model.fc1.weight.requires_grad_(False)
     reference = copy.deepcopy(model)
+    model.fc1.weight.grad = torch.ones_like(model.fc1.weight)  # left from before: the loop's zero_grad drops it
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
     ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1, momentum=0.9, weight_decay=0.01)
     pop = poptorch.trainingModel(model, options(di, ga, r, poptorch.OutputMode.All), opt)

@@ -80,6 +80,7 @@ def _host_call(executor, inputs, executable, call, backend, around):
     if restart is not None:
         restart()
     precision.start_saturating()
+    trace.restart_call()
     return backend.run_once(call, inputs, executable, around, watching=False)
 
 

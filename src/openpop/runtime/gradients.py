@@ -138,7 +138,6 @@ class GradientReduction:
                  replica_sum=None, watch_overflow=False):
         self.policy = policy
         self.params = params
-        self.trainable = trainable
         self.scaler = scaler
         self.replica_sum = replica_sum if replica_sum is not None else NoReduction()
         self.micro_batches = micro_batches
@@ -152,7 +151,10 @@ class GradientReduction:
         # Gradients the processes do not sum (an optimizer parameter no module registers) can be
         # finite in one process and not in another: then the processes agree on the verdict.
         summed = {id(p) for p in trainable}
-        self._verdict_is_local = any(id(p) not in summed for p in params)
+        self._verdict_is_local = any(p.requires_grad and id(p) not in summed for p in params)
+        # A step starts from no gradients, as after zero_grad(set_to_none=True): a frozen
+        # parameter's leftover .grad (set before the model was wrapped) would be applied.
+        self._cleared = tuple({id(p): p for p in (*trainable, *params)}.values())
 
     @property
     def seed_scale(self) -> float:
@@ -162,7 +164,7 @@ class GradientReduction:
     def start_step(self, overlap_reduction: bool = False) -> None:
         """``overlap_reduction``: the step's micro-batches run one after another in this thread,
         so the sum across processes may start during the last backward."""
-        for p in self.trainable:
+        for p in self._cleared:
             p.grad = None
         self._count = 0
         self.loss_scale = self.scaler.scale
@@ -239,7 +241,7 @@ class GradientReduction:
         return True
 
     def finish_call(self) -> None:
-        for p in self.trainable:
+        for p in self._cleared:
             p.grad = None
 
     def leaves_of(self, models):

@@ -101,6 +101,10 @@ class StageSpans:
                 return
         current[2].__exit__(None, None, None)
 
+    def restart(self) -> None:
+        """The host call runs again from its first micro-batch (a float16 overflow's rerun)."""
+        self._numbers = itertools.count()
+
     def _root_entered(self, module, inputs):
         self._state().micro_batch = next(self._numbers)
 

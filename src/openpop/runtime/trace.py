@@ -85,6 +85,14 @@ def span(name: str):
     return session.span(name)
 
 
+def restart_call() -> None:
+    """The recorded host call runs again from its start (``eager._host_call``): its micro-batches
+    and steps are numbered from 0 again."""
+    session = _recording
+    if session is not None and session.stage_spans is not None:
+        session.stage_spans.restart()
+
+
 def window_span(name: str):
     """A span ``openpop:<name>`` while a session's profiler runs, inside or between recorded
     host calls (the data loader's wait), else a no-op."""

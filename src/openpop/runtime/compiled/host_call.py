@@ -57,7 +57,7 @@ def run_program(call, compiled, program, tensors, trained, frozen, dry_run):
         functional.commit(list(new_state))
         if program.scaling.automatic:
             program.scaling.commit(call.precision.loss_scaler(call.optimizer), scaling)
-        for p in trained:
+        for p in (*trained, *frozen):  # (as eager's steps: a frozen parameter's leftover .grad too)
             p.grad = None
     if compiled.anchors:
         program.record_anchors(compiled.anchors, anchored)
