@@ -304,6 +304,74 @@ def test_frozen_parameters_are_constants_of_the_program(optimizer):
                                            atol=1e-6, msg=f"{name} {key}")
 
 
+class TwoHeads(Regressor):
+    """Reads Python attributes that change between calls: ``use_b`` leaves head ``b`` out of the
+    trace (eager skips its update: no gradient), ``scale`` only changes a constant."""
+
+    def __init__(self):
+        super().__init__()
+        self.b = torch.nn.Linear(8, 2)
+        self.use_b, self.scale = True, 1.0
+
+    def forward(self, x, target):
+        h = torch.tanh(self.fc1(x))
+        out = self.fc2(h) * self.scale + (self.b(h) if self.use_b else 0.0)
+        return out, torch.nn.functional.mse_loss(out, target)
+
+
+def _two_heads_run(backend, changes):
+    """Losses and weights of 4 calls of ``TwoHeads`` (DI 2, SGD with momentum and weight decay),
+    ``changes[call]`` set on the model before each call."""
+    torch.manual_seed(0)
+    model = TwoHeads()
+    opts = compiled_options(2, backend=backend)
+    opts.openpopBackend(backend, compile_after=0.0)
+    pop = poptorch.trainingModel(model, opts, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9,
+                                                              weight_decay=0.01))
+    losses = []
+    for call, change in enumerate(changes):
+        for name, value in change.items():
+            setattr(model, name, value)
+        losses.append(pop(*make_data(2 * 3, seed=call))[1])
+    return losses, [p.detach().clone() for p in model.parameters()], (pop, model)
+
+
+def test_a_trace_that_leaves_a_parameter_out_is_not_run_by_the_old_program(warnings_logged):
+    """A Python value the model reads changes and torch.compile traces it again: head ``b`` gets no
+    gradient any more. The program built for the first trace would update it with a zero gradient
+    (momentum, weight decay); eager leaves it. The program is built again from a new probe, which
+    declines: auto runs eagerly from then on (compiled would refuse the call)."""
+    changes = [{}, {}, {"use_b": False}, {}]
+    eager_losses, eager_weights, _ = _two_heads_run("eager", changes)
+    losses, weights, (pop, _) = _two_heads_run("auto", changes)
+    for got, expected in zip(losses + weights, eager_losses + eager_weights):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    assert pop._dispatch.compiled.last == "eager"
+    assert sum("b.weight gets no gradient" in m for m in warnings_logged()) == 1
+
+
+def test_a_new_trace_builds_the_program_again_until_the_recompile_limit(warnings_logged):
+    """A constant the model reads changes: each new trace is a new program (equal to eager);
+    at torch's recompile limit the model runs eagerly from then on."""
+    changes = [{"scale": 1.0}, {"scale": 0.5}]
+    eager_losses, eager_weights, _ = _two_heads_run("eager", changes)
+    with torch._dynamo.config.patch(recompile_limit=2):  # (torch's patch: see test_compiled_lightning.py)
+        losses, weights, (pop, model) = _two_heads_run("compiled", changes[:1])
+        first = pop._dispatch.compiled._program
+        model.scale = 0.5
+        losses.append(pop(*make_data(2 * 3, seed=1))[1])
+        weights = [p.detach().clone() for p in model.parameters()]
+        assert pop._dispatch.compiled.last == "compiled" and pop._dispatch.compiled._program is not first
+        model.scale = 0.25
+        state = copy.deepcopy(model.state_dict())
+        with pytest.raises(poptorch.Error, match="re-traced the program until its recompile limit"):
+            pop(*make_data(2 * 3, seed=2))
+    for got, expected in zip(losses + weights, eager_losses + eager_weights):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    for key, value in model.state_dict().items():  # refused before anything changed
+        assert torch.equal(value, state[key])
+
+
 def test_backward_hooks_added_after_compiling_are_noticed():
     """Eager runs a backward hook added between calls; the compiled program would not, so such a
     call is refused (auto: runs eagerly)."""

@@ -13,6 +13,7 @@ import abc
 import contextlib
 
 DECLINED = object()  # a backend's answer to a host call another backend must run
+RETRACED = object()  # the compiled backend's program was traced again: built again, then the call runs
 REGIONS = object()  # ... that the eager backend runs inside the backend's eager_context()
 
 

@@ -47,6 +47,8 @@ INELIGIBLE_REGION_HOOKS = ("a forward hook added or removed after the regions we
                            "not guard module hooks: the regions would keep the hooks they traced)")
 NEW_PROGRAM_HOOKS = "a forward hook was added or removed since the model was traced: it is traced again"
 NEW_PROGRAM_MODEL = "the model was compiled again (new inputs or options): so is its program"
+NEW_PROGRAM_RETRACED = ("a Python value the model reads changed (torch.compile traces it again): the program is "
+                        "built again for the new trace")
 AUTO_ESTIMATE = "{ops} aten ops per micro-batch x {unrolled} unrolled, {tensors} trained tensors{warm}"
 AUTO_ESTIMATE_REGIONS = "{ops} distinct aten ops per micro-batch in {regions} distinct compiled regions{warm}"
 COMPILED_DECLINED = "openpop runs this model eagerly: the compiled backend does not support %s"

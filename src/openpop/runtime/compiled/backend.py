@@ -30,9 +30,9 @@ from torch.utils.hooks import RemovableHandle
 
 from ... import errors
 from ...log import logger
-from ...torch_compat import set_grad_enabled
+from ...torch_compat import dynamo_config, set_grad_enabled
 from .. import context, messages
-from ..backend_contract import DECLINED, REGIONS, Backend
+from ..backend_contract import DECLINED, REGIONS, RETRACED, Backend
 from ..compile_cache import compile_cache_for
 from ..perf import UniformCounters
 from ..progress import CompilationProgress
@@ -50,6 +50,7 @@ from .eligibility import (
 from .fused_updates import FusedUpdate
 from .generator_states import RngState
 from .host_call import run_program
+from .inductor import ProgramRetraced
 from .optimizer_support import signature, updated_parameters
 from .processes import num_processes, program_reason
 from .program_build import build_program
@@ -77,6 +78,7 @@ class CompiledBackend(Backend):
         self.last = None  # "compiled" or "eager": which backend ran the last host call
         self.progress = None  # the executor's unfinished bar, when the next run compiles
         self._new_program_reason = None  # a program that ran gave way to a new one (_program_for)
+        self._retraces = 0  # programs dropped because torch.compile traced them again (program_failed)
         self.compile_seconds = 0.0  # time spent compiling programs (torch.compile, first runs)
         self.repeat = None  # RepeatCall of _program: the executor's fast path for the next call
         self._ops = None  # aten ops the last probe counted (compile_cost.py)
@@ -156,6 +158,8 @@ class CompiledBackend(Backend):
             if program.ran:  # (compiled and has run once)
                 with only:
                     result = self.run_tensors(call, self._arguments.tensors(inputs), compiled, program, dry_run)
+                if result is RETRACED:  # (nothing ran: the program is built again from a new probe)
+                    return self._run(call, inputs, compiled, dry_run)
                 if not dry_run and result is not DECLINED:
                     self._expect_repeats(call, inputs, compiled, program)
                 return result
@@ -178,6 +182,7 @@ class CompiledBackend(Backend):
                     self.compile_seconds += time.perf_counter() - started
         program.compiled = True
         program.ran = program.ran or not dry_run
+        program.compiler.locked = program.ran  # a later trace is another program (ProgramCompiler)
         if compiling:
             self._compiled(call)
         if progress is not None:
@@ -399,19 +404,28 @@ class CompiledBackend(Backend):
     # ------------------------------------------------------------------ running
     def run_tensors(self, call, tensors, compiled, program, dry_run=False):
         """Run a compiled program that has run before on ``tensors`` (``ProgramArguments.tensors``):
-        the host call's result, or ``DECLINED`` when torch's recompile limit sends the model eager."""
+        the host call's result, ``RETRACED`` or ``DECLINED`` (``program_failed``)."""
         try:
             return self._execute(call, tensors, compiled, program, dry_run)
         except Exception as exc:
-            return self.past_recompile_limit(exc)
+            return self.program_failed(exc)
 
-    def past_recompile_limit(self, exc):
-        """``DECLINED`` (from now on eager) when ``exc``, raised by a program, is torch's recompile
-        limit; else raises it. A program re-traces when a Python value the model reads changes
-        (guards); past torch's limit it fails before running anything."""
-        if type(exc).__name__ != "FailOnRecompileLimitHit":  # torch._dynamo.exc
+    def program_failed(self, exc):
+        """What a program that has run before raising ``exc`` means, before it ran anything. A
+        program is traced again when a Python value the model reads changes (torch.compile's
+        guards): ``RETRACED``, the program dropped, to be built again from a new probe
+        (``ProgramCompiler.locked``) - or, the ``recompile_limit``-th time (torch's, as its own
+        re-traces count) or past torch's own limit, ``DECLINED``: from now on eager. Any other
+        ``exc`` is raised."""
+        retraced = _caused_by(exc, ProgramRetraced)
+        if not retraced and type(exc).__name__ != "FailOnRecompileLimitHit":  # torch._dynamo.exc
             raise exc
         self.reset()
+        if retraced:
+            self._retraces += 1
+            if self._retraces < dynamo_config.recompile_limit:
+                self._new_program_reason = messages.NEW_PROGRAM_RETRACED
+                return RETRACED
         return self._decline(messages.INELIGIBLE_RECOMPILES.format(error=_first_line(exc)), exc)
 
     def _execute(self, call, tensors, compiled, program, dry_run=False):
@@ -448,6 +462,17 @@ class CompiledBackend(Backend):
                 with call.precision.running(call.model):  # CUDA matmul partials, as eager
                     return run_program(call, compiled, program, tensors, trained, frozen, dry_run)
         return run_program(call, compiled, program, tensors, trained, frozen, dry_run)
+
+
+def _caused_by(exc, kind) -> bool:
+    """Whether ``exc`` or an exception it was raised from (torch.compile wraps a backend's) is a ``kind``."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, kind):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or getattr(exc, "inner_exception", None) or exc.__context__
+    return False
 
 
 def _same_parameters(params, optimizer) -> bool:

@@ -17,14 +17,26 @@ import torch
 from .kernel_batch import batched_kernels
 
 
+class ProgramRetraced(Exception):
+    """A program that has run was about to be traced again (``ProgramCompiler.locked``)."""
+
+
 class ProgramCompiler:
     """``torch.compile(fn, backend=ProgramCompiler(options), ...)``: Inductor with ``options``
-    (its config patches, ``torch.compile``'s ``options``); ``runs`` counts the compiled graph's runs."""
+    (its config patches, ``torch.compile``'s ``options``); ``runs`` counts the compiled graph's runs.
+
+    ``locked`` (set once the program has run): a new trace - torch.compile re-tracing because a
+    Python value the model reads changed - raises ``ProgramRetraced`` before anything runs. What
+    the program was built for came from a probe of the old trace: which parameters get a gradient
+    (a parameter the new trace leaves out would be updated with a zero gradient, eager skips it),
+    which buffers the forward writes, whether it draws random numbers. The backend builds the
+    program again from a new probe (``backend.py``)."""
 
     def __init__(self, options=None):
         self.options = dict(options or {})
         self.runs = 0
         self._skip = False
+        self.locked = False
 
     @property
     def skipping(self) -> bool:
@@ -41,6 +53,8 @@ class ProgramCompiler:
             self._skip = False
 
     def __call__(self, graph, example_inputs):
+        if self.locked:
+            raise ProgramRetraced()
         from ...torch_compat import compile_fx
         with batched_kernels():
             compiled = compile_fx(graph, example_inputs, config_patches=self.options)

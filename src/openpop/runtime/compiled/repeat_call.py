@@ -24,7 +24,7 @@ from torch.utils.hooks import RemovableHandle
 from ...torch_compat import foreach_copy_, set_grad_enabled
 from .. import trace
 from ..args import plain_parameter_names
-from ..backend_contract import DECLINED
+from ..backend_contract import DECLINED, RETRACED
 from ..devices import HostPlacement
 from ..perf import UniformCounters
 from ..weights import version_cell
@@ -104,8 +104,10 @@ class RepeatCall:
             try:
                 return self._run_plain(call, args)
             except Exception as exc:
-                return backend.past_recompile_limit(exc)
-        return backend.run_tensors(call, args, self.compiled, self.program)
+                result = backend.program_failed(exc)
+        else:
+            result = backend.run_tensors(call, args, self.compiled, self.program)
+        return DECLINED if result is RETRACED else result  # (retraced: the general path builds it again)
 
     def _run_plain(self, call, tensors):
         """``CompiledBackend._execute`` of a program without buffers, anchors, random numbers,
