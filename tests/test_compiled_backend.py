@@ -261,6 +261,7 @@ def test_forward_hooks_are_traced_into_the_program(device_iterations):
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optimizer", ["adamw"])  # (SGD: test_training.py, against the hand loop)
 def test_frozen_parameters_are_constants_of_the_program(optimizer):
     """Parameters with requires_grad=False in the optimizer (fine-tuning with part of the model
@@ -336,6 +337,7 @@ def _two_heads_run(backend, changes):
     return losses, [p.detach().clone() for p in model.parameters()], (pop, model)
 
 
+@pytest.mark.slow
 def test_a_trace_that_leaves_a_parameter_out_is_not_run_by_the_old_program(warnings_logged):
     """A Python value the model reads changes and torch.compile traces it again: head ``b`` gets no
     gradient any more. The program built for the first trace would update it with a zero gradient
@@ -350,6 +352,7 @@ def test_a_trace_that_leaves_a_parameter_out_is_not_run_by_the_old_program(warni
     assert sum("b.weight gets no gradient" in m for m in warnings_logged()) == 1
 
 
+@pytest.mark.slow
 def test_a_new_trace_builds_the_program_again_until_the_recompile_limit(warnings_logged):
     """A constant the model reads changes: each new trace is a new program (equal to eager);
     at torch's recompile limit the model runs eagerly from then on."""

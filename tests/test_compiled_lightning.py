@@ -242,6 +242,7 @@ class FineTuned(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
 
 
+@pytest.mark.slow
 def test_fine_tuning_that_unfreezes_a_backbone_compiles_and_equals_eager():
     from lightning.pytorch.callbacks import BaseFinetuning
 

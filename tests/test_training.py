@@ -36,6 +36,7 @@ def test_matches_hand_written_loop(di, ga, r, momentum, backend):
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_parameters_frozen_and_unfrozen_between_calls_train_as_the_loop(backend):
     """Fine-tuning schedules freeze and unfreeze parameters between calls, the optimizer holding
     them all: a frozen one is left as it is (no update, no state), an unfrozen one trains from its
