@@ -208,8 +208,8 @@ def test_repeated_calls_see_every_change_to_the_optimizer(binding_calls):
 
 def test_repeated_calls_read_parameters_whose_data_was_replaced(binding_calls):
     """The program takes the parameters themselves (no alias kept between calls): ``p.data = ...``
-    between repeated calls - new memory, or a new memory layout (a guard fails: Dynamo traces
-    again, and the program is built again) - is what the next call reads and updates."""
+    between repeated calls - new memory, or a new memory layout (a guard fails: Dynamo re-traces)
+    - is what the next call reads and updates."""
     calls, bound = binding_calls
     torch.manual_seed(0)
     model = Regressor()
@@ -231,6 +231,6 @@ def test_repeated_calls_read_parameters_whose_data_was_replaced(binding_calls):
         torch.testing.assert_close(calls[-1][1], expected[0], rtol=1e-5, atol=1e-6)
         for a, b in zip(model.parameters(), reference.parameters()):
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
-    # (call 4: a new trace is a new program, built by the general path from a new probe)
+    # (call 4: torch.compile traces the program again - the general path probes the call first)
     assert bound == [0, 4] and pop._dispatch.compiled.last == "compiled"
     assert model.fc1.weight.stride() == (1, 8)

@@ -102,14 +102,13 @@ def test_second_process_loads_the_program_without_tracing(tmp_path):
 @pytest.mark.slow
 def test_a_value_the_trace_read_changing_between_calls_retraces(tmp_path, monkeypatch):
     """``activation`` is a Python value the trace reads (a constant guard): flipped after the
-    first call, the saved program is not run; the new trace is a new program (backend.py), saved
-    under its own key. And the
+    first call, the saved program is not run; the ordinary torch.compile path re-traces. And the
     key changes with the compiled backend's code: another openpop's programs (same version
     number, other code) are not this one's."""
     from openpop.runtime.compiled import compile_cost
     from openpop.runtime.compiled.saved_programs import program_key
     compiled = train("relu", "compiled", str(tmp_path / "cache"), calls=2, flip_after=1)
-    assert compiled["source"] == "saved"
+    assert compiled["source"] == "traced"
     assert_same(compiled, train("relu", "eager", calls=2, flip_after=1), exact=False)
 
     executor = compiled["executor"]

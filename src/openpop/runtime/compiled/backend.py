@@ -53,7 +53,7 @@ from .host_call import run_program
 from .inductor import ProgramRetraced
 from .optimizer_support import signature, updated_parameters
 from .processes import num_processes, program_reason
-from .program_build import build_program
+from .program_build import build_program, probed_facts
 from .program_options import forward_contexts
 from .regions import CompiledRegions, distinct_share, find_regions, regions_pay
 from .repeat_call import RepeatCall
@@ -78,7 +78,8 @@ class CompiledBackend(Backend):
         self.last = None  # "compiled" or "eager": which backend ran the last host call
         self.progress = None  # the executor's unfinished bar, when the next run compiles
         self._new_program_reason = None  # a program that ran gave way to a new one (_program_for)
-        self._retraces = 0  # programs dropped because torch.compile traced them again (program_failed)
+        self._rebuilt = 0  # programs built again because a new trace changed what they hold (_after_retrace)
+        self._retraced = None  # the program whose last attempt torch.compile was about to trace again
         self.compile_seconds = 0.0  # time spent compiling programs (torch.compile, first runs)
         self.repeat = None  # RepeatCall of _program: the executor's fast path for the next call
         self._ops = None  # aten ops the last probe counted (compile_cost.py)
@@ -110,7 +111,7 @@ class CompiledBackend(Backend):
 
     def reset(self) -> None:
         """The executor was destroyed: its programs go too."""
-        self._program = self._arguments = self.repeat = None
+        self._program = self._arguments = self.repeat = self._retraced = None
         self._key = None
         self.regions = None
 
@@ -155,11 +156,15 @@ class CompiledBackend(Backend):
                 self.finish_progress()
                 return self._decline(messages.INELIGIBLE_PROBE.format(error=_first_line(exc)), exc)
             only = program.compiler.compiling_only() if dry_run else contextlib.nullcontext()
+            if program.ran and self._retraced is program:  # (the repeat path's attempt was traced again)
+                self._retraced = None
+                return self._after_retrace(call, inputs, compiled, program, dry_run)
             if program.ran:  # (compiled and has run once)
                 with only:
                     result = self.run_tensors(call, self._arguments.tensors(inputs), compiled, program, dry_run)
-                if result is RETRACED:  # (nothing ran: the program is built again from a new probe)
-                    return self._run(call, inputs, compiled, dry_run)
+                if result is RETRACED:  # (nothing ran)
+                    self._retraced = None
+                    return self._after_retrace(call, inputs, compiled, program, dry_run)
                 if not dry_run and result is not DECLINED:
                     self._expect_repeats(call, inputs, compiled, program)
                 return result
@@ -411,22 +416,40 @@ class CompiledBackend(Backend):
             return self.program_failed(exc)
 
     def program_failed(self, exc):
-        """What a program that has run before raising ``exc`` means, before it ran anything. A
+        """What a program that has run before raising ``exc`` means, before it ran anything: a
         program is traced again when a Python value the model reads changes (torch.compile's
-        guards): ``RETRACED``, the program dropped, to be built again from a new probe
-        (``ProgramCompiler.locked``) - or, the ``recompile_limit``-th time (torch's, as its own
-        re-traces count) or past torch's own limit, ``DECLINED``: from now on eager. Any other
-        ``exc`` is raised."""
-        retraced = _caused_by(exc, ProgramRetraced)
-        if not retraced and type(exc).__name__ != "FailOnRecompileLimitHit":  # torch._dynamo.exc
+        guards). ``RETRACED`` when torch.compile was about to trace it again
+        (``ProgramCompiler.locked``: ``_after_retrace`` decides); ``DECLINED`` past torch's
+        recompile limit: from now on eager. Any other ``exc`` is raised."""
+        if _caused_by(exc, ProgramRetraced):
+            self._retraced = self._program  # (the repeat path hands the call over: no second attempt)
+            return RETRACED
+        if type(exc).__name__ != "FailOnRecompileLimitHit":  # torch._dynamo.exc
             raise exc
         self.reset()
-        if retraced:
-            self._retraces += 1
-            if self._retraces < dynamo_config.recompile_limit:
-                self._new_program_reason = messages.NEW_PROGRAM_RETRACED
-                return RETRACED
         return self._decline(messages.INELIGIBLE_RECOMPILES.format(error=_first_line(exc)), exc)
+
+    def _after_retrace(self, call, inputs, compiled, program, dry_run):
+        """torch.compile was about to trace ``program`` again (``ProgramCompiler.locked``). A probe of
+        the call says whether the new trace is what the program was built for (``probed_facts``; a
+        parameter without gradient fails the probe): then the program takes the new trace, as
+        torch.compile's own re-traces do; else it is built again from this probe, or declined."""
+        try:
+            probed = self._probe(call, inputs, compiled)
+        except Exception:  # Ineligible, or the model's own error: the general path says which
+            probed = None
+        if probed is not None and probed_facts(probed) == program.built_for:
+            program.compiler.locked = False
+            try:
+                return self._run(call, inputs, compiled, dry_run)
+            finally:
+                program.compiler.locked = program.ran
+        self.reset()
+        self._rebuilt += 1
+        if self._rebuilt >= dynamo_config.recompile_limit:  # (torch's limit on re-traces, for rebuilds)
+            return self._decline(messages.INELIGIBLE_RECOMPILES.format(error="programs built again"))
+        self._new_program_reason = messages.NEW_PROGRAM_RETRACED
+        return self._run(call, inputs, compiled, dry_run)
 
     def _execute(self, call, tensors, compiled, program, dry_run=False):
         started = time.time()

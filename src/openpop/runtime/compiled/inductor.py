@@ -29,8 +29,9 @@ class ProgramCompiler:
     Python value the model reads changed - raises ``ProgramRetraced`` before anything runs. What
     the program was built for came from a probe of the old trace: which parameters get a gradient
     (a parameter the new trace leaves out would be updated with a zero gradient, eager skips it),
-    which buffers the forward writes, whether it draws random numbers. The backend builds the
-    program again from a new probe (``backend.py``)."""
+    which buffers the forward writes, whether it draws random numbers. The backend probes the
+    call: the same facts unlock the program for the new trace, others build it again
+    (``backend._after_retrace``)."""
 
     def __init__(self, options=None):
         self.options = dict(options or {})

@@ -65,9 +65,19 @@ def build_program(call, inputs, compiled, probed, contexts, stepwise, cache, ops
                       all_reduce=ProgramAllReduce.of(call), assigned=probed.assigned,
                       rounded=rounded)
     program.compiler = compiler
+    program.built_for = probed_facts(probed)
     if cache is not None:
         saved_as = program_key(call, program, ops_digest, kwargs.get("options", {}))
         program.saved = saved[0]
         program.saved.path = os.path.join(cache.path, DIRECTORY, saved_as + SUFFIX)
     program.host_call_result = getattr(model, "compiled_host_call_result", None)
     return program
+
+
+def probed_facts(probed):
+    """What a program is built for of what its probe found (``eligibility.Probed``): its outputs'
+    structure, the buffers the forward writes and slots it assigns, whether it draws random
+    numbers. (That every trained parameter gets a gradient the probe checks itself.) A new trace
+    with the same facts may replace the old one in the same program (``backend.py``)."""
+    return (probed.spec, list(probed.leaves), list(probed.updated_buffers), probed.draws_random,
+            list(probed.assigned))
