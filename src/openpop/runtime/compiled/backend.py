@@ -156,12 +156,12 @@ class CompiledBackend(Backend):
                 self.finish_progress()
                 return self._decline(messages.INELIGIBLE_PROBE.format(error=_first_line(exc)), exc)
             only = program.compiler.compiling_only() if dry_run else contextlib.nullcontext()
-            if program.ran and self._retraced is program:  # (the repeat path's attempt was traced again)
-                self._retraced = None
-                return self._after_retrace(call, inputs, compiled, program, dry_run)
             if program.ran:  # (compiled and has run once)
-                with only:
-                    result = self.run_tensors(call, self._arguments.tensors(inputs), compiled, program, dry_run)
+                if self._retraced is program:  # (the repeat path's attempt was traced again: not twice)
+                    result = RETRACED
+                else:
+                    with only:
+                        result = self.run_tensors(call, self._arguments.tensors(inputs), compiled, program, dry_run)
                 if result is RETRACED:  # (nothing ran)
                     self._retraced = None
                     return self._after_retrace(call, inputs, compiled, program, dry_run)
