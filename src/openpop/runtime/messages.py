@@ -81,7 +81,6 @@ EAGER_SAVED_TENSOR_HOOKS = ("openpop runs host calls made inside torch.autograd.
                             "eagerly: a compiled program has no saved tensors for the hooks to see")
 INELIGIBLE_ALL_FROZEN = "an optimizer whose parameters all have requires_grad=False (nothing to train)"
 INELIGIBLE_HOOKS = "module hooks ({kind} on {module}: a compiled program computes gradients without autograd's hooks)"
-INELIGIBLE_NO_GRADIENT = "parameter {name} gets no gradient (eager leaves it and its state untouched)"
 INELIGIBLE_ANCHORED_GRADIENT = "an anchored gradient of {name}, which the optimizer does not update"
 INELIGIBLE_ANCHORED_BUFFER = "buffer {name}, updated by the forward pass, anchored in a mode other than Final"
 INELIGIBLE_STAGE_DEVICES = ("pipeline stages on several devices (the device map puts the blocks on {devices}; "

@@ -352,7 +352,7 @@ class CompiledBackend(Backend):
         key = (id(compiled), signature(optimizer) if call.training else None)
         if self._key == key and (inputs.spec != self._program.layout.inputs.spec or (
                 call.training and self._program.optim.optimizer is not optimizer
-                and not _same_parameters(self._program.optim.params, optimizer))):
+                and not _same_parameters(self._program.optim, optimizer))):
             # Dict inputs in another key order (the program places tensors and constants by the
             # first call's), or an optimizer of the same signature over its parameters in another
             # order (the program pairs weights, state and rounding by position): another program.
@@ -431,8 +431,8 @@ class CompiledBackend(Backend):
 
     def _after_retrace(self, call, inputs, compiled, program, dry_run):
         """torch.compile was about to trace ``program`` again (``ProgramCompiler.locked``). A probe of
-        the call says whether the new trace is what the program was built for (``probed_facts``; a
-        parameter without gradient fails the probe): then the program takes the new trace, as
+        the call says whether the new trace is what the program was built for (``probed_facts``,
+        the parameters it gives no gradient included): then the program takes the new trace, as
         torch.compile's own re-traces do; else it is built again from this probe, or declined."""
         try:
             probed = self._probe(call, inputs, compiled)
@@ -498,10 +498,11 @@ def _caused_by(exc, kind) -> bool:
     return False
 
 
-def _same_parameters(params, optimizer) -> bool:
-    """Whether ``optimizer`` holds exactly ``params``, in that order."""
-    held = [p for group in updated_parameters(optimizer) for p in group]
-    return len(held) == len(params) and all(p is q for p, q in zip(held, params))
+def _same_parameters(functional, optimizer) -> bool:
+    """Whether ``optimizer`` updates exactly the parameters ``functional`` (a ``FunctionalOptimizer``)
+    updates, in that order."""
+    held = [p for group in updated_parameters(optimizer, functional.unused) for p in group]
+    return len(held) == len(functional.params) and all(p is q for p, q in zip(held, functional.params))
 
 
 def _first_line(exc) -> str:

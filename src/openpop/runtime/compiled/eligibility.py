@@ -3,9 +3,9 @@
 ``static_reasons`` looks at the compiled plan, the options and the optimizer; ``probe`` runs one
 micro-batch eagerly (as the compile pass does: no trace left - buffers and RNG restored, nothing
 printed) to find what only running shows: host I/O such as ``ipu_print_tensor``, inputs changed in
-place, parameters with ``requires_grad`` that get no gradient (eager skips their update; a
-functional update would not; frozen ones are the program's constants), outputs that are not tensors
-- and what the program must carry: the buffers the forward updates in place (by version counter, and
+place, outputs that are not tensors - and what the program must carry: the parameters with
+``requires_grad`` that get no gradient (eager's step skips them: the program takes them as
+constants, as it does frozen ones), the buffers the forward updates in place (by version counter, and
 normalisation statistics, whose kernels do not bump it) or reassigns, and whether it draws random
 numbers. Data-dependent Python control flow and unsupported ops are found by
 ``torch.compile(fullgraph=True)`` itself (``backend.py``).
@@ -194,6 +194,7 @@ class Probed:
     updated_buffers: list  # names of the buffers the forward changes in place (model order)
     draws_random: bool  # the micro-batch advanced a random generator
     assigned: list = dataclasses.field(default_factory=list)  # slots the forward assigns a tensor to
+    unused: list = dataclasses.field(default_factory=list)  # names of updated parameters it gives no gradient
 
 
 def probe(call, micro_args, micro_kwargs, micro_inputs, executable, shapes=None, modes=()):
@@ -245,14 +246,13 @@ def probe(call, micro_args, micro_kwargs, micro_inputs, executable, shapes=None,
         raise Ineligible(messages.INELIGIBLE_ATTRIBUTE_REPLACED.format(name=replaced))
     if not all(isinstance(leaf, torch.Tensor) for leaf in flat):
         raise Ineligible(messages.INELIGIBLE_OUTPUTS)
+    unused = []  # (eager's step skips a parameter whose .grad is None: the program holds it constant)
     if call.training:
         names = {id(p): n for n, p in model.named_parameters()}
         unused = [names[id(p)] for p, g in zip(params, grads) if g is None]
-        if unused:
-            raise Ineligible(messages.INELIGIBLE_NO_GRADIENT.format(name=unused[0]))
     return Probed(spec, [(tuple(leaf.shape), leaf.dtype) for leaf in flat],
                   [name for name, b in model.named_buffers() if id(b) in updated], draws_random,
-                  assignments.names())
+                  assignments.names(), unused)
 
 
 def counted_probe(call, inputs, executable, shapes=None, hashed=False):

@@ -44,8 +44,9 @@ _VELOCITY_SCALE_KEY = "velocity_scaling"  # optim/sgd.py: momentum_buffer is sto
 class FunctionalOptimizer:
     """See the module docstring."""
 
-    def __init__(self, optimizer):
+    def __init__(self, optimizer, unused=frozenset()):
         self.family = family_of(optimizer)
+        self.unused = frozenset(unused)  # ids of parameters the trace gives no gradient (constants)
         self.bind(optimizer)
         self.static = signature(optimizer)
         names = [list(values) for values in self.hyper_values()]  # per group, in hyper()'s order
@@ -57,7 +58,7 @@ class FunctionalOptimizer:
         the caller has checked ``signature(optimizer)`` is this one's."""
         self.optimizer = optimizer
         self._cache = {}
-        self.groups = updated_parameters(optimizer)  # (frozen parameters are constants of the program)
+        self.groups = updated_parameters(optimizer, self.unused)  # (frozen and unused ones are constants)
         self.params = [p for params in self.groups for p in params]
         self._no_state = [{} for _ in self.params]  # plain SGD's (the program never changes its inputs)
         self.device = self.params[0].device if self.params else torch.device("cpu")

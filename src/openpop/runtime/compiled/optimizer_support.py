@@ -133,6 +133,9 @@ def signature(optimizer):
     return (family, clip[0] if clip else None, tuple(groups), step_hooks.of(optimizer) is not None, tuple(frozen))
 
 
-def updated_parameters(optimizer):
-    """Per group the parameters the optimizer's step can update: those with ``requires_grad``."""
-    return [[p for p in group["params"] if p.requires_grad] for group in optimizer.param_groups]
+def updated_parameters(optimizer, unused=frozenset()):
+    """Per group the parameters the optimizer's step can update: those with ``requires_grad``,
+    less ``unused`` (ids of parameters the program's trace gives no gradient: eager's step skips
+    a parameter whose ``.grad`` is None, so the program takes them as constants too)."""
+    return [[p for p in group["params"] if p.requires_grad and id(p) not in unused]
+            for group in optimizer.param_groups]

@@ -26,8 +26,9 @@ def build_program(call, inputs, compiled, probed, contexts, stepwise, cache, ops
     model = call.model
     names = [n for n, _ in model.named_parameters()]
     if call.training:
-        functional = FunctionalOptimizer(optimizer)
         by_id = {id(p): n for n, p in model.named_parameters()}
+        unused = {id(p) for n, p in model.named_parameters() if n in set(probed.unused)}
+        functional = FunctionalOptimizer(optimizer, unused)
         trained = [by_id[id(p)] for p in functional.params]
     else:
         functional, trained = None, names
@@ -77,7 +78,7 @@ def build_program(call, inputs, compiled, probed, contexts, stepwise, cache, ops
 def probed_facts(probed):
     """What a program is built for of what its probe found (``eligibility.Probed``): its outputs'
     structure, the buffers the forward writes and slots it assigns, whether it draws random
-    numbers. (That every trained parameter gets a gradient the probe checks itself.) A new trace
-    with the same facts may replace the old one in the same program (``backend.py``)."""
+    numbers, the parameters it gives no gradient (the program's constants). A new trace with the
+    same facts may replace the old one in the same program (``backend.py``)."""
     return (probed.spec, list(probed.leaves), list(probed.updated_buffers), probed.draws_random,
-            list(probed.assigned))
+            list(probed.assigned), list(probed.unused))
