@@ -344,8 +344,8 @@ class TwoHeads(Regressor):
 
 
 def _two_heads_run(backend, changes):
-    """Losses and weights of 4 calls of ``TwoHeads`` (DI 2, SGD with momentum and weight decay),
-    ``changes[call]`` set on the model before each call."""
+    """Losses and weights of ``len(changes)`` calls of ``TwoHeads`` (DI 2, SGD with momentum and
+    weight decay), ``changes[call]`` set on the model before each call."""
     torch.manual_seed(0)
     model = TwoHeads()
     opts = compiled_options(2, backend=backend)

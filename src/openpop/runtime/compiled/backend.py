@@ -433,7 +433,8 @@ class CompiledBackend(Backend):
         """torch.compile was about to trace ``program`` again (``ProgramCompiler.locked``). A probe of
         the call says whether the new trace is what the program was built for (``probed_facts``,
         the parameters it gives no gradient included): then the program takes the new trace, as
-        torch.compile's own re-traces do; else it is built again from this probe, or declined."""
+        torch.compile's own re-traces do; else it is built again (``_program_for`` probes the call
+        once more), or declined past torch's recompile limit."""
         try:
             probed = self._probe(call, inputs, compiled)
         except Exception:  # Ineligible, or the model's own error: the general path says which

@@ -27,8 +27,8 @@ def build_program(call, inputs, compiled, probed, contexts, stepwise, cache, ops
     names = [n for n, _ in model.named_parameters()]
     if call.training:
         by_id = {id(p): n for n, p in model.named_parameters()}
-        unused = {id(p) for n, p in model.named_parameters() if n in set(probed.unused)}
-        functional = FunctionalOptimizer(optimizer, unused)
+        unused_names = set(probed.unused)
+        functional = FunctionalOptimizer(optimizer, {i for i, n in by_id.items() if n in unused_names})
         trained = [by_id[id(p)] for p in functional.params]
     else:
         functional, trained = None, names
