@@ -68,6 +68,8 @@ PRIVATE = (
     Private("FakeTensorMode", "torch._subclasses.fake_tensor:FakeTensorMode", "shapes-only runs, saved programs"),
     Private("OpOverload", "torch._ops:OpOverload", "aten ops in graph passes (float16 saturation)"),
     Private("while_loop", "torch._higher_order_ops:while_loop", "loops over steps and micro-batches in programs"),
+    Private("while_loop_op", "torch._higher_order_ops.while_loop:while_loop_op",
+            "the loop operator itself, called with flat operands (``compiled/flat_loop.py``)"),
     Private("NormBase", "torch.nn.modules.batchnorm:_NormBase", "batch norms in training (compile eligibility)"),
     Private("nn_module_globals", "torch.nn.modules.module",
             "global module hooks (``_global_forward_hooks``...; compile eligibility)"),

@@ -27,7 +27,7 @@ applied to the body).
 """
 import torch
 
-from ...torch_compat import while_loop
+from .flat_loop import flat_while_loop
 
 
 def accumulate(grads, micro_grads, k: int, running: bool):
@@ -97,7 +97,7 @@ def looped(program, step_inputs, params, sets, loss_scale):
             grads = [acc + mg for acc, mg in zip(grads, micro_grads)]
         return (k + 1, *grads, *bufs, *outs)
 
-    result = while_loop(cond, body, (torch.tensor(0, device=device), *grads0, *buffers, *outs0))
+    result = flat_while_loop(cond, body, (torch.tensor(0, device=device), *grads0, *buffers, *outs0))
     grads = list(result[1:1 + n_grads]) if training else None
     buffers = list(result[1 + n_grads:1 + n_grads + n_buffers])
     stacked = list(result[1 + n_grads + n_buffers:])

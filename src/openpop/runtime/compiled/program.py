@@ -86,13 +86,14 @@ import torch
 from torch.func import functional_call
 
 from ...enums import MeanReductionStrategy, OutputMode, ReductionType
-from ...torch_compat import dynamo_config, pytree, while_loop
+from ...torch_compat import dynamo_config
 from .. import assigned_slots, context
 from ..gradients import MeanPolicy
 from ..losses import as_scalar
 from ..outputs import _DEMOTE, _unflatten, flatten_output, protect_output
 from . import micro_batches
 from .cache_hit import CacheHitCall
+from .flat_loop import CarriedState, flat_while_loop
 from .loss_scaling import ScalingState
 
 
@@ -300,7 +301,8 @@ class Program:
         fixed_scaling = scaling  # static loss scaling is read, not carried (no aliasing in while_loop)
         if not self.scaling.automatic:
             scaling = {}
-        flat_state, state_spec = pytree.tree_flatten((state, scaling))
+        carried_state = CarriedState(state, scaling)
+        flat_state = carried_state.flatten(state, scaling)
         micro_count = layout.geometry.micro_batches_per_step
         shapes = [(micro_count, *shape) for shape, _ in layout.output_leaves]
         dtypes = [dtype for _, dtype in layout.output_leaves]
@@ -319,7 +321,7 @@ class Program:
 
         def body(i, *carried):
             params = list(carried[:n_trained]) if layout.training else fixed
-            st, sc = pytree.tree_unflatten(list(carried[n_trained:n_trained + n_state]), state_spec)
+            st, sc = carried_state.unflatten(carried[n_trained:n_trained + n_state])
             bufs = list(carried[n_trained + n_state:n_trained + n_state + n_buffers])
             outs = list(carried[n_trained + n_state + n_buffers:])
             outs, anchored = outs[:n_outs], outs[n_outs:]
@@ -334,13 +336,12 @@ class Program:
                     for o, s, keep in zip(outs, step_outs, keep_all)]
             outs += [a.index_copy(0, index, v.unsqueeze(0)) for a, v in zip(anchored, values)]
             carried_params = params if layout.training else []
-            return (i + 1, *carried_params, *pytree.tree_flatten((st, sc))[0], *bufs, *outs)
+            return (i + 1, *carried_params, *carried_state.flatten(st, sc), *bufs, *outs)
 
-        result = while_loop(cond, body, (torch.tensor(0, device=outs0[0].device), *trained, *flat_state, *buffers,
-                                         *outs0))
+        result = flat_while_loop(cond, body, (torch.tensor(0, device=outs0[0].device), *trained, *flat_state,
+                                              *buffers, *outs0))
         trained = list(result[1:1 + n_trained])
-        state, scaling = pytree.tree_unflatten(list(result[1 + n_trained:1 + n_trained + n_state]),
-                                                            state_spec)
+        state, scaling = carried_state.unflatten(result[1 + n_trained:1 + n_trained + n_state])
         buffers = list(result[1 + n_trained + n_state:1 + n_trained + n_state + n_buffers])
         outs = list(result[1 + n_trained + n_state + n_buffers:])
         outs, anchored = outs[:n_outs], outs[n_outs:]
