@@ -40,7 +40,7 @@ def test_an_unknown_name_is_an_error_listing_the_passes(monkeypatch):
     monkeypatch.setenv(passes.DISABLE_ENV, "dropout_masks,fast_gemm")
     with pytest.raises(ValueError, match=r"OPENPOP_DISABLE_PASSES='dropout_masks,fast_gemm' names fast_gemm, not an "
                                          r"openpop pass: set it to a comma-separated list of attention_backward, "
-                                         r"dropout_masks, onednn_matmuls, kernel_batch \(or unset it\)"):
+                                         r"dropout_masks, onednn_matmuls, kernel_batch, flat_operands \(or unset it\)"):
         passes.disabled()
 
 

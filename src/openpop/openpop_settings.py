@@ -101,8 +101,9 @@ SETTINGS = (
             "the CPU. `auto` times both once per process and takes oneDNN when it is at least 1.25x faster.",
             see="guides/compiled-backend.md#settings"),
     Setting("disable_passes", "OPENPOP_DISABLE_PASSES", _names, "unset: every pass whose probe passes",
-            "Comma-separated names of openpop's Inductor passes to turn off (`attention_backward`, "
-            "`dropout_masks`, `onednn_matmuls`, `kernel_batch`); torch's own path runs in their place.",
+            "Comma-separated names of openpop's Inductor and Dynamo passes to turn off (`attention_backward`, "
+            "`dropout_masks`, `onednn_matmuls`, `kernel_batch`, `flat_operands`); torch's own path runs in "
+            "their place.",
             see="reference/inductor-passes.md"),
     Setting("cache_lock_timeout", "OPENPOP_CACHE_LOCK_TIMEOUT", _number(float, 1800.0), "`1800`",
             "Seconds a process waits for another one compiling into the same executable cache directory "

@@ -1,4 +1,5 @@
-"""openpop's additions to Inductor, in one registry: each with its switch, its probe and its fallback.
+"""openpop's additions to Inductor (and one to Dynamo, ``flat_operands``), in one registry: each
+with its switch, its probe and its fallback.
 
 Each pass changes how a compiled program or region computes, never what: its results equal the
 fallback's (bit for bit, or within the rounding of another summation order, as the pass's module
@@ -85,6 +86,18 @@ PASSES = (
         "", "none: a kernel of a shape it does not expect, and every kernel when a batch fails to build, "
         "is built by Inductor as before",
         "Inductor's own build, one library per kernel (`AsyncCompile.cpp_pybinding`)"),
+    InductorPass(
+        "flat_operands",
+        "a Dynamo pass, not an Inductor one: while a program is traced, Dynamo flattens the flat tuples of "
+        "tensors its loops carry (`while_loop`'s operands and results) directly, instead of inlining "
+        "pytree's Python for every carried tensor; the same graph, built in ~2/3 of the time where the "
+        "graphs are cached",
+        "every program's trace through Dynamo (`Program`'s calls; higher-order ops of the model traced "
+        "with it too)",
+        f"`{DISABLE_ENV}=flat_operands`",
+        "applies", "the Dynamo function it replaces (`higher_order_ops._make_inlined`) and the variable "
+        "classes it builds exist in this torch",
+        "Dynamo's inlined `torch.utils._pytree`; also for any operand that is not a flat list or tuple of tensors"),
 )
 
 _BY_NAME = {p.name: p for p in PASSES}
@@ -122,10 +135,10 @@ def reference_page() -> str:
         "`openpop/runtime/compiled/passes.py`; do not edit by hand. -->",
         "",
         "The compiled backend (see [the guide](../guides/compiled-backend.md)) adds a few passes to "
-        "Inductor. Each computes what torch's own path computes - bit for bit, or within the rounding "
-        "of another summation order - only faster. Each has a switch that turns it off, a probe that "
-        "checks it applies on this machine and this torch, and a fallback: torch's own path, which "
-        "runs wherever the pass does not.",
+        "Inductor, and one to Dynamo (`flat_operands`). Each computes what torch's own path computes - "
+        "bit for bit, or within the rounding of another summation order - only faster. Each has a "
+        "switch that turns it off, a probe that checks it applies on this machine and this torch, "
+        "and a fallback: torch's own path, which runs wherever the pass does not.",
         "",
         f"`{DISABLE_ENV}` takes a comma-separated list of the names below "
         f"(`{DISABLE_ENV}=dropout_masks,kernel_batch`); another name is an error that lists them. "

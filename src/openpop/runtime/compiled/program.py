@@ -78,6 +78,7 @@ CPU time: 1.01x eager fp32, 1.22x bf16), while this program's gain (L12: 1.08-1.
 bf16) comes mostly from fusing what surrounds the layers (LAMB over 110 M parameters, gradient
 accumulation, the embeddings' backward). README "BERT compiled" has the measurements.
 """
+import contextlib
 import itertools
 import types
 import weakref
@@ -94,6 +95,7 @@ from ..outputs import _DEMOTE, _unflatten, flatten_output, protect_output
 from . import micro_batches
 from .cache_hit import CacheHitCall
 from .flat_loop import CarriedState, flat_while_loop
+from .flat_operands import flat_operands
 from .loss_scaling import ScalingState
 
 
@@ -168,7 +170,7 @@ class Program:
         traced = _own_code(self._one_step if self.stepwise else self._rounding_program if self.rounded
                            else self._program)
         self._compiled = CacheHitCall(traced, compile_fn(traced),  # torch.compile's function, called cheaply
-                                      lambda: context.running(layout.training))
+                                      lambda: _traced_by_dynamo(layout.training))
 
     # ------------------------------------------------------------------ host side
     def run(self, inputs, trained, frozen, buffers, state, hyper, scaling, noise=None):
@@ -430,6 +432,13 @@ class Program:
         (new_params, new_state), scaling = self.scaling.apply(scaling, grads, (list(trained), state), new, index)
         values = [unscaled[k] if kind == "grad" else new_params[k] for kind, k in self.anchored]
         return new_params, new_state, buffers, stacked, scaling, values
+
+
+@contextlib.contextmanager
+def _traced_by_dynamo(training):
+    """A call through Dynamo (which may trace): the run context, flat loop operands (``flat_operands``)."""
+    with context.running(training), flat_operands():
+        yield
 
 
 def _slot(model, name):
