@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import poptorch
+from openpop.runtime.compiled import backend as compiled_backend_module
 
 from helpers.models import Regressor, make_data, regressor_loss
 from helpers.oracle import train_loop
@@ -361,17 +362,23 @@ def _two_heads_run(backend, changes):
 
 
 @pytest.mark.slow
-def test_a_trace_that_leaves_a_parameter_out_is_not_run_by_the_old_program():
+def test_a_trace_that_leaves_a_parameter_out_is_not_run_by_the_old_program(monkeypatch):
     """A Python value the model reads changes and torch.compile traces it again: head ``b`` gets no
     gradient any more. The program built for the first trace would update it with a zero gradient
     (momentum, weight decay); eager leaves it. The new probe finds ``b`` without gradient and the
     program is built again with ``b`` as a constant; when ``b`` is back, again with ``b`` trained."""
     changes = [{}, {}, {"use_b": False}, {}, {"use_b": True}]
     eager_losses, eager_weights, _ = _two_heads_run("eager", changes)
+    probes = []
+    counted = compiled_backend_module.counted_probe
+    monkeypatch.setattr(compiled_backend_module, "counted_probe", lambda *a, **k: probes.append(1) or counted(*a, **k))
     losses, weights, (pop, _) = _two_heads_run("auto", changes)
     for got, expected in zip(losses + weights, eager_losses + eager_weights):
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
     assert pop._dispatch.compiled.last == "compiled" and pop._dispatch.compiled._rebuilt == 2
+    # auto's estimate and the first build probe once each; then one probe per re-trace, whose
+    # program is built from it (it probed twice: to decide, then to build)
+    assert len(probes) == 4
 
 
 @pytest.mark.slow

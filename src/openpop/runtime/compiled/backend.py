@@ -79,6 +79,7 @@ class CompiledBackend(Backend):
         self.progress = None  # the executor's unfinished bar, when the next run compiles
         self._new_program_reason = None  # a program that ran gave way to a new one (_program_for)
         self._rebuilt = 0  # programs built again because a new trace changed what they hold (_after_retrace)
+        self._retrace_probe = None  # the probe of a re-traced call whose program is built again
         self._retraced = None  # the program whose last attempt torch.compile was about to trace again
         self.compile_seconds = 0.0  # time spent compiling programs (torch.compile, first runs)
         self.repeat = None  # RepeatCall of _program: the executor's fast path for the next call
@@ -390,7 +391,9 @@ class CompiledBackend(Backend):
                 if not program.saved.on_disk():  # compiled here: what it holds comes from a real run
                     program = None
         if program is None:
-            probed = self._probe(call, inputs, compiled)
+            probed, self._retrace_probe = self._retrace_probe, None
+            if probed is None:
+                probed = self._probe(call, inputs, compiled)
             self._ops_digest = shapes_digest or self._ops_digest
             program = build_program(call, inputs, compiled, probed, contexts, stepwise, cache,
                                     self._ops, self._ops_digest)
@@ -433,8 +436,8 @@ class CompiledBackend(Backend):
         """torch.compile was about to trace ``program`` again (``ProgramCompiler.locked``). A probe of
         the call says whether the new trace is what the program was built for (``probed_facts``,
         the parameters it gives no gradient included): then the program takes the new trace, as
-        torch.compile's own re-traces do; else it is built again (``_program_for`` probes the call
-        once more), or declined past torch's recompile limit."""
+        torch.compile's own re-traces do; else it is built again from that probe, or declined past
+        torch's recompile limit."""
         try:
             probed = self._probe(call, inputs, compiled)
         except Exception:  # Ineligible, or the model's own error: the general path says which
@@ -450,7 +453,11 @@ class CompiledBackend(Backend):
         if self._rebuilt >= dynamo_config.recompile_limit:  # (torch's limit on re-traces, for rebuilds)
             return self._decline(messages.INELIGIBLE_RECOMPILES.format(error="programs built again"))
         self._new_program_reason = messages.NEW_PROGRAM_RETRACED
-        return self._run(call, inputs, compiled, dry_run)
+        self._retrace_probe = probed  # what _program_for builds the new program from, this call only
+        try:
+            return self._run(call, inputs, compiled, dry_run)
+        finally:
+            self._retrace_probe = None
 
     def _execute(self, call, tensors, compiled, program, dry_run=False):
         started = time.time()
