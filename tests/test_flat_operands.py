@@ -1,6 +1,7 @@
 """The Dynamo pass ``flat_operands`` (``runtime/compiled/flat_operands.py``): while a program is
 traced, Dynamo flattens flat loop operands without inlining pytree, and builds the same graph."""
 import torch
+from torch._higher_order_ops.scan import scan
 
 import poptorch
 from openpop import torch_compat
@@ -11,12 +12,13 @@ from helpers.models import Regressor, make_data
 
 
 def _loops(x, y, state):
-    """A cond and a while_loop over flat operands, then a while_loop over nested ones."""
+    """A cond and a while_loop over flat operands, a while_loop over nested ones, a scan."""
     a, b = torch.cond(x.sum() > 0, lambda p, q: (p.sin(), q.cos()), lambda p, q: (p.cos(), q.sin()), (x, y))
     _, a, b = while_loop(lambda i, p, q: i < 3, lambda i, p, q: (i + 1, p * 2, q + p), (torch.tensor(0), a, b))
     nested = while_loop(lambda i, s: i < 2, lambda i, s: (i + 1, {"m": s["m"] * 0.5, "v": s["v"] + 1}),
                         (torch.tensor(0), state))
-    return a, b, nested[1]["m"], nested[1]["v"]
+    total, partial = scan(lambda c, row: (c + row, (c + row) * 2), a, torch.stack([a, b]))
+    return a, b, nested[1]["m"], nested[1]["v"], total, partial
 
 
 def _traced(within):
