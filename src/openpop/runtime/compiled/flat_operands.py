@@ -15,9 +15,10 @@ Switch: ``OPENPOP_DISABLE_PASSES=flat_operands``; probe: ``applies()``, the Dyna
 replaces exist in this torch (``passes.py``).
 """
 import contextlib
+import functools
 import threading
 
-from ... import torch_compat
+from ... import openpop_settings, torch_compat
 from ...torch_compat import pytree
 
 _lock = threading.Lock()
@@ -41,9 +42,7 @@ def applies() -> bool:
 def flat_operands():
     """Dynamo's higher-order ops flatten flat operands directly within (module docstring); the
     pass off (``passes.active``), nothing changes."""
-    from .passes import active
-
-    if not active("flat_operands"):
+    if not _switched_on(openpop_settings.raw("disable_passes")):
         yield
         return
     global _depth, _original
@@ -61,6 +60,15 @@ def flat_operands():
             if _depth == 0:
                 hops._make_inlined = _original
                 _specs.clear()
+
+
+@functools.lru_cache(maxsize=8)
+def _switched_on(disable_passes) -> bool:
+    """``passes.active("flat_operands")`` for the switch's text ``disable_passes``: asked once per
+    text (entered on every call through Dynamo, which the cache-hit path does not always avoid)."""
+    from .passes import active
+
+    return active("flat_operands")
 
 
 def _make_inlined(tx, f):
