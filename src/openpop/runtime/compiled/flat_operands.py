@@ -9,7 +9,9 @@ whose flattening is the identity. While a program is traced (``flat_operands()``
 ``Program``'s calls through Dynamo), ``tree_flatten`` of a flat list or tuple of tensor variables
 returns those variables and a spec of the same structure directly, and ``tree_unflatten`` with
 such a spec rebuilds the list or tuple; everything else, and anything the direct path cannot
-build, goes to Dynamo's inlined pytree (the fallback). The graph Dynamo builds is the same.
+build, goes to Dynamo's inlined pytree (the fallback). The graph Dynamo builds is the same. The
+patch is process-wide while any program traces: another thread tracing then takes the direct
+path too, to the same graphs.
 
 Switch: ``OPENPOP_DISABLE_PASSES=flat_operands``; probe: ``applies()``, the Dynamo names it
 replaces exist in this torch (``passes.py``).
