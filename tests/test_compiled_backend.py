@@ -728,3 +728,39 @@ def test_a_probe_that_fails_declines_in_auto_and_raises_when_forced(monkeypatch,
     eager(x, t)
     for a, b in zip(model.parameters(), reference.parameters()):
         assert torch.equal(a, b)
+
+
+class TiedLinears(torch.nn.Module):
+    """The output layer's weight is the input layer's (one tensor at two slots, as BERT's tied
+    embeddings); no module under two names."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp, self.out = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+        self.out.weight = self.inp.weight
+
+    def forward(self, x, target):
+        out = self.out(torch.tanh(self.inp(x)))
+        return out, torch.nn.functional.mse_loss(out, target)
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_tied_weights_are_given_at_every_slot(tied):
+    """A program passes ``functional_call`` the tensors untied when no tensor has two names (no
+    walk over the model's tensors to tie, at each trace); a tied weight still reaches both slots."""
+    torch.manual_seed(0)
+    model = TiedLinears()
+    if not tied:
+        model.out.weight = torch.nn.Parameter(model.inp.weight.detach().clone())
+    reference = copy.deepcopy(model)
+    pop = poptorch.trainingModel(model, compiled_options(2, 2), torch.optim.SGD(model.parameters(), lr=0.1))
+    g = torch.Generator().manual_seed(0)
+    x, t = torch.randn(12, 8, generator=g), torch.randn(12, 8, generator=g)
+    _, losses = pop(x, t)
+    program = pop._dispatch.compiled._program
+    assert pop._dispatch.compiled.last == "compiled" and program.untied is not tied
+    ref_losses = train_loop(reference, torch.optim.SGD(reference.parameters(), lr=0.1), (x, t),
+                            lambda m, xs, ts: m(xs, ts)[1], 2, 2, 1, "mean")
+    torch.testing.assert_close(losses.reshape(-1), ref_losses, rtol=1e-5, atol=1e-6)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)

@@ -156,6 +156,9 @@ class Program:
             prefix, _, attribute = name.rpartition(".")
             self.assigned_slots.setdefault(id(modules[prefix]), set()).add(attribute)
         self.aliases = _slot_aliases(model)
+        # No tensor under several names: functional_call's tying (a walk over every parameter and
+        # buffer, traced by Dynamo at each trace) has nothing to tie
+        self.untied = self.aliases is None and not _has_tied_tensors(model)
         self.buffer_sets = buffer_sets  # R with per-replica buffers, else 1
         self.draws_random = draws_random  # the model draws from torch's generators
         # Indices into trained of the weights rounded stochastically (Precision.enableStochasticRounding):
@@ -382,7 +385,8 @@ class Program:
         for name in self.assigned:  # the tensor the slot holds, the same after the call
             tensors[name] = _slot(self.model, name)
         if self.aliases is None:
-            output = _within(self.forward_contexts, functional_call, self.model, tensors, args, kwargs)
+            call = _untied_call if self.untied else functional_call
+            output = _within(self.forward_contexts, call, self.model, tensors, args, kwargs)
         else:  # a module under several names: each slot given once, its other slots named (_slot_aliases)
             for name, others in self.aliases.items():
                 if name in tensors:
@@ -475,6 +479,17 @@ def _slot_aliases(model):
     if not shared:
         return None
     return {first: others for first, *others in names.values()}
+
+
+def _has_tied_tensors(model) -> bool:
+    """Whether a parameter or buffer of ``model`` is reached under several names."""
+    seen = set()
+    for table in (model.named_parameters(remove_duplicate=False), model.named_buffers(remove_duplicate=False)):
+        for _, tensor in table:
+            if id(tensor) in seen:
+                return True
+            seen.add(id(tensor))
+    return False
 
 
 def _untied_call(model, tensors, args, kwargs):
