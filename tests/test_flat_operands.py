@@ -1,5 +1,7 @@
 """The Dynamo pass ``flat_operands`` (``runtime/compiled/flat_operands.py``): while a program is
 traced, Dynamo flattens flat loop operands without inlining pytree, and builds the same graph."""
+import contextlib
+
 import torch
 from torch._higher_order_ops.scan import scan
 
@@ -58,8 +60,6 @@ def _counted(monkeypatch):
 
 
 def test_direct_path_builds_the_same_graph_as_dynamo_s_pytree(monkeypatch):
-    import contextlib
-
     direct = _counted(monkeypatch)
     plain_codes, plain, expected = _traced(contextlib.nullcontext)
     assert direct == {"flatten": 0, "unflatten": 0}

@@ -29,7 +29,6 @@ class CarriedState:
     def __init__(self, state, scaling):
         self.state_keys = [tuple(st) for st in state]
         self.scaling_keys = tuple(scaling)
-        self.size = sum(len(keys) for keys in self.state_keys) + len(self.scaling_keys)
 
     def flatten(self, state, scaling):
         """The tensors of ``state`` and ``scaling`` in the layout's order."""

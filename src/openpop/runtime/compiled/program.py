@@ -155,10 +155,11 @@ class Program:
         for name in assigned:
             prefix, _, attribute = name.rpartition(".")
             self.assigned_slots.setdefault(id(modules[prefix]), set()).add(attribute)
-        self.aliases = _slot_aliases(model)
+        names, shared = _tensor_slots(model)
+        self.aliases = _slot_aliases(names, shared)
         # No tensor under several names: functional_call's tying (a walk over every parameter and
         # buffer, traced by Dynamo at each trace) has nothing to tie
-        self.untied = self.aliases is None and not _has_tied_tensors(model)
+        self.untied = not shared and all(len(slots) == 1 for slots in names.values())
         self.buffer_sets = buffer_sets  # R with per-replica buffers, else 1
         self.draws_random = draws_random  # the model draws from torch's generators
         # Indices into trained of the weights rounded stochastically (Precision.enableStochasticRounding):
@@ -453,17 +454,10 @@ def _slot(model, name):
     return model
 
 
-def _slot_aliases(model):
-    """None when every parameter and buffer slot of ``model`` is reached under one name; else
-    ``{name: [other names]}``: per tensor (by its ``named_parameters``/``named_buffers`` name), the
-    names of its other slots, one name per slot.
-
-    ``functional_call`` ties names by tensor (``tie_weights``): for a module reached under two
-    names (``self.second = self.first``) it sets the one slot twice and, undoing both in order,
-    leaves the second setting - the traced forward's input - in it: a buffer such a module
-    updates escaped the program ("Cannot access storage of TensorWrapper"). Given each slot once,
-    untied, it puts every slot back; tensors held by several modules (tied embeddings) are given
-    under each of their slots."""
+def _tensor_slots(model):
+    """Per parameter or buffer of ``model`` (by id), its names, one per slot, in
+    ``named_parameters``/``named_buffers`` order; and whether a slot is reached under several
+    names (a module under two names)."""
     modules = dict(model.named_modules(remove_duplicate=False))
     slots, shared = set(), False
     names = {}
@@ -476,20 +470,23 @@ def _slot_aliases(model):
                 continue
             slots.add(slot)
             names.setdefault(id(tensor), []).append(name)
+    return names, shared
+
+
+def _slot_aliases(names, shared):
+    """None when every parameter and buffer slot is reached under one name (``_tensor_slots``); else
+    ``{name: [other names]}``: per tensor (by its ``named_parameters``/``named_buffers`` name), the
+    names of its other slots, one name per slot.
+
+    ``functional_call`` ties names by tensor (``tie_weights``): for a module reached under two
+    names (``self.second = self.first``) it sets the one slot twice and, undoing both in order,
+    leaves the second setting - the traced forward's input - in it: a buffer such a module
+    updates escaped the program ("Cannot access storage of TensorWrapper"). Given each slot once,
+    untied, it puts every slot back; tensors held by several modules (tied embeddings) are given
+    under each of their slots."""
     if not shared:
         return None
     return {first: others for first, *others in names.values()}
-
-
-def _has_tied_tensors(model) -> bool:
-    """Whether a parameter or buffer of ``model`` is reached under several names."""
-    seen = set()
-    for table in (model.named_parameters(remove_duplicate=False), model.named_buffers(remove_duplicate=False)):
-        for _, tensor in table:
-            if id(tensor) in seen:
-                return True
-            seen.add(id(tensor))
-    return False
 
 
 def _untied_call(model, tensors, args, kwargs):
